@@ -1,0 +1,20 @@
+"""Errors a user can act on.
+
+Anything raised as a `LineError` is printed by the command line as one line (no traceback)
+naming the file and the problem, and the command exits with status 2. Raise it only *before*
+anything is written, or after whatever was already saved is known to be intact.
+"""
+
+from __future__ import annotations
+
+
+class LineError(Exception):
+    """A problem with a training line's files or settings that the user can fix."""
+
+
+class ConfigError(LineError):
+    """run.json (or host.json) is missing, malformed or invalid."""
+
+
+class CheckpointError(LineError):
+    """A checkpoint is missing, truncated or corrupted."""

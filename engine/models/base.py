@@ -1,0 +1,110 @@
+"""The one interface the trainer uses for every model family.
+
+Contract (every model in `engine/models/` implements it; tests hold each model to it):
+
+- Built from a preset plus overrides by `engine.models.presets.build_model(name, overrides)`.
+- `forward(tokens, targets, carry=None) -> (loss_per_token, carry)`:
+  tokens and targets are int64 (B, T); a target of `IGNORE_INDEX` (-100) contributes no loss
+  (its entry in loss_per_token is 0). loss_per_token is float32 (B, T): the cross-entropy of
+  each target, so the trainer's update loss is `loss.sum() / (targets != IGNORE_INDEX).sum()`
+  over all micro-batches of the update. `carry` is the recurrent state across consecutive
+  windows of the same rows (None for the transformer and for a fresh row); the returned
+  carry is detached (TBPTT). The forward is deterministic on CPU for a fixed input and state.
+- `param_groups() -> list[ParamGroup]`: every trainable parameter exactly once, in a fixed
+  order; matrices (and embeddings) with weight decay, norms / biases / per-neuron scalars
+  without.
+- `layer_of(param_name) -> str`: the bucket a parameter's gradient norm is reported under:
+  `layer00`, `layer01`, ... for blocks, or a part's name (`embed`, `head`, `final_norm`).
+- `flops_per_token(seq_len) -> float`: training FLOPs (forward + backward, 6N-style but
+  counted analytically, attention / scans included) per target token, for MFU.
+- `probes(tokens, targets, eos_id) -> dict[str, float]`: the model's validation probes on a
+  batch of held-out rows, named as the spec names them without the `val_<L>/` prefix (e.g.
+  `dendritic/retention_p50`, `hippocampal/clock_tau_p50`, `pssa/memory_occupancy`). Runs
+  under `torch.no_grad()`; never changes parameters or state.
+- `longest_context` (int): the longest row the model is meant to read (rope_max_seq_len for
+  NS presets; the training chunk for models without one).
+- `extra_state_dict()` / `load_extra_state_dict(d)`: non-parameter state that a checkpoint
+  must carry (PSSA's memory banks); tensors only, empty dict when there is none.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+IGNORE_INDEX = -100
+
+
+@dataclass
+class ParamGroup:
+    """A set of parameters that share optimizer settings."""
+
+    name: str
+    """`decay` (matrices, embeddings) or `no_decay` (norms, biases, per-neuron scalars)."""
+    params: list[tuple[str, nn.Parameter]] = field(default_factory=list)
+    """(qualified name, parameter) pairs in a fixed order."""
+    weight_decay: bool = True
+    """Whether AdamW's decoupled weight decay applies to this group."""
+
+
+class LanguageModel(nn.Module, ABC):
+    """Base class of every model family; see the module docstring for the contract."""
+
+    longest_context: int
+
+    @abstractmethod
+    def forward(
+        self, tokens: torch.Tensor, targets: torch.Tensor, carry: Any | None = None
+    ) -> tuple[torch.Tensor, Any | None]:
+        """(B, T) tokens and targets -> (B, T) float32 loss per token, detached carry."""
+
+    @abstractmethod
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs (forward + backward) per target token at this row length."""
+
+    @abstractmethod
+    def layer_of(self, param_name: str) -> str:
+        """The gradient-norm bucket of a parameter (`layer03`, `embed`, `head`, ...)."""
+
+    @torch.no_grad()
+    def probes(self, tokens: torch.Tensor, targets: torch.Tensor, eos_id: int) -> dict[str, float]:
+        """Validation probes on held-out rows; models without probes return {}."""
+        return {}
+
+    def param_groups(self) -> list[ParamGroup]:
+        """Matrices and embeddings decay; 1-D tensors (norms, biases, scalars) do not."""
+        decay = ParamGroup("decay", weight_decay=True)
+        no_decay = ParamGroup("no_decay", weight_decay=False)
+        for name, param in self.named_parameters():
+            if not param.requires_grad:
+                continue
+            (decay if param.dim() >= 2 else no_decay).params.append((name, param))
+        return [group for group in (decay, no_decay) if group.params]
+
+    def extra_state_dict(self) -> dict[str, torch.Tensor]:
+        """Non-parameter state a checkpoint carries (e.g. PSSA memory banks)."""
+        return {}
+
+    def load_extra_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Restore what `extra_state_dict` returned."""
+        if state:
+            raise ValueError(f"{type(self).__name__} carries no extra state, got {sorted(state)}")
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+def token_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """(B, T, V) logits, (B, T) targets -> (B, T) float32 cross-entropy, 0 where ignored."""
+    batch, length, vocab = logits.shape
+    loss = nn.functional.cross_entropy(
+        logits.reshape(batch * length, vocab).float(),
+        targets.reshape(batch * length),
+        ignore_index=IGNORE_INDEX,
+        reduction="none",
+    )
+    return loss.view(batch, length)

@@ -1,0 +1,11 @@
+"""One module per command; each exposes `register(subparsers)` and sets `func` on its parser.
+
+`func(args) -> int` returns the exit status; user errors are raised as `LineError` or
+`DataLineError` and printed by `nsconsole.cli`.
+"""
+
+from __future__ import annotations
+
+from nsconsole.commands import bench, branch, check, data, new, rollback, run, status, stop, tune
+
+COMMAND_MODULES = (data, new, tune, check, run, status, stop, branch, rollback, bench)

@@ -1,0 +1,24 @@
+"""Shared test setup: CPU determinism, Triton in interpreter mode where there is no GPU."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    # Triton kernels run on the CPU through the interpreter (needs numpy); must be set
+    # before triton is first imported.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if torch.cuda.is_available():
+        return
+    skip_cuda = pytest.mark.skip(reason="needs an NVIDIA GPU (run on the H200)")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip_cuda)
