@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from datalines.errors import DataLineError
 from engine.errors import LineError
+from engine.host import load_and_apply
 from nsconsole.commands import COMMAND_MODULES
 
 EXIT_USER_ERROR = 2
@@ -45,6 +46,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        # Host settings first: their environment (e.g. TRITON_PTXAS_PATH) must precede everything.
+        args.host_settings = load_and_apply()
         if args.command is not None:
             return int(args.func(args) or 0)
         if args.run is not None:

@@ -1,16 +1,123 @@
-"""`nsconsole status`."""
+"""`nsconsole status LINE`: a line's state from its files."""
 
 from __future__ import annotations
 
 import argparse
+import json
+from typing import Any
 
-from nsconsole.commands.pending import not_built
+from engine.status import LineStatus, line_status, pid_alive
+
+HELP = "LINE: configuration, newest rows, heartbeat, checkpoints, pending stop and disk use of a line"
+DESCRIPTION = """\
+Show a line's state from its files: the configuration in brief, the newest rows of rows.jsonl,
+the trainer's heartbeat and its age, the checkpoints present, a pending STOP and the disk the
+line uses.
+
+examples:
+  nsconsole status runs/trunk
+  nsconsole status runs/trunk --rows 20
+"""
+
+ROW_COLUMNS = ("update", "stage", "cycle", "tokens", "loss", "lr", "grad_norm", "tokens_per_s")
+"""The row keys shown (as the trainer writes them), in this order."""
+FALLBACK_COLUMNS = 6
+"""Scalars shown from a row that has none of ROW_COLUMNS."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("status", help="(not built yet)")
+    parser = subparsers.add_parser(
+        "status", help=HELP, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("line", metavar="LINE", help="the training line directory")
+    parser.add_argument("--rows", type=int, default=5, metavar="N", help="newest rows to show (default 5)")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    raise not_built("status", "foundation")
+    status = line_status(args.host_settings.resolve_line(args.line), rows=max(0, args.rows))
+    for line in format_status(status):
+        print(line)
+    return 0
+
+
+def format_status(status: LineStatus) -> list[str]:
+    """The lines `nsconsole status` prints."""
+    lines = [f"line: {status.root}"]
+    config = status.config
+    if config is None:
+        lines.append(f"run.json: INVALID: {status.config_error}")
+    else:
+        stages = ", ".join(
+            f"{stage.name} at {stage.seq_len} for "
+            + ("the rest of the data" if stage.tokens is None else f"{stage.tokens:.4g} tokens")
+            for stage in config.plan
+        )
+        ramp = config.tokens_per_update
+        if not isinstance(ramp, int):
+            ramp = "a ramp of " + ", ".join(str(piece.tokens) for piece in ramp)
+        lines.append(f"model: {config.model.preset} {json.dumps(config.model.overrides, sort_keys=True)}")
+        lines.append(f"data: {config.data.line}")
+        lines.append(f"plan: {stages}")
+        lines.append(f"tokens per update: {ramp}; peak lr {config.lr.peak:g}; device {config.device}")
+    lines.append(_heartbeat_line(status))
+    if status.last_rows:
+        lines.append(f"rows (newest {len(status.last_rows)}):")
+        lines += [f"  {_format_row(row)}" for row in status.last_rows]
+    else:
+        lines.append("rows: none yet")
+    if status.torn_last_row:
+        lines.append("rows: the last line of rows.jsonl is incomplete (cut short mid-write; left out)")
+    if status.checkpoints:
+        lines.append(f"checkpoints: {len(status.checkpoints)} ({', '.join(status.checkpoints[-3:])}); "
+                     f"latest {status.latest or 'not set'}")
+    else:
+        lines.append("checkpoints: none yet")
+    if status.stop is not None:
+        lines.append(f"STOP pending: {status.stop.when()} (requested {status.stop.requested})")
+    lines.append(f"disk: {format_bytes(status.disk_bytes)}")
+    lines += [f"problem: {problem}" for problem in status.problems]
+    return lines
+
+
+def _heartbeat_line(status: LineStatus) -> str:
+    heartbeat = status.heartbeat
+    if heartbeat is None or status.heartbeat_age_s is None:
+        return "heartbeat: none"
+    pid = heartbeat.get("pid")
+    alive = "alive" if pid_alive(pid) else "not running"
+    return (
+        f"heartbeat: {_format_age(status.heartbeat_age_s)} ago, update {heartbeat.get('update')}, "
+        f"stage {heartbeat.get('stage')}, pid {pid} ({alive})"
+    )
+
+
+def _format_age(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _format_row(row: dict[str, Any]) -> str:
+    keys = [key for key in ROW_COLUMNS if key in row]
+    if not keys:
+        keys = [key for key in sorted(row) if isinstance(row[key], (int, float, str))][:FALLBACK_COLUMNS]
+    text = "  ".join(f"{key} {_format_value(row[key])}" for key in keys)
+    return text + ("  SKIPPED (non-finite)" if row.get("skipped") is True else "")
+
+
+def format_bytes(size: float) -> str:
+    """A byte count in binary units (`3.2 GiB`)."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024:
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} TiB"
+
+
+def _format_value(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+    return str(value)

@@ -1,0 +1,155 @@
+"""The start checks that need no GPU (`nsconsole check LINE`; the trainer runs them at every start).
+
+`check_line` returns one `CheckResult` per check; run.json itself being unreadable or invalid is
+raised as a ConfigError, since nothing else can be checked without it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from datalines.errors import DataLineError
+from engine.config import RunConfig
+from engine.errors import LineError
+from engine.layout import LineLayout, checkpoint_update
+from engine.metrics import METRICS_VERSION
+from engine.ops import inspect_data_line, model_vocab_size, open_line, resolve_data_path, unaccepted_changes
+
+GIB = 1024**3
+
+
+@dataclass
+class CheckResult:
+    """The outcome of one start check."""
+
+    ok: bool
+    """Whether the check passed."""
+    message: str
+    """One line: what was checked and found (names the file on a failure)."""
+
+
+def check_line(root: Path | str) -> tuple[RunConfig, list[CheckResult]]:
+    """Run every start check that needs no GPU; a bad run.json raises ConfigError."""
+    layout = open_line(root)
+    config = RunConfig.load(layout.run_json)
+    stages = ", ".join(f"{stage.name}@{stage.seq_len}" for stage in config.plan)
+    results = [CheckResult(True, f"run.json: valid ({config.model.preset}; plan {stages})")]
+    results += _check_data(layout, config)
+    results += _check_lifelong(layout, config)
+    results.append(_check_metrics(config))
+    results += _check_sharing(config)
+    results.append(_check_disk(layout, config))
+    results += _check_checkpoints(layout)
+    return config, results
+
+
+def _check_data(layout: LineLayout, config: RunConfig) -> list[CheckResult]:
+    results: list[CheckResult] = []
+    lines = [("data line", config.data.line)]
+    if config.data.heldout is not None:
+        lines.append(("held-out line", config.data.heldout))
+    for label, data_line in lines:
+        path = resolve_data_path(layout, data_line)
+        try:
+            facts = inspect_data_line(path)
+        except (LineError, DataLineError) as error:
+            results.append(CheckResult(False, f"{label}: {error}"))
+            continue
+        if facts.vocab_size is None:
+            note = "vocabulary not read: no datalines reader yet"
+            results.append(CheckResult(True, f"{label}: {path} present ({note})"))
+            continue
+        model_vocab = model_vocab_size(config)
+        if facts.vocab_size != model_vocab:
+            results.append(
+                CheckResult(
+                    False,
+                    f"{label}: {path} has a tokenizer of {facts.vocab_size} tokens but the model's "
+                    f"vocab_size is {model_vocab} (set model.overrides.vocab_size to {facts.vocab_size})",
+                )
+            )
+        elif facts.eos_id is not None and not 0 <= facts.eos_id < model_vocab:
+            problem = f"eos_id {facts.eos_id} is outside the vocabulary"
+            results.append(CheckResult(False, f"{label}: {path} {problem}"))
+        else:
+            results.append(
+                CheckResult(True, f"{label}: {path} (vocab {facts.vocab_size} = model's, eos {facts.eos_id})")
+            )
+    return results
+
+
+def _check_lifelong(layout: LineLayout, config: RunConfig) -> list[CheckResult]:
+    if not layout.accepted_run_json.exists():
+        note = "no accepted_run.json yet (the first start accepts run.json)"
+        return [CheckResult(True, f"lifelong keys: {note}")]
+    problems = unaccepted_changes(layout, config)
+    if not problems:
+        return [CheckResult(True, "lifelong keys: unchanged since accepted_run.json (or allowed)")]
+    return [CheckResult(False, problem) for problem in problems]
+
+
+def _check_metrics(config: RunConfig) -> CheckResult:
+    if config.metrics == METRICS_VERSION:
+        return CheckResult(True, f"metrics: version {config.metrics} = this code's")
+    return CheckResult(
+        False,
+        f"run.json: metrics is version {config.metrics} but this code computes version {METRICS_VERSION} "
+        "(a line keeps the metric set it started with; run it with the matching code)",
+    )
+
+
+def _check_sharing(config: RunConfig) -> list[CheckResult]:
+    if config.guards.share_reserve_gb is None:
+        return []
+    plan_lengths = {stage.seq_len for stage in config.plan}
+    unmeasured = sorted(seq_len for seq_len in plan_lengths if config.length(seq_len).shared is None)
+    if unmeasured:
+        lengths = ", ".join(str(seq_len) for seq_len in unmeasured)
+        return [
+            CheckResult(
+                False,
+                f"run.json: guards.share_reserve_gb is set but lengths {lengths} have no shared shape "
+                "(run `nsconsole tune LINE --shared`)",
+            )
+        ]
+    return [CheckResult(True, "GPU sharing: every stage's length has a shared shape")]
+
+
+def _check_disk(layout: LineLayout, config: RunConfig) -> CheckResult:
+    free_gb = shutil.disk_usage(layout.root).free / GIB
+    minimum = config.guards.min_free_disk_gb
+    if free_gb < minimum:
+        return CheckResult(
+            False, f"disk: {free_gb:.1f} GiB free at {layout.root}, below guards.min_free_disk_gb {minimum:g}"
+        )
+    return CheckResult(True, f"disk: {free_gb:.1f} GiB free (minimum {minimum:g})")
+
+
+def _check_checkpoints(layout: LineLayout) -> list[CheckResult]:
+    # The checkpoint module verifies hashes when it is there; this module must not need it.
+    verify = getattr(_optional_module("engine.ckpt"), "verify_line_checkpoints", None)
+    if verify is not None:
+        problems = verify(layout.root)
+        if problems:
+            return [CheckResult(False, f"checkpoints: {problem}") for problem in problems]
+    present = sorted(
+        entry.name
+        for entry in (layout.checkpoints.iterdir() if layout.checkpoints.is_dir() else ())
+        if entry.is_dir() and checkpoint_update(entry.name) is not None
+    )
+    if not present:
+        return [CheckResult(True, "checkpoints: none yet")]
+    verified = "verified" if verify is not None else "present, not verified (no checkpoint verifier)"
+    return [CheckResult(True, f"checkpoints: {len(present)} {verified}, newest {present[-1]}")]
+
+
+def _optional_module(name: str) -> object | None:
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as error:
+        if error.name != name:
+            raise
+        return None

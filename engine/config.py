@@ -1,0 +1,391 @@
+"""run.json: a training line's configuration as typed dataclasses.
+
+`RunConfig.load(path)` reads, type-checks and validates a run.json; every problem is one
+`ConfigError` line naming the file and the key (`run.json: unknown key optimizer.beta1`,
+`run.json: lengths[0].seq_len must be an integer, got "4k"`). `to_dict()` / `save()` write the
+stable JSON form (sorted keys, indent 2) and `from_dict(to_dict(c)) == c`.
+
+Parsing is driven by the dataclasses' type hints (`engine.config_json`), so a field is declared
+once: its type, its default and its docstring here, and nothing else to keep in step. A field
+whose JSON key differs from its Python name carries the key in its metadata (`json_key`). The
+value checks are in `engine.config_checks`.
+
+The settings a line keeps for its whole life are compared with the accepted configuration
+(`<line>/accepted_run.json`) by `check_changes`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.atomic import write_text_atomic
+from engine.config_checks import Validator
+from engine.config_json import json_key, json_name, parse_value, show, unparse
+from engine.errors import ConfigError
+from engine.metrics import METRICS_VERSION
+
+DEFAULT_SEQ_LEN = 4096
+DEFAULT_TOKENS_PER_UPDATE = 262_144
+DEFAULT_WARMUP_TOKENS = 2e8
+
+
+@dataclass
+class ModelConfig:
+    """Which model the line trains."""
+
+    preset: str
+    """A preset name from `engine.models.presets` (e.g. `ns-2b`, `pssa-1.5m`, `transformer-tiny`)."""
+    overrides: dict[str, Any] = field(default_factory=dict)
+    """Preset config fields replaced by name (e.g. `{"vocab_size": 8192}`); unknown names are refused."""
+
+
+@dataclass
+class DataConfig:
+    """The data the line trains and validates on."""
+
+    line: str
+    """The data line directory (absolute, or relative to the training line's directory)."""
+    heldout: str | None = None
+    """The data line whose held-out rows validate the line; None: the data line's own held-out rows."""
+
+
+@dataclass
+class SharedShapeConfig:
+    """The micro-batch shape of a length used while other processes share the GPU."""
+
+    micro_batch_rows: int
+    """Rows per micro-batch beside other processes (measured by `nsconsole tune --shared`)."""
+    recompute: str = "none"
+    """Activation recomputation beside other processes: `none`, `all` or a layer kind."""
+
+
+@dataclass
+class LengthConfig:
+    """How updates of one sequence length are computed (chosen by `nsconsole tune`)."""
+
+    seq_len: int
+    """Tokens per training row."""
+    micro_batch_rows: int = 1
+    """Rows per micro-batch (forward + backward); an update accumulates as many as it needs."""
+    recompute: str = "none"
+    """Activation recomputation: `none`, `all`, or a layer kind (e.g. `dendritic`) recomputed alone."""
+    shared: SharedShapeConfig | None = None
+    """The shape used beside other GPU processes (None: not measured; sharing then refuses to start)."""
+
+
+@dataclass
+class StageConfig:
+    """One stage of the plan: a run of updates at one sequence length."""
+
+    name: str
+    """The stage's name (`trunk`, `decay`, `long`, ...), unique within the plan."""
+    seq_len: int
+    """The stage's sequence length; `lengths` must have an entry for it."""
+    tokens: float | None = None
+    """Tokens the stage trains; None: until the data line ends (only the last stage)."""
+
+
+@dataclass
+class RampPiece:
+    """One piece of a batch-size ramp: the tokens per update over a range of data-line tokens."""
+
+    from_tokens: float = field(metadata=json_key("from"))
+    """The data-line token count where the piece starts (the first piece starts at 0)."""
+    to_tokens: float | None = field(metadata=json_key("to"))
+    """Where it ends (the next piece's `from`); None: open-ended (only the last piece)."""
+    tokens: int = field(metadata=json_key("tokens"))
+    """Tokens per update within the piece; a multiple of every stage's sequence length."""
+
+
+@dataclass
+class OptimizerConfig:
+    """AdamW (decoupled weight decay) with global-norm clipping."""
+
+    betas: tuple[float, float] = (0.9, 0.95)
+    """AdamW's moment decay rates, each in [0, 1)."""
+    eps: float = 1e-8
+    """AdamW's denominator epsilon."""
+    weight_decay: float = 0.1
+    """Decoupled weight decay of the `decay` parameter group (at `weight_decay_batch` tokens when set)."""
+    weight_decay_batch: int | None = None
+    """When set, an update's weight decay is `weight_decay * update tokens / weight_decay_batch`,
+    so the AdamW time scale in tokens does not move with a batch-size ramp."""
+    clip: float = 1.0
+    """Global gradient-norm clipping threshold."""
+    max_nonfinite_in_a_row: int = 20
+    """Non-finite updates skipped in a row before the line stops."""
+
+
+@dataclass
+class LRPiece:
+    """One piece of the learning-rate schedule over tokens trained.
+
+    A piece runs from the previous piece's `until` (0 for the first) to its own `until`.
+    `warmup` ramps linearly from the rate at its start (0 for a first piece) to `to` x peak;
+    `constant` holds `to` x peak; `decay` goes from the rate at its start (peak for a first
+    piece) to `to` x peak along `shape`.
+    """
+
+    kind: str
+    """`warmup`, `constant` or `decay`."""
+    until_tokens: float | None = field(default=None, metadata=json_key("until"))
+    """Tokens trained where the piece ends; None: open-ended (only the last piece)."""
+    to_fraction: float = field(default=1.0, metadata=json_key("to"))
+    """The rate at the piece's end as a fraction of the peak, in [0, 1]."""
+    shape: str = "linear"
+    """A decay's shape: `linear`, `cosine` or `sqrt` (1 - sqrt); warmup and constant use `linear`."""
+
+
+def _default_lr_pieces() -> list[LRPiece]:
+    return [LRPiece("warmup", DEFAULT_WARMUP_TOKENS, 1.0), LRPiece("constant", None, 1.0)]
+
+
+@dataclass
+class LRConfig:
+    """The learning-rate schedule: pieces over tokens trained, append-only over a line's life."""
+
+    peak: float = 3e-4
+    """The peak learning rate; the pieces' `to` are fractions of it."""
+    pieces: list[LRPiece] = field(default_factory=_default_lr_pieces)
+    """Contiguous pieces in order; the last may be open-ended. Past a closed last piece the rate holds."""
+
+
+@dataclass
+class EMAConfig:
+    """An exponential moving average of the parameters, validated beside them."""
+
+    horizon_tokens: float
+    """The average moves by update tokens / horizon_tokens per update."""
+    from_tokens: float = 0.0
+    """Tokens trained where the average starts as a copy of the parameters."""
+
+
+@dataclass
+class CheckpointConfig:
+    """When checkpoints are written and how many rolling ones are kept."""
+
+    every_updates: int = 1000
+    """A rolling checkpoint every this many updates (cycle ends and stage ends are always kept)."""
+    keep_last: int = 2
+    """The newest rolling checkpoints kept; older ones are removed."""
+
+
+@dataclass
+class ValidationConfig:
+    """Held-out validation and probes."""
+
+    every_updates: int = 1000
+    """Validate every this many updates."""
+    rows_per_source: int = 16
+    """Held-out rows per source at the training length."""
+    long_seq_len: int | None = None
+    """The long-row probe's length; None: the model's longest context when it exceeds the training length."""
+
+
+@dataclass
+class GuardsConfig:
+    """Health checks of the GPU, the watchdog and the disk."""
+
+    gpu_check_every: int = 50
+    """Look for other processes on the GPU every this many updates."""
+    share_reserve_gb: float | None = None
+    """GPU memory left to other processes when they appear (None: checkpoint and wait for a free GPU)."""
+    watchdog_minutes: float = 30.0
+    """Minutes without a heartbeat before the supervisor kills and restarts the trainer."""
+    min_free_disk_gb: float = 20.0
+    """Free disk below which the trainer checkpoints and stops for the operator."""
+
+
+@dataclass
+class WandbConfig:
+    """The line's Weights & Biases run."""
+
+    project: str | None = None
+    """The W&B project (None: W&B's default); kept for the line's whole life."""
+    mode: str = "offline"
+    """`online`, `offline` (local files, synced later) or `disabled`."""
+    entity: str | None = None
+    """The W&B entity (team or user); None: the logged-in user's default."""
+
+
+@dataclass
+class SeedsConfig:
+    """Random seeds."""
+
+    model: int = 0
+    """Seeds the model's initialisation (and any noise the model draws)."""
+    data: int = 0
+    """Seeds the sample order within every cycle."""
+
+
+@dataclass
+class RunConfig:
+    """A training line's configuration (`<line>/run.json`)."""
+
+    model: ModelConfig
+    """The model preset and its overrides."""
+    data: DataConfig
+    """The data line and the held-out line."""
+    lengths: list[LengthConfig] = field(default_factory=lambda: [LengthConfig(DEFAULT_SEQ_LEN)])
+    """Per sequence length: micro-batch rows, recomputation and the shared shape."""
+    plan: list[StageConfig] = field(default_factory=lambda: [StageConfig("trunk", DEFAULT_SEQ_LEN, None)])
+    """The stages in order."""
+    tokens_per_update: int | list[RampPiece] = DEFAULT_TOKENS_PER_UPDATE
+    """Tokens per optimizer update: one number, or a batch-size ramp over the data line's tokens."""
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    """AdamW settings."""
+    lr: LRConfig = field(default_factory=LRConfig)
+    """The learning-rate schedule."""
+    ema: EMAConfig | None = None
+    """The parameters' moving average; None: not kept."""
+    checkpoints: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """Checkpoint cadence and retention."""
+    validation: ValidationConfig = field(default_factory=ValidationConfig)
+    """Validation cadence and size."""
+    guards: GuardsConfig = field(default_factory=GuardsConfig)
+    """GPU sharing, watchdog and disk guards."""
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    """The W&B run."""
+    seeds: SeedsConfig = field(default_factory=SeedsConfig)
+    """Random seeds."""
+    metrics: int = METRICS_VERSION
+    """The metric set's version the line was started with (must equal the code's METRICS_VERSION)."""
+    print_every: int = 10
+    """Print a row to the terminal and run.log every this many updates (validating updates always)."""
+    device: str = "auto"
+    """`auto` (CUDA when available), `cpu` or `cuda`."""
+    allow_changes: list[str] = field(default_factory=list)
+    """Lifelong keys (dotted) whose change against the accepted configuration is intended."""
+
+    # -- reading and writing -------------------------------------------------------------------
+
+    @classmethod
+    def load(cls, path: Path | str) -> RunConfig:
+        """Read, type-check and validate a run.json; any problem is one ConfigError naming the file."""
+        source = str(path)
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ConfigError(f"{source}: no such file") from None
+        except (OSError, UnicodeDecodeError) as error:
+            raise ConfigError(f"{source}: cannot be read ({error})") from None
+        try:
+            document = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ConfigError(
+                f"{source}: malformed JSON at line {error.lineno} column {error.colno}: {error.msg}"
+            ) from None
+        config = cls.from_dict(document, source=source)
+        config.validate(source=source)
+        return config
+
+    @classmethod
+    def from_dict(cls, document: Any, source: str = "run.json") -> RunConfig:
+        """Type-check a parsed run.json (keys, types); `validate()` checks the values."""
+        return parse_value(document, RunConfig, "", source)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form: every field, under its run.json key."""
+        return unparse(self)
+
+    def to_json(self) -> str:
+        """The stable JSON text (sorted keys, indent 2, final newline)."""
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
+
+    def save(self, path: Path | str) -> None:
+        """Write run.json atomically (temporary file, fsync, rename)."""
+        write_text_atomic(path, self.to_json())
+
+    # -- validation ----------------------------------------------------------------------------
+
+    def validate(self, source: str = "run.json") -> None:
+        """Check every value; raise ConfigError `<source>: <key> ...` at the first problem."""
+        Validator(self, source).run()
+
+    def length(self, seq_len: int) -> LengthConfig:
+        """The `lengths` entry of a sequence length."""
+        for entry in self.lengths:
+            if entry.seq_len == seq_len:
+                return entry
+        raise ConfigError(f"run.json: no lengths entry for seq_len {seq_len}")
+
+    def ramp(self) -> list[RampPiece]:
+        """tokens_per_update as ramp pieces (a single number is one open piece from 0)."""
+        if isinstance(self.tokens_per_update, int):
+            return [RampPiece(0.0, None, self.tokens_per_update)]
+        return list(self.tokens_per_update)
+
+
+# -- lifelong keys --------------------------------------------------------------------------------
+
+LIFELONG_SECTIONS = ("data", "optimizer", "seeds")
+"""Sections every key of which a line keeps for its whole life."""
+
+LIFELONG_KEY_NAMES = (
+    *LIFELONG_SECTIONS,
+    *(
+        f"{section}.{json_name(spec)}"
+        for section, cls in (("data", DataConfig), ("optimizer", OptimizerConfig), ("seeds", SeedsConfig))
+        for spec in dataclasses.fields(cls)
+    ),
+    "wandb.project",
+)
+"""Every name `allow_changes` may list: a whole lifelong section or one of its keys. tokens_per_update
+is lifelong too but not listable: its ramp may only grow at its end, which needs no listing."""
+
+
+def _lifelong_values(config: RunConfig) -> dict[str, Any]:
+    """Dotted lifelong key -> its JSON value (tokens_per_update is compared separately)."""
+    document = config.to_dict()
+    values = {
+        f"{section}.{key}": value for section in LIFELONG_SECTIONS for key, value in document[section].items()
+    }
+    values["wandb.project"] = document["wandb"]["project"]
+    return values
+
+
+def _allowed(key: str, allow_changes: list[str]) -> bool:
+    return any(key == allowed or key.startswith(allowed + ".") for allowed in allow_changes)
+
+
+def check_changes(accepted: RunConfig, current: RunConfig) -> list[str]:
+    """One message per lifelong key changed since `accepted` without being listed in allow_changes.
+
+    The batch-size ramp and the learning-rate pieces may only grow at their end (earlier pieces
+    unchanged; an open last piece may be closed and followed by new ones); any other change of
+    them is reported whatever allow_changes says, since the updates already trained followed them.
+    """
+    messages: list[str] = []
+    before, after = _lifelong_values(accepted), _lifelong_values(current)
+    for key in before:
+        if before[key] != after[key] and not _allowed(key, current.allow_changes):
+            messages.append(
+                f"{key} changed from {show(before[key])} to {show(after[key])} "
+                f"(list it in allow_changes to change it on purpose)"
+            )
+    ramp_problem = _growth_problem(unparse(accepted.ramp()), unparse(current.ramp()), "to")
+    if ramp_problem:
+        messages.append(f"tokens_per_update {ramp_problem} (the ramp may only grow at its end)")
+    lr_problem = _growth_problem(unparse(accepted.lr.pieces), unparse(current.lr.pieces), "until")
+    if lr_problem:
+        messages.append(f"lr.pieces {lr_problem} (the schedule may only grow at its end)")
+    return messages
+
+
+def _growth_problem(before: list[dict[str, Any]], after: list[dict[str, Any]], end_key: str) -> str | None:
+    """Why `after` is not `before` grown at its end, or None when it is."""
+    if len(after) < len(before):
+        return f"lost pieces: {len(before)} accepted, {len(after)} now"
+    for index, (old, new) in enumerate(zip(before, after)):
+        if old == new:
+            continue
+        is_last_open = index == len(before) - 1 and old[end_key] is None
+        closed_only = {**new, end_key: None} == old
+        if is_last_open and closed_only:
+            continue
+        return f"piece {index} changed from {show(old)} to {show(new)}"
+    return None

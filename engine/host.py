@@ -1,0 +1,93 @@
+"""Host settings: `$NSCONSOLE_HOST` or `~/.nsconsole/host.json`, read by every command first.
+
+```json
+{"env": {"TRITON_PTXAS_PATH": "/usr/local/cuda/bin/ptxas"},
+ "work_root": "/data/lines",
+ "tokenizer": "/data/tokenizer/tokenizer.json",
+ "calibration_from": "/data/lines/trunk/state.json",
+ "notify": "/usr/local/bin/notify-training"}
+```
+
+Every key is optional. The default file missing means defaults; a file named by
+`$NSCONSOLE_HOST` that is missing, or any malformed file, is a ConfigError naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.config_json import INTERNAL, parse_value
+from engine.errors import ConfigError
+
+HOST_ENV_VARIABLE = "NSCONSOLE_HOST"
+DEFAULT_HOST_FILE = Path("~/.nsconsole/host.json")
+
+
+@dataclass
+class HostSettings:
+    """What differs between the machines a line may run on."""
+
+    env: dict[str, str] = field(default_factory=dict)
+    """Environment variables set before anything else runs (e.g. TRITON_PTXAS_PATH)."""
+    work_root: str | None = None
+    """Where relative LINE and data paths are looked up when they do not exist relative to the cwd."""
+    tokenizer: str | None = None
+    """The default tokenizer JSON for new data lines."""
+    calibration_from: str | None = None
+    """A data line state whose tokens-per-byte calibration new data lines reuse."""
+    notify: str | None = None
+    """A command run with an event in JSON on stdin when a line finishes, fails or gets stuck."""
+    source: str | None = field(default=None, metadata=INTERNAL)
+    """The file these settings were read from (None: defaults, no file); not a key of host.json."""
+
+    @classmethod
+    def load(cls, path: Path | str | None = None) -> HostSettings:
+        """Read the host settings from `path`, else `$NSCONSOLE_HOST`, else the default file."""
+        explicit = path is not None or bool(os.environ.get(HOST_ENV_VARIABLE))
+        chosen = Path(path if path is not None else os.environ.get(HOST_ENV_VARIABLE) or DEFAULT_HOST_FILE)
+        chosen = chosen.expanduser()
+        source = str(chosen)
+        try:
+            text = chosen.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            if explicit:
+                raise ConfigError(f"{source}: no such file (named by ${HOST_ENV_VARIABLE})") from None
+            return cls()
+        except (OSError, UnicodeDecodeError) as error:
+            raise ConfigError(f"{source}: cannot be read ({error})") from None
+        try:
+            document: Any = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ConfigError(
+                f"{source}: malformed JSON at line {error.lineno} column {error.colno}: {error.msg}"
+            ) from None
+        settings: HostSettings = parse_value(document, HostSettings, "", source)
+        settings.source = source
+        return settings
+
+    def apply_environment(self) -> None:
+        """Set the `env` variables in this process (children inherit them)."""
+        os.environ.update(self.env)
+
+    def resolve_line(self, path: Path | str) -> Path:
+        """A LINE or data path as a command meant it.
+
+        Relative paths that do not exist relative to the cwd resolve against `work_root` when it
+        is set (so `nsconsole new trunk ...` creates `<work_root>/trunk`); everything else is
+        taken relative to the cwd. The result is absolute.
+        """
+        candidate = Path(path).expanduser()
+        if not candidate.is_absolute() and self.work_root and not candidate.exists():
+            return (Path(self.work_root).expanduser() / candidate).absolute()
+        return candidate.absolute()
+
+
+def load_and_apply() -> HostSettings:
+    """What the CLI does first: read the host settings and apply their environment."""
+    settings = HostSettings.load()
+    settings.apply_environment()
+    return settings

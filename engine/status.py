@@ -1,0 +1,173 @@
+"""A line's state read from its files (`nsconsole status LINE` when no supervisor answers).
+
+Everything here only reads, and tolerates files caught mid-write: a torn last line of rows.jsonl
+is left out, an unreadable heartbeat or STOP is reported rather than raised.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.config import RunConfig
+from engine.errors import LineError
+from engine.layout import LineLayout, checkpoint_update
+from engine.ops import StopRequest, open_line, read_stop
+
+TAIL_BLOCK_BYTES = 64 * 1024
+
+
+@dataclass
+class LineStatus:
+    """A snapshot of a line's files."""
+
+    root: Path
+    """The line directory."""
+    config: RunConfig | None
+    """The parsed run.json (None when it does not load)."""
+    config_error: str | None = None
+    """Why run.json does not load."""
+    last_rows: list[dict[str, Any]] = field(default_factory=list)
+    """The newest complete rows of rows.jsonl, oldest first."""
+    torn_last_row: bool = False
+    """rows.jsonl ends in an incomplete line (a write was cut short; it is left out)."""
+    heartbeat: dict[str, Any] | None = None
+    """The trainer's last heartbeat (time, update, stage, pid)."""
+    heartbeat_age_s: float | None = None
+    """Seconds since the heartbeat was written."""
+    checkpoints: list[str] = field(default_factory=list)
+    """Finished checkpoint directories, oldest first."""
+    latest: str | None = None
+    """The checkpoint `checkpoints/latest` names."""
+    stop: StopRequest | None = None
+    """A pending stop request."""
+    problems: list[str] = field(default_factory=list)
+    """Files that could not be read (one line each)."""
+    disk_bytes: int = 0
+    """Disk space the line directory uses."""
+
+
+def line_status(root: Path | str, rows: int = 5, now: float | None = None) -> LineStatus:
+    """Read a line's files: configuration, newest rows, heartbeat, checkpoints, STOP, disk use."""
+    layout = open_line(root)
+    now = time.time() if now is None else now
+    try:
+        config: RunConfig | None = RunConfig.load(layout.run_json)
+        status = LineStatus(layout.root, config)
+    except LineError as error:
+        status = LineStatus(layout.root, None, config_error=str(error))
+    status.last_rows, status.torn_last_row, bad_rows = read_last_rows(layout.rows_jsonl, rows)
+    if bad_rows:
+        status.problems.append(f"{layout.rows_jsonl}: {bad_rows} malformed row(s) among the newest")
+    _read_heartbeat(layout, status, now)
+    _read_checkpoints(layout, status)
+    try:
+        status.stop = read_stop(layout)
+    except LineError as error:
+        status.problems.append(str(error))
+    status.disk_bytes = directory_bytes(layout.root)
+    return status
+
+
+def read_last_rows(path: Path, count: int) -> tuple[list[dict[str, Any]], bool, int]:
+    """The last `count` complete rows of a JSONL file, whether its last line is torn, and bad lines seen.
+
+    Reads backwards from the end in blocks, so a rows.jsonl of months costs what its tail does.
+    """
+    try:
+        handle = path.open("rb")
+    except FileNotFoundError:
+        return [], False, 0
+    with handle:
+        end = handle.seek(0, os.SEEK_END)
+        data = b""
+        position = end
+        # One more newline than rows wanted: the text before the first one may be a partial line.
+        while position > 0 and data.count(b"\n") <= count:
+            step = min(TAIL_BLOCK_BYTES, position)
+            position -= step
+            handle.seek(position)
+            data = handle.read(step) + data
+    torn = bool(data) and not data.endswith(b"\n")
+    lines = data.split(b"\n")
+    lines.pop()  # after the final newline: empty, or the torn line
+    if position > 0:
+        lines = lines[1:]  # the first piece may start mid-line
+    rows: list[dict[str, Any]] = []
+    bad = 0
+    for line in lines[-count:] if count > 0 else []:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            bad += 1
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+        else:
+            bad += 1
+    return rows, torn, bad
+
+
+def _read_heartbeat(layout: LineLayout, status: LineStatus, now: float) -> None:
+    try:
+        text = layout.heartbeat.read_text(encoding="utf-8")
+        modified = layout.heartbeat.stat().st_mtime
+    except FileNotFoundError:
+        return
+    try:
+        heartbeat = json.loads(text)
+    except ValueError:
+        status.problems.append(f"{layout.heartbeat}: not JSON (caught mid-write?)")
+        return
+    if not isinstance(heartbeat, dict):
+        status.problems.append(f"{layout.heartbeat}: not a JSON object")
+        return
+    status.heartbeat = heartbeat
+    written = heartbeat.get("time")
+    # The trainer writes its own clock; the file's mtime stands in when the field is absent.
+    written_at = float(written) if isinstance(written, (int, float)) else modified
+    status.heartbeat_age_s = max(0.0, now - written_at)
+
+
+def _read_checkpoints(layout: LineLayout, status: LineStatus) -> None:
+    if not layout.checkpoints.is_dir():
+        return
+    status.checkpoints = sorted(
+        entry.name
+        for entry in layout.checkpoints.iterdir()
+        if entry.is_dir() and checkpoint_update(entry.name) is not None
+    )
+    try:
+        status.latest = layout.latest.read_text(encoding="utf-8").strip() or None
+    except FileNotFoundError:
+        status.latest = None
+
+
+def directory_bytes(root: Path) -> int:
+    """Disk space used under `root` (allocated blocks; symlinks are not followed)."""
+    total = 0
+    for directory, _subdirectories, files in os.walk(root):
+        for name in files:
+            try:
+                info = os.lstat(os.path.join(directory, name))
+            except FileNotFoundError:  # removed while we walk (a rolling checkpoint)
+                continue
+            total += getattr(info, "st_blocks", 0) * 512 or info.st_size
+    return total
+
+
+def pid_alive(pid: Any) -> bool:
+    """Whether a process with this pid exists on this host."""
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

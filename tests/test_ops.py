@@ -1,0 +1,339 @@
+"""new / check / status / stop on real line directories, through `nsconsole.cli.main`."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import datalines
+import engine.ckpt
+from engine.config import RunConfig
+from engine.errors import ConfigError
+from engine.models import presets
+from engine.ops import accept
+from engine.status import read_last_rows
+from nsconsole.cli import main
+
+
+@dataclasses.dataclass
+class FakePresetConfig:
+    vocab_size: int = 256
+    width: int = 32
+
+
+@dataclasses.dataclass
+class FakeDataLine:
+    vocab_size: int
+    eos_id: int
+
+
+DATA_VOCAB = {"vocab": 512}
+"""The vocabulary the fake data line reports (tests change it to make a mismatch)."""
+
+
+def fake_preset_config(name: str, overrides: dict[str, Any] | None = None) -> FakePresetConfig:
+    if name != "tiny-test":
+        raise ConfigError(f"model.preset: unknown preset {name!r}")
+    unknown = sorted(set(overrides or {}) - {spec.name for spec in dataclasses.fields(FakePresetConfig)})
+    if unknown:
+        raise ConfigError(f"model.overrides: unknown key {unknown[0]!r} for preset {name!r}")
+    return dataclasses.replace(FakePresetConfig(), **(overrides or {}))
+
+
+@pytest.fixture(autouse=True)
+def environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The model registry and the data line reader are written alongside this module; their
+    # entry points stand in, so these tests hold the line operations alone.
+    monkeypatch.setattr(presets, "preset_names", lambda: ["tiny-test"])
+    monkeypatch.setattr(presets, "preset_config", fake_preset_config)
+    DATA_VOCAB["vocab"] = 512
+    monkeypatch.setattr(
+        datalines, "open_data_line", lambda path: FakeDataLine(DATA_VOCAB["vocab"], 0), raising=False
+    )
+    monkeypatch.delenv("NSCONSOLE_HOST", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+
+
+@pytest.fixture
+def data_line(tmp_path: Path) -> Path:
+    path = tmp_path / "data" / "trunk"
+    path.mkdir(parents=True)
+    (path / "dataline.json").write_text("{}")
+    return path
+
+
+@pytest.fixture
+def line(tmp_path: Path, data_line: Path) -> Path:
+    arguments = ["new", "runs/trunk", "--model", "tiny-test", "--data", str(data_line), "--seq-len", "64"]
+    assert main(arguments) == 0
+    return tmp_path / "runs" / "trunk"
+
+
+def tree(root: Path) -> list[str]:
+    return sorted(str(path.relative_to(root)) for path in root.rglob("*"))
+
+
+def edit_run_json(line: Path, edit: Any) -> None:
+    document = json.loads((line / "run.json").read_text())
+    edit(document)
+    (line / "run.json").write_text(json.dumps(document))
+
+
+# -- new ------------------------------------------------------------------------------------------
+
+
+def test_new_writes_a_valid_line(line: Path, data_line: Path) -> None:
+    assert tree(line) == ["accepted_run.json", "checkpoints", "run.json"]
+    config = RunConfig.load(line / "run.json")
+    assert config.model.preset == "tiny-test"
+    assert config.model.overrides == {"vocab_size": 512}  # follows the data line's tokenizer
+    assert config.data.line == str(data_line)
+    assert config.plan[0].seq_len == 64 and config.lengths[0].seq_len == 64
+    assert config.tokens_per_update == 262144
+    assert (line / "accepted_run.json").read_text() == (line / "run.json").read_text()
+
+
+def test_new_with_every_option(tmp_path: Path, data_line: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ramp = '[{"from":0,"to":4.7e9,"tokens":262144},{"from":4.7e9,"to":null,"tokens":393216}]'
+    status = main([
+        "new", "runs/b", "--model", "tiny-test", "--data", str(data_line), "--peak-lr", "1e-3",
+        "--tokens-per-update", ramp, "--weight-decay-batch", "1048576", "--ema-horizon-tokens", "2e9",
+        "--seq-len", "2048", "--override", "width=64", "--override", "vocab_size=300",
+    ])
+    assert status == 0
+    assert capsys.readouterr().out.startswith(f"created {tmp_path / 'runs' / 'b'}: tiny-test")
+    config = RunConfig.load(tmp_path / "runs" / "b" / "run.json")
+    assert config.lr.peak == 1e-3
+    assert [piece.tokens for piece in config.ramp()] == [262144, 393216]
+    assert config.optimizer.weight_decay_batch == 1048576
+    assert config.ema is not None and config.ema.horizon_tokens == 2e9 and config.ema.from_tokens == 2e9
+    assert config.model.overrides == {"width": 64, "vocab_size": 300}  # an explicit vocab_size is kept
+
+
+def test_new_default_batch_is_whole_rows(tmp_path: Path, data_line: Path) -> None:
+    assert main(["new", "odd", "--model", "tiny-test", "--data", str(data_line), "--seq-len", "3000"]) == 0
+    assert RunConfig.load(tmp_path / "odd" / "run.json").tokens_per_update == 87 * 3000
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--model", "gpt-5"], "--model: 'gpt-5' is not a preset (known: tiny-test)"),
+        (["--data", "data/none"], "data/none: no such data line directory"),
+        (["--data", "data"], "data: not a data line (no dataline.json)"),
+        (["--tokens-per-update", "[{"], "--tokens-per-update: not a number or JSON ramp"),
+        (["--tokens-per-update", '"x"'],
+         "--tokens-per-update: tokens_per_update must be an integer or a list"),
+        (["--tokens-per-update", "1000"],
+         "tokens_per_update 1000 is not a multiple of plan[0] (trunk)'s seq_len 64"),
+        (["--peak-lr", "-1"], "lr.peak must be positive, got -1.0"),
+        (["--override", "depth=3"], "model.overrides: unknown key 'depth' for preset 'tiny-test'"),
+    ],
+)
+def test_new_refuses_and_writes_nothing(
+    tmp_path: Path, data_line: Path, capsys: pytest.CaptureFixture[str], arguments: list[str], message: str
+) -> None:
+    base = {"--model": "tiny-test", "--data": str(data_line), "--seq-len": "64"}
+    for flag, value in zip(arguments[::2], arguments[1::2]):
+        base[flag] = value
+    before = tree(tmp_path)
+    assert main(["new", "runs/x", *[item for pair in base.items() for item in pair]]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("nsconsole: ") and message in error, error
+    assert error.count("\n") == 1
+    assert tree(tmp_path) == before
+
+
+def test_new_refuses_an_existing_line(
+    line: Path, data_line: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = (line / "run.json").read_bytes()
+    assert main(["new", str(line), "--model", "tiny-test", "--data", str(data_line)]) == 2
+    assert f"{line / 'run.json'}: already exists" in capsys.readouterr().err
+    assert (line / "run.json").read_bytes() == before
+
+
+def test_new_without_a_data_line_reader(
+    tmp_path: Path, data_line: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delattr(datalines, "open_data_line", raising=False)
+    assert main(["new", "plain", "--model", "tiny-test", "--data", str(data_line), "--seq-len", "64"]) == 0
+    assert RunConfig.load(tmp_path / "plain" / "run.json").model.overrides == {}
+
+
+def test_new_resolves_relative_lines_under_work_root(
+    tmp_path: Path, data_line: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    host = tmp_path / "host.json"
+    host.write_text(json.dumps({"work_root": str(tmp_path / "lines")}))
+    monkeypatch.setenv("NSCONSOLE_HOST", str(host))
+    (tmp_path / "lines" / "data").mkdir(parents=True)
+    data_line.rename(tmp_path / "lines" / "data" / "trunk")
+    assert main(["new", "trunk", "--model", "tiny-test", "--data", "data/trunk", "--seq-len", "64"]) == 0
+    config = RunConfig.load(tmp_path / "lines" / "trunk" / "run.json")
+    assert config.data.line == str(tmp_path / "lines" / "data" / "trunk")
+
+
+# -- check ----------------------------------------------------------------------------------------
+
+
+def check_output(line: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, list[str]]:
+    status = main(["check", str(line)])
+    captured = capsys.readouterr()
+    return status, (captured.out + captured.err).splitlines()
+
+
+def test_check_passes_on_a_new_line(line: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    status, lines = check_output(line, capsys)
+    assert status == 0, lines
+    assert all(text.startswith("ok: ") for text in lines)
+    assert any(text.startswith("ok: run.json: valid (tiny-test; plan trunk@64)") for text in lines)
+    assert any("vocab 512 = model's" in text for text in lines)
+    assert "ok: checkpoints: none yet" in lines
+
+
+def test_check_refuses_an_unlisted_lifelong_change(line: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    edit_run_json(line, lambda d: d["optimizer"].update(weight_decay=0.05))
+    status, lines = check_output(line, capsys)
+    assert status == 1
+    assert "FAIL: run.json: optimizer.weight_decay changed from 0.1 to 0.05 " \
+        "(list it in allow_changes to change it on purpose)" in lines
+    edit_run_json(line, lambda d: d.update(allow_changes=["optimizer.weight_decay"]))
+    assert check_output(line, capsys)[0] == 0
+
+
+def test_check_vocab_metrics_sharing_and_data(line: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    DATA_VOCAB["vocab"] = 1024
+    status, lines = check_output(line, capsys)
+    assert status == 1
+    assert any("has a tokenizer of 1024 tokens but the model's vocab_size is 512" in text for text in lines)
+    DATA_VOCAB["vocab"] = 512
+    edit_run_json(line, lambda d: d.update(metrics=99))
+    status, lines = check_output(line, capsys)
+    assert status == 1 and any("metrics is version 99 but this code computes version 1" in t for t in lines)
+    edit_run_json(line, lambda d: (d.update(metrics=1), d["guards"].update(share_reserve_gb=24)))
+    status, lines = check_output(line, capsys)
+    assert status == 1 and any("lengths 64 have no shared shape" in t for t in lines)
+    edit_run_json(line, lambda d: d["lengths"][0].update(shared={"micro_batch_rows": 1}))
+    assert check_output(line, capsys)[0] == 0
+    edit_run_json(line, lambda d: d["data"].update(line=str(line / "missing")))
+    edit_run_json(line, lambda d: d.update(allow_changes=["data"]))
+    status, lines = check_output(line, capsys)
+    assert status == 1 and f"FAIL: data line: {line / 'missing'}: no such data line directory" in lines
+
+
+def test_check_malformed_run_json_is_status_2(line: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (line / "run.json").write_text('{"model": ')
+    status, lines = check_output(line, capsys)
+    assert status == 2
+    assert lines == [f"nsconsole: {line / 'run.json'}: malformed JSON at line 1 column 11: Expecting value"]
+
+
+def test_check_uses_the_checkpoint_verifier(
+    line: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (line / "checkpoints" / "u00000010").mkdir()
+    monkeypatch.setattr(engine.ckpt, "verify_line_checkpoints", lambda root: ["u00000010/meta.json: missing"])
+    status, lines = check_output(line, capsys)
+    assert status == 1 and "FAIL: checkpoints: u00000010/meta.json: missing" in lines
+    monkeypatch.delattr(engine.ckpt, "verify_line_checkpoints")
+    status, lines = check_output(line, capsys)
+    assert status == 0
+    assert "ok: checkpoints: 1 present, not verified (no checkpoint verifier), newest u00000010" in lines
+
+
+def test_accept_refuses_then_records(line: Path) -> None:
+    edit_run_json(line, lambda d: d["seeds"].update(data=3))
+    with pytest.raises(ConfigError, match=r"run\.json: seeds\.data changed from 0 to 3"):
+        accept(line)
+    assert RunConfig.load(line / "accepted_run.json").seeds.data == 0
+    edit_run_json(line, lambda d: d.update(allow_changes=["seeds"]))
+    accept(line)
+    assert RunConfig.load(line / "accepted_run.json").seeds.data == 3
+    # The listing was used up: run.json no longer lists it, so the next edit is caught again.
+    assert RunConfig.load(line / "run.json").allow_changes == []
+    assert RunConfig.load(line / "accepted_run.json").allow_changes == []
+    edit_run_json(line, lambda d: d["seeds"].update(data=4))
+    with pytest.raises(ConfigError, match=r"seeds\.data changed from 3 to 4"):
+        accept(line)
+
+
+def test_accept_leaves_a_run_json_edited_since_it_was_read(line: Path) -> None:
+    edit_run_json(line, lambda d: (d["seeds"].update(data=3), d.update(allow_changes=["seeds"])))
+    config = RunConfig.load(line / "run.json")
+    edit_run_json(line, lambda d: d.update(print_every=7))  # edited after the trainer read it
+    accept(line, config)
+    assert RunConfig.load(line / "run.json").allow_changes == ["seeds"]
+    assert RunConfig.load(line / "accepted_run.json").seeds.data == 3
+
+
+# -- status and stop ------------------------------------------------------------------------------
+
+
+def test_status_of_a_new_line(line: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["status", str(line)]) == 0
+    out = capsys.readouterr().out
+    assert f"line: {line}" in out
+    assert "model: tiny-test" in out and "plan: trunk at 64 for the rest of the data" in out
+    assert "heartbeat: none" in out and "rows: none yet" in out and "checkpoints: none yet" in out
+    assert "STOP" not in out
+
+
+def test_status_reads_rows_heartbeat_checkpoints_and_stop(
+    line: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = [{"update": u, "tokens": u * 4096, "loss": 5.0 - u / 10, "lr": 1e-4} for u in range(1, 11)]
+    with (line / "rows.jsonl").open("w") as handle:
+        handle.writelines(json.dumps(row) + "\n" for row in rows)
+        handle.write('{"update": 11, "tok')  # a write cut short
+    heartbeat = {"time": time.time() - 300, "update": 10, "stage": "trunk", "pid": os.getpid()}
+    (line / "heartbeat").write_text(json.dumps(heartbeat))
+    (line / "checkpoints" / "u00000010").mkdir()
+    (line / "checkpoints" / "latest").write_text("u00000010\n")
+    assert main(["stop", str(line), "--at-cycle-end", "2"]) == 0
+    capsys.readouterr()
+    assert main(["status", str(line), "--rows", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "rows (newest 3):" in out
+    assert "update 8  tokens 32768  loss 4.2  lr 0.0001" in out
+    assert "update 10 " in out and "update 7 " not in out
+    assert "the last line of rows.jsonl is incomplete" in out
+    assert f"heartbeat: 5 min ago, update 10, stage trunk, pid {os.getpid()} (alive)" in out
+    assert "checkpoints: 1 (u00000010); latest u00000010" in out
+    assert "STOP pending: at the end of cycle 2" in out
+
+
+def test_read_last_rows_across_blocks(tmp_path: Path) -> None:
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps({"update": u, "pad": "x" * 90}) + "\n" for u in range(5000)))
+    rows, torn, bad = read_last_rows(path, 3)
+    assert [row["update"] for row in rows] == [4997, 4998, 4999] and not torn and bad == 0
+    rows, _, _ = read_last_rows(path, 6000)
+    assert len(rows) == 5000 and rows[0]["update"] == 0
+    assert read_last_rows(tmp_path / "none.jsonl", 3) == ([], False, 0)
+
+
+def test_stop_writes_the_request_atomically(line: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["stop", str(line)]) == 0
+    assert "at the next update" in capsys.readouterr().out
+    request = json.loads((line / "STOP").read_text())
+    assert set(request) == {"requested", "at_cycle_end"} and request["at_cycle_end"] is None
+    assert main(["stop", str(line), "--at-cycle-end", "1"]) == 0
+    assert json.loads((line / "STOP").read_text())["at_cycle_end"] == 1
+    assert [path.name for path in line.iterdir() if path.name.startswith(".")] == []  # no temporary left
+
+
+def test_stop_refuses_a_non_line_and_a_negative_cycle(
+    tmp_path: Path, line: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["stop", str(tmp_path / "data")]) == 2
+    assert "not a training line (no run.json)" in capsys.readouterr().err
+    assert main(["stop", str(line), "--at-cycle-end", "-1"]) == 2
+    assert not (line / "STOP").exists()
