@@ -1,0 +1,210 @@
+"""The narrow interface between W&B continuity (engine.wb) and a W&B client, and the real client.
+
+Everything the continuity logic needs from W&B is here: start or continue a run (plainly, as a
+fork of another run, or rewound to a step), log a row at a step, ask which steps are
+acknowledged, finish, and mark an old run superseded. Any exception from these calls means "W&B
+failed this time"; the logic above retries with backoff, so no method here retries by itself.
+The logic tests drive the same logic through a recording backend that simulates the server.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from engine.config import WandbConfig
+from engine.wb_state import RunPoint
+from engine.wb_txlog import TransactionLogReader, transaction_log_of
+
+SUPERSEDED_TAG = "superseded"
+
+
+@dataclass(frozen=True)
+class StartedRun:
+    """What W&B answered to `init`."""
+
+    run_id: str
+    """The run's id (a rewind keeps the rewound run's id)."""
+    next_step: int | None
+    """The step the server expects next for this run; None when unknown (offline mode)."""
+    local_dir: Path | None
+    """The client's local directory of this run, removed at a later start once finished."""
+    offline: bool
+    """The run writes only local files (uploaded later by `wandb sync`)."""
+
+
+class WandbBackend(Protocol):
+    """A W&B client as the continuity logic sees it. Every call may raise when W&B fails."""
+
+    def init(
+        self,
+        run_id: str | None,
+        *,
+        resume: bool = False,
+        fork_from: RunPoint | None = None,
+        resume_from: RunPoint | None = None,
+        config: dict[str, Any] | None = None,
+    ) -> StartedRun:
+        """Start a run: create or continue `run_id` (`resume`), fork another run, or rewind one."""
+        ...
+
+    def log(self, row: dict[str, Any], step: int) -> None:
+        """Log one row's values at `step` to the started run."""
+        ...
+
+    def acknowledged_step(self) -> int | None:
+        """The highest step of the started run the server holds durably (None: not known yet)."""
+        ...
+
+    def finish(self) -> bool:
+        """Finish the started run; True when everything was handed over in time."""
+        ...
+
+    def mark_superseded(self, run_id: str, by_run_id: str, at_update: int) -> StartedRun:
+        """Tag an old run `superseded` and record which run replaced it (beside the started run)."""
+        ...
+
+    def supports_fork(self) -> bool:
+        """Whether `init(fork_from=...)` may be tried (a refusal is still possible and handled)."""
+        ...
+
+    def supports_rewind(self) -> bool:
+        """Whether `init(resume_from=...)` may be tried (a refusal is still possible and handled)."""
+        ...
+
+
+class RealWandbBackend:
+    """The `wandb` 0.31 client, for one line.
+
+    The client writes its local files under `<line>/wandb/`. Fork and rewind are W&B features in
+    preview on its cloud and absent from some servers; they are tried when asked for, and a
+    refusal surfaces as an exception from `init` that the logic answers with a backfilled run.
+    """
+
+    def __init__(self, settings: WandbConfig, line_dir: Path, finish_timeout_s: float = 60.0) -> None:
+        self.settings = settings
+        self.line_dir = Path(line_dir)
+        self.finish_timeout_s = finish_timeout_s
+        self._run: Any = None
+        self._last_logged_step: int | None = None
+        self._local_log: TransactionLogReader | None = None
+        self._locally_written_step: int | None = None
+
+    def _client_settings(self) -> Any:
+        import wandb
+
+        # console "off": the trainer's own output goes to run.log, not through W&B.
+        return wandb.Settings(
+            console="off",
+            silent=True,
+            finish_timeout=self.finish_timeout_s,
+            finish_timeout_raises=True,
+        )
+
+    def _start(self, **arguments: Any) -> Any:
+        import wandb
+
+        directory = self.line_dir / "wandb"
+        directory.mkdir(exist_ok=True)
+        return wandb.init(
+            project=self.settings.project,
+            entity=self.settings.entity,
+            mode=self.settings.mode,
+            dir=str(self.line_dir),
+            name=self.line_dir.name,
+            settings=self._client_settings(),
+            reinit="create_new",
+            **arguments,
+        )
+
+    def init(
+        self,
+        run_id: str | None,
+        *,
+        resume: bool = False,
+        fork_from: RunPoint | None = None,
+        resume_from: RunPoint | None = None,
+        config: dict[str, Any] | None = None,
+    ) -> StartedRun:
+        arguments: dict[str, Any] = {"config": config or {}}
+        if resume_from is not None:
+            # A rewind continues the rewound run under its own id; wandb refuses `id` beside it.
+            arguments["resume_from"] = f"{resume_from.run_id}?_step={resume_from.step}"
+        else:
+            arguments["id"] = run_id
+            if fork_from is not None:
+                arguments["fork_from"] = f"{fork_from.run_id}?_step={fork_from.step}"
+            elif resume:
+                arguments["resume"] = "allow"
+        run = self._start(**arguments)
+        self._run = run
+        self._last_logged_step = None
+        self._locally_written_step = None
+        local_dir = Path(run.dir).parent
+        self._local_log = None
+        if run.offline:
+            log_path = transaction_log_of(local_dir)
+            self._local_log = TransactionLogReader(log_path) if log_path else None
+        # Online, `starting_step` is the server's next step for this run (0 for a run the server
+        # did not have). Offline it reads 0 for a resumed run, which says nothing: unknown.
+        next_step = None if run.offline else int(run.starting_step)
+        return StartedRun(run_id=run.id, next_step=next_step, local_dir=local_dir, offline=bool(run.offline))
+
+    def log(self, row: dict[str, Any], step: int) -> None:
+        if self._run is None:
+            raise RuntimeError("no W&B run is started")
+        self._run.log(row, step=step)
+        self._last_logged_step = step
+
+    def acknowledged_step(self) -> int | None:
+        if self._run is None:
+            return None
+        if self._run.offline:
+            return self._read_local_log()
+        # Online: every item handed to the client before this query is on the server once the
+        # client reports nothing pending and at least one successful sync.
+        logged = self._last_logged_step
+        status = self._run.status()
+        if status.sync_items_pending == 0 and status.sync_time is not None:
+            return logged
+        return None
+
+    def _read_local_log(self) -> int | None:
+        """Offline: the highest step present in the run's local transaction log."""
+        if self._local_log is None:
+            log_path = transaction_log_of(Path(self._run.dir).parent)
+            if log_path is None:
+                return None
+            self._local_log = TransactionLogReader(log_path)
+        for history in self._local_log.read_history():
+            self._locally_written_step = max(history.step, self._locally_written_step or history.step)
+        return self._locally_written_step
+
+    def finish(self) -> bool:
+        if self._run is None:
+            return True
+        run, self._run = self._run, None
+        try:
+            run.finish()
+        except TimeoutError:
+            return False
+        return True
+
+    def mark_superseded(self, run_id: str, by_run_id: str, at_update: int) -> StartedRun:
+        run = self._start(id=run_id, resume="allow")
+        try:
+            run.tags = tuple(tag for tag in run.tags if tag != SUPERSEDED_TAG) + (SUPERSEDED_TAG,)
+            run.summary["superseded_by"] = by_run_id
+            run.summary["superseded_at_update"] = at_update
+        finally:
+            run.finish()
+        local_dir = Path(run.dir).parent
+        return StartedRun(run_id=run_id, next_step=None, local_dir=local_dir, offline=bool(run.offline))
+
+    def supports_fork(self) -> bool:
+        return True
+
+    def supports_rewind(self) -> bool:
+        return True
+
