@@ -1,16 +1,253 @@
-"""`nsconsole data`."""
+"""`nsconsole data`: create data lines, build validation rows, prepare and rebuild cycles, tokenizers."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import signal
+import sys
+from pathlib import Path
+from types import TracebackType
 
-from nsconsole.commands.pending import not_built
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskID, TaskProgressColumn, TextColumn, TimeElapsedColumn
+
+from datalines.errors import DataLineError
+from datalines.status import PreparerStatus
+
+DEFAULT_VAL_SEQ_LEN = 512
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("data", help="(not built yet)")
-    parser.set_defaults(func=run)
+    parser = subparsers.add_parser(
+        "data",
+        help="data lines: init, val, run-preparer, status, schedule, rebuild, tokenizer",
+        description=__doc__,
+    )
+    commands = parser.add_subparsers(dest="data_command", metavar="SUBCOMMAND", required=True)
+
+    init = commands.add_parser("init", help="create a data line (pins inputs, calibrates)")
+    init.add_argument("--work", type=Path, required=True, help="the data line directory to create")
+    init.add_argument("--embedded", action="store_true", help="the demo line on Python's standard library")
+    init.add_argument(
+        "--recipe", type=Path, help="recipe JSON (sources, shares, held-out, markers, schedule)"
+    )
+    init.add_argument("--eos-id", type=int, help="the tokenizer's end-of-document id")
+    init.add_argument("--cycle-tokens", type=float, help="tokens per cycle (e.g. 2e10)")
+    init.add_argument("--tokenizer", type=Path, help="tokenizers JSON (overrides the recipe's)")
+    init.set_defaults(func=run_init)
+
+    val = commands.add_parser("val", help="build validation rows from the held-out documents")
+    val.add_argument("--work", type=Path, required=True)
+    val.add_argument("--seq-len", type=int, default=DEFAULT_VAL_SEQ_LEN, help="training row length")
+    val.add_argument("--long-seq-len", type=int, help="also rows of this (longer) length")
+    val.set_defaults(func=run_val)
+
+    preparer = commands.add_parser(
+        "run-preparer", help="keep the next cycles ready (download, tokenize, delete)"
+    )
+    preparer.add_argument("--work", type=Path, required=True)
+    preparer.add_argument("--ahead", type=int, default=2, help="cycles kept ready ahead of the trainer")
+    preparer.add_argument("--min-free-gb", type=float, help="wait while free disk is below this (GB)")
+    preparer.add_argument("--once", action="store_true", help="exit once the wanted cycles are ready")
+    preparer.set_defaults(func=run_preparer_command)
+
+    status = commands.add_parser("status", help="cycles (planned, ready, consumed), validation, preparer")
+    status.add_argument("--work", type=Path, required=True)
+    status.add_argument("--json", action="store_true", help="print one JSON object")
+    status.set_defaults(func=run_status)
+
+    schedule = commands.add_parser("schedule", help="append a piece of shares to the schedule's end")
+    schedule.add_argument("--work", type=Path, required=True)
+    schedule.add_argument(
+        "--from-tokens", type=float, required=True, help="a cycle boundary after the last piece"
+    )
+    schedule.add_argument("--shares", required=True, help='JSON, e.g. \'{"web": 0.5, "code": 0.5}\'')
+    schedule.set_defaults(func=run_schedule)
+
+    rebuild = commands.add_parser("rebuild", help="rebuild a cycle from its manifest, byte for byte")
+    rebuild.add_argument("--work", type=Path, required=True)
+    rebuild.add_argument("--cycle", type=int, required=True)
+    rebuild.set_defaults(func=run_rebuild)
+
+    tokenizer = commands.add_parser("tokenizer", help="train a byte-level BPE tokenizer")
+    tokenizer.add_argument("--train", action="store_true", required=True, help="train (the only action)")
+    tokenizer.add_argument(
+        "--source",
+        action="append",
+        required=True,
+        help="a directory of text/jsonl/parquet files, or `embedded`",
+    )
+    tokenizer.add_argument("--vocab", type=int, default=8192, help="vocabulary size")
+    tokenizer.add_argument("--out", type=Path, required=True, help="the tokenizer JSON to write")
+    tokenizer.add_argument("--text-field", default="text", help="parquet column / jsonl field")
+    tokenizer.add_argument(
+        "--special", action="append", help="special tokens, ids 0, 1, ... (default: <|endoftext|>)"
+    )
+    tokenizer.set_defaults(func=run_tokenizer)
 
 
-def run(args: argparse.Namespace) -> int:
-    raise not_built("data", "foundation")
+def run_init(args: argparse.Namespace) -> int:
+    from datalines.creation import init_data_line, init_embedded_line
+
+    if args.embedded:
+        if args.recipe or args.eos_id is not None or args.cycle_tokens is not None:
+            raise DataLineError("data init --embedded takes no --recipe, --eos-id or --cycle-tokens")
+        line = init_embedded_line(args.work)
+    else:
+        missing = [flag for flag, value in (("--recipe", args.recipe), ("--eos-id", args.eos_id),
+                                            ("--cycle-tokens", args.cycle_tokens)) if value is None]
+        if missing:
+            raise DataLineError(f"data init needs {', '.join(missing)} (or --embedded)")
+        if args.cycle_tokens != int(args.cycle_tokens):
+            raise DataLineError(f"--cycle-tokens must be a whole number, got {args.cycle_tokens}")
+        line = init_data_line(args.work, args.recipe, args.eos_id, int(args.cycle_tokens), args.tokenizer)
+    last = line.last_cycle()
+    print(
+        f"data line {line.path}: sources {', '.join(line.sources)}, vocab {line.vocab_size}, "
+        f"eos {line.eos_id}, "
+        f"{line.cycle_tokens:,} tokens per cycle" + (f", last cycle {last}" if last is not None else "")
+    )
+    return 0
+
+
+def run_val(args: argparse.Namespace) -> int:
+    from datalines import open_data_line
+    from datalines.validation import build_validation
+
+    lengths = [args.seq_len] + ([args.long_seq_len] if args.long_seq_len else [])
+    summary = build_validation(open_data_line(args.work), lengths)
+    for seq_len, rows in summary.items():
+        print(f"val T{seq_len}: " + ", ".join(f"{name} {count} rows" for name, count in rows.items()))
+    return 0
+
+
+def run_status(args: argparse.Namespace) -> int:
+    from datalines import open_data_line
+    from datalines.status import read_status
+
+    line = open_data_line(args.work)
+    validation = sorted(int(path.name[1:]) for path in (line.path / "val").glob("T*") if path.is_dir())
+    report = {
+        "path": str(line.path),
+        "sources": line.shares(0),
+        "cycle_tokens": line.cycle_tokens,
+        "last_cycle": line.last_cycle(),
+        "cycles": {index: line.cycle_state(index) for index in line.known_cycles()},
+        "validation_seq_lens": validation,
+        "preparer": read_status(line.path),
+    }
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    shares = ", ".join(f"{name} {share:.3g}" for name, share in report["sources"].items())
+    print(f"data line {line.path}: {shares}; {line.cycle_tokens:,} tokens per cycle")
+    last = report["last_cycle"]
+    print(f"last cycle: {last if last is not None else 'not known yet'}")
+    for index, state in report["cycles"].items():
+        print(f"  cycle {index:4d}  {state}")
+    print(f"validation rows: {', '.join(f'T{length}' for length in validation) or 'none (run data val)'}")
+    preparer = report["preparer"]
+    if preparer:
+        print(f"preparer: {preparer['state']} (pid {preparer['pid']}): {preparer['message']}")
+    return 0
+
+
+def run_schedule(args: argparse.Namespace) -> int:
+    from datalines import open_data_line
+    from datalines.schedule import append_schedule_piece
+
+    try:
+        shares = json.loads(args.shares)
+    except json.JSONDecodeError as error:
+        raise DataLineError(f"--shares: not valid JSON ({error})") from None
+    if args.from_tokens != int(args.from_tokens):
+        raise DataLineError(f"--from-tokens must be a whole number, got {args.from_tokens}")
+    line = open_data_line(args.work)
+    append_schedule_piece(line, int(args.from_tokens), shares)
+    print(f"schedule of {line.path}: from token {int(args.from_tokens):,} the shares are {shares}")
+    return 0
+
+
+def run_rebuild(args: argparse.Namespace) -> int:
+    from datalines import open_data_line
+    from datalines.preparer import rebuild_cycle
+
+    line = open_data_line(args.work)
+    rebuild_cycle(line, args.cycle)
+    print(f"cycle {args.cycle} rebuilt: every shard matches its manifest byte for byte")
+    return 0
+
+
+def run_preparer_command(args: argparse.Namespace) -> int:
+    from datalines import open_data_line
+    from datalines.service import run_preparer
+
+    line = open_data_line(args.work)
+    min_free = None if args.min_free_gb is None else int(args.min_free_gb * 1e9)
+    # A SIGTERM stops it like Ctrl-C, so the status file says `stopped` rather than a stale state.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        with PreparerView(interactive=sys.stdout.isatty()) as view:
+            run_preparer(
+                line, ahead=args.ahead, min_free_bytes=min_free, once=args.once, on_status=view.update
+            )
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return 0
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def run_tokenizer(args: argparse.Namespace) -> int:
+    from datalines.tokenizer_training import train_tokenizer_file
+
+    specials = args.special or ["<|endoftext|>"]
+    vocab = train_tokenizer_file(args.source, args.vocab, args.out, args.text_field, specials)
+    print(f"{args.out}: byte-level BPE, vocab {vocab}, special tokens {', '.join(specials)}")
+    return 0
+
+
+class PreparerView:
+    """What run-preparer shows: a rich progress bar on a terminal, one line per change otherwise."""
+
+    def __init__(self, interactive: bool, console: Console | None = None) -> None:
+        self.interactive = interactive
+        self.console = console or Console()
+        self.progress: Progress | None = None
+        self.task: TaskID | None = None
+        self.last_line = ""
+
+    def __enter__(self) -> PreparerView:
+        if self.interactive:
+            self.progress = Progress(
+                TextColumn("[bold]{task.fields[state]}[/]"),
+                BarColumn(),
+                TaskProgressColumn(),
+                TextColumn("{task.description}"),
+                TimeElapsedColumn(),
+                console=self.console,
+            )
+            self.progress.start()
+            self.task = self.progress.add_task("starting", total=1.0, state="starting")
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+    def update(self, status: PreparerStatus) -> None:
+        line = f"{status.state}: {status.waiting_reason or status.message}"
+        if self.progress is not None and self.task is not None:
+            self.progress.update(
+                self.task, completed=status.progress, description=line, state=status.state, refresh=True
+            )
+            if status.state in ("waiting", "retrying", "failed") and line != self.last_line:
+                self.progress.console.print(f"[yellow]{line}[/]")
+        elif (status.state != "preparing" or status.progress in (0.0, 1.0)) and line != self.last_line:
+            print(f"preparer: {line}", flush=True)
+        self.last_line = line

@@ -1,0 +1,192 @@
+"""A data line on disk and the API the trainer uses: `open_data_line(path) -> DataLine`.
+
+Layout of a data line directory:
+
+    dataline.json          the recipe, every input pinned, calibration, tokenizer pin
+    tokenizer.json         the tokenizer (sha256 pinned in dataline.json)
+    plans/cNNNN.json       each cycle's plan (documents of every file it takes), permanent
+    cycles/cNNNN/          manifest.json (permanent) + <source>.tokens / <source>.docs shards
+    cycles/cNNNN/consumed  the trainer is done with the cycle; the preparer deletes its shards
+    val/T<seq_len>/        validation rows per source (`nsconsole data val`)
+    downloads/<source>/    hub files being read (deleted once every cycle reading them is prepared)
+    preparer.json          the preparer's status (read by the supervisor)
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from datalines.cycle import Cycle
+from datalines.errors import DataLineError
+from datalines.files import read_json, sha256_bytes, write_bytes_atomic
+from datalines.manifest import MANIFEST_NAME, load_manifest, verify_shards
+from datalines.recipe import Recipe, parse_recipe
+from datalines.sources import Source, open_source
+from datalines.tokenizer import PlainTextTokenizer
+
+CONFIG_NAME = "dataline.json"
+TOKENIZER_NAME = "tokenizer.json"
+CONSUMED_MARK = "consumed"
+CONFIG_FORMAT = 1
+
+
+class DataLine:
+    """An initialised data line; see the module docstring for its files."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        config_path = path / CONFIG_NAME
+        config = read_json(config_path)
+        where = str(config_path)
+        if not isinstance(config, dict) or config.get("format") != CONFIG_FORMAT:
+            raise DataLineError(f"{where}: not a data line config of format {CONFIG_FORMAT}")
+        try:
+            self.config: dict[str, Any] = config
+            self.recipe: Recipe = parse_recipe(config["recipe"], where)
+            self.eos_id: int = int(config["eos_id"])
+            self.cycle_tokens: int = int(config["cycle_tokens"])
+            self.calibration: dict[str, dict[str, dict[str, float]]] = config["calibration"]
+            self._pins: dict[str, dict[str, Any]] = config["pins"]
+            tokenizer_pin = config["tokenizer"]
+        except (KeyError, TypeError, ValueError) as error:
+            raise DataLineError(f"{where}: missing or malformed field ({error})") from None
+        self.sources: list[str] = [spec.name for spec in self.recipe.sources]
+        tokenizer_path = path / TOKENIZER_NAME
+        try:
+            self.tokenizer_json: str = tokenizer_path.read_text(encoding="utf-8")
+        except OSError as error:
+            raise DataLineError(f"{tokenizer_path}: cannot be read ({error})") from None
+        self.tokenizer_sha256 = sha256_bytes(self.tokenizer_json.encode("utf-8"))
+        if self.tokenizer_sha256 != tokenizer_pin["sha256"]:
+            raise DataLineError(
+                f"{tokenizer_path}: sha256 differs from the pin in {CONFIG_NAME} (changed since init)"
+            )
+        self.vocab_size: int = int(tokenizer_pin["vocab_size"])
+        self._tokenizer: PlainTextTokenizer | None = None
+        self._sources: dict[str, Source] = {}
+        self._verified: set[tuple[int, str]] = set()
+
+    # --- inputs ---------------------------------------------------------------------------
+    @property
+    def tokenizer(self) -> PlainTextTokenizer:
+        if self._tokenizer is None:
+            self._tokenizer = PlainTextTokenizer(self.tokenizer_json, str(self.path / TOKENIZER_NAME))
+        return self._tokenizer
+
+    def source(self, name: str) -> Source:
+        if name not in self._sources:
+            self._sources[name] = open_source(self.recipe.source(name), self.path, self._pins[name])
+        return self._sources[name]
+
+    # --- shares and cycles ----------------------------------------------------------------
+    def shares(self, at_tokens: float) -> dict[str, float]:
+        """The recipe shares in force at that token count of the line."""
+        return self.recipe.shares_at(at_tokens)
+
+    def cycle_start_tokens(self, index: int) -> int:
+        """The line's token count at the start of cycle `index` (cycles are `cycle_tokens` long nominally)."""
+        return index * self.cycle_tokens
+
+    def cycle_dir(self, index: int) -> Path:
+        return self.path / "cycles" / f"c{index:04d}"
+
+    def is_consumed(self, index: int) -> bool:
+        return (self.cycle_dir(index) / CONSUMED_MARK).exists()
+
+    def cycle_ready(self, index: int) -> bool:
+        """Prepared and complete: the manifest exists and every shard matches it (hashes checked once)."""
+        directory = self.cycle_dir(index)
+        if not (directory / MANIFEST_NAME).is_file() or self.is_consumed(index):
+            return False
+        try:
+            self._verify(index)
+        except DataLineError:
+            return False
+        return True
+
+    def _verify(self, index: int) -> tuple[dict[str, Any], str]:
+        manifest, manifest_sha = load_manifest(self.cycle_dir(index))
+        if (index, manifest_sha) not in self._verified:
+            verify_shards(self.cycle_dir(index), manifest)
+            self._verified.add((index, manifest_sha))
+        return manifest, manifest_sha
+
+    def cycle(self, index: int) -> Cycle:
+        """The prepared cycle; DataLineError if it is not prepared, incomplete or already consumed."""
+        directory = self.cycle_dir(index)
+        if self.is_consumed(index):
+            raise DataLineError(f"{directory}: cycle {index} was consumed and its shards deleted")
+        if not (directory / MANIFEST_NAME).is_file():
+            raise DataLineError(f"{directory}: cycle {index} is not prepared yet")
+        manifest, manifest_sha = self._verify(index)
+        return Cycle(directory, manifest, manifest_sha, self.recipe.segments_per_cycle)
+
+    def last_cycle(self) -> int | None:
+        """The final cycle once planning has reached the corpus end; None while it is not known."""
+        plans = self.path / "plans"
+        if not plans.is_dir():
+            return None
+        for path in sorted(plans.glob("c[0-9][0-9][0-9][0-9].json")):
+            if read_json(path).get("last"):
+                return int(path.stem[1:])
+        return None
+
+    def cycle_state(self, index: int) -> str:
+        """`consumed`, `ready`, `damaged` (manifest kept, shards missing or wrong), `planned`, `unplanned`."""
+        if self.is_consumed(index):
+            return "consumed"
+        if (self.cycle_dir(index) / MANIFEST_NAME).is_file():
+            return "ready" if self.cycle_ready(index) else "damaged"
+        return "planned" if (self.path / "plans" / f"c{index:04d}.json").is_file() else "unplanned"
+
+    def known_cycles(self) -> list[int]:
+        """Every cycle planned or prepared so far."""
+        names = [path.stem for path in (self.path / "plans").glob("c[0-9][0-9][0-9][0-9].json")]
+        names += [path.name for path in (self.path / "cycles").glob("c[0-9][0-9][0-9][0-9]")]
+        return sorted({int(name[1:]) for name in names})
+
+    def mark_consumed(self, index: int) -> None:
+        """The trainer is done with the cycle: the preparer deletes its shards (the manifest stays)."""
+        directory = self.cycle_dir(index)
+        if not (directory / MANIFEST_NAME).is_file():
+            raise DataLineError(f"{directory}: cycle {index} was never prepared, cannot mark it consumed")
+        write_bytes_atomic(directory / CONSUMED_MARK, f"{os.getpid()}\n".encode("ascii"))
+
+    # --- validation -----------------------------------------------------------------------
+    def validation_dir(self, seq_len: int) -> Path:
+        return self.path / "val" / f"T{seq_len}"
+
+    def validation_rows(self, seq_len: int) -> dict[str, np.ndarray]:
+        """Source -> (rows, seq_len + 1) int32 held-out rows, as `nsconsole data val` built them."""
+        directory = self.validation_dir(seq_len)
+        index_path = directory / "index.json"
+        if not index_path.is_file():
+            raise DataLineError(
+                f"{index_path}: no validation rows of length {seq_len}; "
+                f"run `nsconsole data val --work {self.path} --seq-len {seq_len}`"
+            )
+        index = read_json(index_path)
+        rows: dict[str, np.ndarray] = {}
+        for name, entry in index["sources"].items():
+            path = directory / entry["name"]
+            try:
+                data = path.read_bytes()
+            except OSError as error:
+                raise DataLineError(f"{path}: validation rows cannot be read ({error})") from None
+            if sha256_bytes(data) != entry["sha256"]:
+                raise DataLineError(f"{path}: validation rows differ from {index_path} (corrupted)")
+            rows[name] = np.frombuffer(data, dtype="<i4").reshape(entry["rows"], seq_len + 1).astype(np.int32)
+        return rows
+
+    def validation_weights(self, at_tokens: float = 0.0) -> dict[str, float]:
+        """Recipe weights of the sources for val_<L>/mix (the shares in force at `at_tokens`)."""
+        return {name: share for name, share in self.shares(at_tokens).items() if share > 0}
+
+
+def open_data_line(path: str | os.PathLike[str]) -> DataLine:
+    """Open an initialised data line; DataLineError naming the file when something is wrong."""
+    return DataLine(Path(path))

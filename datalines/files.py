@@ -1,0 +1,77 @@
+"""File primitives of a data line: atomic writes, sha256 pins and JSON reads with clear errors.
+
+Every file a data line keeps is written to a temporary name in the same directory, flushed to
+disk and renamed, so a kill at any moment leaves either the old file or the new one, never a
+half-written file under the final name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from datalines.errors import DataLineError
+
+_HASH_CHUNK_BYTES = 1 << 22
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_HASH_CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def fsync_directory(directory: Path) -> None:
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def temporary_name(path: Path) -> Path:
+    """A sibling name that never looks like a finished file (readers ignore `.tmp-*`)."""
+    return path.with_name(f".tmp-{os.getpid()}-{path.name}")
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = temporary_name(path)
+    with open(temporary, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+    fsync_directory(path.parent)
+
+
+def canonical_json(value: Any) -> bytes:
+    """The one byte encoding of a JSON value we hash and store (sorted keys, fixed spacing)."""
+    return (json.dumps(value, indent=1, sort_keys=True, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+def write_json_atomic(path: Path, value: Any) -> None:
+    write_bytes_atomic(path, canonical_json(value))
+
+
+def read_json(path: Path) -> Any:
+    """Parse a JSON file, raising `DataLineError` naming the file when it is missing or malformed."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise DataLineError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise DataLineError(f"{path}: cannot be read ({error})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise DataLineError(f"{path}: not valid JSON ({error})") from None

@@ -1,0 +1,291 @@
+"""Preparing a cycle: plan it, read its documents, tokenize, write shards, then the manifest.
+
+Everything goes into `cycles/.tmp-cNNNN-<pid>/` first; the directory is renamed to
+`cycles/cNNNN/` only once every shard and the manifest are on disk, so a kill -9 at any moment
+leaves nothing that looks complete, and a restart (which removes the leftovers of dead
+processes) produces the same bytes: the plan is fixed and tokenization is deterministic.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections import OrderedDict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from datalines.corpus import FileDocuments, file_documents
+from datalines.cycle import Cycle
+from datalines.dataline import CONSUMED_MARK, DataLine
+from datalines.errors import DataLineError
+from datalines.files import fsync_directory, write_json_atomic
+from datalines.manifest import DIGEST_SEQ_LENS, MANIFEST_FORMAT, MANIFEST_NAME, load_manifest, shard_files
+from datalines.mixture import merge_strata
+from datalines.planning import ensure_plan
+from datalines.shards import (
+    OFFSETS_SUFFIX,
+    TOKENS_SUFFIX,
+    ShardWriter,
+    join_documents,
+    open_tokens,
+    token_dtype,
+    write_array_atomic,
+)
+
+ProgressCallback = Callable[[float, str], None]
+"""Called with (fraction of the cycle done, what is being done)."""
+
+_OPEN_FILES_CACHED = 8
+_ENCODE_CHUNK_DOCUMENTS = 4096
+"""Documents encoded per `encode_batch` round (bounds the memory of one stratum's encoding)."""
+_WRITE_BUFFER_TOKENS = 1 << 22
+"""Tokens gathered before each write of a merged shard."""
+
+
+def _ignore_progress(fraction: float, message: str) -> None:
+    return None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_partials(line: DataLine) -> None:
+    """Remove partial cycle directories left by processes that are gone (a kill -9 mid-cycle)."""
+    cycles = line.path / "cycles"
+    if not cycles.is_dir():
+        return
+    for partial in cycles.glob(".tmp-c*"):
+        pid_text = partial.name.rsplit("-", 1)[-1]
+        if not pid_text.isdigit() or not _pid_alive(int(pid_text)):
+            shutil.rmtree(partial, ignore_errors=True)
+
+
+class _FileCache:
+    """The last few files' documents, so ranges of one file in one cycle read it once."""
+
+    def __init__(self, line: DataLine, source: str) -> None:
+        self.line, self.source = line, line.source(source)
+        self.entries: OrderedDict[int, FileDocuments] = OrderedDict()
+
+    def get(self, file_index: int) -> FileDocuments:
+        if file_index in self.entries:
+            self.entries.move_to_end(file_index)
+        else:
+            file = self.source.files[file_index]
+            self.entries[file_index] = file_documents(self.source, file, self.line.recipe.seed)
+            if len(self.entries) > _OPEN_FILES_CACHED:
+                self.entries.popitem(last=False)
+        return self.entries[file_index]
+
+
+def _tokenize_stratum(
+    line: DataLine, cache: _FileCache, ranges: list[list[int]], markers: tuple[str, ...], spill: Path
+) -> np.ndarray:
+    """Encode the stratum's documents chunk by chunk into `spill` (EOS after each); their token lengths."""
+    dtype = token_dtype(line.vocab_size)
+    lengths: list[np.ndarray] = []
+    with open(spill, "wb") as handle:
+        for file_index, start, end in ranges:
+            texts = cache.get(file_index).training[start:end]
+            for chunk_start in range(0, len(texts), _ENCODE_CHUNK_DOCUMENTS):
+                chunk = texts[chunk_start : chunk_start + _ENCODE_CHUNK_DOCUMENTS]
+                encoded = line.tokenizer.encode_documents(chunk, markers)
+                tokens, offsets = join_documents(encoded, line.eos_id, dtype)
+                handle.write(tokens.tobytes())
+                lengths.append(np.diff(offsets))
+    return np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
+
+
+def _write_merged_shard(
+    directory: Path, name: str, spills: list[Path], lengths: list[np.ndarray], dtype: np.dtype
+) -> dict[str, Any]:
+    """Lay the strata's documents out in `merge_strata` order, streaming from the spills into the shard."""
+    order = merge_strata(lengths)  # (documents, 2): stratum, document index
+    starts = [np.concatenate([[0], np.cumsum(stratum_lengths)]) for stratum_lengths in lengths]
+    spilled = [open_tokens(spill, dtype, int(start[-1])) for spill, start in zip(spills, starts)]
+    with ShardWriter(directory / f"{name}{TOKENS_SUFFIX}") as writer:
+        pending: list[np.ndarray] = []
+        pending_tokens = 0
+        for stratum, document in order.tolist():
+            begin, end = starts[stratum][document], starts[stratum][document + 1]
+            pending.append(spilled[stratum][begin:end])
+            pending_tokens += end - begin
+            if pending_tokens >= _WRITE_BUFFER_TOKENS:
+                writer.write(np.concatenate(pending))
+                pending, pending_tokens = [], 0
+        if pending:
+            writer.write(np.concatenate(pending))
+        tokens_entry = writer.close()
+    merged_lengths = np.zeros(len(order), dtype=np.int64)
+    for stratum, stratum_lengths in enumerate(lengths):
+        rows = order[:, 0] == stratum
+        merged_lengths[rows] = stratum_lengths[order[rows, 1]]
+    offsets = np.zeros(len(order) + 1, dtype=np.int64)
+    np.cumsum(merged_lengths, out=offsets[1:])
+    offsets_entry = write_array_atomic(directory / f"{name}{OFFSETS_SUFFIX}", offsets)
+    return {"tokens": int(offsets[-1]), "tokens_file": tokens_entry, "offsets_file": offsets_entry}
+
+
+def build_cycle(
+    line: DataLine, plan: dict[str, Any], directory: Path, progress: ProgressCallback
+) -> dict[str, Any]:
+    """Tokenize the plan's documents into shards in `directory`; returns the manifest (not yet written).
+
+    Each stratum is encoded in chunks into a spill file, then the strata are interleaved into the
+    source's shard by streaming copies: memory holds a few files' documents, not the cycle.
+    """
+    index = plan["cycle"]
+    dtype = token_dtype(line.vocab_size)
+    piece = line.recipe.piece_at(plan["start_tokens"])
+    total_bytes = sum(s["bytes"] for src in plan["sources"].values() for s in src["strata"].values()) or 1
+    done_bytes = 0
+    sources_info: dict[str, Any] = {}
+    for name in line.sources:
+        spec = line.recipe.source(name)
+        cache = _FileCache(line, name)
+        strata = sorted(plan["sources"][name]["strata"].items())
+        spills = [directory / f".spill-{name}-{number}" for number in range(len(strata))]
+        lengths: list[np.ndarray] = []
+        strata_info: dict[str, Any] = {}
+        for (stratum, stratum_plan), spill in zip(strata, spills):
+            progress(done_bytes / total_bytes, f"cycle {index}: tokenizing {name}/{stratum}")
+            ranges = stratum_plan["ranges"]
+            lengths.append(_tokenize_stratum(line, cache, ranges, spec.control_markers, spill))
+            strata_info[stratum] = {"documents": len(lengths[-1]), "tokens": int(lengths[-1].sum())}
+            done_bytes += stratum_plan["bytes"]
+        progress(done_bytes / total_bytes, f"cycle {index}: writing the {name} shard")
+        shard = _write_merged_shard(directory, name, spills, lengths, dtype)
+        for spill in spills:
+            spill.unlink()
+        sources_info[name] = {
+            "weight": piece.weights.get(name, 0),
+            "tokens": shard["tokens"],
+            "documents": int(sum(len(stratum_lengths) for stratum_lengths in lengths)),
+            "strata": strata_info,
+            "tokens_file": shard["tokens_file"],
+            "offsets_file": shard["offsets_file"],
+        }
+    manifest: dict[str, Any] = {
+        "format": MANIFEST_FORMAT,
+        "cycle": index,
+        "start_tokens": plan["start_tokens"],
+        "last": plan["last"],
+        "source_order": list(line.sources),
+        "token_dtype": dtype.str,
+        "eos_id": line.eos_id,
+        "tokenizer_sha256": line.tokenizer_sha256,
+        "tokens": int(sum(info["tokens"] for info in sources_info.values())),
+        "sources": sources_info,
+        "plan": plan,
+    }
+    reader = Cycle(directory, manifest, "", line.recipe.segments_per_cycle)
+    # Digests at the lengths where every source of the cycle has a window (a small cycle has none at 4096).
+    manifest["order_digests"] = {
+        f"T{seq_len}/seed{line.recipe.seed}": reader.order_digest(seq_len, line.recipe.seed)
+        for seq_len in DIGEST_SEQ_LENS
+        if all(reader.windows(name, seq_len) for name, info in sources_info.items() if info["weight"])
+    }
+    progress(1.0, f"cycle {index}: shards written")
+    return manifest
+
+
+def _partial_directory(line: DataLine, index: int) -> Path:
+    directory = line.path / "cycles" / f".tmp-c{index:04d}-{os.getpid()}"
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True)
+    return directory
+
+
+def prepare_cycle(line: DataLine, index: int, progress: ProgressCallback | None = None) -> None:
+    """Make cycle `index` ready (plan, download, tokenize, shards, manifest); a no-op when it is."""
+    progress = progress or _ignore_progress
+    final = line.cycle_dir(index)
+    if (final / MANIFEST_NAME).is_file():
+        if line.is_consumed(index) or line.cycle_ready(index):
+            return
+        rebuild_cycle(line, index, progress)  # manifest kept, shards damaged or deleted: redo them
+        return
+    remove_stale_partials(line)
+    plan = ensure_plan(line, index)
+    partial = _partial_directory(line, index)
+    manifest = build_cycle(line, plan, partial, progress)
+    write_json_atomic(partial / MANIFEST_NAME, manifest)
+    try:
+        os.replace(partial, final)
+    except OSError:
+        if not (final / MANIFEST_NAME).is_file():
+            raise
+        # Another process finished the same cycle first; its bytes are the same as ours.
+        shutil.rmtree(partial, ignore_errors=True)
+        return
+    fsync_directory(final.parent)
+    release_finished_files(line, plan)
+
+
+def release_finished_files(line: DataLine, plan: dict[str, Any]) -> None:
+    """Let sources delete downloads that no later cycle reads (the plan's cursors have passed them)."""
+    for name in line.sources:
+        source = line.source(name)
+        for stratum, cursor in plan["end"][name].items():
+            stratum_files = [file for file in source.files if file.stratum == stratum]
+            for file in stratum_files[: cursor["file"]]:
+                source.release(file)
+
+
+def rebuild_cycle(line: DataLine, index: int, progress: ProgressCallback | None = None) -> None:
+    """Rebuild a cycle's shards from its permanent manifest and check them byte for byte.
+
+    Raises DataLineError naming the shard whose bytes differ; on success the shards are back in
+    the cycle directory (and a consumed mark is cleared: the cycle is readable again).
+    """
+    progress = progress or _ignore_progress
+    final = line.cycle_dir(index)
+    manifest, _ = load_manifest(final)
+    remove_stale_partials(line)
+    partial = _partial_directory(line, index)
+    try:
+        rebuilt = build_cycle(line, manifest["plan"], partial, progress)
+        expected = {entry["name"]: entry["sha256"] for entry in shard_files(manifest)}
+        for entry in shard_files(rebuilt):
+            if expected.get(entry["name"]) != entry["sha256"]:
+                raise DataLineError(
+                    f"{final / entry['name']}: rebuilt shard differs from the manifest "
+                    f"(sha256 {entry['sha256'][:12]}... != {str(expected.get(entry['name']))[:12]}...)"
+                )
+        for entry in shard_files(rebuilt):
+            os.replace(partial / entry["name"], final / entry["name"])
+        (final / CONSUMED_MARK).unlink(missing_ok=True)
+        fsync_directory(final)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+
+
+def delete_consumed_shards(line: DataLine) -> list[int]:
+    """Delete the shards of every consumed cycle (manifests stay); returns the cycles cleaned now."""
+    cleaned = []
+    cycles = line.path / "cycles"
+    for directory in sorted(cycles.glob("c[0-9][0-9][0-9][0-9]")) if cycles.is_dir() else []:
+        if not (directory / CONSUMED_MARK).exists() or not (directory / MANIFEST_NAME).is_file():
+            continue
+        if {path.name for path in directory.iterdir()} <= {CONSUMED_MARK, MANIFEST_NAME}:
+            continue  # cleaned before
+        manifest, _ = load_manifest(directory)
+        removed = False
+        for entry in shard_files(manifest):
+            path = directory / entry["name"]
+            if path.exists():
+                path.unlink()
+                removed = True
+        if removed:
+            cleaned.append(int(directory.name[1:]))
+    return cleaned

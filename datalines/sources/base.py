@@ -1,0 +1,98 @@
+"""What every source provides: its pinned files, each in a stratum, and the documents of a file."""
+
+from __future__ import annotations
+
+import fnmatch
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from datalines.errors import DataLineError
+from datalines.files import sha256_file
+from datalines.recipe import SourceSpec
+from datalines.sources.formats import read_documents
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """One input file of a source, pinned at init."""
+
+    path: str
+    """The file's path relative to the source root (POSIX separators)."""
+    stratum: str
+    """The stratum the file's documents belong to."""
+    size: int
+    """The file's size in bytes."""
+    sha256: str
+    """The file's sha256; a file whose bytes differ is refused."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "stratum": self.stratum, "size": self.size, "sha256": self.sha256}
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> SourceFile:
+        return SourceFile(str(data["path"]), str(data["stratum"]), int(data["size"]), str(data["sha256"]))
+
+
+def stratum_of(relative_path: str, mode: str) -> str:
+    """`subdirs`: the top-level directory (`.` for files at the root); `files`: the file itself."""
+    if mode == "files":
+        return relative_path
+    head, _, rest = relative_path.partition("/")
+    return head if rest else "."
+
+
+def matches(relative_path: str, patterns: tuple[str, ...]) -> bool:
+    """Glob match where `**/` also matches no directory at all (`**/*.parquet` matches `a.parquet`)."""
+    for pattern in patterns:
+        if fnmatch.fnmatchcase(relative_path, pattern):
+            return True
+        if pattern.startswith("**/") and fnmatch.fnmatchcase(relative_path, pattern[3:]):
+            return True
+    return False
+
+
+class Source(ABC):
+    """A source's files (pinned at init) and a way to get each one onto the local disk."""
+
+    def __init__(self, spec: SourceSpec, work: Path, pins: dict[str, Any] | None) -> None:
+        self.spec = spec
+        self.work = work
+        if pins is None:
+            self.pins = self.take_pins()
+        else:
+            self.pins = pins
+        self.files = [SourceFile.from_json(item) for item in self.pins["files"]]
+        if not self.files:
+            wanted = list(spec.include) or "any readable file"
+            raise DataLineError(f"source {spec.name}: no files match {wanted}")
+
+    @abstractmethod
+    def take_pins(self) -> dict[str, Any]:
+        """List the files now and pin them (`{"files": [...], ...}`); called once, at init."""
+
+    @abstractmethod
+    def fetch(self, file: SourceFile) -> Path:
+        """A local path holding the file's pinned bytes (downloaded if need be)."""
+
+    def release(self, file: SourceFile) -> None:
+        """The file is no longer needed by future cycles (a download may be deleted); local files stay."""
+        return None
+
+    def strata(self) -> list[str]:
+        return sorted({file.stratum for file in self.files})
+
+    def documents(self, file: SourceFile) -> list[str]:
+        """The file's documents in file order, after checking its bytes against the pin."""
+        path = self.fetch(file)
+        self.verify(file, path)
+        return read_documents(path, self.spec.text_field, label=f"source {self.spec.name}: {file.path}")
+
+    def verify(self, file: SourceFile, path: Path) -> None:
+        size = path.stat().st_size
+        if size != file.size or sha256_file(path) != file.sha256:
+            raise DataLineError(
+                f"{path}: source {self.spec.name} file {file.path} changed since init "
+                f"(pinned sha256 {file.sha256[:12]}..., {file.size} bytes; now {size} bytes)"
+            )

@@ -1,0 +1,40 @@
+"""A local source: a directory of parquet, jsonl or text files, each pinned by its sha256 at init."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from datalines.errors import DataLineError
+from datalines.files import sha256_file
+from datalines.sources.base import Source, SourceFile, matches, stratum_of
+from datalines.sources.formats import READABLE_SUFFIXES
+
+
+class LocalSource(Source):
+    def root(self) -> Path:
+        return Path(self.spec.location).expanduser().resolve()
+
+    def take_pins(self) -> dict[str, Any]:
+        root = self.root()
+        if not root.is_dir():
+            raise DataLineError(f"{root}: source {self.spec.name} directory does not exist")
+        files = []
+        for path in sorted(root.rglob("*"), key=lambda item: item.relative_to(root).as_posix()):
+            relative = path.relative_to(root).as_posix()
+            if not path.is_file() or any(part.startswith(".") for part in path.relative_to(root).parts):
+                continue
+            if self.spec.include:
+                wanted = matches(relative, self.spec.include)
+            else:
+                wanted = path.suffix in READABLE_SUFFIXES
+            if wanted:
+                stratum = stratum_of(relative, self.spec.strata)
+                files.append(SourceFile(relative, stratum, path.stat().st_size, sha256_file(path)))
+        return {"root": str(root), "files": [file.to_json() for file in files]}
+
+    def fetch(self, file: SourceFile) -> Path:
+        path = Path(self.pins["root"]) / file.path
+        if not path.is_file():
+            raise DataLineError(f"{path}: source {self.spec.name} file is gone since init")
+        return path

@@ -1,0 +1,61 @@
+"""The preparer's status file, `preparer.json`, which the supervisor and the console read.
+
+Written atomically at every change of state and as a cycle's progress moves, so a reader always
+sees a whole, recent snapshot: what the preparer is doing, for which cycle, how far it is, why
+it waits, how often it failed, its pid and the time of the snapshot.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from datalines.files import read_json, write_json_atomic
+
+STATUS_NAME = "preparer.json"
+
+
+@dataclass
+class PreparerStatus:
+    """One snapshot of the preparer (the fields of preparer.json)."""
+
+    state: str = "starting"
+    """`starting`, `preparing`, `ready` (the next cycles are ready; polling), `waiting` (low disk),
+    `retrying` (backoff after a failure), `finished` (the last cycle is consumed), `failed` or
+    `stopped` (by a signal)."""
+    cycle: int | None = None
+    """The cycle being prepared (or waited for); None when idle."""
+    progress: float = 0.0
+    """Fraction of that cycle done, 0..1."""
+    message: str = ""
+    """What is being done, for people."""
+    waiting_reason: str | None = None
+    """Why the preparer waits (low disk, backoff after a failure); None when it does not."""
+    failures: int = 0
+    """Failed attempts since the preparer started."""
+    consecutive_failures: int = 0
+    """Failed attempts since the last success (the supervisor notifies when this keeps growing)."""
+    last_error: str | None = None
+    """The last failure's message."""
+    ready: list[int] = field(default_factory=list)
+    """Cycles prepared and verified now."""
+    pid: int = field(default_factory=os.getpid)
+    """The preparer's process id."""
+    time: float = 0.0
+    """Unix time of this snapshot."""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def write_status(line_path: Path, status: PreparerStatus) -> None:
+    status.time = time.time()
+    write_json_atomic(line_path / STATUS_NAME, status.to_json())
+
+
+def read_status(line_path: Path) -> dict[str, Any] | None:
+    path = line_path / STATUS_NAME
+    return read_json(path) if path.exists() else None
