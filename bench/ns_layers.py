@@ -1,0 +1,154 @@
+"""GPU forward + backward time of the NS model's heavy parts at the ns-2b shapes, one JSON row each.
+
+- `chunked_scan`: the dendritic compartments' chunked scan (B 8, T 4096, 40 heads of 64, N 64,
+  bf16 autocast), eager and under torch.compile; DESIGN.md measured 22 ms eager and 6.3 ms
+  compiled for this shape.
+- `pool_read_flex`: the hippocampal read through flex_attention with the clock / tag bias as a
+  score_mod (B 8, 20 heads, T 4096, d 128, bf16); DESIGN.md measured 14.9 ms (SDPA flash
+  without the bias: 4.9 ms, also printed as `sdpa_flash`).
+- `dendritic_layer`, `hippocampal_layer`, `ns-2b_step`: whole layers and a whole ns-2b
+  micro-batch (B 1, T 4096), as the model runs them now (the PLIF scans through whatever
+  `kernels.plif` dispatches to).
+
+    python bench/ns_layers.py [--iters 10] [--only NAME ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+# The repository root first: run as a script, bench/ would lead sys.path and its kernels.py
+# would shadow the kernels package.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engine.models.ns import NSLM, PRESETS  # noqa: E402
+from engine.models.ns_dendritic import DendriticLayer  # noqa: E402
+from engine.models.ns_hippocampal import HippocampalLayer  # noqa: E402
+from engine.models.ns_pool_read import pool_read_flex  # noqa: E402
+from engine.models.ns_scan import chunked_scan  # noqa: E402
+
+
+def time_ms(step: Callable[[], None], iters: int, warmup: int = 3) -> float:
+    """Median milliseconds of `step` (forward + backward) over `iters` CUDA-event-timed runs."""
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        step()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def scan_rows(iters: int) -> list[dict]:
+    batch, length, heads, head_dim, state = 8, 4096, 40, 64, 64
+    device = "cuda"
+    u = torch.randn(batch, length, heads, head_dim, device=device, dtype=torch.bfloat16, requires_grad=True)
+    dt = (torch.rand(batch, length, heads, device=device) * 0.1).requires_grad_()
+    A = (-torch.rand(heads, device=device) * 4).requires_grad_()
+    B = torch.randn(batch, length, 1, state, device=device, dtype=torch.bfloat16, requires_grad=True)
+    C = torch.randn(batch, length, 1, state, device=device, dtype=torch.bfloat16, requires_grad=True)
+    rows = []
+    for name, scan in (("eager", chunked_scan), ("compiled", torch.compile(chunked_scan))):
+
+        def step(scan=scan):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                y, last = scan(u, dt, A, B, C, 64)
+            (y.float().square().mean() + last.square().mean()).backward()
+
+        rows.append({"bench": "chunked_scan", "mode": name, "ms": time_ms(step, iters),
+                     "shape": "B8 T4096 H40 P64 N64 L64 bf16"})  # fmt: skip
+    return rows
+
+
+def pool_read_rows(iters: int) -> list[dict]:
+    batch, heads, length, head_dim = 8, 20, 4096, 128
+    device = "cuda"
+
+    def leaf(*shape, dtype=torch.bfloat16):
+        return torch.randn(*shape, device=device, dtype=dtype).requires_grad_()
+
+    q, k, v = (leaf(batch, heads, length, head_dim) for _ in range(3))
+    log_tag = torch.nn.functional.logsigmoid(torch.randn(batch, heads, length, device=device)).requires_grad_()
+    clock = torch.rand(batch, heads, length, device=device).cumsum(-1).requires_grad_()
+    rate = torch.full((heads,), 0.01, device=device, requires_grad=True)
+
+    def flex_step():
+        pool_read_flex(q, k, v, log_tag, clock, rate).float().square().mean().backward()
+
+    def sdpa_step():
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out.float().square().mean().backward()
+
+    shape = "B8 H20 T4096 d128 bf16"
+    return [
+        {"bench": "pool_read_flex", "ms": time_ms(flex_step, iters), "shape": shape},
+        {"bench": "sdpa_flash", "ms": time_ms(sdpa_step, iters), "shape": shape},
+    ]
+
+
+def layer_rows(iters: int) -> list[dict]:
+    config = PRESETS["ns-2b"]
+    batch, length = 1, 4096
+    rows = []
+    for name, layer_class in (("dendritic_layer", DendriticLayer), ("hippocampal_layer", HippocampalLayer)):
+        torch.manual_seed(0)
+        layer = layer_class(config).cuda()
+        x = torch.randn(batch, length, config.d_model, device="cuda", requires_grad=True)
+        is_eos = torch.zeros(batch, length, dtype=torch.bool, device="cuda")
+
+        def step(layer=layer, x=x, is_eos=is_eos):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                out, _, _ = layer(x, is_eos, None)
+            out.float().square().mean().backward()
+
+        rows.append({"bench": name, "ms": time_ms(step, iters), "shape": "ns-2b B1 T4096 bf16 eager"})
+    return rows
+
+
+def model_rows(iters: int) -> list[dict]:
+    torch.manual_seed(0)
+    model = NSLM(PRESETS["ns-2b"]).cuda()
+    tokens = torch.randint(0, model.config.vocab_size, (1, 4096), device="cuda")
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss, _ = model(tokens, tokens)
+        loss.mean().backward()
+
+    ms = time_ms(step, iters, warmup=1)
+    return [{"bench": "ns-2b_step", "ms": ms, "tokens_per_s": 4096 / ms * 1e3,
+             "params": model.num_parameters(), "shape": "B1 T4096 bf16 eager",
+             "peak_gib": torch.cuda.max_memory_allocated() / 2**30}]  # fmt: skip
+
+
+BENCHES = {"scan": scan_rows, "pool_read": pool_read_rows, "layers": layer_rows, "model": model_rows}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--only", nargs="*", choices=sorted(BENCHES), default=sorted(BENCHES))
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("bench/ns_layers.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    device = torch.cuda.get_device_name()
+    for name in args.only:
+        for row in BENCHES[name](args.iters):
+            print(json.dumps({**row, "device": device, "torch": torch.__version__}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

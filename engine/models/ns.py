@@ -1,0 +1,228 @@
+"""NS: a NeuronSpark-style spiking state-space language model.
+
+Token embedding -> layers -> RMSNorm -> the embedding's transpose (tied) -> logits. Most layers
+are dendritic (`ns_dendritic`: a selective SSM of compartments per head feeding PLIF somas);
+every `hippocampal_every`-th layer is hippocampal (`ns_hippocampal`: a pool read with clocks and
+write tags, then a spiking feed-forward block). Every layer's update is centred over the width
+before it joins the residual stream.
+
+Across consecutive windows of the same rows the carry holds, per layer, the dendritic
+compartments and soma membranes, or the hippocampal pool clocks and neuron membranes: a flat
+dict `layerNN.<name>` -> float32 tensor, detached (TBPTT). The pool read itself is within the
+window.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from engine.models.base import LanguageModel, token_losses
+from engine.models.common import RMSNorm
+from engine.models.ns_config import NSConfig
+from engine.models.ns_dendritic import DendriticLayer
+from engine.models.ns_hippocampal import HippocampalLayer
+from engine.models.ns_probes import model_probes
+
+RECOMPUTE_CHOICES = ("none", "all", "dendritic", "hippocampal")
+
+__all__ = ["NSConfig", "NSLM", "PRESETS", "RECOMPUTE_CHOICES"]
+
+
+class NSLM(LanguageModel):
+    """The NS model of a config (see the module docstring)."""
+
+    def __init__(self, config: NSConfig) -> None:
+        super().__init__()
+        config.validate()
+        self.config = config
+        self.longest_context = config.rope_max_seq_len
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        self.layers = nn.ModuleList(
+            HippocampalLayer(config) if config.is_hippocampal(index) else DendriticLayer(config)
+            for index in range(config.n_layers)
+        )
+        self.final_norm = RMSNorm(config.d_model, eps=config.norm_eps)
+        self._recompute = "none"
+        self._initialise()
+
+    @property
+    def recompute(self) -> str:
+        """Which layers recompute their activations in the backward (torch.utils.checkpoint,
+        non-reentrant): "none", "all", "dendritic" or "hippocampal". Set by the trainer."""
+        return self._recompute
+
+    @recompute.setter
+    def recompute(self, value: str) -> None:
+        if value not in RECOMPUTE_CHOICES:
+            raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE_CHOICES)}; got {value!r}")
+        self._recompute = value
+
+    def _initialise(self) -> None:
+        std = self.config.init_std
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+        # GPT-2: the maps that write into the residual stream shrink with the number of writes
+        # (one per dendritic layer, two per hippocampal layer), so the stream's variance does
+        # not grow with depth.
+        writes = sum(2 if isinstance(layer, HippocampalLayer) else 1 for layer in self.layers)
+        residual_std = std / math.sqrt(writes)
+        for layer in self.layers:
+            if isinstance(layer, HippocampalLayer):
+                for linear in (layer.out_proj, layer.ffn_down, layer.ffn_skip):
+                    nn.init.normal_(linear.weight, mean=0.0, std=residual_std)
+                layer.reset_parameters()
+            else:
+                nn.init.normal_(layer.out_proj.weight, mean=0.0, std=residual_std)
+
+    def _recomputes(self, layer: nn.Module) -> bool:
+        if self._recompute == "all":
+            return True
+        if self._recompute == "dendritic":
+            return isinstance(layer, DendriticLayer)
+        if self._recompute == "hippocampal":
+            return isinstance(layer, HippocampalLayer)
+        return False
+
+    @staticmethod
+    def layer_name(index: int) -> str:
+        return f"layer{index:02d}"
+
+    def layer_state(
+        self, carry: dict[str, torch.Tensor] | None, index: int
+    ) -> dict[str, torch.Tensor] | None:
+        """Layer `index`'s part of a carry (None for a fresh row)."""
+        if carry is None:
+            return None
+        prefix = self.layer_name(index)
+        names = self.layers[index].state_names
+        missing = [name for name in names if f"{prefix}.{name}" not in carry]
+        if missing:
+            raise ValueError(f"NS carry lacks {prefix}.{missing[0]} (was it made by another model?)")
+        return {name: carry[f"{prefix}.{name}"] for name in names}
+
+    def forward(
+        self, tokens: torch.Tensor, targets: torch.Tensor, carry: dict[str, torch.Tensor] | None = None
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """(B, T) tokens and targets -> (B, T) float32 loss per token and the detached carry."""
+        x, new_carry = self.hidden(tokens, carry)
+        return token_losses(self.logits_from_hidden(x), targets), new_carry
+
+    def hidden(
+        self, tokens: torch.Tensor, carry: dict[str, torch.Tensor] | None = None
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """(B, T) tokens -> (B, T, D) last hidden states and the detached carry."""
+        x = self.embed(tokens)  # (B, T, D)
+        is_eos = tokens == self.config.eos_id  # (B, T)
+        new_carry: dict[str, torch.Tensor] = {}
+        for index, layer in enumerate(self.layers):
+            state = self.layer_state(carry, index)
+            if self._recomputes(layer) and torch.is_grad_enabled():
+                x, layer_state, _ = checkpoint(layer, x, is_eos, state, use_reentrant=False)
+            else:
+                x, layer_state, _ = layer(x, is_eos, state)
+            prefix = self.layer_name(index)
+            new_carry.update({f"{prefix}.{name}": value.detach() for name, value in layer_state.items()})
+        return x, new_carry
+
+    def logits_from_hidden(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, D) last hidden states -> (B, T, V) logits through the tied embedding."""
+        return self.final_norm(x) @ self.embed.weight.T
+
+    def layer_of(self, param_name: str) -> str:
+        parts = param_name.split(".")
+        if parts[0] == "layers":
+            return self.layer_name(int(parts[1]))
+        return parts[0]
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token: 3 x the forward's (matrix maps, the chunked scan, the pool reads)."""
+        config = self.config
+        dendritic = sum(isinstance(layer, DendriticLayer) for layer in self.layers)
+        hippocampal = config.n_layers - dendritic
+        matrix_weights = sum(
+            module.weight.numel() for module in self.modules() if isinstance(module, nn.Linear)
+        ) + config.vocab_size * config.d_model  # the tied output head is a matrix product too
+        forward = 2.0 * matrix_weights
+        forward += dendritic * _chunked_scan_flops(config, seq_len)
+        # q.k and w.v: 2 * 2 * width FLOPs per attended key; a causal row's query sees (T + 1) / 2.
+        forward += hippocampal * 4.0 * config.attn_width * (seq_len + 1) / 2
+        return 3.0 * forward
+
+    @torch.no_grad()
+    def probes(
+        self, tokens: torch.Tensor, targets: torch.Tensor, eos_id: int, *, train_len: int | None = None
+    ) -> dict[str, float]:
+        """Dendritic and hippocampal probes on held-out rows (see `ns_probes`).
+
+        train_len: the training row length (default: these rows' length), for the probes that
+        compare against it (rope_ext_*, attn_beyond_train_*, the long-row segments).
+        """
+        return model_probes(self, tokens, eos_id, train_len=train_len)
+
+
+def _chunked_scan_flops(config: NSConfig, seq_len: int) -> float:
+    """Forward FLOPs per token of one dendritic layer's chunked scan (its matrix products)."""
+    L, N, P = config.chunk_len, config.dendritic_state, config.dendritic_head_dim
+    H, G = config.dendritic_heads, config.dendritic_groups
+    chunks = math.ceil(seq_len / L)
+    per_token = (
+        2 * L * N * G  # C B^T within a chunk: L x L x N per chunk and group
+        + 2 * L * P * H  # the decay-weighted (L x L) mixing applied to the chunk's inputs
+        + 2 * N * P * H  # the chunk's contribution to its end state
+        + 2 * N * P * H  # the entering state read through C
+    )
+    between_chunks = 2 * (chunks + 1) ** 2 * N * P * H / (chunks * L)  # state passing, per token
+    return float(per_token + between_chunks)
+
+
+PRESETS: dict[str, NSConfig] = {
+    # CPU-sized: tests and the embedded demo line.
+    "ns-tiny": NSConfig(),
+    # Small, 32K longest context: long-row probes on one GPU.
+    "tiny-32k": NSConfig(
+        vocab_size=32768,
+        d_model=256,
+        n_layers=8,
+        dendritic_heads=8,
+        dendritic_head_dim=32,
+        dendritic_state=32,
+        attn_heads=4,
+        attn_head_dim=64,
+        rope_base=500_000.0,
+        rope_max_seq_len=32768,
+        ffn_dim=768,
+    ),
+    "ns-1p3b": NSConfig(
+        vocab_size=65536,
+        d_model=2048,
+        n_layers=48,
+        dendritic_heads=32,
+        dendritic_head_dim=64,
+        dendritic_state=64,
+        attn_heads=16,
+        attn_head_dim=128,
+        rope_base=500_000.0,
+        rope_max_seq_len=32768,
+        ffn_dim=6144,
+    ),
+    "ns-2b": NSConfig(
+        vocab_size=65536,
+        d_model=2560,
+        n_layers=48,
+        dendritic_heads=40,
+        dendritic_head_dim=64,
+        dendritic_state=64,
+        attn_heads=20,
+        attn_head_dim=128,
+        rope_base=500_000.0,
+        rope_max_seq_len=32768,
+        ffn_dim=7680,
+    ),
+}

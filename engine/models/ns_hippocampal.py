@@ -1,0 +1,186 @@
+"""The hippocampal layer: a pool read over the row, then a spiking feed-forward block.
+
+Pool read, per head h (after RMSNorm):
+    q, k, v                       linear maps, RoPE on q and k
+    c_t = sum_{s<=t} softplus(w_c x_s + b_h) + [x_s is EOS] softplus(e_h)
+                                  the pool clock: monotone, with a learnable extra increment
+                                  at end-of-document tokens (a head may jump at boundaries)
+    g_s = sigmoid(alpha (V_s - V_th))
+                                  write tag in (0, 1) of a PLIF gate neuron per head (V its
+                                  membrane); the neuron's spikes are the hard version of g
+    read: softmax_s(q_t k_s / sqrt(d) + log g_s - lambda_h (c_t - c_s)) over s <= t (see
+    `ns_pool_read`), then out_proj, centred over D.
+Spiking FFN (after RMSNorm): down(V_gate * V_up) + skip(x) with PLIF gate and up neurons
+(their membranes), centred over D.
+
+The read is within the window; what crosses windows is the clock's reading and the neurons'
+membranes. Inside a window the clock is used relative to the window's start, so the carried
+offset never enters the read's arithmetic (it only continues the clock's reading).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from engine.models.common import RMSNorm, RotaryEmbedding
+from engine.models.ns_config import NSConfig
+from engine.models.ns_dendritic import centred
+from engine.models.ns_neurons import PLIFNeurons, at_least_fp32, softplus_inverse
+from engine.models.ns_pool_read import pool_read
+
+
+@dataclass
+class HippocampalTrace:
+    """What a hippocampal layer's probes read (validation only)."""
+
+    q: torch.Tensor
+    """(Bt, Ha, T, d) queries after RoPE."""
+    k: torch.Tensor
+    """(Bt, Ha, T, d) keys after RoPE."""
+    clock: torch.Tensor
+    """(Bt, Ha, T) pool clocks relative to the window's start."""
+    clock_step: torch.Tensor
+    """(Bt, Ha, T) the clocks' increments."""
+    rate: torch.Tensor
+    """(Ha,) clock rates lambda_h."""
+    log_tag: torch.Tensor
+    """(Bt, Ha, T) log write tags."""
+    gate_spikes: torch.Tensor
+    """(Bt, T, Ha) spikes of the write-gate neurons."""
+    ffn_gate_spikes: torch.Tensor
+    """(Bt, T, F) spikes of the FFN's gate neurons."""
+    ffn_up_spikes: torch.Tensor
+    """(Bt, T, F) spikes of the FFN's up neurons."""
+
+
+class HippocampalLayer(nn.Module):
+    """See the module docstring. State across windows: the clocks and three neuron populations."""
+
+    state_names = ("clock", "write_gate", "ffn_gate", "ffn_up")
+
+    def __init__(self, config: NSConfig) -> None:
+        super().__init__()
+        self.config = config
+        heads, width = config.attn_heads, config.attn_width
+
+        def neurons(channels: int) -> PLIFNeurons:
+            return PLIFNeurons(
+                channels,
+                beta_max=config.beta_max,
+                alpha=config.surrogate_alpha,
+                threshold_init=config.initial_threshold,
+                tau_min=config.neuron_tau_min,
+                tau_max=config.neuron_tau_max,
+            )
+
+        self.attn_norm = RMSNorm(config.d_model, eps=config.norm_eps)
+        self.qkv = nn.Linear(config.d_model, 3 * width, bias=False)
+        self.rotary = RotaryEmbedding(config.attn_head_dim, config.rope_base)
+        self.clock_proj = nn.Linear(config.d_model, heads)  # w_c, b
+        self.clock_eos_raw = nn.Parameter(torch.empty(heads))  # e_h
+        self.clock_log_rate = nn.Parameter(torch.empty(heads))  # log lambda_h
+        self.write_proj = nn.Linear(config.d_model, heads)
+        self.write_gate = neurons(heads)
+        self.out_proj = nn.Linear(width, config.d_model, bias=False)
+
+        self.ffn_norm = RMSNorm(config.d_model, eps=config.norm_eps)
+        self.ffn_in = nn.Linear(config.d_model, 2 * config.ffn_dim, bias=False)  # gate and up
+        self.ffn_gate = neurons(config.ffn_dim)
+        self.ffn_up = neurons(config.ffn_dim)
+        self.ffn_down = nn.Linear(config.ffn_dim, config.d_model, bias=False)
+        self.ffn_skip = nn.Linear(config.d_model, config.d_model, bias=False)
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Clocks tick 1 per token with rates log-spaced like ALiBi slopes; every tag starts equal.
+
+        Called again by the model after its generic initialisation of the matrices: the clock
+        and write maps start at zero so the first reads are plain ALiBi-style attention.
+        """
+        config, device = self.config, self.clock_log_rate.device
+        nn.init.zeros_(self.clock_proj.weight)
+        self.clock_proj.bias.fill_(softplus_inverse(1.0))
+        self.clock_eos_raw.fill_(softplus_inverse(0.1))
+        self.clock_log_rate.copy_(
+            torch.linspace(
+                math.log(config.clock_rate_max),
+                math.log(config.clock_rate_min),
+                config.attn_heads,
+                device=device,
+            )
+        )
+        nn.init.zeros_(self.write_proj.weight)
+        nn.init.zeros_(self.write_proj.bias)
+
+    def rate(self) -> torch.Tensor:
+        """(Ha,) clock rates lambda_h > 0."""
+        return torch.exp(at_least_fp32(self.clock_log_rate))
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        is_eos: torch.Tensor,
+        state: dict[str, torch.Tensor] | None,
+        capture: bool = False,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor], HippocampalTrace | None]:
+        """x (Bt, T, D), is_eos (Bt, T) bool -> x + updates, the new state, a trace when `capture`."""
+        config = self.config
+        batch, length, _ = x.shape
+        heads, head_dim = config.attn_heads, config.attn_head_dim
+        h = self.attn_norm(x)
+        q, k, v = self.qkv(h).view(batch, length, 3, heads, head_dim).permute(2, 0, 3, 1, 4)  # (Bt, Ha, T, d)
+        q, k = self.rotary(q), self.rotary(k)
+
+        clock_step = F.softplus(at_least_fp32(self.clock_proj(h))) + is_eos.unsqueeze(-1) * F.softplus(
+            at_least_fp32(self.clock_eos_raw)
+        )  # (Bt, T, Ha)
+        clock = clock_step.cumsum(dim=1)  # (Bt, T, Ha), relative to the window's start
+        clock_offset = (
+            clock.new_zeros(batch, heads) if state is None else state["clock"].to(clock.dtype)
+        )  # (Bt, Ha)
+
+        gate_spikes, gate_membrane, gate_last = self.write_gate(
+            self.write_proj(h), None if state is None else state["write_gate"]
+        )  # (Bt, T, Ha) x 2, (Bt, Ha)
+        log_tag = F.logsigmoid(
+            config.surrogate_alpha * (at_least_fp32(gate_membrane) - self.write_gate.threshold())
+        )  # (Bt, T, Ha)
+        rate = self.rate()
+        clock_bh, log_tag_bh = clock.transpose(1, 2), log_tag.transpose(1, 2)  # (Bt, Ha, T)
+        read = pool_read(q, k, v, log_tag_bh, clock_bh, rate)  # (Bt, Ha, T, d)
+        read = read.transpose(1, 2).reshape(batch, length, heads * head_dim)
+        x = x + centred(self.out_proj(read.to(x.dtype)))
+
+        f = self.ffn_norm(x)
+        gate_in, up_in = self.ffn_in(f).chunk(2, dim=-1)  # (Bt, T, F) each
+        gate_v0, up_v0 = (None, None) if state is None else (state["ffn_gate"], state["ffn_up"])
+        ffn_gate_spikes, gate_v, ffn_gate_last = self.ffn_gate(gate_in, gate_v0)  # (Bt, T, F) x 2, (Bt, F)
+        ffn_up_spikes, up_v, ffn_up_last = self.ffn_up(up_in, up_v0)
+        x = x + centred(self.ffn_down((gate_v * up_v).to(x.dtype)) + self.ffn_skip(f))
+
+        new_state = {
+            "clock": clock_offset + clock[:, -1],
+            "write_gate": gate_last,
+            "ffn_gate": ffn_gate_last,
+            "ffn_up": ffn_up_last,
+        }
+        trace = None
+        if capture:
+            trace = HippocampalTrace(
+                q=q,
+                k=k,
+                clock=clock_bh,
+                clock_step=clock_step.transpose(1, 2),
+                rate=rate,
+                log_tag=log_tag_bh,
+                gate_spikes=gate_spikes,
+                ffn_gate_spikes=ffn_gate_spikes,
+                ffn_up_spikes=ffn_up_spikes,
+            )
+        return x, new_state, trace

@@ -1,0 +1,130 @@
+"""The hippocampal pool read: attention biased by write tags and pool clocks.
+
+    w_ts = softmax_s( q_t . k_s / sqrt(d) + log g_s - lambda_h (c_t - c_s) )   over s <= t
+
+g_s in (0, 1) is the write tag of key s (how strongly token s entered the pool), c the head's
+monotone pool clock and lambda_h > 0 its rate. The term -lambda_h c_t is the same for every key
+of a query's row and cancels in the softmax, so the read is attention with a per-key bias
+log g_s + lambda_h c_s; both paths below still evaluate the exact difference c_t - c_s (each
+query against its own clock), so large clocks lose no precision.
+
+Two paths compute it: the explicit biased softmax (CPU, and the definition) and
+`torch.nn.attention.flex_attention` with the bias as a score_mod (CUDA; flex has no backward
+on CPU in torch 2.13). A CUDA test holds them together.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from torch.nn.attention.flex_attention import BlockMask
+
+
+def read_weights(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    log_tag: torch.Tensor,
+    clock: torch.Tensor,
+    rate: torch.Tensor,
+    query_start: int = 0,
+) -> torch.Tensor:
+    """The read weights of the queries at positions query_start .. query_start + Tq - 1.
+
+    q (Bt, Ha, Tq, d); k (Bt, Ha, T, d); log_tag, clock (Bt, Ha, T); rate (Ha,).
+    Returns (Bt, Ha, Tq, T) float32 (float64 for float64 inputs), zero above the causal diagonal.
+    """
+    query_len, key_len, head_dim = q.shape[2], k.shape[2], q.shape[3]
+    dtype = torch.promote_types(q.dtype, torch.float32)
+    scores = torch.matmul(q, k.transpose(-1, -2)).to(dtype) / math.sqrt(head_dim)  # (Bt, Ha, Tq, T)
+    query_clock = clock[:, :, query_start : query_start + query_len].to(dtype)  # (Bt, Ha, Tq)
+    elapsed = query_clock.unsqueeze(-1) - clock.to(dtype).unsqueeze(-2)  # (Bt, Ha, Tq, T): c_t - c_s
+    scores = scores + log_tag.to(dtype).unsqueeze(-2) - rate.to(dtype).view(-1, 1, 1) * elapsed
+    query_pos = torch.arange(query_start, query_start + query_len, device=q.device).unsqueeze(-1)
+    future = torch.arange(key_len, device=q.device) > query_pos  # (Tq, T)
+    return torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
+
+
+def pool_read_explicit(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    log_tag: torch.Tensor,
+    clock: torch.Tensor,
+    rate: torch.Tensor,
+) -> torch.Tensor:
+    """q, k, v (Bt, Ha, T, d); log_tag, clock (Bt, Ha, T); rate (Ha,) -> (Bt, Ha, T, d) in v's dtype."""
+    weights = read_weights(q, k, log_tag, clock, rate)  # (Bt, Ha, T, T)
+    return torch.matmul(weights.to(v.dtype), v)
+
+
+@functools.lru_cache(maxsize=8)
+def _causal_block_mask(length: int, device: torch.device) -> BlockMask:
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    def causal(batch, head, q_idx, kv_idx):
+        return kv_idx <= q_idx
+
+    return create_block_mask(causal, B=None, H=None, Q_LEN=length, KV_LEN=length, device=device)
+
+
+def _biased_flex_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    log_tag: torch.Tensor,
+    query_clock: torch.Tensor,
+    key_clock: torch.Tensor,
+    rate: torch.Tensor,
+    block_mask: BlockMask,
+) -> torch.Tensor:
+    """flex_attention with the tag and clock bias; compiled whole (see `_compiled_read`)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    def score_mod(score, batch, head, q_idx, kv_idx):
+        elapsed = query_clock[batch, head, q_idx] - key_clock[batch, head, kv_idx]
+        return score + log_tag[batch, head, kv_idx] - rate[head] * elapsed
+
+    return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask)
+
+
+@functools.cache
+def _compiled_read() -> Callable[..., torch.Tensor]:
+    # Compiled, flex_attention is a fused kernel (uncompiled it materialises the scores). The
+    # score_mod is made inside the compiled function: a fresh closure handed to a compiled
+    # flex_attention at every call would make it recompile at every call.
+    return torch.compile(_biased_flex_attention, dynamic=False)
+
+
+def pool_read_flex(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    log_tag: torch.Tensor,
+    clock: torch.Tensor,
+    rate: torch.Tensor,
+) -> torch.Tensor:
+    """The same read through flex_attention (CUDA); same shapes as `pool_read_explicit`."""
+    # flex's backward cannot index one tensor that needs a gradient twice in a score_mod: the
+    # queries' and the keys' clocks are two tensors (a copy; gradients from both reach clock).
+    clock = clock.float()
+    block_mask = _causal_block_mask(q.shape[2], q.device)
+    return _compiled_read()(q, k, v, log_tag.float(), clock, clock.clone(), rate.float(), block_mask)
+
+
+def pool_read(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    log_tag: torch.Tensor,
+    clock: torch.Tensor,
+    rate: torch.Tensor,
+) -> torch.Tensor:
+    """flex_attention on CUDA, the explicit biased softmax elsewhere."""
+    read = pool_read_flex if q.is_cuda else pool_read_explicit
+    return read(q, k, v, log_tag, clock, rate)

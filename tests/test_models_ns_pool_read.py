@@ -1,0 +1,81 @@
+"""The hippocampal pool read: the explicit biased softmax against a naive loop, flex against explicit."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from engine.models.ns_pool_read import pool_read_explicit, pool_read_flex
+
+
+def random_read_inputs(batch=2, heads=3, length=11, head_dim=4, dtype=torch.float64, device="cpu", seed=0):
+    generator = torch.Generator().manual_seed(seed)
+
+    def normal(*shape):
+        return torch.randn(*shape, generator=generator, dtype=torch.float64).to(device, dtype)
+
+    q, k, v = (normal(batch, heads, length, head_dim) for _ in range(3))
+    log_tag = torch.nn.functional.logsigmoid(normal(batch, heads, length)).to(torch.float32)
+    steps = torch.rand(batch, heads, length, generator=generator, dtype=torch.float64) * 2
+    clock = steps.cumsum(dim=-1).to(device, torch.float32)
+    rate = torch.tensor([0.5, 0.05, 0.002][:heads], dtype=torch.float32, device=device)
+    if dtype == torch.float64:
+        log_tag, clock, rate = log_tag.double(), clock.double(), rate.double()
+    return q, k, v, log_tag, clock, rate
+
+
+def naive_read(q, k, v, log_tag, clock, rate):
+    batch, heads, length, head_dim = q.shape
+    out = torch.zeros_like(v)
+    for b in range(batch):
+        for h in range(heads):
+            for t in range(length):
+                scores = torch.stack([
+                    q[b, h, t] @ k[b, h, s] / math.sqrt(head_dim)
+                    + log_tag[b, h, s]
+                    - rate[h] * (clock[b, h, t] - clock[b, h, s])
+                    for s in range(t + 1)
+                ])  # fmt: skip
+                weights = torch.softmax(scores, dim=0)
+                out[b, h, t] = sum(weights[s] * v[b, h, s] for s in range(t + 1))
+    return out
+
+
+def test_explicit_read_equals_a_naive_loop():
+    inputs = random_read_inputs()
+    torch.testing.assert_close(pool_read_explicit(*inputs), naive_read(*inputs), rtol=1e-12, atol=1e-12)
+
+
+def test_a_clock_offset_shared_by_a_row_cancels():
+    q, k, v, log_tag, clock, rate = random_read_inputs()
+    shifted = clock + torch.tensor([[[3.0]], [[-7.5]]], dtype=torch.float64)  # per row
+    torch.testing.assert_close(
+        pool_read_explicit(q, k, v, log_tag, shifted, rate), pool_read_explicit(q, k, v, log_tag, clock, rate)
+    )
+
+
+def test_explicit_read_gradients_match_finite_differences():
+    inputs = [t.requires_grad_() for t in random_read_inputs(batch=1, heads=2, length=5, head_dim=2)]
+    assert torch.autograd.gradcheck(pool_read_explicit, inputs)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_flex_read_equals_the_explicit_read_forward_and_backward(dtype):
+    inputs = random_read_inputs(batch=2, heads=3, length=300, head_dim=64, dtype=dtype, device="cuda")
+    inputs[4].mul_(200.0)  # clocks far from 0: the exact c_t - c_s keeps their precision
+    explicit_inputs = [t.detach().clone().requires_grad_() for t in inputs]
+    flex_inputs = [t.detach().clone().requires_grad_() for t in inputs]
+    explicit = pool_read_explicit(*explicit_inputs)
+    flex = pool_read_flex(*flex_inputs)
+    tolerance = {"rtol": 2e-2, "atol": 2e-2} if dtype == torch.bfloat16 else {"rtol": 2e-4, "atol": 2e-4}
+    torch.testing.assert_close(flex.float(), explicit.float(), **tolerance)
+    grad_out = torch.randn_like(explicit)
+    explicit.backward(grad_out)
+    flex.backward(grad_out)
+    for name, a, b in zip(("q", "k", "v", "log_tag", "clock", "rate"), explicit_inputs, flex_inputs):
+        scale = a.grad.float().abs().max().clamp_min(1e-6)
+        error = (a.grad.float() - b.grad.float()).abs().max() / scale
+        assert error < (5e-2 if dtype == torch.bfloat16 else 1e-3), f"{name}: relative gradient error {error}"
