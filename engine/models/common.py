@@ -1,0 +1,103 @@
+"""Layers shared by the model families: RMSNorm, rotary and sinusoidal positions, SwiGLU.
+
+Everything here is plain PyTorch and runs on CPU and GPU alike; no family-specific logic.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """`x / rms(x) * scale (+ offset)` over the last dimension, computed in float32.
+
+    The offset (a learned bias) is optional: the PSSA article's transformer peer has one,
+    the large presets do not.
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-6, offset: bool = False) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim)) if offset else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in float32 (float64 stays float64) so bf16 activations keep the mean square.
+        dtype = torch.promote_types(x.dtype, torch.float32)
+        wide = x.to(dtype)
+        normed = wide * torch.rsqrt(wide.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        out = normed * self.weight.to(dtype)
+        if self.bias is not None:
+            out = out + self.bias.to(dtype)
+        return out.to(x.dtype)
+
+
+def sinusoidal_positions(length: int, dim: int, base: float = 10_000.0) -> torch.Tensor:
+    """Fixed positions of "Attention Is All You Need": (length, dim) float32.
+
+    `pe[p, 2i] = sin(p / base^(2i/dim))`, `pe[p, 2i+1] = cos(p / base^(2i/dim))`.
+    """
+    if dim % 2:
+        raise ValueError(f"sinusoidal positions need an even width, got {dim}")
+    position = torch.arange(length, dtype=torch.float64).unsqueeze(1)  # (L, 1)
+    inv_freq = base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)  # (dim/2,)
+    angles = position * inv_freq  # (L, dim/2)
+    table = torch.empty(length, dim, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(angles)
+    table[:, 1::2] = torch.cos(angles)
+    return table.float()
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding (RoPE), rotating half-splits of each head (GPT-NeoX layout).
+
+    The cos / sin tables are recomputed for the requested length and cached per device and
+    dtype; they are not parameters and not saved (`persistent=False`), so a checkpoint does
+    not depend on the longest row seen.
+    """
+
+    def __init__(self, head_dim: int, base: float = 10_000.0) -> None:
+        super().__init__()
+        if head_dim % 2:
+            raise ValueError(f"RoPE needs an even head width, got {head_dim}")
+        self.head_dim = head_dim
+        self.base = base
+        inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+        self._cache: dict[tuple[int, torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def tables(
+        self, length: int, offset: int, device: torch.device, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(length, head_dim) cos and sin for positions offset .. offset + length - 1."""
+        key = (offset + length, device, dtype)
+        if key not in self._cache:
+            # Angles in float64 so positions in the hundreds of thousands keep their phase.
+            position = torch.arange(offset + length, dtype=torch.float64, device=device)
+            angles = position.unsqueeze(1) * self.inv_freq.to(device, torch.float64)  # (L, hd/2)
+            angles = torch.cat([angles, angles], dim=-1)  # (L, hd)
+            self._cache = {key: (angles.cos().to(dtype), angles.sin().to(dtype))}
+        cos, sin = self._cache[key]
+        return cos[offset:], sin[offset:]
+
+    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        """Rotate x of shape (B, H, T, head_dim) by the positions offset .. offset + T - 1."""
+        length = x.shape[-2]
+        cos, sin = self.tables(length, offset, x.device, x.dtype)  # (T, hd)
+        half = self.head_dim // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * cos + rotated * sin
+
+
+class SwiGLU(nn.Module):
+    """`down(silu(gate x) * up x)` without biases (the large presets' feed-forward)."""
+
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.gate = nn.Linear(dim, hidden, bias=False)
+        self.up = nn.Linear(dim, hidden, bias=False)
+        self.down = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(nn.functional.silu(self.gate(x)) * self.up(x))

@@ -1,0 +1,227 @@
+"""The transformer baseline: a pre-norm GPT with causal SDPA attention.
+
+Two shapes share this module. `transformer-1.5m` is the PSSA article's peer exactly (fixed
+sinusoidal positions added to the embedding, RMSNorms with scale and offset, a two-matrix SiLU
+FFN, no final norm, untied embedding and head, logits scaled by 1/sqrt(width)); the large presets
+are Llama-style (RMSNorm without offset, RoPE, SwiGLU, a final norm), parameter-matched to the
+NS presets of the same size.
+
+Rows longer than `context_len` are cut into independent windows of that length: attention is
+causal within a window and nothing is carried across (the article's peer trained that way).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from engine.errors import ConfigError
+from engine.models.base import LanguageModel, token_losses
+from engine.models.common import RMSNorm, RotaryEmbedding, SwiGLU, sinusoidal_positions
+
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    """Shape of a transformer preset; every field can be overridden from run.json."""
+
+    vocab_size: int = 2048
+    """Tokenizer vocabulary size (rows of the embedding and of the output head)."""
+    width: int = 256
+    """Residual stream width d."""
+    depth: int = 1
+    """Number of transformer layers."""
+    heads: int = 4
+    """Attention heads per layer (width must be a multiple)."""
+    ffn_hidden: int = 448
+    """Hidden width of the feed-forward block."""
+    swiglu: bool = False
+    """True: gated SwiGLU FFN (three matrices); False: `W2 silu(W1 x)` (two matrices)."""
+    rope: bool = False
+    """True: rotary positions on q and k; False: fixed sinusoidal positions added to the embedding."""
+    rope_base: float = 10_000.0
+    """Base of the rotary or sinusoidal frequencies."""
+    norm_offset: bool = True
+    """Whether each RMSNorm has a learned offset (bias) beside its learned scale."""
+    final_norm: bool = False
+    """Whether an RMSNorm precedes the output head."""
+    tie_embeddings: bool = False
+    """Whether the output head reuses the embedding matrix."""
+    scale_logits: bool = True
+    """Whether the logits are multiplied by 1/sqrt(width) (the article's peer)."""
+    context_len: int = 64
+    """Attention window: rows longer than this are cut into independent windows of this length."""
+    init_std: float = 0.02
+    """Standard deviation of the normal initialisation of matrices and embeddings."""
+
+    def validate(self) -> None:
+        """Raise ConfigError on a shape the model cannot be built with."""
+        positive = ("vocab_size", "width", "depth", "heads", "ffn_hidden", "context_len")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"model.overrides: {name} must be positive, got {getattr(self, name)}")
+        if self.width % self.heads:
+            raise ConfigError(f"model.overrides: width {self.width} is not a multiple of heads {self.heads}")
+        if (self.width // self.heads) % 2:
+            raise ConfigError(f"model.overrides: head width {self.width // self.heads} must be even")
+
+
+class FeedForward(nn.Module):
+    """`W2 silu(W1 x)` without biases (the article's peer: two matrices, no gate)."""
+
+    def __init__(self, width: int, hidden: int) -> None:
+        super().__init__()
+        self.up = nn.Linear(width, hidden, bias=False)
+        self.down = nn.Linear(hidden, width, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.silu(self.up(x)))
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal attention through `scaled_dot_product_attention`, no biases."""
+
+    def __init__(self, config: TransformerConfig, rotary: RotaryEmbedding | None) -> None:
+        super().__init__()
+        self.heads = config.heads
+        self.head_dim = config.width // config.heads
+        self.qkv = nn.Linear(config.width, 3 * config.width, bias=False)
+        self.out = nn.Linear(config.width, config.width, bias=False)
+        self.rotary = rotary
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, width = x.shape
+        qkv = self.qkv(x).view(batch, length, 3, self.heads, self.head_dim)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (B, H, T, hd)
+        if self.rotary is not None:
+            q, k = self.rotary(q), self.rotary(k)
+        attended = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, hd)
+        return self.out(attended.transpose(1, 2).reshape(batch, length, width))
+
+
+class TransformerLayer(nn.Module):
+    """Pre-norm residual layer: `x + attn(norm(x))`, then `x + ffn(norm(x))`."""
+
+    def __init__(self, config: TransformerConfig, rotary: RotaryEmbedding | None) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(config.width, offset=config.norm_offset)
+        self.attn = CausalSelfAttention(config, rotary)
+        self.ffn_norm = RMSNorm(config.width, offset=config.norm_offset)
+        self.ffn: nn.Module = (
+            SwiGLU(config.width, config.ffn_hidden)
+            if config.swiglu
+            else FeedForward(config.width, config.ffn_hidden)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x))
+        return x + self.ffn(self.ffn_norm(x))
+
+
+class TransformerLM(LanguageModel):
+    """Token embedding, `depth` pre-norm layers, optional final norm, output head."""
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        config.validate()
+        self.config = config
+        self.longest_context = config.context_len
+        self.embed = nn.Embedding(config.vocab_size, config.width)
+        rotary = RotaryEmbedding(config.width // config.heads, config.rope_base) if config.rope else None
+        self.layers = nn.ModuleList(TransformerLayer(config, rotary) for _ in range(config.depth))
+        self.final_norm = RMSNorm(config.width, offset=config.norm_offset) if config.final_norm else None
+        self.head = None if config.tie_embeddings else nn.Linear(config.width, config.vocab_size, bias=False)
+        if not config.rope:
+            table = sinusoidal_positions(config.context_len, config.width, config.rope_base)
+            self.register_buffer("positions", table, persistent=False)  # (context_len, d)
+        self._initialise()
+
+    def _initialise(self) -> None:
+        std = self.config.init_std
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+        # GPT-2: the projections that write into the residual stream are scaled down by the
+        # number of such writes, so the stream's variance does not grow with depth.
+        residual_std = std / math.sqrt(2 * self.config.depth)
+        for layer in self.layers:
+            nn.init.normal_(layer.attn.out.weight, mean=0.0, std=residual_std)
+            nn.init.normal_(layer.ffn.down.weight, mean=0.0, std=residual_std)
+
+    def forward(
+        self, tokens: torch.Tensor, targets: torch.Tensor, carry: Any | None = None
+    ) -> tuple[torch.Tensor, None]:
+        if carry is not None:
+            raise ValueError("the transformer carries no state across windows; pass carry=None")
+        batch, length = tokens.shape
+        window = self.config.context_len
+        if length > window:
+            # Independent windows: fold them into the batch dimension (rows stay in order).
+            pad = (-length) % window
+            windows = (length + pad) // window
+            padded_tokens = F.pad(tokens, (0, pad), value=0).view(batch * windows, window)
+            padded_targets = F.pad(targets, (0, pad), value=-100).view(batch * windows, window)
+            loss, _ = self.forward(padded_tokens, padded_targets)
+            return loss.view(batch, windows * window)[:, :length], None
+        return token_losses(self.logits(tokens), targets), None
+
+    def logits(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(B, T) tokens with T <= context_len -> (B, T, V) logits."""
+        length = tokens.shape[1]
+        x = self.embed(tokens)  # (B, T, d)
+        if not self.config.rope:
+            x = x + self.positions[:length].to(x.dtype)
+        for layer in self.layers:
+            x = layer(x)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        head_weight = self.embed.weight if self.head is None else self.head.weight
+        logits = x @ head_weight.T  # (B, T, V)
+        if self.config.scale_logits:
+            logits = logits / math.sqrt(self.config.width)
+        return logits
+
+    def layer_of(self, param_name: str) -> str:
+        parts = param_name.split(".")
+        if parts[0] == "layers":
+            return f"layer{int(parts[1]):02d}"
+        return parts[0]
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """6 FLOPs per matrix weight (the embedding lookup is free) plus causal attention scores."""
+        config = self.config
+        window = min(seq_len, config.context_len)
+        ffn_matrices = 3 if config.swiglu else 2
+        per_layer = 4 * config.width**2 + ffn_matrices * config.width * config.ffn_hidden
+        matrix_weights = config.depth * per_layer + config.vocab_size * config.width
+        # QK^T and AV: 2 * 2 * width FLOPs per attended key in the forward pass, three times that
+        # for forward + backward; a causal window's query attends (window + 1) / 2 keys on average.
+        attention = 12 * config.depth * config.width * (window + 1) / 2
+        return 6.0 * matrix_weights + attention
+
+
+_LLAMA_STYLE: dict[str, Any] = dict(
+    swiglu=True, rope=True, rope_base=500_000.0, norm_offset=False, final_norm=True, tie_embeddings=True,
+    scale_logits=False, context_len=32768,
+)  # fmt: skip
+"""The large presets' family traits (RMSNorm without offset, RoPE, SwiGLU, final norm, tied head)."""
+
+PRESETS: dict[str, TransformerConfig] = {
+    # The PSSA article's peer: 1,541,120 parameters at vocab 2048.
+    "transformer-1.5m": TransformerConfig(),
+    # Small enough for CPU tests in well under a second.
+    "transformer-tiny": TransformerConfig(
+        vocab_size=256, width=32, depth=2, heads=2, ffn_hidden=64, context_len=32
+    ),
+    # Llama-style peers of ns-1p3b (1,305,000,448) and ns-2b (1,993,992,320): the same tied
+    # 65,536-token embedding, width and longest context; depth and SwiGLU width chosen so the
+    # counts land within 0.5 % (1,310,820,352 and 2,002,926,080).
+    "transformer-1p3b": TransformerConfig(vocab_size=65536, width=2048, depth=24, heads=16, ffn_hidden=5248,
+                                          **_LLAMA_STYLE),  # fmt: skip
+    "transformer-2b": TransformerConfig(vocab_size=65536, width=2560, depth=28, heads=20, ffn_hidden=5120,
+                                        **_LLAMA_STYLE),  # fmt: skip
+}

@@ -1,0 +1,94 @@
+"""PSSA dreaming: the fresh-task guard, bit-exact restoration, the cache and its checkpoint state."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.models.base import IGNORE_INDEX
+from engine.models.pssa import PSSALM, PSSAConfig
+from engine.models.pssa_dream import LOSS_TOLERANCE
+
+# Threshold 0: every chunk is written and cached (a random model's loss, ~ln 24, is below 3.5).
+CONFIG = PSSAConfig(
+    vocab_size=24, d_latent=8, d_state=4, d_mem_key=4, mem_capacity=6, chunk_len=8, adapter_rank=2,
+    write_loss_threshold=0.0,
+)  # fmt: skip
+
+
+def _dreaming_model() -> PSSALM:
+    """A model whose dreaming cache holds three chunks."""
+    torch.manual_seed(0)
+    model = PSSALM(CONFIG).train()
+    tokens = torch.randint(0, 24, (3, 9), generator=torch.Generator().manual_seed(1))
+    model(tokens[:, :-1], tokens[:, 1:])
+    assert len(model.dream_cache) == 3
+    return model
+
+
+def _fresh() -> tuple[torch.Tensor, torch.Tensor]:
+    tokens = torch.randint(0, 24, (2, 7), generator=torch.Generator().manual_seed(2))
+    return tokens, torch.roll(tokens, -1, dims=1)
+
+
+def test_kept_steps_never_raise_the_fresh_loss_beyond_the_tolerance() -> None:
+    model = _dreaming_model()
+    fresh_tokens, fresh_targets = _fresh()
+    report = model.dream(fresh_tokens, fresh_targets, lr=0.5, steps=3)
+    assert report.steps_tried == 9
+    assert report.steps_kept > 0
+    assert report.fresh_loss_after <= report.fresh_loss_before + LOSS_TOLERANCE
+
+
+def test_a_step_that_would_raise_the_fresh_loss_is_rejected_bit_for_bit() -> None:
+    model = _dreaming_model()
+    fresh_tokens, fresh_targets = _fresh()
+    before = {name: param.detach().clone() for name, param in model.named_parameters()}
+    # A step so large that even after ten halvings it overshoots: every attempt must fail.
+    report = model.dream(fresh_tokens, fresh_targets, lr=1e9, steps=1)
+    assert report.steps_tried == 3 and report.steps_kept == 0
+    for name, param in model.named_parameters():
+        assert torch.equal(param, before[name]), name
+    assert report.fresh_loss_after == report.fresh_loss_before
+
+
+def test_only_head_rows_of_rehearsed_targets_change() -> None:
+    model = _dreaming_model()
+    before = {name: param.detach().clone() for name, param in model.named_parameters()}
+    rehearsed = set()
+    for _, targets in model.dream_cache.sequences:
+        rehearsed |= {int(t) for t in targets if t != IGNORE_INDEX}
+    model.dream(*_fresh(), lr=0.5, steps=1)
+    for name, param in model.named_parameters():
+        if name != "head.weight":
+            assert torch.equal(param, before[name]), name
+    changed = (model.head.weight != before["head.weight"]).any(dim=1).nonzero().flatten().tolist()
+    assert changed and set(changed) <= rehearsed
+
+
+def test_fresh_task_is_validated() -> None:
+    model = _dreaming_model()
+    tokens, targets = _fresh()
+    with pytest.raises(ValueError, match="equal shapes"):
+        model.dream(tokens, targets[:, :3])
+    with pytest.raises(ValueError, match="over chunk_len"):
+        model.dream(torch.zeros(1, 9, dtype=torch.long), torch.zeros(1, 9, dtype=torch.long))
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        model.dream(tokens, targets + 24)
+    with pytest.raises(ValueError, match="no scored target"):
+        model.dream(tokens, torch.full_like(targets, IGNORE_INDEX))
+
+
+def test_cache_keeps_the_newest_and_round_trips() -> None:
+    model = _dreaming_model()
+    tokens = torch.randint(0, 24, (5, 5), generator=torch.Generator().manual_seed(3))
+    model(tokens[:, :-1], tokens[:, 1:])  # five more 4-token chunks: capacity 6 keeps the last 6
+    cache = model.dream_cache.sequences
+    assert len(cache) == 6
+    assert torch.equal(cache[-1][0][:4], tokens[4, :-1])
+    assert torch.equal(cache[-1][1][4:], torch.full((4,), IGNORE_INDEX))  # padded to chunk_len
+    state = model.extra_state_dict()
+    other = PSSALM(CONFIG)
+    other.load_extra_state_dict(state)
+    for (a_tokens, a_targets), (b_tokens, b_targets) in zip(cache, other.dream_cache.sequences):
+        assert torch.equal(a_tokens, b_tokens) and torch.equal(a_targets, b_targets)
