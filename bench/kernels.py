@@ -1,0 +1,394 @@
+"""Benchmark of the Triton kernels against their PyTorch references on the GPU.
+
+Prints one JSON row per (kernel, size, implementation): median milliseconds, the bytes the work
+must move at the least (each input read once, each output written once), the achieved GB/s on
+those bytes, its share of the card's measured copy bandwidth, and the kernel's speed-up over
+each reference. Run on a CUDA machine: `python bench/kernels.py [--out rows.jsonl] [--quick]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kernels.adamw import adamw_step, adamw_step_reference  # noqa: E402
+from kernels.grad_norms import segment_sq_sums, segment_sq_sums_reference  # noqa: E402
+from kernels.plif import plif_scan, plif_scan_reference, spike_with_surrogate  # noqa: E402
+from kernels.poincare import poincare_read, poincare_read_reference  # noqa: E402
+from kernels.selective_scan import selective_scan, selective_scan_reference  # noqa: E402
+
+ROWS: list[dict] = []
+
+
+def time_ms(fn: Callable[[], object], budget_s: float = 0.6, most: int = 50) -> float:
+    """Median of CUDA-event timings after one warm-up; repeats until the budget or `most` runs."""
+    fn()
+    torch.cuda.synchronize()
+    timings: list[float] = []
+    started = time.perf_counter()
+    while len(timings) < 3 or (len(timings) < most and time.perf_counter() - started < budget_s):
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        fn()
+        end.record()
+        end.synchronize()
+        timings.append(begin.elapsed_time(end))
+    return statistics.median(timings)
+
+
+def emit(kernel: str, size: str, impl: str, ms: float, nbytes: float, copy_gbs: float, **extra) -> dict:
+    gbs = nbytes / ms / 1e6
+    row = {"kernel": kernel, "size": size, "impl": impl, "ms": round(ms, 4), "min_bytes": int(nbytes),
+           "GB_s": round(gbs, 1), "frac_of_copy": round(gbs / copy_gbs, 3), **extra}
+    ROWS.append(row)
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    got, want = got.detach().double(), want.detach().double()
+    return float((got - want).norm() / want.norm().clamp_min(1e-30))
+
+
+def speedups(kernel: str, size: str) -> None:
+    """Adds each reference's time over the Triton time to the Triton row."""
+    rows = [r for r in ROWS if r["kernel"] == kernel and r["size"] == size]
+    triton_rows = [r for r in rows if r["impl"] == "triton"]
+    if not triton_rows:
+        return
+    summary = {"kernel": kernel, "size": size, "impl": "speedup"}
+    for r in rows:
+        if r["impl"] != "triton":
+            summary[f"vs_{r['impl']}"] = round(r["ms"] / triton_rows[0]["ms"], 2)
+    ROWS.append(summary)
+    print(json.dumps(summary), flush=True)
+
+
+def copy_bandwidth() -> float:
+    source = torch.randn(1024**3, device="cuda")  # 4 GiB
+    target = torch.empty_like(source)
+    ms = time_ms(lambda: target.copy_(source))
+    gbs = 2 * source.numel() * 4 / ms / 1e6
+    print(json.dumps({"kernel": "copy", "size": "4 GiB", "impl": "torch", "ms": round(ms, 4), "GB_s": round(gbs, 1)}),
+          flush=True)
+    return gbs
+
+
+def bench_adamw(count: int, copy_gbs: float, compile_reference: bool) -> None:
+    size = f"{count:.2e} fp32"
+    buffers = [torch.randn(count, device="cuda") * s for s in (1.0, 0.5, 0.05)]
+    buffers.append(torch.rand(count, device="cuda") * 1e-4)
+    scalars = {k: torch.tensor(v, device="cuda") for k, v in
+               (("step", 10.0), ("lr", 3e-4), ("weight_decay", 0.1), ("grad_norm", 0.8))}
+    hyper = {"max_norm": 1.0, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8}
+    nbytes = count * 4 * 7  # read param, grad, m, v; write param, m, v
+    emit("adamw", size, "triton", time_ms(lambda: adamw_step(*buffers, **scalars, **hyper)), nbytes, copy_gbs)
+    emit("adamw", size, "torch_eager", time_ms(lambda: adamw_step_reference(*buffers, **scalars, **hyper)),
+         nbytes, copy_gbs)
+    if compile_reference:
+        compiled = torch.compile(adamw_step_reference)
+        emit("adamw", size, "torch_compile", time_ms(lambda: compiled(*buffers, **scalars, **hyper)),
+             nbytes, copy_gbs)
+    speedups("adamw", size)
+    torch.cuda.empty_cache()
+
+
+def bench_grad_norms(count: int, segments: int, copy_gbs: float) -> None:
+    size = f"{count:.2e} fp32, {segments} segments"
+    flat = torch.randn(count, device="cuda")
+    generator = torch.Generator().manual_seed(0)
+    cuts = torch.randint(0, count, (segments - 1,), generator=generator).sort().values
+    offsets = torch.cat([torch.tensor([0]), cuts, torch.tensor([count])]).cuda()
+    nbytes = count * 4
+    emit("grad_norms", size, "triton", time_ms(lambda: segment_sq_sums(flat, offsets)), nbytes, copy_gbs)
+    emit("grad_norms", size, "torch_eager", time_ms(lambda: segment_sq_sums_reference(flat, offsets)),
+         nbytes, copy_gbs)
+    # The usual eager alternative: one fused multi-tensor norm over views of the segments.
+    views = [flat[a:b] for a, b in zip(offsets.tolist(), offsets.tolist()[1:])]
+    emit("grad_norms", size, "torch_foreach_norm",
+         time_ms(lambda: torch.stack(torch._foreach_norm(views)).square()), nbytes, copy_gbs)
+    speedups("grad_norms", size)
+    torch.cuda.empty_cache()
+
+
+def _scan_step_factory():
+    """One scan step as a function torch.compile can fuse (the loop stays in Python)."""
+
+    def step(h, x_t, delta_t, A, B_t, C_t):
+        h = torch.exp(delta_t[:, :, None] * A) * h + (delta_t * x_t)[:, :, None] * B_t[:, None, :]
+        return h, (h * C_t[:, None, :]).sum(-1)
+
+    return torch.compile(step)
+
+
+def bench_selective_scan(batch: int, steps: int, channels: int, state: int, copy_gbs: float,
+                         references: bool) -> None:
+    size = f"Bt {batch} T {steps} Dm {channels} N {state} G 1 fp32"
+    x = torch.randn(batch, steps, channels, device="cuda")
+    delta = torch.nn.functional.softplus(torch.randn(batch, steps, channels, device="cuda") - 2)
+    A = -torch.exp(torch.randn(channels, state, device="cuda") * 0.5)
+    B = torch.randn(batch, steps, 1, state, device="cuda")
+    C = torch.randn(batch, steps, 1, state, device="cuda")
+    D = torch.randn(channels, device="cuda")
+    grad_y = torch.randn_like(x)
+    io = batch * steps * (3 * channels + 2 * state) * 4  # x, delta, y; B, C
+    io_backward = io + batch * steps * (3 * channels + 2 * state) * 4  # + read gy, B, C again; write gx, gdelta
+    leaves = [t.clone().requires_grad_() for t in (x, delta, A, B, C, D)]
+
+    def forward_backward(scan):
+        def run():
+            y, _ = scan(*leaves)
+            y.backward(grad_y)
+        return run
+
+    with torch.no_grad():
+        emit("selective_scan_fwd", size, "triton", time_ms(lambda: selective_scan(x, delta, A, B, C, D)), io,
+             copy_gbs)
+    emit("selective_scan_fwd_bwd", size, "triton", time_ms(forward_backward(selective_scan)), io_backward, copy_gbs)
+    if references:
+        with torch.no_grad():
+            error = relative_error(selective_scan(x, delta, A, B, C, D)[0], selective_scan_reference(x, delta, A, B, C, D)[0])
+            emit("selective_scan_fwd", size, "torch_eager",
+                 time_ms(lambda: selective_scan_reference(x, delta, A, B, C, D), budget_s=0), io, copy_gbs,
+                 triton_rel_err_y=error)
+            step = _scan_step_factory()
+            B1, C1 = B[:, :, 0], C[:, :, 0]
+
+            def compiled_scan():
+                h = x.new_zeros(batch, channels, state)
+                ys = []
+                for t in range(steps):
+                    h, y_t = step(h, x[:, t], delta[:, t], A, B1[:, t], C1[:, t])
+                    ys.append(y_t)
+                return torch.stack(ys, 1) + D * x, h
+
+            emit("selective_scan_fwd", size, "torch_compile_step", time_ms(compiled_scan, budget_s=0), io, copy_gbs)
+        emit("selective_scan_fwd_bwd", size, "torch_eager",
+             time_ms(forward_backward(selective_scan_reference), budget_s=0), io_backward, copy_gbs)
+    speedups("selective_scan_fwd", size)
+    speedups("selective_scan_fwd_bwd", size)
+    torch.cuda.empty_cache()
+
+
+def bench_plif(batch: int, steps: int, channels: int, copy_gbs: float, references: bool) -> None:
+    size = f"Bt {batch} T {steps} D {channels} fp32"
+    x = torch.randn(batch, steps, channels, device="cuda")
+    beta = torch.rand(channels, device="cuda") * 0.8 + 0.1
+    threshold = torch.rand(channels, device="cuda") + 0.5
+    io = batch * steps * channels * 4 * 3  # read x; write spikes, v_pre
+    io_backward = io + batch * steps * channels * 4 * 5  # + read x, v_pre, gs, gv_pre; write gx
+    grads = [torch.randn_like(x), torch.randn_like(x)]
+    leaves = [t.clone().requires_grad_() for t in (x, beta, threshold)]
+
+    def forward_backward(scan):
+        def run():
+            spikes, v_pre, _ = scan(*leaves)
+            torch.autograd.backward([spikes, v_pre], grads)
+        return run
+
+    with torch.no_grad():
+        emit("plif_fwd", size, "triton", time_ms(lambda: plif_scan(x, beta, threshold)), io, copy_gbs)
+    emit("plif_fwd_bwd", size, "triton", time_ms(forward_backward(plif_scan)), io_backward, copy_gbs)
+    if references:
+        with torch.no_grad():
+            error = relative_error(plif_scan(x, beta, threshold)[1], plif_scan_reference(x, beta, threshold)[1])
+            emit("plif_fwd", size, "torch_eager", time_ms(lambda: plif_scan_reference(x, beta, threshold), budget_s=0),
+                 io, copy_gbs, triton_rel_err_v_pre=error)
+
+            @torch.compile
+            def step(v, x_t):
+                v_pre = beta * v + (1 - beta) * x_t
+                spike = spike_with_surrogate(v_pre - threshold, 4.0)
+                return v_pre - threshold * spike, spike, v_pre
+
+            def compiled_scan():
+                v = x.new_zeros(batch, channels)
+                spikes, potentials = [], []
+                for t in range(steps):
+                    v, spike, v_pre = step(v, x[:, t])
+                    spikes.append(spike)
+                    potentials.append(v_pre)
+                return torch.stack(spikes, 1), torch.stack(potentials, 1), v
+
+            emit("plif_fwd", size, "torch_compile_step", time_ms(compiled_scan, budget_s=0), io, copy_gbs)
+        emit("plif_fwd_bwd", size, "torch_eager", time_ms(forward_backward(plif_scan_reference), budget_s=0),
+             io_backward, copy_gbs)
+    speedups("plif_fwd", size)
+    speedups("plif_fwd_bwd", size)
+    torch.cuda.empty_cache()
+
+
+def bench_poincare(queries: int, slots: int, key_dim: int, value_dim: int, top_k: int, copy_gbs: float) -> None:
+    size = f"Nq {queries} S {slots} Dk {key_dim} Dv {value_dim} top_k {top_k}"
+    q = torch.randn(queries, key_dim, device="cuda")
+    q = q / q.norm(dim=1, keepdim=True) * torch.rand(queries, 1, device="cuda") * 0.9
+    keys = torch.randn(slots, key_dim, device="cuda")
+    keys = keys / keys.norm(dim=1, keepdim=True) * torch.rand(slots, 1, device="cuda") * 0.9
+    values = torch.randn(slots, value_dim, device="cuda")
+    occupied = torch.rand(slots, device="cuda") < 0.9
+    grad_m = torch.randn(queries, value_dim, device="cuda")
+    io = (queries * (key_dim + value_dim) + slots * (key_dim + value_dim)) * 4
+    leaf = q.clone().requires_grad_()
+
+    def forward_backward(read):
+        def run():
+            read(leaf, keys, values, occupied, 0.1, top_k).backward(grad_m)
+        return run
+
+    compiled = torch.compile(poincare_read_reference)
+    error = relative_error(poincare_read(q, keys, values, occupied, 0.1, top_k),
+                           poincare_read_reference(q, keys, values, occupied, 0.1, top_k))
+    print(json.dumps({"kernel": "poincare_fwd", "size": size, "triton_rel_err_m": error}), flush=True)
+    emit("poincare_fwd_bwd", size, "triton", time_ms(forward_backward(poincare_read)), io, copy_gbs)
+    emit("poincare_fwd_bwd", size, "torch_eager", time_ms(forward_backward(poincare_read_reference)), io, copy_gbs)
+    emit("poincare_fwd_bwd", size, "torch_compile", time_ms(forward_backward(compiled)), io, copy_gbs)
+    speedups("poincare_fwd_bwd", size)
+    torch.cuda.empty_cache()
+
+
+def _scan_case(batch: int, steps: int, channels: int, state: int, seed: int):
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+
+    def draw(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device="cuda", generator=generator)
+
+    return [draw(batch, steps, channels), torch.nn.functional.softplus(draw(batch, steps, channels) - 2),
+            -torch.exp(draw(channels, state) * 0.5), draw(batch, steps, 1, state), draw(batch, steps, 1, state),
+            draw(channels)]
+
+
+def _grads_of(scan, inputs: list[torch.Tensor], grad_y: torch.Tensor) -> list[torch.Tensor]:
+    leaves = [t.clone().requires_grad_() for t in inputs]
+    y, _ = scan(*leaves)
+    y.backward(grad_y)
+    return [y] + [leaf.grad for leaf in leaves]
+
+
+def sweep(copy_gbs: float) -> None:
+    """Times block-shape variants of the scan kernels, each checked against the reference first."""
+    scan_module = sys.modules["kernels.selective_scan"]
+    plif_module = sys.modules["kernels.plif"]
+    check = _scan_case(2, 203, 96, 16, seed=1)
+    check_grad = torch.randn(2, 203, 96, device="cuda")
+    want = _grads_of(selective_scan_reference, check, check_grad)
+    big = _scan_case(8, 4096, 1024, 16, seed=2)
+    big_grad = torch.randn(8, 4096, 1024, device="cuda")
+    io = 8 * 4096 * (3 * 1024 + 32) * 4
+    for chunk, fwd_block, fwd_warps, bwd_block, bwd_warps in [
+        (16, 16, 4, 16, 4), (16, 32, 4, 8, 4), (16, 16, 8, 16, 8), (16, 8, 2, 8, 2), (8, 32, 4, 16, 4),
+    ]:
+        scan_module._CHUNK_T, scan_module._FORWARD_BLOCK_D, scan_module._FORWARD_WARPS = chunk, fwd_block, fwd_warps
+        scan_module._BACKWARD_BLOCK_D, scan_module._BACKWARD_WARPS = bwd_block, bwd_warps
+        config = f"chunk {chunk} fwd {fwd_block}x{fwd_warps}w bwd {bwd_block}x{bwd_warps}w"
+        try:
+            got = _grads_of(selective_scan, check, check_grad)
+            error = max(relative_error(a, b) for a, b in zip(got, want))
+            with torch.no_grad():
+                forward_ms = time_ms(lambda: selective_scan(*big), budget_s=0.3)
+            both_ms = time_ms(lambda: _grads_of(selective_scan, big, big_grad), budget_s=0.3)
+            emit("sweep_scan", config, "triton_fwd", forward_ms, io, copy_gbs, rel_err=error)
+            emit("sweep_scan", config, "triton_fwd_bwd", both_ms, 2 * io, copy_gbs)
+        except Exception as failure:
+            print(json.dumps({"kernel": "sweep_scan", "size": config, "error": str(failure)[:500]}), flush=True)
+    x_check = torch.randn(2, 203, 300, device="cuda")
+    beta = torch.rand(300, device="cuda") * 0.8 + 0.1
+    threshold = torch.rand(300, device="cuda") + 0.5
+    plif_grads = [torch.randn_like(x_check), torch.randn_like(x_check)]
+
+    def plif_outputs_and_grads(scan) -> list[torch.Tensor]:
+        leaves = [t.clone().requires_grad_() for t in (x_check, beta, threshold)]
+        spikes, v_pre, v_last = scan(*leaves)
+        torch.autograd.backward([spikes, v_pre], plif_grads)
+        return [spikes, v_pre, v_last] + [leaf.grad for leaf in leaves]
+
+    want_plif = plif_outputs_and_grads(plif_scan_reference)
+    for chunk in (32, 16, 64):
+        plif_module._CHUNK_T = chunk
+        config = f"chunk {chunk}"
+        try:
+            got = plif_outputs_and_grads(plif_scan)
+            error = max(relative_error(a, b) for a, b in zip(got, want_plif))
+            for batch, steps in [(8, 4096), (1, 32768)]:
+                x = torch.randn(batch, steps, 2560, device="cuda")
+                b2 = torch.rand(2560, device="cuda") * 0.8 + 0.1
+                t2 = torch.rand(2560, device="cuda") + 0.5
+                leaves = [x.requires_grad_(), b2.requires_grad_(), t2.requires_grad_()]
+                grads = [torch.randn_like(x), torch.randn_like(x)]
+
+                def both(leaves=leaves, grads=grads):
+                    spikes, v_pre, _ = plif_scan(*leaves)
+                    torch.autograd.backward([spikes, v_pre], grads)
+
+                with torch.no_grad():
+                    forward_ms = time_ms(lambda x=x, b2=b2, t2=t2: plif_scan(x, b2, t2), budget_s=0.3)
+                both_ms = time_ms(both, budget_s=0.3)
+                io = batch * steps * 2560 * 4 * 3
+                emit("sweep_plif", f"{config} Bt {batch} T {steps}", "triton_fwd", forward_ms, io, copy_gbs,
+                     rel_err=error)
+                emit("sweep_plif", f"{config} Bt {batch} T {steps}", "triton_fwd_bwd", both_ms, io + io * 5 // 3,
+                     copy_gbs)
+        except Exception as failure:
+            print(json.dumps({"kernel": "sweep_plif", "size": config, "error": str(failure)[:500]}), flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", type=Path, help="also write the rows here as JSON lines")
+    parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
+    parser.add_argument("--sweep", action="store_true", help="time block-shape variants of the scans instead")
+    parser.add_argument("--only", nargs="*", default=None, help="kernels to run (adamw grad_norms scan plif poincare)")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("bench/kernels.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    wanted = set(args.only) if args.only else {"adamw", "grad_norms", "scan", "plif", "poincare"}
+    print(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                      "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}), flush=True)
+    copy_gbs = copy_bandwidth()
+    if args.sweep:
+        sweep(copy_gbs)
+        if args.out:
+            args.out.write_text("".join(json.dumps(row) + "\n" for row in ROWS))
+        return 0
+    params = 10**7 if args.quick else 2 * 10**9
+    scan_sizes = [(2, 512, 256, 16)] if args.quick else [(8, 4096, 1024, 16), (1, 32768, 1024, 16)]
+    plif_sizes = [(2, 512, 256)] if args.quick else [(8, 4096, 2560), (1, 32768, 2560)]
+    runs: list[tuple[str, Callable[[], None]]] = [
+        ("adamw", lambda: bench_adamw(params, copy_gbs, compile_reference=True)),
+        ("grad_norms", lambda: bench_grad_norms(params, 300, copy_gbs)),
+    ]
+    for index, (batch, steps, channels, state) in enumerate(scan_sizes):
+        runs.append(("scan", lambda b=batch, t=steps, c=channels, n=state, first=index == 0:
+                     bench_selective_scan(b, t, c, n, copy_gbs, references=first)))
+    for index, (batch, steps, channels) in enumerate(plif_sizes):
+        runs.append(("plif", lambda b=batch, t=steps, c=channels, first=index == 0:
+                     bench_plif(b, t, c, copy_gbs, references=first)))
+    for top_k in (4, 0):
+        runs.append(("poincare", lambda k=top_k: bench_poincare(512 if args.quick else 32768, 512, 32, 256, k,
+                                                                copy_gbs)))
+    for name, run in runs:
+        if name not in wanted:
+            continue
+        try:
+            run()
+        except Exception as error:  # one kernel's failure must not hide the others' figures
+            failure = {"kernel": name, "error": f"{type(error).__name__}: {error}"[:2000]}
+            ROWS.append(failure)
+            print(json.dumps(failure), flush=True)
+            torch.cuda.empty_cache()
+        if args.out:  # after every kernel, so a run cut short still leaves its rows
+            args.out.write_text("".join(json.dumps(row) + "\n" for row in ROWS))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,185 @@
+"""Flat AdamW step over one parameter group's slice of the flat fp32 buffers.
+
+    scale = min(1, max_norm / (grad_norm + 1e-6))      (1 when max_norm <= 0)
+    g     = grad * scale
+    m     = beta1 m + (1 - beta1) g
+    v     = beta2 v + (1 - beta2) g^2
+    t     = step + 1
+    param = param (1 - lr wd) - lr (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps)
+
+step, lr, weight_decay and grad_norm are 0-d fp32 device tensors, read on the device so that a
+captured CUDA graph replays with new values and nothing waits on the host. When grad_norm is
+NaN or Inf the update is skipped: param, m and v keep their exact bits. `step` is advanced
+separately, once for all groups, by `advance_step_`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._dispatch import wants_triton
+
+CLIP_EPS = 1e-6
+"""Added to the gradient norm before dividing max_norm by it (a zero norm must not divide by 0)."""
+
+
+def _check_buffers(
+    param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor
+) -> None:
+    for name, buffer in (("param", param), ("grad", grad), ("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq)):
+        if buffer.dtype != torch.float32 or buffer.dim() != 1 or not buffer.is_contiguous():
+            raise ValueError(f"adamw_step: {name} must be a 1-D contiguous fp32 tensor")
+        if buffer.numel() != param.numel():
+            raise ValueError(f"adamw_step: {name} has {buffer.numel()} elements, param has {param.numel()}")
+
+
+def bias_correction(beta: float, t: torch.Tensor) -> torch.Tensor:
+    """1 - beta^t as -expm1(t ln beta): 1 - beta^t in fp32 loses most digits when beta^t is near 1."""
+    return -torch.expm1(t * math.log(beta))
+
+
+def clip_scale(grad_norm: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """The global-norm clip factor as a 0-d device tensor (1 when clipping is off)."""
+    if max_norm <= 0:
+        return torch.ones_like(grad_norm)
+    return torch.clamp(max_norm / (grad_norm + CLIP_EPS), max=1.0)
+
+
+_BLOCK = 4096
+"""Elements per program: 16 per thread at 8 warps, i.e. four 16-byte loads in flight per buffer."""
+
+_FLT_MAX = tl.constexpr(3.4028234663852886e38)
+
+
+@triton.jit
+def _neg_expm1(x):
+    """-(exp(x) - 1) accurate near x = 0 (Kahan's trick; Triton has no expm1 of its own).
+
+    Far from 0, exp(x) - 1 is accurate as it is, and the trick would go wrong where exp(x) is
+    subnormal (its log is then off by percents).
+    """
+    u = tl.exp(x)
+    near_zero = (tl.abs(x) < 0.5) & (u != 1.0)
+    kahan = (u - 1.0) * x / tl.log(tl.where(near_zero, u, 2.0))
+    expm1 = tl.where(u == 1.0, x, tl.where(near_zero, kahan, u - 1.0))
+    return -expm1
+
+
+@triton.jit
+def _adamw_kernel(
+    param_ptr, grad_ptr, exp_avg_ptr, exp_avg_sq_ptr,
+    step_ptr, lr_ptr, weight_decay_ptr, grad_norm_ptr,
+    count, max_norm, beta1, beta2, log_beta1, log_beta2, eps,
+    CLIP: tl.constexpr, BLOCK: tl.constexpr,
+):
+    grad_norm = tl.load(grad_norm_ptr)
+    # A non-finite norm (NaN fails both comparisons) masks every load and store off: nothing is
+    # read or written.
+    finite = tl.abs(grad_norm) <= _FLT_MAX
+    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < tl.where(finite, count, 0)
+    if CLIP:
+        scale = tl.minimum(max_norm / (grad_norm + 1e-6), 1.0)
+    else:
+        scale = 1.0
+    t = tl.load(step_ptr) + 1.0
+    bias_correction1 = _neg_expm1(t * log_beta1)
+    bias_correction2 = _neg_expm1(t * log_beta2)
+    lr = tl.load(lr_ptr)
+    decay = 1.0 - lr * tl.load(weight_decay_ptr)
+
+    param = tl.load(param_ptr + offsets, mask=mask)
+    g = tl.load(grad_ptr + offsets, mask=mask) * scale
+    exp_avg = beta1 * tl.load(exp_avg_ptr + offsets, mask=mask) + (1.0 - beta1) * g
+    exp_avg_sq = beta2 * tl.load(exp_avg_sq_ptr + offsets, mask=mask) + (1.0 - beta2) * g * g
+    denominator = tl.sqrt_rn(exp_avg_sq / bias_correction2) + eps
+    param = param * decay - lr * (exp_avg / bias_correction1) / denominator
+    tl.store(param_ptr + offsets, param, mask=mask)
+    tl.store(exp_avg_ptr + offsets, exp_avg, mask=mask)
+    tl.store(exp_avg_sq_ptr + offsets, exp_avg_sq, mask=mask)
+
+
+@torch.no_grad()
+def adamw_step_reference(
+    param: torch.Tensor,
+    grad: torch.Tensor,
+    exp_avg: torch.Tensor,
+    exp_avg_sq: torch.Tensor,
+    *,
+    step: torch.Tensor,
+    lr: torch.Tensor,
+    weight_decay: torch.Tensor,
+    grad_norm: torch.Tensor,
+    max_norm: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+) -> None:
+    """The update in PyTorch ops, in place; no host synchronisation (the skip is a `where`)."""
+    _check_buffers(param, grad, exp_avg, exp_avg_sq)
+    finite = torch.isfinite(grad_norm)
+    g = grad * clip_scale(grad_norm, max_norm)
+    new_exp_avg = beta1 * exp_avg + (1 - beta1) * g
+    new_exp_avg_sq = beta2 * exp_avg_sq + (1 - beta2) * g * g
+    t = step + 1
+    bias_correction1 = bias_correction(beta1, t)
+    bias_correction2 = bias_correction(beta2, t)
+    denominator = torch.sqrt(new_exp_avg_sq / bias_correction2) + eps
+    new_param = param * (1 - lr * weight_decay) - lr * (new_exp_avg / bias_correction1) / denominator
+    # A skipped update copies the old values back: the same bits, no host sync to decide.
+    param.copy_(torch.where(finite, new_param, param))
+    exp_avg.copy_(torch.where(finite, new_exp_avg, exp_avg))
+    exp_avg_sq.copy_(torch.where(finite, new_exp_avg_sq, exp_avg_sq))
+
+
+def adamw_step(
+    param: torch.Tensor,
+    grad: torch.Tensor,
+    exp_avg: torch.Tensor,
+    exp_avg_sq: torch.Tensor,
+    *,
+    step: torch.Tensor,
+    lr: torch.Tensor,
+    weight_decay: torch.Tensor,
+    grad_norm: torch.Tensor,
+    max_norm: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    use_triton: bool | None = None,
+) -> None:
+    """One AdamW update of a group, in place (see the module docstring): Triton on CUDA.
+
+    use_triton: None picks Triton on CUDA; True forces it (off CUDA only under
+    TRITON_INTERPRET=1); False forces the reference.
+    """
+    if wants_triton(param, use_triton):
+        _check_buffers(param, grad, exp_avg, exp_avg_sq)
+        scalars = {"step": step, "lr": lr, "weight_decay": weight_decay, "grad_norm": grad_norm}
+        for name, scalar in scalars.items():
+            if scalar.dim() != 0 or scalar.dtype != torch.float32 or scalar.device != param.device:
+                raise ValueError(f"adamw_step: {name} must be a 0-d fp32 tensor on {param.device}")
+        count = param.numel()
+        if count == 0:
+            return
+        grid = (triton.cdiv(count, _BLOCK),)
+        _adamw_kernel[grid](
+            param, grad, exp_avg, exp_avg_sq, step, lr, weight_decay, grad_norm, count,
+            max_norm, beta1, beta2, math.log(beta1), math.log(beta2), eps,
+            CLIP=max_norm > 0, BLOCK=_BLOCK, num_warps=8,
+        )
+        return
+    adamw_step_reference(
+        param, grad, exp_avg, exp_avg_sq, step=step, lr=lr, weight_decay=weight_decay,
+        grad_norm=grad_norm, max_norm=max_norm, beta1=beta1, beta2=beta2, eps=eps,
+    )
+
+
+@torch.no_grad()
+def advance_step_(step: torch.Tensor, grad_norm: torch.Tensor) -> None:
+    """step += 1 when grad_norm is finite (after every group's `adamw_step`); no host sync."""
+    step.add_(torch.isfinite(grad_norm).to(step.dtype))

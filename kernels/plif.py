@@ -1,0 +1,258 @@
+"""PLIF (parametric leaky integrate-and-fire) spike scan with a soft reset and a surrogate gradient.
+
+    v_pre_t = beta v_{t-1} + (1 - beta) x_t
+    s_t     = 1[v_pre_t - v_th > 0]
+    v_t     = v_pre_t - v_th s_t            (soft reset; the reset is part of the graph)
+
+The Heaviside step has no useful derivative, so the backward uses a sigmoid surrogate:
+ds/dv_pre = alpha sig(alpha (v_pre - v_th)) (1 - sig(alpha (v_pre - v_th))). Gradients reach
+x, beta, v_th and v0.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._dispatch import compute_dtype, new_buffer, wants_triton
+
+_BLOCK_D = 32
+"""Channels per program: one warp, one channel per thread (per row of a tile)."""
+_CHUNK_T = 32
+"""Time steps loaded (and stored) as one tile: the loads of a tile are in flight together."""
+
+
+
+def spike_with_surrogate(v_minus_threshold: torch.Tensor, alpha: float) -> torch.Tensor:
+    """Heaviside step forward, sigmoid-surrogate derivative backward, in plain autograd.
+
+    The forward value is exactly the step: surrogate - surrogate.detach() is exactly 0.
+    """
+    surrogate = torch.sigmoid(alpha * v_minus_threshold)
+    step = (v_minus_threshold > 0).to(v_minus_threshold.dtype)
+    return step + (surrogate - surrogate.detach())
+
+
+def plif_scan_reference(
+    x: torch.Tensor,
+    beta: torch.Tensor,
+    v_th: torch.Tensor,
+    v0: torch.Tensor | None = None,
+    alpha: float = 4.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The scan step by step in plain PyTorch autograd (the definition the kernel is tested against).
+
+    x (Bt, T, D); beta (D,) in (0, 1); v_th (D,) > 0; v0 (Bt, D) or None (zeros).
+    Returns spikes and v_pre (Bt, T, D) in x's dtype and v_last (Bt, D) in fp32 (fp64 for fp64 inputs).
+    """
+    batch, seq_len, channels = x.shape
+    dtype = compute_dtype(x, beta, v_th, v0)
+    xf, betaf, thresholdf = x.to(dtype), beta.to(dtype), v_th.to(dtype)
+    v = v0.to(dtype) if v0 is not None else x.new_zeros(batch, channels, dtype=dtype)
+    spikes, potentials = [], []
+    for t in range(seq_len):
+        v_pre = betaf * v + (1 - betaf) * xf[:, t]  # (Bt, D)
+        spike = spike_with_surrogate(v_pre - thresholdf, alpha)  # (Bt, D)
+        v = v_pre - thresholdf * spike
+        spikes.append(spike)
+        potentials.append(v_pre)
+    if seq_len == 0:
+        empty = x.new_zeros(batch, 0, channels)
+        return empty, empty.clone(), v
+    return torch.stack(spikes, 1).to(x.dtype), torch.stack(potentials, 1).to(x.dtype), v
+
+
+@triton.jit
+def _row(tile, rows, i):
+    """Row i of a (CHUNK_T, BLOCK_D) tile; i is a compile-time constant."""
+    return tl.sum(tl.where(rows[:, None] == i, tile, 0.0), axis=0)
+
+
+@triton.jit
+def _plif_forward_kernel(
+    x_ptr, beta_ptr, threshold_ptr, v0_ptr, spikes_ptr, v_pre_ptr, v_pre_f32_ptr, v_last_ptr,
+    seq_len, channels,
+    HAS_V0: tl.constexpr, SAVE_F32: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK_T: tl.constexpr,
+):
+    batch = tl.program_id(0)
+    channel = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)  # (BLOCK_D,)
+    channel_ok = channel < channels
+    beta = tl.load(beta_ptr + channel, mask=channel_ok, other=0.5).to(tl.float32)
+    threshold = tl.load(threshold_ptr + channel, mask=channel_ok, other=1.0).to(tl.float32)
+    if HAS_V0:
+        v = tl.load(v0_ptr + batch * channels + channel, mask=channel_ok, other=0.0).to(tl.float32)
+    else:
+        v = tl.zeros([BLOCK_D], dtype=tl.float32)
+    rows = tl.arange(0, CHUNK_T)
+    row_base = batch.to(tl.int64) * seq_len * channels
+    for t0 in range(0, seq_len, CHUNK_T):
+        times = t0 + rows  # (CHUNK_T,)
+        offsets = row_base + times[:, None].to(tl.int64) * channels + channel[None, :]  # (CHUNK_T, BLOCK_D)
+        mask = (times[:, None] < seq_len) & channel_ok[None, :]
+        inputs = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        spike_tile = tl.zeros([CHUNK_T, BLOCK_D], dtype=tl.float32)
+        v_pre_tile = tl.zeros([CHUNK_T, BLOCK_D], dtype=tl.float32)
+        for i in tl.static_range(CHUNK_T):
+            v_pre = beta * v + (1.0 - beta) * _row(inputs, rows, i)
+            spike = (v_pre - threshold > 0).to(tl.float32)
+            # Rows past the end of the sequence leave the state alone.
+            v = tl.where(t0 + i < seq_len, v_pre - threshold * spike, v)
+            spike_tile = tl.where(rows[:, None] == i, spike[None, :], spike_tile)
+            v_pre_tile = tl.where(rows[:, None] == i, v_pre[None, :], v_pre_tile)
+        tl.store(spikes_ptr + offsets, spike_tile.to(spikes_ptr.dtype.element_ty), mask=mask)
+        tl.store(v_pre_ptr + offsets, v_pre_tile.to(v_pre_ptr.dtype.element_ty), mask=mask)
+        if SAVE_F32:
+            tl.store(v_pre_f32_ptr + offsets, v_pre_tile, mask=mask)
+    tl.store(v_last_ptr + batch * channels + channel, v, mask=channel_ok)
+
+
+@triton.jit
+def _plif_backward_kernel(
+    x_ptr, beta_ptr, threshold_ptr, v0_ptr, v_pre_ptr,
+    grad_spikes_ptr, grad_v_pre_ptr, grad_v_last_ptr,
+    grad_x_ptr, grad_beta_ptr, grad_threshold_ptr, grad_v0_ptr,
+    seq_len, channels, alpha,
+    HAS_V0: tl.constexpr, HAS_GRAD_SPIKES: tl.constexpr, HAS_GRAD_V_PRE: tl.constexpr,
+    HAS_GRAD_V_LAST: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK_T: tl.constexpr,
+):
+    batch = tl.program_id(0)
+    channel = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)  # (BLOCK_D,)
+    channel_ok = channel < channels
+    state_offsets = batch * channels + channel
+    beta = tl.load(beta_ptr + channel, mask=channel_ok, other=0.5).to(tl.float32)
+    threshold = tl.load(threshold_ptr + channel, mask=channel_ok, other=1.0).to(tl.float32)
+    if HAS_V0:
+        v_initial = tl.load(v0_ptr + state_offsets, mask=channel_ok, other=0.0).to(tl.float32)
+    else:
+        v_initial = tl.zeros([BLOCK_D], dtype=tl.float32)
+    # grad_v: dL/dv_t through everything after step t; starts at dL/dv_last.
+    if HAS_GRAD_V_LAST:
+        grad_v = tl.load(grad_v_last_ptr + state_offsets, mask=channel_ok, other=0.0).to(tl.float32)
+    else:
+        grad_v = tl.zeros([BLOCK_D], dtype=tl.float32)
+    grad_beta = tl.zeros([BLOCK_D], dtype=tl.float32)
+    grad_threshold = tl.zeros([BLOCK_D], dtype=tl.float32)
+    rows = tl.arange(0, CHUNK_T)
+    row_base = batch.to(tl.int64) * seq_len * channels
+    chunks = tl.cdiv(seq_len, CHUNK_T)
+    for chunk_back in range(0, chunks):
+        t0 = (chunks - 1 - chunk_back) * CHUNK_T
+        times = t0 + rows
+        offsets = row_base + times[:, None].to(tl.int64) * channels + channel[None, :]  # (CHUNK_T, BLOCK_D)
+        mask = (times[:, None] < seq_len) & channel_ok[None, :]
+        inputs = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        v_pres = tl.load(v_pre_ptr + offsets, mask=mask, other=0.0)
+        grad_spike_tile = tl.zeros([CHUNK_T, BLOCK_D], dtype=tl.float32)
+        if HAS_GRAD_SPIKES:
+            grad_spike_tile = tl.load(grad_spikes_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        grad_v_pre_tile = tl.zeros([CHUNK_T, BLOCK_D], dtype=tl.float32)
+        if HAS_GRAD_V_PRE:
+            grad_v_pre_tile = tl.load(grad_v_pre_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        # The membrane after the step before this tile: recomputed from its v_pre (soft reset).
+        before_offsets = row_base + (t0 - 1).to(tl.int64) * channels + channel
+        has_before = channel < tl.where(t0 > 0, channels, 0)
+        v_pre_before = tl.load(v_pre_ptr + before_offsets, mask=has_before, other=0.0)
+        v_before = v_pre_before - threshold * (v_pre_before - threshold > 0).to(tl.float32)
+        v_before = tl.where(t0 > 0, v_before, v_initial)
+        grad_x_tile = tl.zeros([CHUNK_T, BLOCK_D], dtype=tl.float32)
+        for back in tl.static_range(CHUNK_T):
+            i = CHUNK_T - 1 - back
+            v_pre = _row(v_pres, rows, i)
+            if i > 0:
+                v_pre_previous = _row(v_pres, rows, i - 1)
+                v_previous = v_pre_previous - threshold * (v_pre_previous - threshold > 0).to(tl.float32)
+            else:
+                v_previous = v_before
+            above = v_pre - threshold
+            spike = (above > 0).to(tl.float32)
+            sig = tl.sigmoid(alpha * above)
+            surrogate = alpha * sig * (1.0 - sig)
+            # Everything that reaches s_t: its own output gradient and the reset in v_t.
+            grad_spike = _row(grad_spike_tile, rows, i) - threshold * grad_v
+            grad_v_pre = _row(grad_v_pre_tile, rows, i) + grad_v + grad_spike * surrogate
+            valid = t0 + i < seq_len
+            grad_threshold += tl.where(valid, -grad_v * spike - grad_spike * surrogate, 0.0)
+            grad_beta += tl.where(valid, grad_v_pre * (v_previous - _row(inputs, rows, i)), 0.0)
+            grad_x_tile = tl.where(rows[:, None] == i, (grad_v_pre * (1.0 - beta))[None, :], grad_x_tile)
+            grad_v = tl.where(valid, grad_v_pre * beta, grad_v)
+        tl.store(grad_x_ptr + offsets, grad_x_tile.to(grad_x_ptr.dtype.element_ty), mask=mask)
+    tl.store(grad_v0_ptr + state_offsets, grad_v, mask=channel_ok)
+    tl.store(grad_beta_ptr + state_offsets, grad_beta, mask=channel_ok)
+    tl.store(grad_threshold_ptr + state_offsets, grad_threshold, mask=channel_ok)
+
+
+class _PlifScan(torch.autograd.Function):
+    """The Triton forward and surrogate backward, one pass over the sequence each."""
+
+    @staticmethod
+    def forward(ctx, x, beta, v_th, v0, alpha):
+        batch, seq_len, channels = x.shape
+        x = x.contiguous()
+        spikes = new_buffer(x.shape, x.dtype, x.device)
+        v_pre = new_buffer(x.shape, x.dtype, x.device)
+        # The backward rebuilds the membrane from v_pre, so it keeps an fp32 copy for bf16 inputs.
+        save_f32 = x.dtype != torch.float32
+        v_pre_f32 = new_buffer(x.shape, torch.float32, x.device) if save_f32 else v_pre
+        v_last = new_buffer((batch, channels), torch.float32, x.device)
+        v0_arg = v0.contiguous() if v0 is not None else v_last
+        grid = (batch, triton.cdiv(channels, _BLOCK_D))
+        _plif_forward_kernel[grid](
+            x, beta.contiguous(), v_th.contiguous(), v0_arg, spikes, v_pre, v_pre_f32, v_last,
+            seq_len, channels,
+            HAS_V0=v0 is not None, SAVE_F32=save_f32, BLOCK_D=_BLOCK_D, CHUNK_T=_CHUNK_T, num_warps=1,
+        )
+        ctx.save_for_backward(x, beta, v_th, v0, v_pre_f32)
+        ctx.alpha = alpha
+        ctx.set_materialize_grads(False)
+        return spikes, v_pre, v_last
+
+    @staticmethod
+    def backward(ctx, grad_spikes, grad_v_pre, grad_v_last):
+        x, beta, v_th, v0, v_pre_f32 = ctx.saved_tensors
+        batch, seq_len, channels = x.shape
+        grad_x = new_buffer(x.shape, x.dtype, x.device)
+        grad_v0 = new_buffer((batch, channels), torch.float32, x.device)
+        grad_beta = new_buffer((batch, channels), torch.float32, x.device)
+        grad_threshold = new_buffer((batch, channels), torch.float32, x.device)
+
+        def pointer(grad: torch.Tensor | None) -> torch.Tensor:
+            return grad.contiguous() if grad is not None else x
+
+        grid = (batch, triton.cdiv(channels, _BLOCK_D))
+        _plif_backward_kernel[grid](
+            x, beta.contiguous(), v_th.contiguous(), v0.contiguous() if v0 is not None else x, v_pre_f32,
+            pointer(grad_spikes), pointer(grad_v_pre), pointer(grad_v_last),
+            grad_x, grad_beta, grad_threshold, grad_v0,
+            seq_len, channels, float(ctx.alpha),
+            HAS_V0=v0 is not None, HAS_GRAD_SPIKES=grad_spikes is not None,
+            HAS_GRAD_V_PRE=grad_v_pre is not None, HAS_GRAD_V_LAST=grad_v_last is not None,
+            BLOCK_D=_BLOCK_D, CHUNK_T=_CHUNK_T, num_warps=1,
+        )
+        # Per-row partials summed here in a fixed order (no atomics: deterministic).
+        return (
+            grad_x,
+            grad_beta.sum(0).to(beta.dtype),
+            grad_threshold.sum(0).to(v_th.dtype),
+            grad_v0.to(v0.dtype) if v0 is not None else None,
+            None,
+        )
+
+
+def plif_scan(
+    x: torch.Tensor,
+    beta: torch.Tensor,
+    v_th: torch.Tensor,
+    v0: torch.Tensor | None = None,
+    alpha: float = 4.0,
+    *,
+    use_triton: bool | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The PLIF scan (see the module docstring): Triton on CUDA, the reference elsewhere.
+
+    use_triton: None picks Triton on CUDA; True forces it (off CUDA only under
+    TRITON_INTERPRET=1); False forces the reference.
+    """
+    if wants_triton(x, use_triton):
+        return _PlifScan.apply(x, beta, v_th, v0, alpha)
+    return plif_scan_reference(x, beta, v_th, v0, alpha)

@@ -1,0 +1,138 @@
+"""PLIF spike scan: the reference against a hand-written adjoint, the Triton kernel against the
+reference (forward and surrogate backward), poisoned outputs and carry chaining."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from kernels._dispatch import poison
+from kernels.plif import plif_scan, plif_scan_reference, spike_with_surrogate
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+ALPHA = 4.0
+
+
+@pytest.fixture(autouse=True)
+def _poisoned_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(poison, "enabled", True)
+
+
+def _inputs(batch: int, steps: int, channels: int, seed: int, dtype: torch.dtype = torch.float32):
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, steps, channels, generator=generator, dtype=torch.float64) * 2
+    beta = torch.rand(channels, generator=generator, dtype=torch.float64) * 0.85 + 0.1
+    threshold = torch.rand(channels, generator=generator, dtype=torch.float64) + 0.5
+    v0 = torch.randn(batch, channels, generator=generator, dtype=torch.float64)
+    return [t.to(dtype).to(DEVICE) for t in (x, beta, threshold, v0)]
+
+
+def _relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    got, want = got.detach().double(), want.detach().double()
+    return float((got - want).norm() / want.norm().clamp_min(1e-30))
+
+
+def _run_with_grads(scan, inputs, grads):
+    leaves = [t.clone().requires_grad_() for t in inputs]
+    outputs = scan(*leaves, alpha=ALPHA)
+    sum(((o * g).sum() for o, g in zip(outputs, grads)), torch.zeros((), device=DEVICE)).backward()
+    return list(outputs), [leaf.grad for leaf in leaves]
+
+
+def test_surrogate_spike_is_a_step_with_sigmoid_derivative() -> None:
+    u = torch.linspace(-2, 2, 41, dtype=torch.float64, requires_grad=True)
+    spikes = spike_with_surrogate(u, ALPHA)
+    assert torch.equal(spikes.detach(), (u > 0).double())
+    spikes.sum().backward()
+    sig = torch.sigmoid(ALPHA * u.detach())
+    torch.testing.assert_close(u.grad, ALPHA * sig * (1 - sig))
+
+
+def test_reference_backward_matches_hand_written_adjoint() -> None:
+    """An independent fp64 loop of the adjoint recursion (the math the kernel implements)."""
+    x, beta, th, v0 = (t.cpu().numpy() for t in _inputs(2, 9, 5, seed=1, dtype=torch.float64))
+    generator = np.random.default_rng(2)
+    grad_spikes, grad_v_pre = generator.standard_normal((2, 2, 9, 5))
+    grad_v_last = generator.standard_normal((2, 5))
+    v_pre = np.zeros_like(x)
+    v = v0.copy()
+    for t in range(9):
+        v_pre[:, t] = beta * v + (1 - beta) * x[:, t]
+        v = v_pre[:, t] - th * (v_pre[:, t] > th)
+    grad_v = grad_v_last.copy()
+    grad_x = np.zeros_like(x)
+    grad_beta = np.zeros(5)
+    grad_th = np.zeros(5)
+    for t in reversed(range(9)):
+        sig = 1 / (1 + np.exp(-ALPHA * (v_pre[:, t] - th)))
+        surrogate = ALPHA * sig * (1 - sig)
+        spike = (v_pre[:, t] > th).astype(float)
+        v_before = v0 if t == 0 else v_pre[:, t - 1] - th * (v_pre[:, t - 1] > th)
+        total_spike = grad_spikes[:, t] - th * grad_v
+        total_v_pre = grad_v_pre[:, t] + grad_v + total_spike * surrogate
+        grad_th += (-grad_v * spike - total_spike * surrogate).sum(0)
+        grad_beta += (total_v_pre * (v_before - x[:, t])).sum(0)
+        grad_x[:, t] = total_v_pre * (1 - beta)
+        grad_v = total_v_pre * beta
+    inputs = [torch.from_numpy(a).to(DEVICE) for a in (x, beta, th, v0)]
+    grads = [torch.from_numpy(a).to(DEVICE) for a in (grad_spikes, grad_v_pre, grad_v_last)]
+    _, got = _run_with_grads(plif_scan_reference, inputs, grads)
+    for mine, want in zip(got, (grad_x, grad_beta, grad_th, grad_v)):
+        np.testing.assert_allclose(mine.cpu().numpy(), want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize(("batch", "steps", "channels"), [(2, 45, 37), (1, 1, 3), (3, 32, 33)])
+def test_kernel_matches_reference(batch: int, steps: int, channels: int) -> None:
+    inputs = _inputs(batch, steps, channels, seed=steps)
+    generator = torch.Generator().manual_seed(7)
+    grads = [torch.randn(batch, steps, channels, generator=generator).to(DEVICE) for _ in range(2)]
+    grads.append(torch.randn(batch, channels, generator=generator).to(DEVICE))
+    kernel_outputs, kernel_grads = _run_with_grads(
+        lambda *a, alpha: plif_scan(*a, alpha=alpha, use_triton=True), inputs, grads
+    )
+    reference_outputs, reference_grads = _run_with_grads(plif_scan_reference, inputs, grads)
+    # The forward is the same fp32 arithmetic step by step: spikes agree exactly.
+    assert torch.equal(kernel_outputs[0], reference_outputs[0])
+    for got, want in zip(kernel_outputs[1:] + kernel_grads, reference_outputs[1:] + reference_grads):
+        assert not got.isnan().any()
+        assert _relative_error(got, want) < 1e-5
+
+
+def test_kernel_without_v0_and_with_unused_outputs() -> None:
+    x, beta, th, _ = _inputs(2, 19, 7, seed=4)
+    leaves = [t.clone().requires_grad_() for t in (x, beta, th)]
+    spikes, _, _ = plif_scan(*leaves, use_triton=True)
+    spikes.sum().backward()
+    reference_leaves = [t.clone().requires_grad_() for t in (x, beta, th)]
+    plif_scan_reference(*reference_leaves)[0].sum().backward()
+    for got, want in zip(leaves, reference_leaves):
+        assert _relative_error(got.grad, want.grad) < 1e-5
+
+
+@pytest.mark.parametrize("use_triton", [True, False])
+def test_carry_chains(use_triton: bool) -> None:
+    x, beta, th, v0 = _inputs(2, 23, 9, seed=3)
+    whole = plif_scan(x, beta, th, v0, use_triton=use_triton)
+    first = plif_scan(x[:, :10], beta, th, v0, use_triton=use_triton)
+    second = plif_scan(x[:, 10:], beta, th, first[2], use_triton=use_triton)
+    assert torch.equal(torch.cat([first[0], second[0]], 1), whole[0])
+    chained_v_pre = torch.cat([first[1], second[1]], 1)
+    if use_triton and DEVICE == "cuda":
+        # The compiler may fuse multiply-adds differently at another position in a tile: the
+        # membranes then agree to rounding (seen on the H200), not bit for bit.
+        assert _relative_error(chained_v_pre, whole[1]) < 1e-6
+        assert _relative_error(second[2], whole[2]) < 1e-6
+    else:
+        assert torch.equal(chained_v_pre, whole[1])
+        assert torch.equal(second[2], whole[2])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 kernels are checked on the GPU")
+def test_kernel_bf16_inputs() -> None:
+    x, beta, th, v0 = _inputs(2, 50, 40, seed=8)
+    spikes, v_pre, v_last = plif_scan(x.bfloat16(), beta, th, v0, use_triton=True)
+    _, want_v_pre, want_v_last = plif_scan_reference(x.bfloat16(), beta, th, v0)
+    assert spikes.dtype == torch.bfloat16 and v_last.dtype == torch.float32
+    assert _relative_error(v_pre, want_v_pre) < 1e-2
+    assert _relative_error(v_last, want_v_last) < 1e-4

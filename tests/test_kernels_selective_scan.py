@@ -1,0 +1,107 @@
+"""Selective scan: the reference checked by gradcheck, the Triton kernel against the reference
+(forward and backward, odd sizes, several groups), poisoned outputs and carry chaining."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels._dispatch import poison
+from kernels.selective_scan import selective_scan, selective_scan_reference
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture(autouse=True)
+def _poisoned_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(poison, "enabled", True)
+
+
+def _inputs(batch, steps, channels, groups, state, seed, dtype=torch.float32, with_d=True, with_h0=True):
+    """x, delta, A, B, C, D, h0 with delta > 0 and A < 0, as the models make them."""
+    generator = torch.Generator().manual_seed(seed)
+
+    def draw(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator, dtype=torch.float64)
+
+    x = draw(batch, steps, channels)
+    delta = torch.nn.functional.softplus(draw(batch, steps, channels) - 1)
+    A = -torch.exp(draw(channels, state) * 0.5)
+    B, C = draw(batch, steps, groups, state), draw(batch, steps, groups, state)
+    D = draw(channels) if with_d else None
+    h0 = draw(batch, channels, state) if with_h0 else None
+    return [t.to(dtype).to(DEVICE) if t is not None else None for t in (x, delta, A, B, C, D, h0)]
+
+
+def _relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    got, want = got.detach().double(), want.detach().double()
+    return float((got - want).norm() / want.norm().clamp_min(1e-30))
+
+
+def _outputs_and_grads(scan, inputs, grad_y, grad_h):
+    leaves = [t.clone().requires_grad_() if t is not None else None for t in inputs]
+    y, h_last = scan(*leaves)
+    ((y * grad_y).sum() + (h_last * grad_h).sum()).backward()
+    return [y, h_last] + [leaf.grad for leaf in leaves if leaf is not None]
+
+
+def test_reference_gradcheck() -> None:
+    inputs = [t.requires_grad_() for t in _inputs(2, 4, 4, 2, 3, seed=0, dtype=torch.float64)]
+    assert torch.autograd.gradcheck(selective_scan_reference, inputs)
+
+
+@pytest.mark.parametrize(
+    ("batch", "steps", "channels", "groups", "state", "with_d", "with_h0"),
+    [(2, 21, 6, 2, 5, True, True), (1, 3, 3, 1, 3, False, False), (1, 33, 19, 1, 16, True, False)],
+)
+def test_kernel_matches_reference(batch, steps, channels, groups, state, with_d, with_h0) -> None:
+    inputs = _inputs(batch, steps, channels, groups, state, seed=steps, with_d=with_d, with_h0=with_h0)
+    generator = torch.Generator().manual_seed(1)
+    grad_y = torch.randn(batch, steps, channels, generator=generator).to(DEVICE)
+    grad_h = torch.randn(batch, channels, state, generator=generator).to(DEVICE)
+    got = _outputs_and_grads(lambda *a: selective_scan(*a, use_triton=True), inputs, grad_y, grad_h)
+    reference64 = [t.double() if t is not None else None for t in inputs]
+    want = _outputs_and_grads(selective_scan_reference, reference64, grad_y.double(), grad_h.double())
+    assert len(got) == len(want)
+    for index, (mine, theirs) in enumerate(zip(got, want)):
+        assert not mine.isnan().any(), f"output {index} has unwritten (NaN) elements"
+        assert _relative_error(mine, theirs) < 2e-5, f"output {index}"
+
+
+@pytest.mark.parametrize("use_triton", [True, False])
+def test_carry_chains(use_triton: bool) -> None:
+    """The scan of T equals the scan of T1 followed by the scan of T2 from the first's h_last."""
+    x, delta, A, B, C, D, h0 = _inputs(2, 29, 6, 3, 4, seed=5)
+    y, h_last = selective_scan(x, delta, A, B, C, D, h0, use_triton=use_triton)
+    y1, h1 = selective_scan(x[:, :17], delta[:, :17], A, B[:, :17], C[:, :17], D, h0, use_triton=use_triton)
+    y2, h2 = selective_scan(x[:, 17:], delta[:, 17:], A, B[:, 17:], C[:, 17:], D, h1, use_triton=use_triton)
+    assert _relative_error(torch.cat([y1, y2], 1), y) < 1e-6
+    assert _relative_error(h2, h_last) < 1e-6
+
+
+def test_kernel_is_deterministic() -> None:
+    inputs = _inputs(1, 18, 5, 1, 4, seed=9)
+    grad_y = torch.ones(1, 18, 5, device=DEVICE)
+    grad_h = torch.ones(1, 5, 4, device=DEVICE)
+    first = _outputs_and_grads(lambda *a: selective_scan(*a, use_triton=True), inputs, grad_y, grad_h)
+    second = _outputs_and_grads(lambda *a: selective_scan(*a, use_triton=True), inputs, grad_y, grad_h)
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 kernels are checked on the GPU")
+def test_kernel_bf16_inputs() -> None:
+    x, delta, A, B, C, D, h0 = _inputs(2, 100, 64, 1, 16, seed=4)
+    half = [t.bfloat16() for t in (x, delta, B, C)]
+    y, h_last = selective_scan(half[0], half[1], A, half[2], half[3], D, h0)
+    want_y, want_h = selective_scan_reference(half[0], half[1], A, half[2], half[3], D, h0)
+    assert y.dtype == torch.bfloat16 and h_last.dtype == torch.float32
+    assert _relative_error(y, want_y) < 1e-2
+    assert _relative_error(h_last, want_h) < 1e-4
+
+
+def test_groups_must_divide_channels() -> None:
+    x, delta, A, B, C, D, h0 = _inputs(1, 3, 5, 1, 2, seed=2)
+    B2 = torch.cat([B, B], 2)
+    with pytest.raises(ValueError, match="Dm=5 is not a multiple of G=2"):
+        selective_scan(x, delta, A, B2, B2, D, h0, use_triton=True)
