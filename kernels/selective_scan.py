@@ -49,16 +49,23 @@ def selective_scan_reference(
     dtype = compute_dtype(x, delta, A, B, C, D, h0)
     channels_per_group = channels // groups
     xf, deltaf, Af = x.to(dtype), delta.to(dtype), A.to(dtype)
-    # Each channel reads its group's B and C: (Bt, T, G, N) -> (Bt, T, Dm, N).
-    B_per_channel = B.to(dtype).repeat_interleave(channels_per_group, dim=2)
-    C_per_channel = C.to(dtype).repeat_interleave(channels_per_group, dim=2)
+    # Each channel reads its group's B and C: (Bt, T, G, N) -> (Bt, T, Dm, N); one group
+    # broadcasts as it is.
+    B_per_channel, C_per_channel = B.to(dtype), C.to(dtype)
+    if groups > 1:
+        B_per_channel = B_per_channel.repeat_interleave(channels_per_group, dim=2)
+        C_per_channel = C_per_channel.repeat_interleave(channels_per_group, dim=2)
     h = h0.to(dtype) if h0 is not None else x.new_zeros(batch, channels, state_size, dtype=dtype)
+    # Everything but the recurrence itself is computed for all steps at once, and the steps are
+    # taken with unbind: indexing [:, t] in the loop makes autograd's backward scatter into a
+    # full-size zero tensor at every step, which dominated training time on CPU.
+    decays = torch.exp(deltaf[..., None] * Af).unbind(1)  # T x (Bt, Dm, N)
+    drives = ((deltaf * xf)[..., None] * B_per_channel).unbind(1)  # T x (Bt, Dm, N)
+    readouts = C_per_channel.unbind(1)  # T x (Bt, Dm or 1, N)
     outputs = []
-    for t in range(seq_len):
-        decay = torch.exp(deltaf[:, t, :, None] * Af)  # (Bt, Dm, N)
-        drive = (deltaf[:, t] * xf[:, t])[:, :, None] * B_per_channel[:, t]  # (Bt, Dm, N)
+    for decay, drive, readout in zip(decays, drives, readouts):
         h = decay * h + drive
-        outputs.append((h * C_per_channel[:, t]).sum(-1))  # (Bt, Dm)
+        outputs.append((h * readout).sum(-1))  # (Bt, Dm)
     y = torch.stack(outputs, dim=1) if outputs else xf.new_zeros(batch, 0, channels)  # (Bt, T, Dm)
     if D is not None:
         y = y + D.to(dtype) * xf
