@@ -1,0 +1,73 @@
+"""The trainer's GPU memory arena: one `torch.cuda.MemPool` holding the GPU's memory in large blocks.
+
+A caching allocator that takes blocks from the driver as they are asked for holds none larger
+than the largest allocation so far, so a later, larger request (a long validation row) would
+need a fresh cudaMalloc -- which fails once other processes or fragmentation have taken the
+space. The arena instead reserves, at its start, everything but a slack (what a graph capture
+creates outside the allocator) and a reserve (what other processes may still take) as one
+segment of the pool; every allocation of an engine's warm-up and capture and of validation is
+made inside `allocating()` on the arena's `stream` and is carved out of that segment, and captured
+graphs use the same pool and stream (`pool_handle()`, `stream`). The stream matters: the caching
+allocator reuses a freed block only for the stream it was allocated on, so a block cached for one
+stream is dead weight to work on another (a warm-up on one stream and a capture on another would
+hold their peak memory twice).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+GIB = 1 << 30
+DEFAULT_SLACK_BYTES = 4 * GIB
+"""Left outside the arena for what a capture (cuBLAS workspaces, graph objects) creates outside it."""
+
+
+class Arena:
+    """One memory pool on one CUDA device, pre-filled with a single large block."""
+
+    def __init__(self, device: torch.device, slack_bytes: int = DEFAULT_SLACK_BYTES, reserve_bytes: int = 0):
+        if device.type != "cuda":
+            raise ValueError("Arena needs a CUDA device")
+        # The pool API wants an explicit index: `cuda` means the current device.
+        self.device = device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
+        device = self.device
+        self.pool = torch.cuda.MemPool()
+        self.stream = torch.cuda.Stream(device)
+        free_bytes, _total = torch.cuda.mem_get_info(device)
+        self.held_bytes = max(free_bytes - slack_bytes - reserve_bytes, 0)
+        if self.held_bytes:
+            with torch.cuda.stream(self.stream), self.allocating():
+                # Allocated and freed at once: the segment stays cached in this pool, and later
+                # allocations made inside `allocating()` (and graph captures) are split from it.
+                block = torch.empty(self.held_bytes, dtype=torch.uint8, device=device)
+                del block
+            self.stream.synchronize()
+
+    @contextmanager
+    def allocating(self) -> Iterator[None]:
+        """Serve the device's CUDA allocations, from every thread, from the arena's pool meanwhile.
+
+        Every thread, not only this one (`torch.cuda.use_mem_pool`): autograd runs a CUDA
+        backward on its own worker thread, whose allocations would otherwise bypass the pool and
+        find the memory the arena holds unavailable. This is the routing a graph capture uses,
+        through the same private allocator entry points `use_mem_pool` calls.
+        """
+        index = self.device.index
+        torch._C._cuda_beginAllocateToPool(index, self.pool.id)
+        try:
+            yield
+        finally:
+            torch._C._cuda_endAllocateToPool(index, self.pool.id)
+            torch._C._cuda_releasePool(index, self.pool.id)
+
+    def pool_handle(self) -> tuple[int, int]:
+        """The pool id `torch.cuda.graph(..., pool=)` takes, so captures share the arena."""
+        return self.pool.id
+
+    def close(self) -> None:
+        """Give the memory back to the driver (after every tensor and graph using it is gone)."""
+        del self.pool
+        torch.cuda.empty_cache()

@@ -1,0 +1,116 @@
+"""The trainer's own records in the line directory: rows.jsonl, run.log and heartbeat.
+
+- `RowsFile`: one JSON object per line, every logged row; flushed per row (a reader sees whole
+  rows), fsynced when a checkpoint is made durable; on resume cut back to the rows the
+  checkpoint counted, so replayed updates are not written twice.
+- `RunLog`: timestamped text lines, appended and flushed (the supervisor writes here too).
+- `Heartbeat`: a small JSON file (time, update, stage, pid) replaced atomically after every update;
+  the supervisor's watchdog reads its age. Not fsynced: it is a liveness signal, not a record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+from engine.errors import LineError
+
+
+class RowsFile:
+    """Append-only rows.jsonl with an explicit durable point (see the module docstring)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._handle: TextIO = open(path, "a", encoding="utf-8")  # noqa: SIM115 - held for the run
+        self.rows = _count_lines(path)
+        self.bytes = path.stat().st_size
+
+    @staticmethod
+    def cut_back(path: Path, rows: int, size: int) -> None:
+        """Truncate rows.jsonl to the first `rows` rows (`size` bytes), as recorded in a checkpoint.
+
+        A file shorter than the checkpoint says (rows lost to a crash of the disk, or edited)
+        cannot be repaired from here: refuse rather than continue with a hole in the record.
+        """
+        if not path.exists():
+            if rows:
+                raise LineError(f"{path}: missing, but the checkpoint counts {rows} rows")
+            path.touch()
+            return
+        actual = path.stat().st_size
+        if actual < size:
+            raise LineError(f"{path}: {actual} bytes, the checkpoint counts {rows} rows in {size}")
+        with open(path, "rb+") as handle:
+            prefix = handle.read(size)
+            if prefix.count(b"\n") != rows or (size and not prefix.endswith(b"\n")):
+                raise LineError(f"{path}: its first {size} bytes do not hold the checkpoint's {rows} rows")
+            handle.truncate(size)
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    def append(self, row: dict[str, Any]) -> None:
+        """Write one row and flush it to the OS (whole lines only)."""
+        line = json.dumps(row, sort_keys=True, allow_nan=True) + "\n"
+        self._handle.write(line)
+        self._handle.flush()
+        self.rows += 1
+        self.bytes += len(line.encode())
+
+    def sync(self) -> None:
+        """Make every appended row durable (called before a checkpoint's `latest` moves).
+
+        Called from the checkpoint thread: rows are flushed by `append` in the loop's thread, so
+        only the descriptor is synced here (a text file object must not be used from two threads).
+        """
+        os.fsync(self._handle.fileno())
+
+    def close(self) -> None:
+        self._handle.close()
+
+
+def _count_lines(path: Path) -> int:
+    with open(path, "rb") as handle:
+        return sum(chunk.count(b"\n") for chunk in iter(lambda: handle.read(1 << 20), b""))
+
+
+class RunLog:
+    """run.log: timestamped lines, echoed to a terminal stream when one is given."""
+
+    def __init__(self, path: Path, echo: TextIO | None = None):
+        self._handle: TextIO = open(path, "a", encoding="utf-8")  # noqa: SIM115 - held for the run
+        self._echo = echo
+
+    def write(self, message: str) -> None:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
+        self._handle.write(f"{stamp} trainer: {message}\n")
+        self._handle.flush()
+        if self._echo is not None:
+            print(message, file=self._echo, flush=True)
+
+    def close(self) -> None:
+        self._handle.close()
+
+
+class Heartbeat:
+    """The heartbeat file, replaced atomically (rename) on every beat."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+    def beat(self, update: int, stage: str, **details: Any) -> None:
+        document = {"time": time.time(), "update": update, "stage": stage, "pid": os.getpid(), **details}
+        self._temporary.write_text(json.dumps(document, sort_keys=True) + "\n", encoding="utf-8")
+        os.replace(self._temporary, self.path)
+
+
+def format_row(row: dict[str, Any]) -> str:
+    """The terminal / run.log form of a row: update, tokens, loss, lr, grad norm, tokens/s."""
+    skipped = "  SKIPPED (non-finite gradient)" if row.get("skipped") else ""
+    return (
+        f"update {row['update']:>7}  tokens {row['tokens']:>13,}  loss {row['loss']:.4f}  "
+        f"lr {row['lr']:.3e}  grad_norm {row['grad_norm']:.3f}  {row['tokens_per_s']:>9,.0f} tok/s{skipped}"
+    )

@@ -1,0 +1,541 @@
+"""The training loop of one line: resume, update, record, checkpoint, stop.
+
+`Trainer(line_dir).run()` trains until `--stop-at`, a STOP request, a signal, the end of the
+plan or the end of the data line, and returns the exit status. The line's position is exact:
+
+- the data position is (cycle, sample) at the stage's sequence length; an update takes the next
+  `tokens_per_update(config, data tokens) / seq_len` samples of the cycle's seeded order, and never
+  spans a cycle end or a stage (sequence length) change -- a cycle's or a stage's last update may
+  be short;
+- a checkpoint records that position with the manifest's sha256 and the sample order's digest, the
+  weights, the optimizer state, the model's extra state, the RNG states and the number of rows in
+  rows.jsonl; a resume restores all of it, cuts rows.jsonl back to that count and refuses a data
+  line whose manifest or sample order differs;
+- on the CPU an interrupted and resumed line reproduces the uninterrupted one bit for bit.
+
+Kept checkpoints: the line's start (update 0), every cycle end, every stage end. Rolling ones
+every `checkpoints.every_updates`, and one at exit.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+
+from datalines import open_data_line
+from datalines.cycle import Cycle
+from engine import ops
+from engine.ckpt import (
+    Checkpoint,
+    CheckpointSnapshot,
+    CheckpointWriter,
+    discard_partial_writes,
+    find_resume_point,
+)
+from engine.config import RunConfig
+from engine.errors import CheckpointError, ConfigError, LineError
+from engine.layout import LineLayout
+from engine.metrics import METRICS_VERSION
+from engine.models.presets import build_model
+from engine.optim import AdamWSettings, FlatAdamW, ParameterAverage
+from engine.rows import Heartbeat, RowsFile, RunLog, format_row
+from engine.schedule import learning_rate, tokens_per_update, update_weight_decay
+from engine.step import EagerEngine, GraphEngine, UpdateResult
+
+WAIT_POLL_SECONDS = 1.0
+"""How often a trainer waiting for the next data cycle looks again (and at STOP)."""
+
+EXIT_OK = 0
+EXIT_SIGNAL_BASE = 128
+
+
+@dataclass
+class Position:
+    """Where the line stands after `update` updates."""
+
+    update: int = 0
+    """Updates done (finite or skipped)."""
+    tokens_trained: int = 0
+    """Tokens of the finite updates (the learning-rate schedule's clock)."""
+    stage: int = 0
+    """Index of the plan stage in progress."""
+    stage_tokens: int = 0
+    """Tokens consumed by the current stage."""
+    cycle: int = 0
+    """The data cycle in progress."""
+    sample: int = 0
+    """Samples of that cycle consumed, at the stage's sequence length."""
+
+
+def resolve_device(setting: str, source: str = "run.json: device") -> torch.device:
+    """A device setting (run.json `device`, bench --device): `auto` is CUDA when available, else the CPU."""
+    if setting == "auto":
+        setting = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(setting)
+    except RuntimeError:
+        raise ConfigError(f"{source} must be auto, cpu, cuda or cuda:N, got {setting!r}") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"{source} must be auto, cpu, cuda or cuda:N, got {setting!r}")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"{source} is {setting!r} but no CUDA device is available")
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+class StopReason:
+    """Why the loop ended (printed and written to run.log)."""
+
+    STOP_AT = "reached --stop-at"
+    STOP_FILE = "stop requested"
+    DATA_END = "the data line has ended"
+    PLAN_END = "the plan is complete"
+
+
+class Trainer:
+    """One line's training loop (see the module docstring)."""
+
+    def __init__(
+        self,
+        line_dir: Path | str,
+        *,
+        stop_at: int | None = None,
+        echo: TextIO | None = sys.stdout,
+        engine: str = "auto",
+    ):
+        self.layout: LineLayout = ops.open_line(line_dir)
+        self.stop_at = stop_at
+        self.echo = echo
+        self.engine_choice = engine
+        self._signal: int | None = None
+        self._engines: dict[int, EagerEngine | GraphEngine] = {}
+        self._cycles: dict[int, Cycle] = {}
+        self._digests: dict[tuple[int, int], str] = {}
+        self._last_checkpoint_update: int | None = None
+        self.arena: Any = None
+        """The GPU memory arena (engine.arena.Arena), made with the first CUDA-graph engine."""
+
+    # -----------------------------------------------------------------------------------------
+    # start
+
+    def _start(self) -> None:
+        layout = self.layout
+        self.config = config = RunConfig.load(layout.run_json)
+        if config.metrics != METRICS_VERSION:
+            raise ConfigError(
+                f"{layout.run_json}: metrics is {config.metrics}, this trainer computes set {METRICS_VERSION}"
+            )
+        problems = ops.unaccepted_changes(layout, config)  # lifelong keys changed without allow_changes
+        if problems:
+            raise ConfigError("; ".join(problems))
+        self.run_json_bytes = layout.run_json.read_bytes()
+        self.device = resolve_device(config.device)
+        self.data_line = open_data_line(ops.resolve_data_path(layout, config.data.line))
+        layout.checkpoints.mkdir(exist_ok=True)
+        self.log = RunLog(layout.run_log, self.echo)
+        for name in discard_partial_writes(layout.checkpoints):
+            self.log.write(f"discarded an interrupted checkpoint write: {name}")
+        resume = find_resume_point(layout.checkpoints)
+        for problem in resume.problems:
+            self.log.write(f"skipped a bad checkpoint: {problem}")
+
+        torch.manual_seed(config.seeds.model)
+        if self.device.type == "cuda":
+            torch.cuda.manual_seed_all(config.seeds.model)
+        self.model = build_model(config.model.preset, config.model.overrides).to(self.device)
+        betas = config.optimizer.betas
+        settings = AdamWSettings(betas[0], betas[1], config.optimizer.eps, config.optimizer.clip)
+        self.optimizer = FlatAdamW(self.model, settings, self.device)
+        self.average = (
+            ParameterAverage(self.optimizer, config.ema.horizon_tokens, config.ema.from_tokens)
+            if config.ema is not None
+            else None
+        )
+        self.position = Position()
+        if resume.checkpoint is not None:
+            self._restore(resume.checkpoint)
+            state = resume.checkpoint.state
+            RowsFile.cut_back(layout.rows_jsonl, state["rows"], state["rows_bytes"])
+            abandoned_after: int | None = resume.checkpoint.update
+            self.log.write(f"resumed from {resume.checkpoint.directory.name} ({self._where()})")
+        else:
+            RowsFile.cut_back(layout.rows_jsonl, 0, 0)
+            abandoned_after = None
+            parameters = self.model.num_parameters()
+            self.log.write(f"new line: {config.model.preset}, {parameters:,} parameters on {self.device}")
+        self.rows = RowsFile(layout.rows_jsonl)
+        self.heartbeat = Heartbeat(layout.heartbeat)
+        self.writer = CheckpointWriter(layout.checkpoints, config.checkpoints.keep_last, abandoned_after)
+        ops.accept(layout.root, config)  # the start passed its checks: this is the accepted configuration
+        if resume.checkpoint is None:
+            self._checkpoint(kept="line-start", wait=True)
+
+    def _restore(self, checkpoint: Checkpoint) -> None:
+        state = checkpoint.state
+        where = checkpoint.directory
+        if state.get("layout") != self.optimizer.layout():
+            raise CheckpointError(f"{where}: its parameter layout differs from the model run.json builds")
+        try:
+            self.optimizer.load(checkpoint.weights, checkpoint.optimizer)
+        except ValueError as error:
+            raise CheckpointError(f"{where}: {error}") from None
+        model_extra = {k[len("model/") :]: v for k, v in checkpoint.extra.items() if k.startswith("model/")}
+        self.model.load_extra_state_dict({k: v.to(self.device) for k, v in model_extra.items()})
+        torch.set_rng_state(checkpoint.extra["rng/cpu"])
+        if self.device.type == "cuda" and "rng/cuda" in checkpoint.extra:
+            torch.cuda.set_rng_state(checkpoint.extra["rng/cuda"], self.device)
+        self.optimizer.nonfinite_in_a_row = int(state["nonfinite_in_a_row"])
+        if self.average is not None:
+            self.average.started = bool(state.get("ema_started", False))
+            if "ema" in checkpoint.optimizer:
+                self.average.average.copy_(checkpoint.optimizer["ema"])
+        self.position = Position(**state["position"])
+        self._check_data_position(state["data"], where)
+        self._last_checkpoint_update = checkpoint.update
+
+    def _check_data_position(self, data: dict[str, Any], where: Path) -> None:
+        """Refuse a resume whose cycle manifest or sample order differs from the checkpoint's."""
+        position = self.position
+        if position.sample == 0 or data.get("manifest_sha256") is None:
+            if position.cycle > 0 and not self.data_line.is_consumed(position.cycle - 1):
+                # The cycle-end checkpoint was durable but the consumed mark was not written.
+                self.data_line.mark_consumed(position.cycle - 1)
+            return
+        cycle = self._cycle(position.cycle)
+        if cycle.manifest_sha256 != data["manifest_sha256"]:
+            raise CheckpointError(
+                f"{where}: cycle {position.cycle}'s manifest sha256 is {cycle.manifest_sha256[:16]}..., "
+                f"the checkpoint trained on {data['manifest_sha256'][:16]}... (the data line changed)"
+            )
+        digest = self._order_digest(position.cycle, data["seq_len"])
+        if digest != data["order_digest"]:
+            raise CheckpointError(
+                f"{where}: cycle {position.cycle}'s sample order digest differs from the checkpoint's "
+                f"(seeds.data or the data line changed); resuming would train other samples"
+            )
+
+    # -----------------------------------------------------------------------------------------
+    # data
+
+    def _cycle(self, index: int) -> Cycle:
+        if index not in self._cycles:
+            self._cycles = {index: self.data_line.cycle(index)}  # one open cycle at a time
+        return self._cycles[index]
+
+    def _order_digest(self, cycle: int, seq_len: int) -> str:
+        key = (cycle, seq_len)
+        if key not in self._digests:
+            self._digests[key] = self._cycle(cycle).order_digest(seq_len, self.config.seeds.data)
+        return self._digests[key]
+
+    def _seq_len(self) -> int:
+        return self.config.plan[self.position.stage].seq_len
+
+    def _where(self) -> str:
+        p = self.position
+        stage = self.config.plan[p.stage].name if p.stage < len(self.config.plan) else "done"
+        tokens = f"{p.tokens_trained:,} tokens"
+        return f"update {p.update}, {tokens}, stage {stage}, cycle {p.cycle}, sample {p.sample}"
+
+    # -----------------------------------------------------------------------------------------
+    # checkpoints
+
+    def _snapshot(self, kept: str | None) -> CheckpointSnapshot:
+        optimizer = self.optimizer
+        position = self.position
+        params = optimizer.params.to("cpu", copy=True)
+        optimizer_state = optimizer.state_tensors()
+        if self.average is not None:
+            optimizer_state["ema"] = self.average.average.to("cpu", copy=True)
+        extra = {
+            f"model/{key}": value.detach().to("cpu", copy=True)
+            for key, value in self.model.extra_state_dict().items()
+        }
+        extra["rng/cpu"] = torch.get_rng_state()
+        if self.device.type == "cuda":
+            extra["rng/cuda"] = torch.cuda.get_rng_state(self.device)
+        data: dict[str, Any] = {"manifest_sha256": None, "order_digest": None, "seq_len": None}
+        if position.sample > 0 and position.stage < len(self.config.plan):
+            seq_len = self._seq_len()
+            data = {
+                "manifest_sha256": self._cycle(position.cycle).manifest_sha256,
+                "order_digest": self._order_digest(position.cycle, seq_len),
+                "seq_len": seq_len,
+            }
+        state = {
+            "position": asdict(position),
+            "data": data,
+            "kept": kept,
+            "nonfinite_in_a_row": optimizer.nonfinite_in_a_row,
+            "ema_started": self.average.started if self.average is not None else False,
+            "rows": self.rows.rows,
+            "rows_bytes": self.rows.bytes,
+            "layout": optimizer.layout(),
+            "preset": self.config.model.preset,
+            "overrides": self.config.model.overrides,
+        }
+        return CheckpointSnapshot(
+            update=position.update,
+            weights=optimizer.weights_by_name(params),
+            optimizer=optimizer_state,
+            extra=extra,
+            state=state,
+            run_json=self.run_json_bytes,
+            tokenizer_json=self.data_line.tokenizer_json.encode("utf-8"),
+        )
+
+    def _checkpoint(self, kept: str | None = None, wait: bool = False) -> None:
+        self.heartbeat.beat(self.position.update, "checkpointing")
+        snapshot = self._snapshot(kept)
+        self.writer.save(snapshot, before_latest=self.rows.sync)
+        if wait:
+            self.writer.wait()
+        self._last_checkpoint_update = self.position.update
+
+    # -----------------------------------------------------------------------------------------
+    # the loop
+
+    def _engine(self, seq_len: int) -> EagerEngine | GraphEngine:
+        """The step engine of a length: CUDA graphs on a GPU (unless --engine eager), else eager.
+
+        With `--engine auto` a model whose step cannot be captured (host synchronisation inside
+        its forward, say) trains with the eager engine, and run.log says why; with
+        `--engine graph` the capture error stops the line.
+        """
+        if seq_len not in self._engines:
+            rows = self.config.length(seq_len).micro_batch_rows
+            use_graph = self.device.type == "cuda" and self.engine_choice in ("auto", "graph")
+            engine: EagerEngine | GraphEngine | None = None
+            if use_graph:
+                from engine.arena import Arena
+
+                if self.arena is None:
+                    self.arena = Arena(self.device)
+                try:
+                    engine = GraphEngine(self.model, self.optimizer, rows, seq_len, self.arena)
+                except RuntimeError as error:
+                    if self.engine_choice == "graph":
+                        raise
+                    self.optimizer.zero_grad()
+                    first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
+                    self.log.write(f"CUDA graph capture failed at seq_len {seq_len} ({first_line}); eager engine")
+            if engine is None:
+                engine = EagerEngine(self.model, self.optimizer, rows)
+            self._engines[seq_len] = engine
+        return self._engines[seq_len]
+
+    def _stop_requested(self) -> str | None:
+        """A stop at this update boundary: a signal, --stop-at, STOP (now, or a cycle end passed)."""
+        if self._signal is not None:
+            return f"signal {signal.Signals(self._signal).name}"
+        if self.stop_at is not None and self.position.update >= self.stop_at:
+            return StopReason.STOP_AT
+        request = ops.read_stop(self.layout)
+        if request is None:
+            return None
+        # A cycle end already behind the line (or the one it stands at) stops it now.
+        if request.at_cycle_end is None or request.at_cycle_end < self.position.cycle:
+            return StopReason.STOP_FILE
+        return None
+
+    def _wait_for_cycle(self, index: int) -> str | None:
+        """Block until cycle `index` is ready; returns a stop reason if one arrives meanwhile."""
+        announced = False
+        while not self.data_line.cycle_ready(index):
+            last = self.data_line.last_cycle()
+            if last is not None and index > last:
+                return StopReason.DATA_END
+            if not announced:
+                self.log.write(f"waiting for data cycle {index}")
+                announced = True
+            self.heartbeat.beat(self.position.update, "waiting-data", cycle=index)
+            reason = self._stop_requested()
+            if reason is not None:
+                return reason
+            time.sleep(WAIT_POLL_SECONDS)
+        return None
+
+    def _update_rows(self, cycle: Cycle, seq_len: int) -> int:
+        """Rows of the next update: the ramp's batch, cut at the cycle's and the stage's end."""
+        position = self.position
+        data_tokens = self.data_line.cycle_start_tokens(position.cycle) + position.sample * seq_len
+        wanted = max(1, tokens_per_update(self.config, data_tokens) // seq_len)
+        left_in_cycle = cycle.num_samples(seq_len) - position.sample
+        stage_budget = self.config.plan[position.stage].tokens
+        if stage_budget is not None:
+            left_in_stage = math.ceil((stage_budget - position.stage_tokens) / seq_len)
+            return max(0, min(wanted, left_in_cycle, left_in_stage))
+        return max(0, min(wanted, left_in_cycle))
+
+    def _one_update(self, cycle: Cycle, seq_len: int, rows: int) -> None:
+        config = self.config
+        position = self.position
+        started = time.perf_counter()
+        windows = torch.from_numpy(cycle.samples(seq_len, position.sample, rows, config.seeds.data))
+        update_tokens = rows * seq_len
+        lr = learning_rate(config, position.tokens_trained)
+        weight_decay = update_weight_decay(config, update_tokens)
+        result = self._engine(seq_len).run_update(windows, lr, weight_decay)
+        elapsed = time.perf_counter() - started
+
+        position.update += 1
+        position.sample += rows
+        position.stage_tokens += update_tokens
+        if result.stats.finite:
+            position.tokens_trained += update_tokens
+        if self.average is not None:
+            self.average.after_update(position.tokens_trained, update_tokens, result.stats.finite)
+        row = self._row(result, seq_len, update_tokens, lr, weight_decay, elapsed)
+        self.rows.append(row)
+        if position.update % max(1, config.print_every) == 0 or not result.stats.finite:
+            self.log.write(format_row(row))
+        self.heartbeat.beat(position.update, "training")
+
+    def _row(
+        self,
+        result: UpdateResult,
+        seq_len: int,
+        update_tokens: int,
+        lr: float,
+        weight_decay: float,
+        elapsed: float,
+    ) -> dict[str, Any]:
+        position = self.position
+        stats = result.stats
+        row: dict[str, Any] = {
+            "update": position.update,
+            "tokens": position.tokens_trained,
+            "data_tokens": self.data_line.cycle_start_tokens(position.cycle) + position.sample * seq_len,
+            "cycle": position.cycle,
+            "stage": self.config.plan[position.stage].name,
+            "seq_len": seq_len,
+            "loss": result.loss,
+            "lr": lr,
+            "weight_decay": weight_decay,
+            "tokens_per_update": update_tokens,
+            "grad_norm": stats.grad_norm,
+            "skipped": not stats.finite,
+            "tokens_per_s": update_tokens / max(elapsed, 1e-9),
+            "time": time.time(),
+        }
+        row.update({f"train/grad_norm/{name}": value for name, value in stats.group_norms.items()})
+        row.update({f"train/grad_norm/{name}": value for name, value in stats.layer_norms.items()})
+        return row
+
+    def _end_of_cycle(self) -> str | None:
+        """The update just done ended its cycle: kept checkpoint, consumed mark, next cycle."""
+        position = self.position
+        finished = position.cycle
+        position.cycle += 1
+        position.sample = 0
+        self._checkpoint(kept=f"cycle-end {finished}", wait=True)
+        self.data_line.mark_consumed(finished)
+        self.log.write(f"cycle {finished} done at update {position.update}")
+        request = ops.read_stop(self.layout)
+        if request is not None and request.at_cycle_end is not None and request.at_cycle_end <= finished:
+            return StopReason.STOP_FILE
+        last = self.data_line.last_cycle()
+        if last is not None and finished >= last:
+            return StopReason.DATA_END
+        return None
+
+    def _end_of_stage(self) -> str | None:
+        """The update just done ended its stage: kept checkpoint, next stage's length."""
+        position = self.position
+        finished = self.config.plan[position.stage]
+        position.stage += 1
+        position.stage_tokens = 0
+        if position.stage < len(self.config.plan):
+            # The next length reads the rest of the cycle in its own order, from the same token offset.
+            position.sample = math.ceil(position.sample * finished.seq_len / self._seq_len())
+        self._checkpoint(kept=f"stage-end {finished.name}", wait=True)
+        self.log.write(f"stage {finished.name} done at update {position.update}")
+        return StopReason.PLAN_END if position.stage >= len(self.config.plan) else None
+
+    def _loop(self) -> str:
+        config = self.config
+        if self.position.stage >= len(config.plan):
+            return StopReason.PLAN_END
+        last = self.data_line.last_cycle()
+        if last is not None and self.position.cycle > last:
+            return StopReason.DATA_END
+        while True:
+            reason = self._stop_requested()
+            if reason is not None:
+                return reason
+            reason = self._wait_for_cycle(self.position.cycle)
+            if reason is not None:
+                return reason
+            seq_len = self._seq_len()
+            cycle = self._cycle(self.position.cycle)
+            rows = self._update_rows(cycle, seq_len)
+            if rows > 0:
+                self._one_update(cycle, seq_len, rows)
+                limit = config.optimizer.max_nonfinite_in_a_row
+                if self.optimizer.nonfinite_in_a_row > limit:
+                    self._checkpoint(wait=True)
+                    message = (
+                        f"{self.layout.run_json}: {self.optimizer.nonfinite_in_a_row} non-finite updates "
+                        f"in a row (optimizer.max_nonfinite_in_a_row is {limit}); stopped with a checkpoint "
+                        f"at update {self.position.update}"
+                    )
+                    self.heartbeat.beat(self.position.update, "stopped", reason="non-finite updates")
+                    self.log.write(message)
+                    raise LineError(message)
+            stage = config.plan[self.position.stage]
+            stage_done = stage.tokens is not None and self.position.stage_tokens >= stage.tokens
+            cycle_done = self.position.sample >= cycle.num_samples(seq_len)
+            if stage_done:
+                reason = self._end_of_stage()
+                if reason is not None:
+                    return reason
+            if cycle_done:
+                reason = self._end_of_cycle()
+                if reason is not None:
+                    return reason
+            elif rows > 0 and self._rolling_checkpoint_due():
+                self._checkpoint()
+
+    def _rolling_checkpoint_due(self) -> bool:
+        every = self.config.checkpoints.every_updates
+        return every > 0 and self.position.update % every == 0
+
+    def _on_signal(self, number: int, _frame: Any) -> None:
+        self._signal = number
+
+    def run(self) -> int:
+        """Train until a stop; returns the exit status (0, or 128 + a signal's number)."""
+        previous = {}
+        # Signals reach only the main thread (a trainer run in a thread is stopped by STOP instead).
+        if threading.current_thread() is threading.main_thread():
+            for number in (signal.SIGTERM, signal.SIGINT):
+                previous[number] = signal.signal(number, self._on_signal)
+        try:
+            self._start()
+            try:
+                reason = self._loop()
+                if self._last_checkpoint_update != self.position.update:
+                    self._checkpoint(wait=True)
+                self.writer.wait()
+                if reason == StopReason.STOP_FILE:
+                    self.layout.stop.unlink(missing_ok=True)
+                self.heartbeat.beat(self.position.update, "stopped", reason=reason)
+                self.log.write(f"stopped: {reason} ({self._where()})")
+            finally:
+                self.writer.wait()
+                self.rows.close()
+                self.log.close()
+            return EXIT_SIGNAL_BASE + self._signal if self._signal is not None else EXIT_OK
+        finally:
+            for number, handler in previous.items():
+                signal.signal(number, handler)
