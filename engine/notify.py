@@ -1,0 +1,130 @@
+"""Tell the operator: run the host's `notify` command with an event in JSON on its stdin.
+
+host.json's `notify` names a command (a path, or a command line split like a shell would, or a
+list). It is run in its own session with a bounded time; a command that hangs is killed with its
+whole process group, one that fails is logged. Nothing here ever raises into the caller: a
+broken notifier must not stop a training line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+logger = logging.getLogger("nsconsole.notify")
+
+EVENT_KINDS = {
+    "finished": "the line reached its end (or the stop it was asked for)",
+    "failed": "the line stopped after repeated failures without progress, or could not start",
+    "stuck": "no heartbeat for the watchdog interval, and the trainer could not be killed",
+    "watchdog_restart": "no heartbeat for the watchdog interval: the trainer was killed and relaunched",
+    "signal_restart": "the trainer stopped on a signal the supervisor did not send and was relaunched",
+    "disk_full": "the disk filled up: the line checkpointed (while it could) and stopped",
+    "data_wait": "the trainer has waited for data longer than the watchdog interval",
+    "gpu_wait": "the line has waited for the GPU longer than the watchdog interval",
+    "preparer_failing": "the data preparer keeps failing",
+    "supervisor_failed": "the supervisor itself failed",
+}
+"""Every event the operator is told about (the spec's list) and what it means."""
+
+DEFAULT_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class NotifyResult:
+    """What happened to one notification."""
+
+    delivered: bool
+    """The command ran and exited 0 within the time allowed."""
+    detail: str
+    """Why not, when it was not ("" when delivered)."""
+
+
+def make_event(kind: str, line: str, message: str, **details: Any) -> dict[str, Any]:
+    """An event as the notify command receives it."""
+    if kind not in EVENT_KINDS:
+        raise ValueError(f"unknown event kind {kind!r}")
+    return {
+        "event": kind,
+        "line": line,
+        "message": message,
+        "time": time.time(),
+        "host": socket.gethostname(),
+        **details,
+    }
+
+
+def notify(
+    command: str | Sequence[str] | None, event: dict[str, Any], timeout: float = DEFAULT_TIMEOUT_S
+) -> NotifyResult:
+    """Run `command` with `event` as JSON on stdin; wait at most `timeout` seconds. Never raises."""
+    try:
+        return _run_notify(command, event, timeout)
+    except Exception as error:  # a notifier must never take the line down with it
+        return _failed(f"unexpected failure: {type(error).__name__}: {error}", event)
+
+
+def _run_notify(command: str | Sequence[str] | None, event: dict[str, Any], timeout: float) -> NotifyResult:
+    if not command:
+        return NotifyResult(False, "no notify command configured")
+    try:
+        argv = shlex.split(command) if isinstance(command, str) else [str(part) for part in command]
+        payload = json.dumps(event, default=str).encode() + b"\n"
+    except (ValueError, TypeError) as error:
+        return _failed(f"cannot prepare the notification: {error}", event)
+    try:
+        process = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # so a timeout can kill whatever the command started
+            close_fds=True,
+        )
+    except OSError as error:
+        return _failed(f"cannot run {argv[0]!r}: {error.strerror or error}", event)
+    try:
+        _, stderr = process.communicate(payload, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(process)
+        return _failed(f"{argv[0]} did not finish within {timeout:g} s and was killed", event)
+    except OSError as error:  # e.g. the command exited without reading stdin (EPIPE)
+        process.wait()
+        if process.returncode == 0:
+            return NotifyResult(True, "")
+        return _failed(f"{argv[0]}: {error}", event)
+    if process.returncode != 0:
+        tail = stderr.decode(errors="replace").strip()[-300:]
+        return _failed(f"{argv[0]} exited with status {process.returncode}: {tail}", event)
+    return NotifyResult(True, "")
+
+
+def notify_in_background(
+    command: str | Sequence[str] | None, event: dict[str, Any], timeout: float = DEFAULT_TIMEOUT_S
+) -> threading.Thread:
+    """`notify` in a daemon thread, for callers that must not wait even `timeout` seconds."""
+    thread = threading.Thread(target=notify, args=(command, event, timeout), name="notify", daemon=True)
+    thread.start()
+    return thread
+
+
+def _kill_group(process: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+def _failed(detail: str, event: dict[str, Any]) -> NotifyResult:
+    logger.warning("notify %s failed: %s", event.get("event"), detail)
+    return NotifyResult(False, detail)

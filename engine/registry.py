@@ -1,0 +1,143 @@
+"""Discovery: every running supervisor on this host registers itself where the console looks.
+
+An entry is `<runtime dir>/nsconsole/<id>.json` with the line's path, its socket, the
+supervisor's pid and that process's start time; `<id>` is derived from the line's real path, so
+a line has one entry at most. The runtime dir is `$XDG_RUNTIME_DIR`, or `/tmp/nsconsole-<uid>`
+where there is none; the `nsconsole` directory in it is the user's own, mode 0700, and is refused
+if someone else owns it (a planted directory in /tmp would otherwise redirect the console).
+
+`list_supervisors()` drops stale entries: the pid is gone, or it now belongs to another process
+(its start time differs: the pid was reused). The GPU lease's lock files live in the same
+directory (`engine/gpu.py`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import stat
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import psutil
+
+from engine.atomic import write_text_atomic
+from engine.errors import LineError
+
+CREATE_TIME_TOLERANCE_S = 0.05
+"""psutil's process start times are derived from clock ticks; allow for their rounding."""
+
+
+def runtime_dir() -> Path:
+    """`<runtime dir>/nsconsole`, created 0700 if missing; `LineError` if it is not safely ours."""
+    base_env = os.environ.get("XDG_RUNTIME_DIR")
+    # An XDG runtime dir that does not exist (a session's, gone) is not used.
+    xdg = base_env is not None and os.path.isdir(base_env)
+    base = Path(base_env) if xdg and base_env else Path(f"/tmp/nsconsole-{os.getuid()}")
+    directory = base / "nsconsole"
+    for path in (directory,) if xdg else (base, directory):
+        with contextlib.suppress(FileExistsError):
+            path.mkdir(mode=0o700)
+        info = os.lstat(path)
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+            raise LineError(f"{path}: not a directory owned by uid {os.getuid()}; refusing to use it")
+        if info.st_mode & 0o077:
+            os.chmod(path, 0o700)
+    return directory
+
+
+def line_id(line: Path | str) -> str:
+    """The registry id of a line: a digest of its real path, plus its name for the reader."""
+    real = os.path.realpath(line)
+    digest = hashlib.blake2b(real.encode(), digest_size=8).hexdigest()
+    name = "".join(c if c.isalnum() or c in "-_." else "_" for c in Path(real).name)[:40]
+    return f"{name}-{digest}"
+
+
+@dataclass(frozen=True)
+class SupervisorEntry:
+    """One registered supervisor."""
+
+    id: str
+    """The entry's file name without `.json` (`line_id` of the line)."""
+    line: str
+    """The training line's directory (real path)."""
+    socket: str
+    """Its supervisor socket."""
+    pid: int
+    """The supervisor's pid."""
+    create_time: float
+    """The supervisor process's start time as psutil reports it (detects a reused pid)."""
+    started: float
+    """When the supervisor registered (Unix time)."""
+
+    def is_alive(self) -> bool:
+        try:
+            process = psutil.Process(self.pid)
+            return abs(process.create_time() - self.create_time) <= CREATE_TIME_TOLERANCE_S
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            return False
+        except psutil.AccessDenied:
+            return True  # it exists; another user's process would not be in our directory anyway
+
+
+def register(line: Path | str, socket_path: Path | str, pid: int | None = None) -> SupervisorEntry:
+    """Announce this process (or `pid`) as `line`'s supervisor; returns the entry written."""
+    pid = os.getpid() if pid is None else pid
+    entry = SupervisorEntry(
+        id=line_id(line),
+        line=os.path.realpath(line),
+        socket=os.path.realpath(socket_path),
+        pid=pid,
+        create_time=psutil.Process(pid).create_time(),
+        started=time.time(),
+    )
+    write_text_atomic(runtime_dir() / f"{entry.id}.json", json.dumps(asdict(entry), indent=1) + "\n")
+    return entry
+
+
+def unregister(entry: SupervisorEntry) -> None:
+    """Remove `entry` if it is still the one registered (a newer supervisor's is left alone)."""
+    path = runtime_dir() / f"{entry.id}.json"
+    current = _read_entry(path)
+    if current is not None and (current.pid, current.create_time) == (entry.pid, entry.create_time):
+        path.unlink(missing_ok=True)
+
+
+def list_supervisors() -> list[SupervisorEntry]:
+    """Every live registered supervisor, sorted by line; stale and unreadable entries are removed."""
+    directory = runtime_dir()
+    alive = []
+    for path in sorted(directory.glob("*.json")):
+        entry = _read_entry(path)
+        if entry is not None and entry.is_alive():
+            alive.append(entry)
+            continue
+        # Re-read before removing: a supervisor may have re-registered this line meanwhile.
+        if _read_entry(path) == entry:
+            path.unlink(missing_ok=True)
+    return sorted(alive, key=lambda entry: entry.line)
+
+
+def find_supervisor(line: Path | str) -> SupervisorEntry | None:
+    """The live supervisor of `line`, if one is registered."""
+    entry = _read_entry(runtime_dir() / f"{line_id(line)}.json")
+    return entry if entry is not None and entry.is_alive() else None
+
+
+def _read_entry(path: Path) -> SupervisorEntry | None:
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        return SupervisorEntry(
+            id=str(record["id"]),
+            line=str(record["line"]),
+            socket=str(record["socket"]),
+            pid=int(record["pid"]),
+            create_time=float(record["create_time"]),
+            started=float(record["started"]),
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

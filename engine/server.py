@@ -1,0 +1,420 @@
+"""The supervisor's Unix-socket server: the protocol of `engine/protocol.py`, served to local clients.
+
+The socket is `<line>/supervisor.sock`, mode 0600 from the moment it has its name (bound under a
+temporary name, chmod-ed, renamed into place), and every connection's peer uid (SO_PEERCRED) must
+be the supervisor's own. The server runs its asyncio loop in a thread of its own, so the
+supervisor's main loop stays plain synchronous code: `publish()` may be called from any thread.
+
+Calls other than `hello` and `subscribe` go to a handler object: `handler.<method>(**params)`
+runs in a worker thread (mutations one at a time, in arrival order) and returns a JSON-able
+result; a `LineError` it raises is the line refusing (`REFUSED`, its message sent as is), any
+other exception an internal error (logged, answered, the server stays up). Nothing a client sends
+can crash the server or reach the handler without passing `protocol.parse_request`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import stat
+import struct
+import threading
+import time
+import uuid
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from datalines.errors import DataLineError
+from engine import protocol
+from engine.errors import LineError
+from engine.protocol import ProtocolError
+
+logger = logging.getLogger("nsconsole.server")
+
+READ_CHUNK = 64 * 1024
+MAX_CONNECTIONS = 64
+SUBSCRIBER_BUFFER_LIMIT = 4 * 1024 * 1024
+"""A live subscriber that lets this much go unread is dropped (it reconnects and catches up from the ring)."""
+REPLAY_CHUNK_BYTES = 256 * 1024
+"""A replay of the ring waits for the client to read past this much buffered."""
+
+
+def peer_uid(connection: socket.socket) -> int:
+    """The uid of the process at the other end of a Unix socket (SO_PEERCRED: pid, uid, gid)."""
+    credentials = connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _pid, uid, _gid = struct.unpack("3i", credentials)
+    return uid
+
+
+class _Connection:
+    """One client: its writer, whether it said hello, and what it was last pushed."""
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self.writer = writer
+        self.greeted = False
+        self.subscribed = False
+        self.last_sent_seq = 0
+
+    def send(self, line: bytes) -> None:
+        if not self.writer.is_closing():
+            self.writer.write(line)
+
+
+class SupervisorServer:
+    """Serves one line's supervisor socket; see the module docstring."""
+
+    def __init__(
+        self,
+        socket_path: Path | str,
+        handler: Any,
+        identity: dict[str, Any] | None = None,
+        ring_capacity: int = 8192,
+        expected_uid: int | None = None,
+    ) -> None:
+        self.socket_path = Path(socket_path)
+        self.handler = handler
+        self.identity = dict(identity or {})
+        self.epoch = uuid.uuid4().hex[:16]
+        """Names this server's life: notification seqs restart from 1 in a new one."""
+        self.expected_uid = os.getuid() if expected_uid is None else expected_uid
+        # The handler may keep its own log (the supervisor persists it across restarts).
+        self.request_log: protocol.RequestLog = getattr(handler, "request_log", None) or protocol.RequestLog()
+        self._ring: deque[tuple[int, bytes]] = deque(maxlen=ring_capacity)
+        self._ring_lock = threading.Lock()
+        self._last_seq = 0
+        self._connections: set[_Connection] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._server: asyncio.AbstractServer | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._start_error: BaseException | None = None
+        self._socket_inode: int | None = None
+        self._readers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="rpc-read")
+        # One worker: mutations are applied one at a time, in the order they arrived.
+        self._mutator = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rpc-mutate")
+
+    # ---- life cycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Bind the socket and serve in a background thread; raise `LineError` if it cannot."""
+        self._thread = threading.Thread(target=self._run_loop, name="supervisor-server", daemon=True)
+        self._thread.start()
+        self._ready.wait()
+        if self._start_error is not None:
+            raise self._start_error
+
+    def close(self) -> None:
+        """Stop serving, drop every connection and remove the socket (if it is still ours)."""
+        loop = self._loop
+        if loop is not None and loop.is_running():
+            asyncio.run_coroutine_threadsafe(self._shutdown(), loop).result(timeout=10)
+            loop.call_soon_threadsafe(loop.stop)
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self._readers.shutdown(wait=False, cancel_futures=True)
+        self._mutator.shutdown(wait=False, cancel_futures=True)
+        self._remove_socket()
+
+    def __enter__(self) -> SupervisorServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _run_loop(self) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(self._listen())
+        except BaseException as error:  # reported to start()'s caller
+            self._start_error = error
+            self._ready.set()
+            loop.close()
+            return
+        self._ready.set()
+        try:
+            loop.run_forever()
+        finally:
+            loop.close()
+
+    async def _listen(self) -> None:
+        listener = bind_private_socket(self.socket_path)
+        self._socket_inode = os.stat(self.socket_path).st_ino
+        self._server = await asyncio.start_unix_server(self._serve, sock=listener, limit=READ_CHUNK)
+
+    async def _shutdown(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for connection in list(self._connections):
+            connection.writer.close()
+        self._connections.clear()
+
+    def _remove_socket(self) -> None:
+        # A newer supervisor may have replaced the socket; only remove the one we bound.
+        with contextlib.suppress(FileNotFoundError):
+            if os.stat(self.socket_path).st_ino == self._socket_inode:
+                self.socket_path.unlink()
+
+    # ---- notifications ----------------------------------------------------------------------
+
+    def publish(self, kind: str, data: dict[str, Any]) -> int:
+        """Push a notification to every subscriber and keep it in the ring; returns its seq."""
+        if kind not in protocol.NOTIFICATION_KINDS:
+            raise ValueError(f"unknown notification kind {kind!r}")
+        with self._ring_lock:
+            self._last_seq += 1
+            seq = self._last_seq
+            now = time.time()
+            try:
+                line = protocol.encode(protocol.make_notification(kind, seq, self.epoch, now, data))
+            except ProtocolError:
+                # Too large for one line: say so, so the subscriber can fetch it with a call.
+                omitted = {"omitted": f"{kind} larger than {protocol.MAX_LINE_BYTES} bytes"}
+                line = protocol.encode(protocol.make_notification(kind, seq, self.epoch, now, omitted))
+            self._ring.append((seq, line))
+        loop = self._loop
+        if loop is not None and loop.is_running():
+            loop.call_soon_threadsafe(self._fan_out, seq, line)
+        return seq
+
+    @property
+    def last_seq(self) -> int:
+        return self._last_seq
+
+    def _fan_out(self, seq: int, line: bytes) -> None:
+        for connection in list(self._connections):
+            if connection.subscribed and seq > connection.last_sent_seq:
+                self._push(connection, seq, line)
+
+    def _push(self, connection: _Connection, seq: int, line: bytes) -> None:
+        """One live notification (a subscriber that stopped reading is dropped)."""
+        connection.send(line)
+        connection.last_sent_seq = seq
+        transport = connection.writer.transport
+        if transport.get_write_buffer_size() > SUBSCRIBER_BUFFER_LIMIT:
+            logger.warning("dropping a subscriber that stopped reading")
+            transport.abort()
+
+    def _subscribe_result(self, since_seq: int | None) -> dict[str, Any]:
+        """The reply to `subscribe`: the newest seq, this life's epoch, how many were missed."""
+        with self._ring_lock:
+            oldest = self._ring[0][0] if self._ring else self._last_seq + 1
+            last = self._last_seq
+            missed = 0 if since_seq is None else sum(1 for seq, _ in self._ring if seq > since_seq)
+        gap = since_seq is not None and since_seq < last and oldest > since_seq + 1
+        return {"seq": last, "epoch": self.epoch, "replayed": missed, "gap": gap, "oldest_seq": oldest}
+
+    async def _replay_then_go_live(self, connection: _Connection, after_seq: int) -> None:
+        """Send the ring after `after_seq` (waiting for the client to read it), then fan out live.
+
+        Whatever is published meanwhile lands in the ring and is sent by the next round; the
+        switch to live happens with no await after the last check, so nothing is lost or repeated.
+        """
+        connection.last_sent_seq = after_seq
+        while True:
+            with self._ring_lock:
+                pending = [(seq, line) for seq, line in self._ring if seq > connection.last_sent_seq]
+            if not pending:
+                connection.subscribed = True
+                return
+            for seq, line in pending:
+                connection.send(line)
+                connection.last_sent_seq = seq
+                if connection.writer.transport.get_write_buffer_size() > REPLAY_CHUNK_BYTES:
+                    await connection.writer.drain()
+            await connection.writer.drain()
+
+    # ---- connections ------------------------------------------------------------------------
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connection = _Connection(writer)
+        try:
+            sock = writer.get_extra_info("socket")
+            uid = peer_uid(sock)
+            if uid != self.expected_uid:
+                refusal = ProtocolError(
+                    protocol.PEER_REFUSED,
+                    f"connection refused: peer uid {uid} is not the supervisor's uid {self.expected_uid}",
+                )
+                writer.write(protocol.encode(protocol.make_error(None, refusal)))
+                await writer.drain()
+                return
+            if len(self._connections) >= MAX_CONNECTIONS:
+                busy = ProtocolError(protocol.REFUSED, f"too many connections (at most {MAX_CONNECTIONS})")
+                writer.write(protocol.encode(protocol.make_error(None, busy)))
+                await writer.drain()
+                return
+            self._connections.add(connection)
+            await self._read_calls(reader, connection)
+        except (ConnectionError, OSError):
+            pass  # the client went away: nothing to answer
+        finally:
+            self._connections.discard(connection)
+            writer.close()
+            with contextlib.suppress(ConnectionError, OSError):
+                await writer.wait_closed()
+
+    async def _read_calls(self, reader: asyncio.StreamReader, connection: _Connection) -> None:
+        buffer = bytearray()
+        discarding = False  # inside a line past the cap: skip to its end, then answer once
+        while not connection.writer.is_closing():
+            chunk = await reader.read(READ_CHUNK)
+            if not chunk:
+                return
+            buffer += chunk
+            while True:
+                newline = buffer.find(b"\n")
+                if newline < 0:
+                    if len(buffer) >= protocol.MAX_LINE_BYTES:
+                        discarding = True
+                        buffer.clear()
+                    break
+                line = bytes(buffer[:newline])
+                del buffer[: newline + 1]
+                if discarding:
+                    discarding = False
+                    too_long = ProtocolError(
+                        protocol.LINE_TOO_LONG, f"message longer than {protocol.MAX_LINE_BYTES} bytes"
+                    )
+                    await self._reply(connection, protocol.make_error(None, too_long))
+                    continue
+                if line.strip():
+                    keep_open = await self._handle_line(connection, line)
+                    if not keep_open:
+                        return
+
+    async def _reply(self, connection: _Connection, message: dict[str, Any]) -> None:
+        try:
+            line = protocol.encode(message)
+        except ProtocolError as error:
+            line = protocol.encode(protocol.make_error(message.get("id"), error))
+        except (TypeError, ValueError) as error:
+            logger.error("unserialisable reply to call %r: %s", message.get("id"), error)
+            internal = ProtocolError(protocol.INTERNAL_ERROR, f"internal error: bad reply: {error}")
+            line = protocol.encode(protocol.make_error(message.get("id"), internal))
+        connection.send(line)
+        await connection.writer.drain()
+
+    async def _handle_line(self, connection: _Connection, line: bytes) -> bool:
+        """Answer one line; False when the connection must close (a refused hello)."""
+        try:
+            request = protocol.parse_request(line)
+        except ProtocolError as error:
+            await self._reply(connection, protocol.make_error(protocol.request_id_of(error), error))
+            return True
+        if request.method == "hello":
+            try:
+                protocol.check_hello(request.params["protocol"])
+            except ProtocolError as error:
+                await self._reply(connection, protocol.make_error(request.id, error))
+                return False
+            connection.greeted = True
+            await self._reply(connection, protocol.make_result(request.id, self._hello_result()))
+            return True
+        if not connection.greeted:
+            refusal = ProtocolError(protocol.HELLO_REQUIRED, "call hello {protocol} first")
+            await self._reply(connection, protocol.make_error(request.id, refusal))
+            return True
+        if request.method == "subscribe":
+            since_seq = request.params["since_seq"]
+            result = self._subscribe_result(since_seq)
+            await self._reply(connection, protocol.make_result(request.id, result))
+            await self._replay_then_go_live(connection, result["seq"] if since_seq is None else since_seq)
+            return True
+        try:
+            result = await self._dispatch(request)
+            reply = protocol.make_result(request.id, result)
+        except ProtocolError as error:
+            reply = protocol.make_error(request.id, error)
+        await self._reply(connection, reply)
+        return True
+
+    def _hello_result(self) -> dict[str, Any]:
+        return {
+            **self.identity,
+            "protocol": protocol.PROTOCOL_VERSION,
+            "epoch": self.epoch,
+            "pid": os.getpid(),
+            "methods": sorted(protocol.METHODS),
+        }
+
+    async def _dispatch(self, request: protocol.Request) -> Any:
+        loop = asyncio.get_running_loop()
+        if request.method in protocol.MUTATIONS:
+            return await loop.run_in_executor(self._mutator, self._request_log_run, request)
+        return await loop.run_in_executor(self._readers, self._call_handler, request)
+
+    def _request_log_run(self, request: protocol.Request) -> Any:
+        assert request.request_id is not None
+        return self.request_log.run(
+            request.request_id, request.method, request.params, lambda: self._call_handler(request)
+        )
+
+    def _call_handler(self, request: protocol.Request) -> Any:
+        method = getattr(self.handler, request.method, None)
+        if method is None:
+            raise ProtocolError(protocol.METHOD_NOT_FOUND, f"this supervisor does not serve {request.method}")
+        try:
+            return method(**request.params)
+        except ProtocolError:
+            raise
+        except (LineError, DataLineError) as error:
+            raise ProtocolError(protocol.REFUSED, str(error)) from None
+        except Exception as error:
+            logger.exception("%s failed", request.method)
+            message = f"internal error in {request.method}: {type(error).__name__}: {error}"
+            raise ProtocolError(protocol.INTERNAL_ERROR, message[:1000]) from None
+
+
+def bind_private_socket(socket_path: Path) -> socket.socket:
+    """A listening Unix socket at `socket_path`, mode 0600 from the moment it has that name.
+
+    An existing socket there is replaced only when nothing answers on it (a crashed supervisor's
+    leftover); one that answers means another supervisor serves the line: `LineError`.
+    """
+    directory = socket_path.parent
+    info = os.stat(directory)
+    if info.st_uid != os.getuid():
+        raise LineError(f"{directory}: owned by uid {info.st_uid}, not by this user; refusing to serve there")
+    if socket_path.exists() or socket_path.is_symlink():
+        if not stat.S_ISSOCK(os.lstat(socket_path).st_mode):
+            raise LineError(f"{socket_path}: exists and is not a socket; remove it")
+        if _answers(socket_path):
+            raise LineError(f"{socket_path}: another supervisor is serving this line")
+    temporary_name = f".{socket_path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+    directory_fd = os.open(directory, os.O_PATH | os.O_DIRECTORY)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(f"/proc/self/fd/{directory_fd}/{temporary_name}")
+        os.chmod(temporary_name, 0o600, dir_fd=directory_fd)
+        os.rename(temporary_name, socket_path.name, src_dir_fd=directory_fd, dst_dir_fd=directory_fd)
+        listener.listen(MAX_CONNECTIONS)
+        listener.setblocking(False)
+    except BaseException:
+        listener.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary_name, dir_fd=directory_fd)
+        raise
+    finally:
+        os.close(directory_fd)
+    return listener
+
+
+def _answers(socket_path: Path) -> bool:
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(2)
+    try:
+        with protocol.unix_address(socket_path) as address:
+            probe.connect(address)
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()

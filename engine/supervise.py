@@ -1,0 +1,845 @@
+"""The supervisor: keeps one training line running unattended.
+
+`python -m engine.supervise LINE [--foreground] [--stop-at N]` (what `nsconsole run LINE` runs):
+without `--foreground` it starts itself detached (`engine/detach.py`: its own session, output to
+`<line>/supervisor.out`), after refusing where systemd-logind would end it at logout, and
+returns once the detached supervisor answers.
+
+The supervisor (one per line: an exclusive flock on the line directory):
+
+- launches the trainer (`engine/supervised_trainer.py`) with run.log as its output, after taking
+  the GPU lease (`engine/gpu.py`) and handing it to the trainer; the trainer gets SIGTERM, and
+  so stops at its next update with a checkpoint, if the supervisor dies;
+- watches its heartbeat: none for `guards.watchdog_minutes` -> kill -9 and relaunch
+  (`watchdog_restart`); a trainer that does not exit even then -> `stuck`, the supervisor stops;
+- reads an exit: 0 is the line's clean end (a stop, `--stop-at`, the plan or the data's end);
+  `EXIT_LINE_ERROR` is a line error that a relaunch would not fix (`failed`); a SIGTERM it did
+  not send -> relaunch (`signal_restart`); `EXIT_GPU_BUSY` (it left the GPU to other processes)
+  -> relaunch once the GPU is free; anything else is a crash -> resume from the newest
+  checkpoint, and after `max_failures` crashes in a row without a newer checkpoint, `failed` (a
+  crash while other processes are on the GPU is not counted; after 3 such in a row the line
+  waits for a free GPU);
+- keeps the data line's preparer running beside the trainer (`engine/supervise_preparer.py`);
+- on SIGTERM, SIGINT or SIGHUP (or a `stop` call) stops the trainer with a checkpoint and exits;
+- serves the line's socket (`engine/server.py`, `engine/supervise_rpc.py`), registers for
+  discovery (`engine/registry.py`), pushes heartbeats, rows and events to subscribers, tells the
+  operator through host.json's `notify` (`engine/notify.py`), and keeps its state in
+  `supervisor.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from engine import ops, registry
+from engine.atomic import write_text_atomic
+from engine.config import RunConfig
+from engine.detach import foreground_argv, gather_logind_facts, logind_refusal, spawn_detached
+from engine.errors import ConfigError, LineError
+from engine.gpu import GpuLease, gpu_snapshot
+from engine.host import HostSettings, load_and_apply
+from engine.layout import LineLayout, checkpoint_update
+from engine.logrotate import RotatingLog, rotate_if_needed
+from engine.notify import DEFAULT_TIMEOUT_S as NOTIFY_TIMEOUT_S
+from engine.notify import EVENT_KINDS, make_event, notify_in_background
+from engine.protocol import PROTOCOL_VERSION, RequestLog
+from engine.server import SupervisorServer
+from engine.supervise_preparer import PreparerKeeper
+from engine.supervise_rpc import LineHandler, RowsTail, is_validation_row
+from engine.supervised_trainer import EXIT_GPU_BUSY, EXIT_LINE_ERROR
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USER_ERROR = 2
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+CRASHES_BESIDE_OTHERS = 3
+"""Crashes in a row beside other GPU processes after which the line waits for a free GPU."""
+STOP_FILE_REASON = "stop requested"
+"""The heartbeat's reason when the trainer stopped on a STOP request (`engine.trainer.StopReason`)."""
+MAX_RELAUNCH_DELAY_S = 300.0
+
+
+@dataclass
+class SupervisorSettings:
+    """The supervisor's timings and limits (run.json's guards give the watchdog interval)."""
+
+    poll_seconds: float = 1.0
+    """How often it looks at the trainer, its heartbeat, rows.jsonl and stop requests."""
+    max_failures: int = 5
+    """Crashes in a row without a newer checkpoint after which the line stops (`failed`)."""
+    relaunch_delay_seconds: float = 5.0
+    """Pause before relaunching the trainer after a crash (or restarting the data preparer after a
+    failure); doubles with each one in a row (up to 5 min)."""
+    kill_wait_seconds: float = 120.0
+    """How long a trainer killed with SIGKILL may take to exit before it is reported `stuck`."""
+    stop_wait_seconds: float = 1800.0
+    """How long a trainer asked to stop (SIGTERM: checkpoint first) may take before SIGKILL."""
+    watchdog_seconds: float | None = None
+    """Overrides run.json's guards.watchdog_minutes (None: use it)."""
+    engine: str = "auto"
+    """The trainer's step engine (`auto`, `eager`, `graph`)."""
+    stop_at: int | None = None
+    """Passed to the trainer: stop cleanly at this update."""
+    echo: bool = False
+    """Print run.log as it grows (the foreground supervisor in a terminal)."""
+    run_preparer: bool = True
+    """Keep the data line's preparer running beside the trainer (`engine/supervise_preparer.py`)."""
+    preparer_command: list[str] | None = None
+    """The preparer program before its `--work DATA` (None: `nsconsole data run-preparer`)."""
+    trainer_command: list[str] | None = None
+    """The program launched as the trainer, before its arguments (None: this Python running
+    `engine.supervised_trainer`); tests give a scripted stand-in."""
+
+
+@dataclass
+class SupervisorState:
+    """supervisor.json: what the supervisor is doing and what has happened (rewritten atomically)."""
+
+    pid: int
+    """The supervisor's pid."""
+    started: float
+    """When it started (Unix time)."""
+    state: str = "starting"
+    """starting, waiting-gpu, training, relaunching, stopping, finished, stopped, failed or stuck."""
+    trainer_pid: int | None = None
+    """The running trainer's pid."""
+    launches: int = 0
+    """Trainer launches by this supervisor."""
+    failures_in_a_row: int = 0
+    """Crashes since the last one that left a newer checkpoint."""
+    crashes_beside_others: int = 0
+    """Crashes in a row without progress while other processes were on the GPU (not failures)."""
+    gpu_index: int | None = None
+    """The GPU whose lease the line takes (None: trains on the CPU)."""
+    last_exit: dict[str, Any] | None = None
+    """The trainer's last exit: code, signal, seconds it ran, newest checkpoint."""
+    last_event: dict[str, Any] | None = None
+    """The last event (as notified)."""
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    """Mutations already applied, by request_id (a retry is answered from here)."""
+
+
+@dataclass
+class TrainerExit:
+    """How one launch of the trainer ended."""
+
+    code: int | None
+    """The exit status (a negative one: killed by that signal); None when it would not exit."""
+    ran_seconds: float
+    """How long it ran."""
+    killed_by_watchdog: bool = False
+    """The supervisor killed it for a missing heartbeat."""
+    stopped_by_us: bool = False
+    """The supervisor sent it the SIGTERM (a stop it asked for)."""
+    stop_requested: bool = False
+    """A STOP request was pending while it ran (a clean exit then is a stop, not the end)."""
+    progressed: bool = False
+    """The line's newest checkpoint is newer than at the launch."""
+    others_on_gpu: list[int] = field(default_factory=list)
+    """Pids of other processes on the line's GPU at the supervisor's last look before or at the exit."""
+
+
+class Supervisor:
+    """One line's supervisor (see the module docstring)."""
+
+    def __init__(self, line: Path | str, settings: SupervisorSettings | None = None) -> None:
+        self.layout: LineLayout = ops.open_line(line)
+        self.settings = settings or SupervisorSettings()
+        self.state = SupervisorState(pid=os.getpid(), started=time.time())
+        self.request_log = RequestLog()
+        self.rows_tail = RowsTail(self.layout.rows_jsonl)
+        self._lock = threading.Lock()  # guards state against the RPC threads
+        self._stop_signal: int | None = None
+        self._stop_asked = False  # a stop came over the socket: the clean exit it brings is a stop
+        self._log = RotatingLog(self.layout.run_log)
+        self._heartbeat_seen: bytes | None = None
+        self._echo_offset = 0
+        self._notify_command: str | None = None
+        self._server: SupervisorServer | None = None
+        self._notifying: list[threading.Thread] = []  # joined at exit: the last event is often the news
+        self._config: RunConfig | None = None
+        self._need_free_gpu = False  # relaunch only once no other process is on the GPU
+        self._preparer: PreparerKeeper | None = None
+
+    # ---- the RPC handler's view ----------------------------------------------------------------
+
+    def state_for_status(self) -> dict[str, Any]:
+        with self._lock:
+            state = asdict(self.state)
+        state.pop("requests")
+        heartbeat = _read_json(self.layout.heartbeat)
+        stop = _pending_stop(self.layout)
+        config = self._config
+        return {
+            **state,
+            "line": str(self.layout.root),
+            "protocol": PROTOCOL_VERSION,
+            "heartbeat": heartbeat,
+            "heartbeat_age_s": None if heartbeat is None else round(time.time() - _beat_time(heartbeat), 3),
+            "rows": self.rows_tail.count,
+            "latest_checkpoint": _latest_update(self.layout),
+            "stop": None if stop is None else asdict(stop),
+            "stop_at": self.settings.stop_at,
+            "preset": None if config is None else config.model.preset,
+            "device": None if config is None else config.device,
+            "preparer": None if self._preparer is None else self._preparer.snapshot(),
+        }
+
+    def request_stop(self, at_cycle_end: int | None) -> None:
+        """A stop asked over the socket. The STOP file, written already, carries it: the trainer
+        stops on it with a checkpoint (and removes it); with no trainer running, the loop does."""
+        self._stop_asked = True
+        when = "at the next update" if at_cycle_end is None else f"at the end of cycle {at_cycle_end}"
+        self._say(f"stop requested {when}")
+
+    # ---- life -----------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Supervise until the line ends, fails or is stopped; the exit status."""
+        line_lock = _lock_line(self.layout)
+        try:
+            self._config = _supervisor_config(self.layout)
+            self._notify_command = HostSettings.load().notify
+            previous = _read_json(self.layout.supervisor_json) or {}
+            if isinstance(previous.get("requests"), list):
+                self.request_log.restore(previous["requests"])
+            self.state.gpu_index = _gpu_index(self._config.device)
+            if self.settings.run_preparer:
+                self._preparer = PreparerKeeper(
+                    ops.resolve_data_path(self.layout, self._config.data.line),
+                    say=self._say,
+                    notify_failing=lambda message: self._event("preparer_failing", message),
+                    command=self.settings.preparer_command,
+                    restart_delay=self.settings.relaunch_delay_seconds,
+                )
+            self._echo_offset = _size(self.layout.run_log)
+            # Rows and the heartbeat of earlier runs are history, not news for subscribers.
+            self.rows_tail.poll()
+            with contextlib.suppress(FileNotFoundError):
+                self._heartbeat_seen = self.layout.heartbeat.read_bytes()
+            handler = LineHandler(self)
+            self._server = SupervisorServer(
+                self.layout.supervisor_sock, handler, identity={"line": str(self.layout.root)}
+            )
+            self._server.start()
+            entry = registry.register(self.layout.root, self.layout.supervisor_sock)
+            previous_handlers = {}
+            # Signals reach only the main thread (a supervisor run in a thread is stopped by STOP).
+            if threading.current_thread() is threading.main_thread():
+                for number in STOP_SIGNALS:
+                    previous_handlers[number] = signal.signal(number, self._on_signal)
+            try:
+                self._say(f"supervisor started (pid {os.getpid()})")
+                self._save()
+                return self._supervise()
+            except Exception as error:
+                self._event("supervisor_failed", f"the supervisor failed: {type(error).__name__}: {error}")
+                self._set(state="failed")
+                raise
+            finally:
+                for number, handler_before in previous_handlers.items():
+                    signal.signal(number, handler_before)
+                if self._preparer is not None:
+                    self._preparer.stop()
+                registry.unregister(entry)
+                self._server.close()
+                self._save()
+                self._log.close()
+                if self.settings.echo:
+                    self._echo_run_log()
+                deadline = time.monotonic() + NOTIFY_TIMEOUT_S
+                for thread in self._notifying:
+                    thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        finally:
+            os.close(line_lock)
+
+    def _on_signal(self, number: int, _frame: Any) -> None:
+        self._stop_signal = number
+
+    @property
+    def _stopping(self) -> bool:
+        """A signal asked the supervisor to stop (a STOP file is the trainer's to act on)."""
+        return self._stop_signal is not None
+
+    def _supervise(self) -> int:
+        while True:
+            self._pump()
+            if self._stopping or _pending_stop_now(self.layout):
+                return self._end_without_trainer()
+            lease = None
+            if self.state.gpu_index is not None:
+                lease = self._take_gpu(self.state.gpu_index)
+                if lease is None:  # a stop came while it waited
+                    return self._end_without_trainer()
+                if self._need_free_gpu and not self._wait_for_free_gpu(self.state.gpu_index):
+                    lease.release()
+                    return self._end_without_trainer()
+                self._need_free_gpu = False
+            outcome = self._run_trainer(lease)
+            verdict = self._judge(outcome)
+            if verdict is not None:
+                return verdict
+            if not self._pause_before_relaunch():
+                return self._end_without_trainer()
+
+    # ---- one launch -----------------------------------------------------------------------------
+
+    def _take_gpu(self, index: int) -> GpuLease | None:
+        """The GPU's lease, waited for as long as another line holds it; None if a stop comes first."""
+        lease = GpuLease(index, self.layout.root)
+        waited_since = time.monotonic()
+        told = False
+        while not lease.try_acquire():
+            if self.state.state != "waiting-gpu":
+                self._set(state="waiting-gpu")
+                self._say(f"waiting for GPU {index}: another line holds its lease")
+            if not told and time.monotonic() - waited_since > self._watchdog_seconds():
+                self._event("gpu_wait", f"waiting for GPU {index} longer than the watchdog interval")
+                told = True
+            self._pump()
+            if self._stopping or _pending_stop_now(self.layout):
+                return None
+            time.sleep(self.settings.poll_seconds)
+        return lease
+
+    def _wait_for_free_gpu(self, index: int) -> bool:
+        """Wait (holding the lease) until no process is on the GPU; False if a stop comes first."""
+        waited_since = time.monotonic()
+        told = False
+        while others := _processes_on_gpu(index, exclude=()):
+            if self.state.state != "waiting-gpu":
+                self._set(state="waiting-gpu")
+                self._say(f"waiting for GPU {index} to be free (other processes on it: {others})")
+            if not told and time.monotonic() - waited_since > self._watchdog_seconds():
+                message = f"waiting for GPU {index} to be free longer than the watchdog interval"
+                self._event("gpu_wait", message)
+                told = True
+            self._pump()
+            if self._stopping or _pending_stop_now(self.layout):
+                return False
+            time.sleep(self.settings.poll_seconds)
+        return True
+
+    def _run_trainer(self, lease: GpuLease | None) -> TrainerExit:
+        self._wait_for_an_earlier_trainer()
+        self._config = _reload(self.layout, self._config)
+        rotate_if_needed(self.layout.run_log)
+        checkpoint_before = _latest_update(self.layout)
+        program = self.settings.trainer_command or [sys.executable, "-m", "engine.supervised_trainer"]
+        argv = [*program, str(self.layout.root), "--parent", str(os.getpid())]
+        argv += ["--engine", self.settings.engine]
+        if self.settings.stop_at is not None:
+            argv += ["--stop-at", str(self.settings.stop_at)]
+        output = os.open(self.layout.run_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            trainer = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
+                pass_fds=() if lease is None else (lease.fileno(),), close_fds=True,
+            )
+        finally:
+            os.close(output)
+        if lease is not None:
+            lease.record_holder(trainer.pid)
+            lease.release()  # the trainer holds it now, for exactly its life
+        launched = time.time()
+        self._set(state="training", trainer_pid=trainer.pid, launches=self.state.launches + 1)
+        self._say(f"trainer launched (pid {trainer.pid}, launch {self.state.launches})")
+        self._publish_event("launched", f"trainer launched (pid {trainer.pid})")
+        outcome = self._watch(trainer, launched)
+        outcome.progressed = (_latest_update(self.layout) or -1) > (checkpoint_before or -1)
+        self._pump()
+        exit_record = {"code": outcome.code, "ran_seconds": round(outcome.ran_seconds, 3),
+                       "latest_checkpoint": _latest_update(self.layout), "time": time.time()}
+        self._set(trainer_pid=None, last_exit=exit_record)
+        return outcome
+
+    def _watch(self, trainer: subprocess.Popen[bytes], launched: float) -> TrainerExit:
+        stopped_by_us = False
+        stop_file_seen = False  # a clean exit after a STOP request is a stop, not the line's end
+        asked_to_stop_at = 0.0
+        data_wait_since: float | None = None  # when the trainer began waiting for a data cycle
+        told_data_wait = False
+        others: list[int] = []
+        while True:
+            stop_file_seen = stop_file_seen or _pending_stop(self.layout) is not None
+            code = trainer.poll()
+            if self.state.gpu_index is not None:
+                now_on_gpu = _processes_on_gpu(self.state.gpu_index, exclude=(trainer.pid,))
+                # At the exit, what was there at the last look before it counts too.
+                others = sorted(set(others) | set(now_on_gpu)) if code is not None else now_on_gpu
+            if code is not None:
+                ran = time.time() - launched
+                return TrainerExit(
+                    code, ran, stopped_by_us=stopped_by_us, stop_requested=stop_file_seen,
+                    others_on_gpu=others,
+                )
+            self._pump()
+            if self._stopping and not stopped_by_us:
+                self._set(state="stopping")
+                self._say("stopping the trainer (SIGTERM: it checkpoints first)")
+                trainer.send_signal(signal.SIGTERM)
+                stopped_by_us, asked_to_stop_at = True, time.monotonic()
+            if stopped_by_us and time.monotonic() - asked_to_stop_at > self.settings.stop_wait_seconds:
+                self._say(f"the trainer did not stop in {self.settings.stop_wait_seconds:g} s: killing it")
+                return self._kill(trainer, launched, watchdog=False, stopped_by_us=True)
+            heartbeat = _read_json(self.layout.heartbeat)
+            beat_time = launched
+            if heartbeat is not None and heartbeat.get("pid") == trainer.pid:
+                beat_time = max(launched, _beat_time(heartbeat))
+                if heartbeat.get("stage") != "waiting-data":
+                    data_wait_since, told_data_wait = None, False
+                elif data_wait_since is None:
+                    data_wait_since = beat_time
+                elif not told_data_wait and time.time() - data_wait_since > self._watchdog_seconds():
+                    cycle = heartbeat.get("cycle")
+                    self._event("data_wait", f"the trainer has waited for data cycle {cycle} longer than the "
+                                "watchdog interval")
+                    told_data_wait = True
+            if not stopped_by_us and time.time() - beat_time > self._watchdog_seconds():
+                return self._kill(trainer, launched, watchdog=True, stopped_by_us=False)
+            time.sleep(self.settings.poll_seconds)
+
+    def _kill(
+        self, trainer: subprocess.Popen[bytes], launched: float, watchdog: bool, stopped_by_us: bool
+    ) -> TrainerExit:
+        if watchdog:
+            silence = self._watchdog_seconds()
+            self._say(f"no heartbeat for {silence:g} s: killing the trainer (pid {trainer.pid})")
+        trainer.kill()
+        try:
+            code: int | None = trainer.wait(timeout=self.settings.kill_wait_seconds)
+        except subprocess.TimeoutExpired:
+            code = None
+        ran = time.time() - launched
+        return TrainerExit(code, ran, killed_by_watchdog=watchdog, stopped_by_us=stopped_by_us)
+
+    def _wait_for_an_earlier_trainer(self) -> None:
+        """A trainer of this line still alive (its supervisor died; it is checkpointing) must end first."""
+        heartbeat = _read_json(self.layout.heartbeat)
+        if heartbeat is None or heartbeat.get("stage") == "stopped":
+            return
+        pid = heartbeat.get("pid")
+        try:
+            process = psutil.Process(int(pid))
+            if process.create_time() > _beat_time(heartbeat) + 1:
+                return  # the pid now belongs to a younger process
+        except (psutil.Error, TypeError, ValueError):
+            return
+        self._say(f"an earlier trainer of this line (pid {pid}) is still running: waiting for it to exit")
+        deadline = time.monotonic() + self.settings.stop_wait_seconds
+        try:
+            process.terminate()  # its supervisor is gone: it must checkpoint and go
+            while process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                if time.monotonic() > deadline:
+                    process.kill()
+                    process.wait(self.settings.kill_wait_seconds)
+                    return
+                self._pump()
+                time.sleep(self.settings.poll_seconds)
+        except (psutil.NoSuchProcess, psutil.TimeoutExpired):
+            pass  # gone (or, past the kill, stuck: the launch then fails and is counted)
+
+    # ---- after an exit --------------------------------------------------------------------------
+
+    def _judge(self, outcome: TrainerExit) -> int | None:
+        """The supervisor's exit status when the line is over; None to relaunch."""
+        code = outcome.code
+        if code is None:
+            self._event("stuck", "the trainer was killed but does not exit (the GPU may hang); stopping")
+            self._set(state="stuck")
+            return EXIT_FAILED
+        if code == 0:
+            reason = (_read_json(self.layout.heartbeat) or {}).get("reason", "stopped")
+            if self._stopping or outcome.stop_requested or self._stop_asked or reason == STOP_FILE_REASON:
+                _discard_served_stop(self.layout)
+                self._set(state="stopped")
+                self._publish_event("stopped", f"the line stopped: {reason}")
+            else:
+                self._set(state="finished")
+                self._event("finished", f"the line stopped: {reason}")
+            return EXIT_OK
+        if outcome.stopped_by_us or (self._stopping and code in _signal_codes(self._stop_signal)):
+            _discard_served_stop(self.layout)
+            self._set(state="stopped")
+            self._publish_event("stopped", "the line stopped on request")
+            return EXIT_OK
+        if code == EXIT_LINE_ERROR:
+            message = _last_error_line(self.layout.run_log) or "the trainer refused to run the line"
+            self._event("failed", message)
+            self._set(state="failed")
+            return EXIT_FAILED
+        if code == EXIT_GPU_BUSY:
+            index = self.state.gpu_index
+            self._say(f"the trainer left GPU {index} to other processes: relaunching once it is free")
+            self._publish_event("gpu_busy", "the trainer checkpointed and left the GPU to other processes")
+            self._need_free_gpu = True
+            return None
+        crashed = not outcome.killed_by_watchdog and code not in _signal_codes(signal.SIGTERM)
+        if crashed and outcome.others_on_gpu:
+            return self._judge_crash_beside_others(outcome)
+        if outcome.killed_by_watchdog:
+            self._event("watchdog_restart", f"no heartbeat for {self._watchdog_seconds():g} s: "
+                        "the trainer was killed and is relaunched")
+        elif code in _signal_codes(signal.SIGTERM):
+            self._event("signal_restart", "the trainer stopped on a SIGTERM the supervisor did not send")
+        else:
+            self._say(f"the trainer exited with status {_describe_code(code)}")
+            self._publish_event("crashed", f"the trainer exited with status {_describe_code(code)}")
+        failures = 0 if outcome.progressed else self.state.failures_in_a_row
+        if not (outcome.progressed and code in _signal_codes(signal.SIGTERM)):
+            failures += 1
+        self._set(failures_in_a_row=failures)
+        if failures >= self.settings.max_failures:
+            self._event("failed", f"{failures} failures in a row without progress; the line stops "
+                        f"(last exit: {_describe_code(code)})")
+            self._set(state="failed")
+            return EXIT_FAILED
+        return None
+
+    def _judge_crash_beside_others(self, outcome: TrainerExit) -> None:
+        """A crash with other processes on the GPU is theirs as much as ours: not a failure; a few in a
+        row without progress and the line waits for a free GPU."""
+        assert outcome.code is not None
+        crashes = 1 if outcome.progressed else self.state.crashes_beside_others + 1
+        message = (f"the trainer exited with status {_describe_code(outcome.code)} beside other processes on "
+                   f"GPU {self.state.gpu_index} (pids {outcome.others_on_gpu}): not counted as a failure")
+        self._say(message)
+        self._publish_event("crashed", message)
+        if crashes >= CRASHES_BESIDE_OTHERS:
+            self._say(f"{crashes} crashes in a row beside other processes: waiting for a free GPU")
+            self._need_free_gpu = True
+            crashes = 0
+        self._set(crashes_beside_others=crashes)
+
+    def _pause_before_relaunch(self) -> bool:
+        """Wait before the next launch; False when a stop arrives meanwhile."""
+        failures = self.state.failures_in_a_row
+        delay = 0.0 if failures == 0 else min(
+            self.settings.relaunch_delay_seconds * 2 ** (failures - 1), MAX_RELAUNCH_DELAY_S
+        )
+        self._set(state="relaunching")
+        self._say(f"relaunching in {delay:g} s (failures in a row: {failures})")
+        deadline = time.monotonic() + delay
+        while time.monotonic() < deadline:
+            self._pump()
+            if self._stopping or _pending_stop_now(self.layout):
+                return False
+            time.sleep(min(self.settings.poll_seconds, max(0.0, deadline - time.monotonic())))
+        return True
+
+    def _end_without_trainer(self) -> int:
+        """A stop arrived while no trainer ran: the line is already at a checkpoint."""
+        _discard_served_stop(self.layout)
+        self._set(state="stopped")
+        self._say("stopped (no trainer was running)")
+        self._publish_event("stopped", "the line stopped on request")
+        return EXIT_OK
+
+    # ---- what the world sees --------------------------------------------------------------------
+
+    def _pump(self) -> None:
+        """Push new rows and a changed heartbeat to subscribers; echo run.log in a terminal; keep
+        the data preparer running."""
+        if self._preparer is not None:
+            self._preparer.tick()
+        server = self._server
+        for row in self.rows_tail.poll():
+            if server is not None:
+                server.publish("validation" if is_validation_row(row) else "row", row)
+        try:
+            raw = self.layout.heartbeat.read_bytes()
+        except FileNotFoundError:
+            raw = None
+        if raw is not None and raw != self._heartbeat_seen:
+            self._heartbeat_seen = raw
+            heartbeat = _parse_json(raw)
+            if heartbeat is not None and server is not None:
+                server.publish("heartbeat", heartbeat)
+        if self.settings.echo:
+            self._echo_run_log()
+
+    def _echo_run_log(self) -> None:
+        size = _size(self.layout.run_log)
+        if size < self._echo_offset:
+            self._echo_offset = 0  # rotated
+        if size == self._echo_offset:
+            return
+        with open(self.layout.run_log, "rb") as handle:
+            handle.seek(self._echo_offset)
+            data = handle.read(size - self._echo_offset)
+        whole = data[: data.rfind(b"\n") + 1]
+        self._echo_offset += len(whole)
+        sys.stdout.write(whole.decode("utf-8", errors="replace"))
+        sys.stdout.flush()
+
+    def _say(self, message: str) -> None:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
+        self._log.write(f"{stamp} supervisor: {message}\n")
+
+    def _publish_event(self, kind: str, message: str, **details: Any) -> dict[str, Any]:
+        event = {"event": kind, "line": str(self.layout.root), "message": message, "time": time.time()}
+        event.update(details)
+        if self._server is not None:
+            self._server.publish("event", event)
+        return event
+
+    def _event(self, kind: str, message: str) -> None:
+        """An event the operator is told about: run.log, subscribers, supervisor.json, notify."""
+        assert kind in EVENT_KINDS
+        self._say(f"{kind}: {message}")
+        event = make_event(kind, str(self.layout.root), message, update=_heartbeat_update(self.layout))
+        if self._server is not None:
+            self._server.publish("event", event)
+        self._set(last_event=event)
+        if self._notify_command:
+            self._notifying.append(notify_in_background(self._notify_command, event))
+
+    def _set(self, **changes: Any) -> None:
+        with self._lock:
+            for name, value in changes.items():
+                setattr(self.state, name, value)
+        self._save()
+
+    def _save(self) -> None:
+        with self._lock:
+            self.state.requests = self.request_log.export()
+            document = asdict(self.state)
+        write_text_atomic(self.layout.supervisor_json, json.dumps(document, indent=1, default=str) + "\n")
+
+    def _watchdog_seconds(self) -> float:
+        if self.settings.watchdog_seconds is not None:
+            return self.settings.watchdog_seconds
+        minutes = self._config.guards.watchdog_minutes if self._config is not None else 30.0
+        return max(minutes, 0.0) * 60.0
+
+
+# ---- helpers ------------------------------------------------------------------------------------
+
+
+def _lock_line(layout: LineLayout) -> int:
+    """An exclusive flock on the line directory for the supervisor's life: one supervisor per line."""
+    fd = os.open(layout.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        other = (_read_json(layout.supervisor_json) or {}).get("pid", "?")
+        raise LineError(f"{layout.root}: a supervisor already runs this line (pid {other})") from None
+    return fd
+
+
+def _processes_on_gpu(index: int, exclude: Sequence[int]) -> list[int]:
+    """Pids of the compute processes on GPU `index` but those in `exclude` (none without NVML)."""
+    snapshot = gpu_snapshot()
+    if not snapshot.available or index >= len(snapshot.devices):
+        return []
+    return sorted(process.pid for process in snapshot.devices[index].processes if process.pid not in exclude)
+
+
+def _gpu_index(device: str) -> int | None:
+    """The GPU a run.json `device` trains on (None: the CPU), without initialising CUDA here."""
+    if device == "cpu":
+        return None
+    if device == "auto":
+        return 0 if gpu_snapshot().available else None
+    return int(device.split(":", 1)[1]) if ":" in device else 0
+
+
+def _supervisor_config(layout: LineLayout) -> RunConfig:
+    """run.json, type-checked: what the supervisor reads of it (device, guards) has its types.
+
+    Its values are the trainer's to validate: that imports the model code, and torch, for seconds.
+    """
+    try:
+        document = json.loads(layout.run_json.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise ConfigError(f"{layout.run_json}: cannot be read as JSON ({error})") from None
+    return RunConfig.from_dict(document, source=str(layout.run_json))
+
+
+def _reload(layout: LineLayout, previous: RunConfig | None) -> RunConfig | None:
+    # run.json may have been edited between launches; the trainer refuses what is wrong with it.
+    try:
+        return _supervisor_config(layout)
+    except LineError:
+        return previous
+
+
+def _latest_update(layout: LineLayout) -> int | None:
+    try:
+        return checkpoint_update(layout.latest.read_text(encoding="utf-8").strip())
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _beat_time(heartbeat: dict[str, Any]) -> float:
+    """When a heartbeat was written (0 when its time is unreadable: it counts as old)."""
+    beat = heartbeat.get("time")
+    return float(beat) if isinstance(beat, (int, float)) and not isinstance(beat, bool) else 0.0
+
+
+def _heartbeat_update(layout: LineLayout) -> int | None:
+    heartbeat = _read_json(layout.heartbeat)
+    return None if heartbeat is None else heartbeat.get("update")
+
+
+def _pending_stop(layout: LineLayout) -> ops.StopRequest | None:
+    try:
+        return ops.read_stop(layout)
+    except LineError:
+        return None
+
+
+def _pending_stop_now(layout: LineLayout) -> bool:
+    request = _pending_stop(layout)
+    return request is not None and request.at_cycle_end is None
+
+
+def _discard_served_stop(layout: LineLayout) -> None:
+    """The line has stopped: a stop-at-the-next-update request still there (one that came as it
+    stopped) is served, and must not stop the next run at once. One for a cycle end is kept."""
+    if _pending_stop_now(layout):
+        layout.stop.unlink(missing_ok=True)
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return _parse_json(path.read_bytes())
+    except OSError:
+        return None
+
+
+def _parse_json(raw: bytes) -> dict[str, Any] | None:
+    try:
+        document = json.loads(raw)
+    except ValueError:
+        return None
+    return document if isinstance(document, dict) else None
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def _signal_codes(number: int | None) -> tuple[int, ...]:
+    """The exit statuses of a process ended by signal `number`: the trainer's 128 + n, or -n."""
+    return () if number is None else (128 + number, -number)
+
+
+def _describe_code(code: int) -> str:
+    if code < 0:
+        return f"killed by {signal.Signals(-code).name}"
+    if code > 128 and code - 128 in signal.valid_signals():
+        return f"{code} (stopped on {signal.Signals(code - 128).name})"
+    return str(code)
+
+
+def _last_error_line(run_log: Path) -> str | None:
+    """The trainer's one-line error (`nsconsole: ...`) near the end of run.log."""
+    try:
+        with open(run_log, "rb") as handle:
+            handle.seek(max(0, _size(run_log) - 16384))
+            tail = handle.read().decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    errors = [line[len("nsconsole: "):] for line in tail.splitlines() if line.startswith("nsconsole: ")]
+    return errors[-1] if errors else None
+
+
+# ---- the command --------------------------------------------------------------------------------
+
+
+def start_detached(line: Path, settings: SupervisorSettings, answer_timeout: float = 60.0) -> int:
+    """Start the line's supervisor in the background and wait until it answers; its pid."""
+    layout = ops.open_line(line)
+    RunConfig.load(layout.run_json)  # a broken run.json is reported here, in the terminal
+    running = registry.find_supervisor(layout.root)
+    if running is not None:
+        raise LineError(f"{layout.root}: a supervisor already runs this line (pid {running.pid})")
+    options = ["--engine", settings.engine]
+    if settings.stop_at is not None:
+        options += ["--stop-at", str(settings.stop_at)]
+    refusal = logind_refusal(gather_logind_facts(), layout.root, [*foreground_argv(layout.root), *options])
+    if refusal is not None:
+        raise LineError(refusal)
+    rotate_if_needed(layout.supervisor_out)
+    started_at = _size(layout.supervisor_out)
+    argv = [sys.executable, "-m", "engine.supervise", str(layout.root), "--detached-child", *options]
+    pid = spawn_detached(argv, layout.supervisor_out)
+    deadline = time.monotonic() + answer_timeout
+    while time.monotonic() < deadline:
+        entry = registry.find_supervisor(layout.root)
+        if entry is not None and entry.pid == pid:
+            return pid
+        finished, status = os.waitpid(pid, os.WNOHANG)
+        if finished:
+            output = layout.supervisor_out.read_bytes()[started_at:].decode("utf-8", errors="replace").strip()
+            last = output.splitlines()[-1] if output else f"exit status {os.waitstatus_to_exitcode(status)}"
+            raise LineError(f"{layout.supervisor_out}: the supervisor did not start: {last}")
+        time.sleep(0.1)
+    raise LineError(f"{layout.supervisor_out}: the supervisor (pid {pid}) has not answered within "
+                    f"{answer_timeout:g} s; see that file")
+
+
+def run_line(
+    line: Path,
+    *,
+    foreground: bool,
+    stop_at: int | None = None,
+    engine: str = "auto",
+    detached_child: bool = False,
+) -> int:
+    """`nsconsole run LINE [--foreground] [--stop-at N] [--engine E]`; `LineError` for the user.
+
+    In the background: returns once the detached supervisor answers (0). In the foreground (and
+    as the detached child): supervises, and returns 0 when the line ended or was stopped, 1 when
+    it failed or got stuck.
+    """
+    settings = SupervisorSettings(stop_at=stop_at, engine=engine, echo=foreground)
+    if foreground or detached_child:
+        return Supervisor(line, settings).run()
+    pid = start_detached(line, settings)
+    print(f"the supervisor of {line} runs in the background (pid {pid}); output: {line}/supervisor.out")
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m engine.supervise LINE [--foreground] [--stop-at N] [--engine E]`."""
+    parser = argparse.ArgumentParser(prog="python -m engine.supervise")
+    parser.add_argument("line")
+    parser.add_argument("--foreground", action="store_true", help="supervise in this terminal")
+    parser.add_argument("--stop-at", type=int, default=None, metavar="UPDATE")
+    parser.add_argument("--engine", choices=("auto", "eager", "graph"), default="auto")
+    parser.add_argument("--detached-child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    try:
+        line = load_and_apply().resolve_line(args.line)
+        return run_line(
+            line, foreground=args.foreground, stop_at=args.stop_at, engine=args.engine,
+            detached_child=args.detached_child,
+        )
+    except LineError as error:
+        print(f"nsconsole: {error}", file=sys.stderr)
+        return EXIT_USER_ERROR
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

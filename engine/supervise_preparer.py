@@ -1,0 +1,153 @@
+"""The line's data preparer, kept running beside the trainer by the supervisor.
+
+`nsconsole data run-preparer --work DATA` keeps the next cycles of the line's data line ready;
+the supervisor starts it, restarts it with backoff when it exits with a failure (it resumes the
+cycle with the same files), tells the operator (`preparer_failing`) when it keeps failing, and
+stops it (SIGTERM: its status then says `stopped`) when the line stops. A preparer already
+running on the data line (another line's supervisor, or one started by hand) is left alone: the
+data line's lock allows one. Its output goes to `<data line>/preparer.log`, rotated like run.log.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from datalines.errors import DataLineError
+from datalines.service import preparer_running
+from datalines.status import read_status
+from engine.logrotate import rotate_if_needed
+
+LOG_NAME = "preparer.log"
+FAILING_AFTER = 3
+"""Failures in a row (exits, or retries within one run) after which the operator is told."""
+MAX_RESTART_DELAY_S = 300.0
+
+
+class PreparerKeeper:
+    """Starts, watches and stops one data line's preparer; `tick()` at every supervisor poll."""
+
+    def __init__(
+        self,
+        data_path: Path,
+        say: Callable[[str], None],
+        notify_failing: Callable[[str], None],
+        command: list[str] | None = None,
+        restart_delay: float = 5.0,
+    ) -> None:
+        self.data_path = data_path
+        self.say = say
+        self.notify_failing = notify_failing
+        # Through engine.supervised_child: the preparer gets SIGTERM if the supervisor dies.
+        self.command = command or [
+            sys.executable, "-m", "engine.supervised_child", str(os.getpid()),
+            sys.executable, "-m", "nsconsole", "data", "run-preparer",
+        ]
+        self.restart_delay = restart_delay
+        """Pause before the first restart after a failed exit; doubles with each in a row (to 5 min)."""
+        self._process: subprocess.Popen[bytes] | None = None
+        self._exits_in_a_row = 0  # exits with a failure since the last good run
+        self._next_start = 0.0
+        self._finished = False  # exited 0: every cycle of the data line is consumed
+        self._told_failing = False
+        self._told_other = False
+
+    def tick(self) -> None:
+        if self._process is not None:
+            code = self._process.poll()
+            if code is None:
+                self._watch_retries()
+            else:
+                self._exited(code)
+            return
+        if self._finished or time.monotonic() < self._next_start:
+            return
+        if preparer_running(self.data_path):
+            if not self._told_other:
+                self.say(f"a data preparer already runs on {self.data_path}: leaving it to do the work")
+                self._told_other = True
+            return
+        self._start()
+
+    def _start(self) -> None:
+        log = self.data_path / LOG_NAME
+        rotate_if_needed(log)
+        output = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            self._process = subprocess.Popen(
+                [*self.command, "--work", str(self.data_path)],
+                stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT, close_fds=True,
+            )
+        finally:
+            os.close(output)
+        self._told_other = False
+        self.say(f"data preparer started (pid {self._process.pid}) on {self.data_path}")
+
+    def _watch_retries(self) -> None:
+        status = self._status()
+        retries = status.get("consecutive_failures")
+        if not isinstance(retries, int):
+            return
+        if retries == 0:
+            self._exits_in_a_row = 0
+            self._told_failing = False
+        elif retries >= FAILING_AFTER:
+            last_error = status.get("last_error")
+            self._tell_failing(f"the data preparer has failed {retries} times in a row: {last_error}")
+
+    def _exited(self, code: int) -> None:
+        self._process = None
+        if code == 0:
+            self._finished = True
+            self.say("the data preparer finished: every cycle of the data line is consumed")
+            return
+        self._exits_in_a_row += 1
+        delay = min(self.restart_delay * 2 ** (self._exits_in_a_row - 1), MAX_RESTART_DELAY_S)
+        last_error = self._status().get("last_error")
+        self.say(f"the data preparer exited with status {code} ({last_error}); restarting in {delay:g} s")
+        self._next_start = time.monotonic() + delay
+        if self._exits_in_a_row >= FAILING_AFTER:
+            self._tell_failing(
+                f"the data preparer exited with a failure {self._exits_in_a_row} times in a row: {last_error}"
+            )
+
+    def _tell_failing(self, message: str) -> None:
+        if not self._told_failing:
+            self.notify_failing(message)
+            self._told_failing = True
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Stop the preparer this keeper started (SIGTERM, then SIGKILL after `timeout`)."""
+        process = self._process
+        if process is None or process.poll() is not None:
+            return
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        self.say(f"data preparer stopped (pid {process.pid})")
+
+    def snapshot(self) -> dict[str, Any]:
+        """For `status`: the preparer's pid (when this supervisor runs it) and its status file."""
+        running = self._process is not None and self._process.poll() is None
+        return {
+            "pid": self._process.pid if running and self._process is not None else None,
+            "exits_in_a_row": self._exits_in_a_row,
+            "status": self._status() or None,
+        }
+
+    def _status(self) -> dict[str, Any]:
+        """preparer.json (written atomically by the preparer); {} when missing or unreadable."""
+        try:
+            status = read_status(self.data_path)
+        except DataLineError:
+            return {}
+        return status if isinstance(status, dict) else {}

@@ -1,0 +1,150 @@
+"""Health at a glance: pure checks of a line's recent rows, heartbeat and disk.
+
+Each check returns a `HealthFlag` (a glyph plus a word, so a state is never told by colour
+alone, and a sentence for the event list) or None when all is well. Nothing here reads a file,
+a socket or the clock: the console passes in what it knows, so every check is testable as is.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+SPIKE_FACTOR = 1.5
+"""A loss above this multiple of the mean of the rows before it is a spike."""
+SPIKE_WINDOW = 8
+"""Rows whose mean loss a new row is compared with."""
+SLOW_FRACTION = 0.6
+"""Throughput below this fraction of its running median is slow."""
+SLOW_MIN_HISTORY = 8
+"""Rows of throughput needed before slowness is judged (the first updates warm up)."""
+SLOW_WINDOW = 256
+"""The running median covers at most this many rows before the newest."""
+LR_RELATIVE_TOLERANCE = 1e-3
+"""The logged lr may differ from the schedule's by this fraction (float32 rounding) and more is off."""
+SKIPPED_WINDOW = 64
+"""Recent rows searched for updates skipped for a non-finite gradient."""
+STALE_HEARTBEAT_S = 300.0
+"""A training line whose heartbeat is older than this (seconds) is stale."""
+FULL_DISK_FRACTION = 0.02
+"""Free space below this fraction of the disk is full (besides the line's own min_free_disk_gb)."""
+
+
+@dataclass(frozen=True)
+class HealthFlag:
+    """One health problem of a line."""
+
+    kind: str
+    """Which check raised it (`spike`, `slow`, `lr`, `stale`, `skipped`, `data`, `disk`)."""
+    glyph: str
+    """One character that marks it in the lines table."""
+    word: str
+    """A short word beside the glyph."""
+    detail: str
+    """A sentence for the event list."""
+    severity: str = "warning"
+    """`warning` or `error`: the theme colours them, the glyph and word say the same."""
+
+    @property
+    def label(self) -> str:
+        return f"{self.glyph} {self.word}"
+
+
+def _finite(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def loss_spike(losses: Sequence[float | None]) -> HealthFlag | None:
+    """The newest loss against the mean of the `SPIKE_WINDOW` before it (non-finite ones left out)."""
+    if len(losses) < SPIKE_WINDOW + 1:
+        return None
+    newest = _finite(losses[-1])
+    before = [value for value in (_finite(loss) for loss in losses[-SPIKE_WINDOW - 1 : -1]) if value is not None]
+    if newest is None or len(before) < SPIKE_WINDOW // 2:
+        return None
+    mean = sum(before) / len(before)
+    if mean > 0 and newest > SPIKE_FACTOR * mean:
+        return HealthFlag(
+            "spike", "▲", "spike",
+            f"loss spike: {newest:.4g} is {newest / mean:.2f}x the mean {mean:.4g} of the last {len(before)} rows",
+        )
+    return None
+
+
+def slow_throughput(tokens_per_s: Sequence[float | None]) -> HealthFlag | None:
+    """The newest throughput against the running median of the rows before it."""
+    values = [value for value in (_finite(item) for item in tokens_per_s) if value is not None]
+    if len(values) < SLOW_MIN_HISTORY + 1:
+        return None
+    newest = values[-1]
+    median = statistics.median(values[-SLOW_WINDOW - 1 : -1])
+    if median > 0 and newest < SLOW_FRACTION * median:
+        return HealthFlag(
+            "slow", "▼", "slow",
+            f"throughput {newest:,.0f} tokens/s is {newest / median:.0%} of its running median {median:,.0f}",
+        )
+    return None
+
+
+def lr_off_schedule(row: dict[str, Any], schedule: Callable[[float], float] | None) -> HealthFlag | None:
+    """The row's lr against `schedule(tokens trained before the update)`.
+
+    The trainer takes the rate at the tokens trained before an update; the row's `tokens` is after
+    it, and does not count the update's tokens when the update was skipped.
+    """
+    if schedule is None:
+        return None
+    lr, tokens = _finite(row.get("lr")), _finite(row.get("tokens"))
+    if lr is None or tokens is None:
+        return None
+    update_tokens = 0.0 if row.get("skipped") else (_finite(row.get("tokens_per_update")) or 0.0)
+    expected = schedule(tokens - update_tokens)
+    if abs(lr - expected) > LR_RELATIVE_TOLERANCE * max(abs(expected), 1e-12):
+        return HealthFlag("lr", "≠", "lr", f"lr {lr:.4g} is off its schedule ({expected:.4g} expected)")
+    return None
+
+
+def stale_heartbeat(state: str | None, heartbeat_age_s: float | None, limit_s: float = STALE_HEARTBEAT_S) -> HealthFlag | None:
+    """A training line's heartbeat older than `limit_s` (a stopped line's old heartbeat is fine)."""
+    if state != "training" or heartbeat_age_s is None or heartbeat_age_s <= limit_s:
+        return None
+    return HealthFlag(
+        "stale", "◷", "stale", f"no heartbeat for {heartbeat_age_s:,.0f} s (more than {limit_s:,.0f} s)", "error"
+    )
+
+
+def skipped_updates(skipped: Sequence[bool]) -> HealthFlag | None:
+    """Updates skipped for a non-finite gradient among the last `SKIPPED_WINDOW` rows."""
+    count = sum(1 for flag in skipped[-SKIPPED_WINDOW:] if flag)
+    if not count:
+        return None
+    return HealthFlag(
+        "skipped", "✗", "skipped",
+        f"{count} of the last {min(len(skipped), SKIPPED_WINDOW)} updates skipped (non-finite gradient)",
+        "error" if count > 1 else "warning",
+    )
+
+
+def waiting_for_data(stage: str | None, cycle: Any = None) -> HealthFlag | None:
+    """The trainer waits for the preparer to finish a data cycle."""
+    if stage != "waiting-data":
+        return None
+    which = f" cycle {cycle}" if cycle is not None else ""
+    return HealthFlag("data", "…", "data", f"waiting for the preparer: data{which} is not ready")
+
+
+def full_disk(free_bytes: int | None, total_bytes: int | None, min_free_bytes: float | None) -> HealthFlag | None:
+    """Free space below the line's `min_free_disk_gb` or below `FULL_DISK_FRACTION` of the disk."""
+    if free_bytes is None or not total_bytes:
+        return None
+    low_fraction = free_bytes < FULL_DISK_FRACTION * total_bytes
+    below_guard = min_free_bytes is not None and free_bytes < min_free_bytes
+    if not (low_fraction or below_guard):
+        return None
+    gib = free_bytes / 2**30
+    return HealthFlag("disk", "■", "disk", f"disk nearly full: {gib:.1f} GiB free ({free_bytes / total_bytes:.1%})", "error")

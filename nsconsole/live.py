@@ -1,0 +1,206 @@
+"""The console's live attachment to every supervisor on this host.
+
+`LiveLines` lists the registered supervisors (`engine.registry.list_supervisors`) every few
+seconds, keeps one `SupervisorLink` per line (reconnects with backoff, re-subscribes, tells us
+when it is back) and feeds each line's `LineState`: on every (re)connection the hello, the
+status and, from a new supervisor, every row of rows.jsonl (fetched in pages); then the pushed
+notifications, and a status poll while connected. A line whose supervisor is gone stays in the
+book with its last state (the link keeps trying); mutations go through `mutate`, which keeps one
+request_id across reconnects so a retry is applied once.
+
+Everything runs on the console's asyncio loop; `on_change(line)` is called after each change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from engine import protocol
+from engine.config import RunConfig
+from engine.errors import LineError
+from engine.registry import SupervisorEntry, list_supervisors
+from engine.schedule import learning_rate
+from nsconsole.client import (
+    AsyncSupervisorClient,
+    Notification,
+    SupervisorLink,
+    SupervisorUnavailable,
+    new_request_id,
+)
+from nsconsole.state import LineBook, LineFacts, LineState
+
+DISCOVERY_INTERVAL_S = 2.0
+STATUS_INTERVAL_S = 1.0
+MUTATION_ATTEMPTS = 5
+
+
+def read_line_facts(line: str | Path) -> LineFacts:
+    """The facts the console needs from a line's run.json (empty facts when it does not load)."""
+    try:
+        config = RunConfig.load(Path(line) / "run.json")
+    except (LineError, OSError):
+        return LineFacts()
+    return LineFacts(
+        preset=config.model.preset,
+        schedule=lambda tokens: learning_rate(config, tokens),
+        share_reserve_gb=config.guards.share_reserve_gb,
+        min_free_disk_gb=config.guards.min_free_disk_gb,
+    )
+
+
+class _Attachment:
+    """One line's link, the task running it and its status poll."""
+
+    def __init__(self, owner: LiveLines, state: LineState, socket_path: str) -> None:
+        self.owner = owner
+        self.state = state
+        self.link = SupervisorLink(
+            socket_path, self._on_connected, self._on_notification, self._on_disconnected,
+            initial_backoff=owner.initial_backoff, max_backoff=owner.max_backoff,
+        )
+        self.task: asyncio.Task[None] | None = None
+        self._poll: asyncio.Task[None] | None = None
+        self.reconnected = asyncio.Event()
+
+    def start(self) -> None:
+        self.task = asyncio.create_task(self.link.run(), name=f"link {self.state.name}")
+
+    async def stop(self) -> None:
+        for task in (self._poll, self.task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    async def _on_connected(self, client: AsyncSupervisorClient) -> None:
+        owner, state = self.owner, self.state
+        fresh = state.apply_hello(client.server, owner.clock())
+        state.facts = await asyncio.to_thread(read_line_facts, state.path)
+        state.apply_status(await client.call("status"))
+        if fresh:
+            await self._fetch_rows(client)
+        owner.changed(state)
+        if self._poll is not None:
+            self._poll.cancel()
+        self._poll = asyncio.create_task(self._poll_status(client))
+        self.reconnected.set()
+
+    async def _fetch_rows(self, client: AsyncSupervisorClient) -> None:
+        since = 0
+        while True:
+            reply = await client.call("rows", since=since, limit=protocol.MAX_ROWS_PER_CALL)
+            rows = reply.get("rows") or []
+            self.state.apply_rows(rows, since)
+            since = int(reply.get("next", since + len(rows)))
+            if not rows or since >= int(reply.get("total", since)):
+                return
+
+    async def _poll_status(self, client: AsyncSupervisorClient) -> None:
+        with contextlib.suppress(SupervisorUnavailable):
+            while not client.closed.is_set():
+                await asyncio.sleep(self.owner.status_interval)
+                self.state.apply_status(await client.call("status"))
+                self.owner.changed(self.state)
+
+    async def _on_notification(self, notification: Notification) -> None:
+        self.state.apply_notification(notification.kind, notification.data, self.owner.clock())
+        self.owner.changed(self.state)
+
+    async def _on_disconnected(self, reason: str) -> None:
+        self.reconnected.clear()
+        if self._poll is not None:
+            self._poll.cancel()
+            self._poll = None
+        self.state.mark_disconnected(reason, self.owner.clock())
+        self.owner.changed(self.state)
+
+
+class LiveLines:
+    """Discovery and links for every line (see the module docstring)."""
+
+    def __init__(
+        self,
+        book: LineBook,
+        on_change: Callable[[LineState], None],
+        clock: Callable[[], float] = time.time,
+        discover: Callable[[], list[SupervisorEntry]] = list_supervisors,
+        discovery_interval: float = DISCOVERY_INTERVAL_S,
+        status_interval: float = STATUS_INTERVAL_S,
+        initial_backoff: float = 0.2,
+        max_backoff: float = 5.0,
+    ) -> None:
+        self.book = book
+        self.on_change = on_change
+        self.clock = clock
+        self.discover = discover
+        self.discovery_interval = discovery_interval
+        self.status_interval = status_interval
+        self.initial_backoff = initial_backoff
+        self.max_backoff = max_backoff
+        self._attachments: dict[str, _Attachment] = {}
+        self.problem: str | None = None
+        """Why discovery fails (None while it works)."""
+
+    def changed(self, state: LineState) -> None:
+        self.on_change(state)
+
+    async def run(self) -> None:
+        """Discover until cancelled; then close every link."""
+        try:
+            while True:
+                await self.discover_once()
+                await asyncio.sleep(self.discovery_interval)
+        finally:
+            for attachment in list(self._attachments.values()):
+                await attachment.stop()
+
+    async def discover_once(self) -> None:
+        try:
+            entries = await asyncio.to_thread(self.discover)
+        except LineError as error:
+            self.problem = str(error)  # the runtime directory is unusable: the lines screen says why
+            return
+        self.problem = None
+        for entry in entries:
+            if entry.id in self._attachments:
+                continue
+            state = self.book.add(LineState(entry.id, entry.line))
+            attachment = _Attachment(self, state, entry.socket)
+            self._attachments[entry.id] = attachment
+            attachment.start()
+            self.changed(state)
+
+    def client_of(self, key: str) -> AsyncSupervisorClient | None:
+        attachment = self._attachments.get(key)
+        return None if attachment is None else attachment.link.client
+
+    async def call(self, key: str, method: str, **params: Any) -> Any:
+        """A read call to a line's supervisor; `SupervisorUnavailable` when it is not attached."""
+        client = self.client_of(key)
+        if client is None:
+            raise SupervisorUnavailable(f"{key}: the supervisor is not attached")
+        return await client.call(method, **params)
+
+    async def mutate(self, key: str, method: str, **params: Any) -> Any:
+        """A mutation, retried over reconnects with one request_id (the supervisor applies it once)."""
+        params["request_id"] = new_request_id()
+        attachment = self._attachments.get(key)
+        if attachment is None:
+            raise SupervisorUnavailable(f"{key}: the supervisor is not attached")
+        for attempt in range(MUTATION_ATTEMPTS):
+            client = attachment.link.client
+            try:
+                if client is None:
+                    raise SupervisorUnavailable(f"{attachment.state.path}: the supervisor is not attached")
+                return await client.call(method, **params)
+            except SupervisorUnavailable:
+                if attempt == MUTATION_ATTEMPTS - 1:
+                    raise
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(attachment.reconnected.wait(), self.max_backoff * 2)
+        raise AssertionError("unreachable")

@@ -1,0 +1,100 @@
+"""`b`: the branch form. A branch forks a new line from this one at the end of a data cycle; a
+fork asked for a cycle that has not ended yet waits and happens at that cycle's end.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Button, Input, Label, Static
+
+
+@dataclass(frozen=True)
+class BranchRequest:
+    """What the form asks the supervisor's `branch` for."""
+
+    path: str
+    """The new line's directory."""
+    at_cycle: int
+    """The data cycle at whose end the branch forks."""
+    plan: str | None
+    """A plan stage (or plan file) for the branch; None: the parent's plan."""
+    data: str | None
+    """The branch's data line; None: the parent's."""
+
+    def params(self) -> dict[str, object]:
+        return {"path": self.path, "at_cycle": self.at_cycle, "plan": self.plan, "data": self.data}
+
+
+def parse_branch(path: str, at_cycle: str, plan: str, data: str) -> BranchRequest:
+    """The form's text as a request; `ValueError` with a message naming the field that is wrong."""
+    path = path.strip()
+    if not path:
+        raise ValueError("new line: give the branch's directory")
+    try:
+        cycle = int(at_cycle.strip())
+    except ValueError:
+        raise ValueError(f"at the end of cycle: a whole number, got {at_cycle.strip()!r}") from None
+    if cycle < 0:
+        raise ValueError(f"at the end of cycle: must be >= 0, got {cycle}")
+    return BranchRequest(path=path, at_cycle=cycle, plan=plan.strip() or None, data=data.strip() or None)
+
+
+class BranchForm(ModalScreen[BranchRequest | None]):
+    """Dismissed with the request, or None (Cancel, Escape)."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel", id="branch.cancel")]
+
+    def __init__(self, line_name: str, line_path: str, current_cycle: int | None) -> None:
+        super().__init__()
+        self.line_name = line_name
+        self.line_path = line_path
+        self.current_cycle = current_cycle or 0
+
+    def compose(self) -> ComposeResult:
+        suggested = str(Path(self.line_path).with_name(f"{self.line_name}-c{self.current_cycle}"))
+        with Vertical():
+            yield Static(f"Branch {self.line_name}", classes="question")
+            yield Label("new line (directory)")
+            yield Input(suggested, id="path")
+            yield Label(f"at the end of cycle (now in cycle {self.current_cycle})")
+            yield Input(str(self.current_cycle), id="at_cycle", type="integer")
+            yield Label("plan (empty: the parent's)")
+            yield Input("", id="plan")
+            yield Label("data line (empty: the parent's)")
+            yield Input("", id="data")
+            yield Static("", id="error")
+            with Horizontal():
+                yield Button("Branch", id="submit", variant="warning")
+                yield Button("Cancel", id="cancel", variant="primary")
+
+    def on_mount(self) -> None:
+        self.query_one("#at_cycle", Input).focus()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        if event.button.id == "submit":
+            self._submit()
+        else:
+            self.dismiss(None)
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self._submit()
+
+    def _submit(self) -> None:
+        values = {name: self.query_one(f"#{name}", Input).value for name in ("path", "at_cycle", "plan", "data")}
+        try:
+            request = parse_branch(**values)
+        except ValueError as error:
+            self.query_one("#error", Static).update(f"✗ {error}")
+            return
+        self.dismiss(request)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)

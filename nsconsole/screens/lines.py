@@ -1,0 +1,113 @@
+"""The lines screen: every line on this host, the GPUs under it; Enter opens a line."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Header, Input, Static
+
+from nsconsole.state import LineState
+from nsconsole.widgets.gpu_panel import GpuPanel
+from nsconsole.widgets.lines_table import LinesTable
+
+NO_LINES = (
+    "No line is running on this host. Start one with `nsconsole --run` (the demo line) or "
+    "`nsconsole run LINE`; it appears here within seconds."
+)
+
+
+def matches(line: LineState, text: str) -> bool:
+    """The filter: every word appears in the line's name, path, kind, state or stage."""
+    haystack = " ".join((line.name, line.path, line.kind, line.display_state, line.plan_stage or "")).lower()
+    return all(word in haystack for word in text.lower().split())
+
+
+class LinesScreen(Screen[None]):
+    """See the module docstring."""
+
+    BINDINGS = [
+        # A priority binding, so the footer shows it over the table's own (hidden) enter.
+        Binding("enter", "open_line", "Open", id="open", priority=True,
+                tooltip="open the line: curves, probes, checkpoints, log, events"),
+        Binding("slash", "filter", "Filter", key_display="/", id="filter",
+                tooltip="show only lines whose name, path, state or stage has these words"),
+        Binding("escape", "clear_filter", "Clear filter", show=False, id="clear_filter", tooltip="show every line"),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.filter_text = ""
+
+    def compose(self) -> ComposeResult:
+        yield Header(show_clock=False)
+        yield Input(placeholder="filter lines: words in name, path, state or stage", id="filter")
+        table = LinesTable(id="lines")
+        table.border_title = "lines"
+        yield table
+        yield Static(NO_LINES, id="empty")
+        panel = GpuPanel(id="gpus")
+        panel.border_title = "GPUs"
+        yield panel
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one(LinesTable).focus()
+
+    @property
+    def table(self) -> LinesTable:
+        return self.query_one(LinesTable)
+
+    def selected_line_key(self) -> str | None:
+        return self.table.selected_key
+
+    def refresh_view(self, now: float) -> None:
+        app = self.app
+        book = app.book  # type: ignore[attr-defined]
+        shown = [line for line in book if matches(line, self.filter_text)]
+        self.table.show(shown, now)
+        empty = self.query_one("#empty", Static)
+        problem = app.live.problem if app.live is not None else None  # type: ignore[attr-defined]
+        empty.update(NO_LINES if problem is None else f"✗ cannot look for lines: {problem}")
+        empty.set_class(not len(book) or problem is not None, "visible")
+        self.table.border_subtitle = f"{len(shown)} of {len(book)}" if self.filter_text else f"{len(book)}"
+        key = self.table.selected_key
+        selected = book.get(key) if key else None
+        self.query_one(GpuPanel).show(app.gpu_reading, book, selected)  # type: ignore[attr-defined]
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        event.stop()
+        self.app.open_line(event.row_key.value)  # type: ignore[attr-defined]
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        self.app.refresh_bindings()
+
+    async def action_open_line(self) -> None:
+        box = self.query_one("#filter", Input)
+        if box.has_focus:
+            await box.action_submit()
+            return
+        key = self.selected_line_key()
+        if key is not None:
+            self.app.open_line(key)  # type: ignore[attr-defined]
+
+    def action_filter(self) -> None:
+        box = self.query_one("#filter", Input)
+        box.add_class("visible")
+        box.focus()
+
+    def action_clear_filter(self) -> None:
+        box = self.query_one("#filter", Input)
+        box.value = ""
+        box.remove_class("visible")
+        self.table.focus()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        self.filter_text = event.value
+        self.refresh_view(self.app.clock())  # type: ignore[attr-defined]
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        if not event.value:
+            event.input.remove_class("visible")
+        self.table.focus()

@@ -1,0 +1,437 @@
+"""The console's model of each line: what its supervisor said, kept between redraws.
+
+A `LineState` is fed by the console's link to the line's supervisor (`nsconsole/live.py`):
+`apply_hello` and `apply_status` after each (re)connection and at every status poll,
+`apply_rows` with fetched rows, `apply_notification` with every pushed notification, and
+`mark_disconnected` when the link drops (the last state stays, marked stale). The widgets only
+read it. Nothing here touches a socket or the clock: times are passed in, so it is testable as is.
+
+Rows are kept compactly (`Series`: the handful of numbers the table and the curves need, for
+every row), plus the newest full rows and every validation row. A resumed trainer writes the
+replayed updates again: a row whose update is not past the last one cuts the series back first.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.supervise_rpc import is_validation_row
+from nsconsole import health
+from nsconsole.health import HealthFlag
+
+RECENT_ROWS = 256
+"""Full rows kept per line (the health checks look at these)."""
+MAX_VALIDATIONS = 512
+"""Validation rows kept per line."""
+MAX_EVENTS = 500
+"""Events kept per line."""
+
+EVENT_GLYPHS = {
+    "launched": ("▶", "launched"),
+    "finished": ("✓", "finished"),
+    "stopped": ("■", "stopped"),
+    "failed": ("✗", "failed"),
+    "crashed": ("✗", "crashed"),
+    "stuck": ("◷", "stuck"),
+    "watchdog_restart": ("↻", "watchdog"),
+    "signal_restart": ("↻", "signal"),
+    "disk_full": ("■", "disk"),
+    "data_wait": ("…", "data"),
+    "gpu_wait": ("…", "gpu"),
+    "preparer_failing": ("✗", "preparer"),
+    "supervisor_failed": ("✗", "supervisor"),
+    "disconnected": ("⚡", "lost"),
+    "connected": ("↺", "attached"),
+    "restarted": ("↻", "restarted"),
+    "request": ("→", "request"),
+    "refused": ("✗", "refused"),
+}
+"""Glyph and word of each event kind (supervisor events, the console's own, and health)."""
+
+_VAL_MIX = re.compile(r"^val_(\d+)/mix$")
+
+
+@dataclass(frozen=True)
+class ConsoleEvent:
+    """One entry of a line's event list."""
+
+    time: float
+    """When it happened (Unix time)."""
+    kind: str
+    """A supervisor event kind, a health check's kind, or the console's own (`disconnected`...)."""
+    glyph: str
+    """One character marking it."""
+    word: str
+    """A short word beside the glyph."""
+    message: str
+    """What happened."""
+    severity: str = "info"
+    """`info`, `warning` or `error`."""
+
+
+@dataclass(frozen=True)
+class LineFacts:
+    """What the console reads once from a line's run.json (written atomically, so safe to read)."""
+
+    preset: str | None = None
+    """The model preset (`pssa-*` lines get the memory tab)."""
+    schedule: Callable[[float], float] | None = None
+    """The learning rate at a number of tokens trained (None: unknown, no lr check)."""
+    share_reserve_gb: float | None = None
+    """GPU memory left to other processes; None: sharing is off (the line waits for a free GPU)."""
+    min_free_disk_gb: float | None = None
+    """The line's own disk guard."""
+
+    @property
+    def is_pssa(self) -> bool:
+        return bool(self.preset and self.preset.startswith("pssa"))
+
+    @property
+    def sharing(self) -> bool:
+        return self.share_reserve_gb is not None
+
+
+@dataclass
+class Series:
+    """The numbers of every training row the table and the curves need, column by column."""
+
+    update: list[int] = field(default_factory=list)
+    tokens: list[float] = field(default_factory=list)
+    loss: list[float] = field(default_factory=list)
+    lr: list[float] = field(default_factory=list)
+    grad_norm: list[float] = field(default_factory=list)
+    tokens_per_s: list[float] = field(default_factory=list)
+    skipped: list[bool] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.update)
+
+    def append(self, row: dict[str, Any]) -> None:
+        self.update.append(int(row["update"]))
+        self.tokens.append(_number(row.get("tokens")))
+        self.loss.append(_number(row.get("loss")))
+        self.lr.append(_number(row.get("lr")))
+        self.grad_norm.append(_number(row.get("grad_norm")))
+        self.tokens_per_s.append(_number(row.get("tokens_per_s")))
+        self.skipped.append(bool(row.get("skipped")))
+
+    def cut_from(self, update: int) -> None:
+        """Drop every row of `update` and later (a resume writes them again)."""
+        keep = len(self.update)
+        while keep and self.update[keep - 1] >= update:
+            keep -= 1
+        for column in self._columns():
+            del column[keep:]
+
+    def _columns(self) -> tuple[list[Any], ...]:
+        return (self.update, self.tokens, self.loss, self.lr, self.grad_norm, self.tokens_per_s, self.skipped)
+
+
+def _number(value: Any) -> float:
+    """A row's number, NaN where it is missing or not a number (a NaN loss arrives as null)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return math.nan
+    return float(value)
+
+
+def validation_loss(row: dict[str, Any]) -> float | None:
+    """The headline validation loss of a validation row: `val_<L>/mix` at the row's length if present."""
+    seq_len = row.get("seq_len")
+    preferred = f"val_{seq_len}/mix"
+    if isinstance(row.get(preferred), (int, float)):
+        return float(row[preferred])
+    mixes = sorted((int(match[1]), key) for key in row if (match := _VAL_MIX.match(key)))
+    if mixes and isinstance(row[mixes[0][1]], (int, float)):
+        return float(row[mixes[0][1]])
+    for key, value in row.items():
+        if key.startswith("val_") and key.endswith("/mean") and isinstance(value, (int, float)):
+            return float(value)
+    return None
+
+
+class LineState:
+    """Everything the console knows about one line (see the module docstring)."""
+
+    def __init__(self, key: str, path: str | Path, facts: LineFacts | None = None) -> None:
+        self.key = key
+        """The line's registry id (stable for its path)."""
+        self.path = str(path)
+        self.name = Path(path).name
+        self.facts = facts or LineFacts()
+        self.connected = False
+        self.ever_connected = False
+        self.disconnect_reason: str | None = None
+        self.epoch: str | None = None
+        self.supervisor_pid: int | None = None
+        self.status: dict[str, Any] = {}
+        """The supervisor's latest `status` reply."""
+        self.heartbeat: dict[str, Any] | None = None
+        self.series = Series()
+        self.recent_rows: deque[dict[str, Any]] = deque(maxlen=RECENT_ROWS)
+        self.validations: deque[dict[str, Any]] = deque(maxlen=MAX_VALIDATIONS)
+        self.events: deque[ConsoleEvent] = deque(maxlen=MAX_EVENTS)
+        self.rows_next = 0
+        """The index in rows.jsonl of the next row to fetch."""
+        self.health: list[HealthFlag] = []
+        self.disk_free: int | None = None
+        self.disk_total: int | None = None
+        self.version = 0
+        """Bumped by every change, so a widget redraws only lines that changed."""
+
+    # ---- what the supervisor says ------------------------------------------------------------
+
+    def apply_hello(self, hello: dict[str, Any], now: float) -> bool:
+        """A (re)connection's hello; True when the supervisor is a new one (its rows are refetched)."""
+        epoch = hello.get("epoch")
+        restarted = self.epoch is not None and epoch != self.epoch
+        if restarted:
+            self.add_event(now, "restarted", f"the supervisor restarted (pid {hello.get('pid')})", "warning")
+        elif not self.ever_connected or not self.connected:
+            self.add_event(now, "connected", f"attached to the supervisor (pid {hello.get('pid')})")
+        fresh = restarted or self.epoch is None
+        self.epoch = epoch
+        self.supervisor_pid = hello.get("pid")
+        self.connected, self.ever_connected, self.disconnect_reason = True, True, None
+        if fresh:
+            # rows.jsonl may have been cut back by a resume since: read it again from the start.
+            self.rows_next = 0
+        self.version += 1
+        return fresh
+
+    def apply_status(self, status: dict[str, Any]) -> None:
+        if status != self.status:
+            self.status = status
+            heartbeat = status.get("heartbeat")
+            if isinstance(heartbeat, dict) and _beat_time(heartbeat) >= _beat_time(self.heartbeat or {}):
+                self.heartbeat = heartbeat
+            self.version += 1
+
+    def apply_rows(self, rows: Iterable[dict[str, Any]], first_index: int) -> None:
+        """Rows fetched with `rows {since: first_index}`; a fetch from 0 replaces what is held."""
+        if first_index == 0:
+            self.series = Series()
+            self.recent_rows.clear()
+            self.validations.clear()
+        count = 0
+        for row in rows:
+            count += 1
+            if "omitted" not in row:
+                self.add_row(row)
+        self.rows_next = first_index + count
+        self.version += 1
+
+    def add_row(self, row: dict[str, Any]) -> None:
+        """One row, pushed or fetched, in order."""
+        update = row.get("update")
+        if not isinstance(update, int) or isinstance(update, bool):
+            return
+        if is_validation_row(row):
+            while self.validations and self.validations[-1].get("update", -1) >= update:
+                self.validations.pop()
+            self.validations.append(row)
+        if "loss" not in row:
+            return  # a validation row of its own: the training row of its update came before it
+        if self.series.update and self.series.update[-1] >= update:
+            self.series.cut_from(update)
+            while self.recent_rows and self.recent_rows[-1].get("update", -1) >= update:
+                self.recent_rows.pop()
+        self.series.append(row)
+        self.recent_rows.append(row)
+
+    def apply_notification(self, kind: str, data: dict[str, Any], now: float) -> None:
+        if "omitted" in data:
+            return  # too large to push: the next rows fetch brings it
+        if kind in ("row", "validation"):
+            self.add_row(data)
+        elif kind == "heartbeat":
+            # A replayed backlog may carry older beats than the status reply already gave.
+            if _beat_time(data) >= _beat_time(self.heartbeat or {}):
+                self.heartbeat = data
+        elif kind == "event":
+            event_kind = str(data.get("event", "event"))
+            severity = "error" if event_kind in ("failed", "stuck", "supervisor_failed", "disk_full") else "info"
+            self.add_event(float(data.get("time") or now), event_kind, str(data.get("message", "")), severity)
+        self.version += 1
+
+    def mark_disconnected(self, reason: str, now: float) -> None:
+        if self.connected or not self.ever_connected and self.disconnect_reason is None:
+            self.add_event(now, "disconnected", f"supervisor unreachable: {reason}", "warning")
+        self.connected = False
+        self.disconnect_reason = reason
+        self.version += 1
+
+    def add_event(self, now: float, kind: str, message: str, severity: str = "info") -> ConsoleEvent:
+        glyph, word = EVENT_GLYPHS.get(kind, ("•", kind))
+        event = ConsoleEvent(now, kind, glyph, word, message, severity)
+        self.events.append(event)
+        self.version += 1
+        return event
+
+    # ---- health --------------------------------------------------------------------------------
+
+    def refresh_health(self, now: float) -> list[HealthFlag]:
+        """Re-run the health checks; returns the flags that were not raised before (also as events)."""
+        series = self.series
+        heartbeat = self.heartbeat or {}
+        newest_row = self.recent_rows[-1] if self.recent_rows else None
+        min_free = None if self.facts.min_free_disk_gb is None else self.facts.min_free_disk_gb * 1e9
+        candidates = [
+            health.loss_spike(series.loss[-health.SPIKE_WINDOW - 1 :]),
+            health.slow_throughput(series.tokens_per_s[-health.SLOW_WINDOW - 1 :]),
+            None if newest_row is None else health.lr_off_schedule(newest_row, self.facts.schedule),
+            health.stale_heartbeat(self.supervisor_state, self.heartbeat_age(now)),
+            health.skipped_updates(series.skipped[-health.SKIPPED_WINDOW :]),
+            health.waiting_for_data(heartbeat.get("stage"), heartbeat.get("cycle")),
+            health.full_disk(self.disk_free, self.disk_total, min_free),
+        ]
+        flags = [flag for flag in candidates if flag is not None]
+        before = {flag.kind for flag in self.health}
+        new = [flag for flag in flags if flag.kind not in before]
+        for flag in new:
+            event = ConsoleEvent(now, flag.kind, flag.glyph, flag.word, flag.detail, flag.severity)
+            self.events.append(event)
+        if [flag.label for flag in flags] != [flag.label for flag in self.health]:
+            self.version += 1
+        self.health = flags
+        return new
+
+    # ---- what the table shows ------------------------------------------------------------------
+
+    @property
+    def kind(self) -> str:
+        # The supervisor's status names the line a branch was forked from (`parent`).
+        return "branch" if self.status.get("parent") else "trunk"
+
+    @property
+    def supervisor_state(self) -> str | None:
+        return self.status.get("state")
+
+    @property
+    def display_state(self) -> str:
+        """The supervisor's state, or the trainer's stage where that says more (checkpointing...)."""
+        if not self.ever_connected:
+            return "unreachable"
+        state = self.supervisor_state or "starting"
+        stage = (self.heartbeat or {}).get("stage")
+        if state == "training" and stage in ("checkpointing", "waiting-data", "validating"):
+            return stage
+        return state
+
+    def heartbeat_age(self, now: float) -> float | None:
+        if not self.heartbeat:
+            return None
+        beat = _beat_time(self.heartbeat)
+        return None if beat <= 0 else max(0.0, now - beat)
+
+    @property
+    def last_row(self) -> dict[str, Any] | None:
+        return self.recent_rows[-1] if self.recent_rows else None
+
+    @property
+    def update(self) -> int | None:
+        row_update = self.series.update[-1] if self.series.update else None
+        beat_update = (self.heartbeat or {}).get("update")
+        candidates = [value for value in (row_update, beat_update) if isinstance(value, int)]
+        return max(candidates) if candidates else None
+
+    @property
+    def tokens(self) -> float | None:
+        return self.series.tokens[-1] if self.series.tokens else None
+
+    @property
+    def cycle(self) -> int | None:
+        """The data cycle the trainer is in: its last row's, or the one a heartbeat says it waits for."""
+        row = self.last_row
+        candidates = [
+            value
+            for value in (None if row is None else row.get("cycle"), (self.heartbeat or {}).get("cycle"))
+            if isinstance(value, int) and not isinstance(value, bool)
+        ]
+        return max(candidates) if candidates else None
+
+    @property
+    def is_pssa(self) -> bool:
+        """A PSSA line (it gets the memory tab), from run.json or the supervisor's status."""
+        preset = self.status.get("preset")
+        return self.facts.is_pssa or (isinstance(preset, str) and preset.startswith("pssa"))
+
+    @property
+    def plan_stage(self) -> str | None:
+        row = self.last_row
+        return None if row is None else row.get("stage")
+
+    @property
+    def loss(self) -> float | None:
+        return _present(self.series.loss[-1]) if self.series.loss else None
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return _present(self.series.tokens_per_s[-1]) if self.series.tokens_per_s else None
+
+    @property
+    def val_loss(self) -> float | None:
+        for row in reversed(self.validations):
+            value = validation_loss(row)
+            if value is not None:
+                return value
+        return None
+
+    @property
+    def restarts(self) -> int:
+        """Trainer launches after the first one, by this supervisor."""
+        launches = self.status.get("launches")
+        return max(0, launches - 1) if isinstance(launches, int) else 0
+
+    @property
+    def gpu_index(self) -> int | None:
+        index = self.status.get("gpu_index")
+        return index if isinstance(index, int) else None
+
+    @property
+    def trainer_pid(self) -> int | None:
+        pid = self.status.get("trainer_pid")
+        return pid if isinstance(pid, int) else None
+
+    @property
+    def latest_checkpoint(self) -> int | None:
+        update = self.status.get("latest_checkpoint")
+        return update if isinstance(update, int) else None
+
+    @property
+    def mutable(self) -> bool:
+        """Mutating keys work only on a line whose supervisor answers now."""
+        return self.connected
+
+
+def _present(value: float) -> float | None:
+    return None if math.isnan(value) else value
+
+
+def _beat_time(heartbeat: dict[str, Any]) -> float:
+    beat = heartbeat.get("time")
+    return float(beat) if isinstance(beat, (int, float)) and not isinstance(beat, bool) else 0.0
+
+
+class LineBook:
+    """Every line the console shows, by key, in a stable order (by path)."""
+
+    def __init__(self) -> None:
+        self.lines: dict[str, LineState] = {}
+
+    def __iter__(self) -> Iterator[LineState]:
+        return iter(sorted(self.lines.values(), key=lambda line: line.path))
+
+    def __len__(self) -> int:
+        return len(self.lines)
+
+    def get(self, key: str) -> LineState | None:
+        return self.lines.get(key)
+
+    def add(self, line: LineState) -> LineState:
+        return self.lines.setdefault(line.key, line)

@@ -1,0 +1,112 @@
+"""How the console writes numbers, ages and states: short, fixed-width friendly, never colour alone."""
+
+from __future__ import annotations
+
+import math
+
+from textual.theme import Theme
+
+STATE_GLYPHS = {
+    "starting": "○",
+    "waiting-gpu": "…",
+    "training": "▶",
+    "checkpointing": "⤓",
+    "validating": "◇",
+    "waiting-data": "…",
+    "relaunching": "↻",
+    "stopping": "◼",
+    "finished": "✓",
+    "stopped": "■",
+    "failed": "✗",
+    "stuck": "◷",
+    "unreachable": "⚡",
+}
+"""A glyph for every state a line can be in, so the state reads without its colour."""
+
+STATE_SEVERITY = {
+    "training": "success",
+    "checkpointing": "success",
+    "validating": "success",
+    "finished": "success",
+    "waiting-gpu": "warning",
+    "waiting-data": "warning",
+    "relaunching": "warning",
+    "stopping": "warning",
+    "starting": "warning",
+    "failed": "error",
+    "stuck": "error",
+    "unreachable": "error",
+}
+"""The theme colour of each state (`stopped` and unknown states take the plain foreground)."""
+
+FINAL_STATES = frozenset({"finished", "stopped", "failed", "stuck"})
+"""States a supervisor exits in: its socket then goes quiet, which is no connection problem."""
+
+FRESH_HEARTBEAT_S = 30.0
+"""A heartbeat younger than this is fresh; older than `health.STALE_HEARTBEAT_S` is stale."""
+
+
+def state_label(state: str) -> str:
+    return f"{STATE_GLYPHS.get(state, '•')} {state}"
+
+
+def count(value: float | None) -> str:
+    """A large count in engineering shorthand: 1234 -> 1.2K, 3.8e6 -> 3.8M."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "—"
+    magnitude = abs(value)
+    for limit, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "K")):
+        if magnitude >= limit:
+            return f"{value / limit:.1f}{suffix}"
+    return f"{value:.0f}"
+
+
+def number(value: float | None, digits: int = 4) -> str:
+    """A reading with `digits` significant digits ("—" when unknown or not finite)."""
+    if value is None or not math.isfinite(value):
+        return "—"
+    if abs(value) >= 1e4:
+        return count(value)  # 27.6K reads better than 2.765e+04
+    return f"{value:.{digits}g}"
+
+
+def age(seconds: float | None) -> str:
+    """Seconds as the largest whole unit: 42s, 5m, 3h, 2d."""
+    if seconds is None:
+        return "—"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+def heartbeat_mark(seconds: float | None, stale_after_s: float) -> tuple[str, str]:
+    """(glyph, severity) of a heartbeat's age: ● fresh, ◐ late, ○ stale, · none."""
+    if seconds is None:
+        return "·", "muted"
+    if seconds < FRESH_HEARTBEAT_S:
+        return "●", "success"
+    if seconds < stale_after_s:
+        return "◐", "warning"
+    return "○", "error"
+
+
+def signed(value: float, digits: int = 3) -> str:
+    """A change with its direction as a glyph: ▲ +0.012, ▼ -0.3, = 0."""
+    if value > 0:
+        return f"▲ +{value:.{digits}g}"
+    if value < 0:
+        return f"▼ {value:.{digits}g}"
+    return "= 0"
+
+
+def gib(size: float) -> str:
+    return f"{size / 2**30:.1f}"
+
+
+def severity_style(theme: Theme, severity: str) -> str:
+    """The Rich style of a severity in a theme (`success`, `warning`, `error`, `muted`, other: plain)."""
+    colour = {"success": theme.success, "warning": theme.warning, "error": theme.error}.get(severity)
+    if colour:
+        return colour
+    return "dim" if severity == "muted" else ""

@@ -1,0 +1,130 @@
+"""The GPU panel: every GPU's memory split between the selected line, other processes, the
+reserve and what is free; its utilisation as a sparkline; who holds its lease; whether the
+selected line shares the GPU. A machine without a GPU shows why, once.
+
+Memory segments are drawn with different characters (█ this line, ▓ other processes,
+░ the reserve, · free) with a legend, so the split reads without colour.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.text import Text
+from textual.widgets import Static
+
+from engine.gpu import GpuSnapshot, LeaseHolder, gpu_snapshot, lease_holder
+from nsconsole.state import LineBook, LineState
+from nsconsole.widgets import format as fmt
+from nsconsole.widgets.plot import sparkline
+
+UTILISATION_HISTORY = 120
+"""Utilisation samples kept per GPU (a minute at the panel's 2 Hz)."""
+BAR_WIDTH = 40
+SPARK_WIDTH = 60
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    """One look at the GPUs: NVML's snapshot and each device's lease holder."""
+
+    snapshot: GpuSnapshot
+    """What NVML reports (or why there is nothing)."""
+    leases: list[LeaseHolder | None] = field(default_factory=list)
+    """The holder of each device's lease, by index (None: free)."""
+
+
+GpuReader = Callable[[], GpuReading]
+"""Where the app gets its readings (`read_gpus`, or frozen ones in the snapshot tests)."""
+
+
+def read_gpus() -> GpuReading:
+    """The GPUs now, from NVML and the lease files (call it off the UI thread)."""
+    snapshot = gpu_snapshot()
+    return GpuReading(snapshot, [lease_holder(device.index) for device in snapshot.devices])
+
+
+def memory_bar(
+    total: int, this_line: int, others: int, reserve: int, width: int = BAR_WIDTH
+) -> list[tuple[str, int, str]]:
+    """(character, cells, segment) runs of a memory bar of `width` cells, in display order."""
+    if total <= 0:
+        return [("·", width, "free")]
+    free = max(0, total - this_line - others - reserve)
+    segments = [("█", this_line, "line"), ("▓", others, "others"), ("░", reserve, "reserve"), ("·", free, "free")]
+    cells = [round(size / total * width) for _, size, _ in segments]
+    cells[-1] = max(0, width - sum(cells[:-1]))  # rounding lands on the free space
+    return [(char, count, name) for (char, _, name), count in zip(segments, cells) if count > 0]
+
+
+class GpuPanel(Static):
+    """See the module docstring; `show(reading, book, selected)` redraws it."""
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.utilisation: dict[int, deque[float | None]] = {}
+
+    def record(self, reading: GpuReading) -> None:
+        """Add a utilisation sample per device (a reading taken on the panel's cadence)."""
+        for device in reading.snapshot.devices:
+            history = self.utilisation.setdefault(device.index, deque(maxlen=UTILISATION_HISTORY))
+            history.append(None if device.utilization is None else float(device.utilization))
+
+    def show(self, reading: GpuReading | None, book: LineBook, selected: LineState | None) -> None:
+        self.update(self.render_text(reading, book, selected))
+
+    def render_text(self, reading: GpuReading | None, book: LineBook, selected: LineState | None) -> Text:
+        theme = self.app.current_theme
+        text = Text()
+        if reading is None:
+            return Text("GPUs: reading…", style="dim")
+        snapshot = reading.snapshot
+        if not snapshot.available:
+            text.append("○ no GPU", style="bold")
+            text.append(f"  {snapshot.reason or 'NVML reports no device'}; lines train on the CPU", style="dim")
+            return text
+        by_path = {line.path: line for line in book}
+        trainer_pids: dict[int, LineState] = {line.trainer_pid: line for line in book if line.trainer_pid}
+        for device in snapshot.devices:
+            if text:
+                text.append("\n")
+            this_line = sum(
+                process.used_memory or 0
+                for process in device.processes
+                if selected is not None and process.pid == selected.trainer_pid
+            )
+            others = max(0, device.memory_used - this_line)
+            sharing = selected is not None and selected.facts.sharing
+            reserve = int((selected.facts.share_reserve_gb or 0) * 1e9) if sharing and selected else 0
+            reserve = min(reserve, max(0, device.memory_total - device.memory_used))
+            text.append(f"GPU{device.index} ", style="bold")
+            text.append(f"{device.name[:20]:<20} ")
+            for char, cells, segment in memory_bar(device.memory_total, this_line, others, reserve):
+                style = {"line": theme.primary, "others": theme.warning, "reserve": theme.secondary}.get(segment, "dim")
+                text.append(char * cells, style=style or "")
+            text.append(f" {fmt.gib(device.memory_used)}/{fmt.gib(device.memory_total)} GiB  ")
+            holder = reading.leases[device.index] if device.index < len(reading.leases) else None
+            text.append(f"lease: {_holder_name(holder, by_path, trainer_pids)}")
+            if selected is not None:
+                text.append(f"  sharing: {'on' if sharing else 'off'}")
+            history = self.utilisation.get(device.index, deque())
+            utilisation = "—" if device.utilization is None else f"{device.utilization}%"
+            text.append(f"\n{'':<26}utilisation {utilisation:>4} ")
+            text.append(sparkline(list(history), SPARK_WIDTH, 0.0, 100.0), style=theme.success or "")
+        text.append("\n█ this line  ▓ other processes  ░ reserve  · free", style="dim")
+        return text
+
+
+def _holder_name(
+    holder: LeaseHolder | None, by_path: dict[str, LineState], trainer_pids: dict[int, LineState]
+) -> str:
+    if holder is None:
+        return "free"
+    line = by_path.get(holder.line) or trainer_pids.get(holder.pid)
+    if line is not None:
+        return line.name
+    return Path(holder.line).name or f"pid {holder.pid}"
+

@@ -1,0 +1,44 @@
+"""run.log and supervisor.out stay bounded: rotated past the cap, the newest few kept."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from engine.logrotate import RotatingLog, rotate_if_needed
+
+
+def test_rotation_keeps_the_newest_files(tmp_path: Path) -> None:
+    log_path = tmp_path / "run.log"
+    log = RotatingLog(log_path, max_bytes=100, keep=2)
+    for number in range(45):
+        log.write(f"entry {number:04d}\n")  # 11 bytes each: a rotation every 10 entries
+    log.close()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["run.log", "run.log.1", "run.log.2"]
+    texts = [(tmp_path / name).read_text() for name in ("run.log.2", "run.log.1", "run.log")]
+    entries = "".join(texts).split()
+    numbers = [int(word) for word in entries if word.isdigit()]
+    assert numbers == list(range(20, 45))  # contiguous, newest last, nothing lost in between
+    assert all(len(text) <= 100 + 11 for text in texts)
+
+
+def test_a_writer_follows_another_writers_rotation(tmp_path: Path) -> None:
+    log_path = tmp_path / "run.log"
+    first, second = RotatingLog(log_path, max_bytes=50, keep=3), RotatingLog(log_path, max_bytes=50, keep=3)
+    first.write("a" * 60 + "\n")  # past the cap: first rotates
+    second.write("from second\n")  # second's file was rotated away: it must write to the new run.log
+    assert log_path.read_text() == "from second\n"
+    assert (tmp_path / "run.log.1").read_text() == "a" * 60 + "\n"
+    first.close()
+    second.close()
+
+
+def test_rotate_if_needed_leaves_small_files(tmp_path: Path) -> None:
+    log_path = tmp_path / "supervisor.out"
+    assert not rotate_if_needed(log_path, max_bytes=10)
+    log_path.write_text("short\n")
+    assert not rotate_if_needed(log_path, max_bytes=10)
+    log_path.write_text("long enough to rotate\n")
+    assert rotate_if_needed(log_path, max_bytes=10)
+    assert not log_path.exists() and (tmp_path / "supervisor.out.1").exists()
+    assert os.listdir(tmp_path) == ["supervisor.out.1"]

@@ -1,0 +1,95 @@
+"""Discovery: supervisors register under the runtime dir; stale entries are dropped."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine import registry
+from engine.errors import LineError
+
+
+@pytest.fixture(autouse=True)
+def runtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
+    (tmp_path / "run").mkdir(mode=0o700)
+    return tmp_path / "run" / "nsconsole"
+
+
+def test_register_list_unregister(tmp_path: Path, runtime: Path) -> None:
+    line = tmp_path / "lines" / "trunk"
+    line.mkdir(parents=True)
+    entry = registry.register(line, line / "supervisor.sock")
+    assert stat.S_IMODE(os.stat(runtime).st_mode) == 0o700
+    record = json.loads((runtime / f"{entry.id}.json").read_text())
+    assert record["line"] == str(line) and record["socket"] == str(line / "supervisor.sock")
+    assert record["pid"] == os.getpid() and record["create_time"] > 0 and record["started"] > 0
+    assert entry.id.startswith("trunk-")
+    assert registry.list_supervisors() == [entry]
+    assert registry.find_supervisor(line) == entry
+    registry.unregister(entry)
+    assert registry.list_supervisors() == [] and registry.find_supervisor(line) is None
+
+
+def test_stale_entries_are_dropped(tmp_path: Path, runtime: Path) -> None:
+    live_line, dead_line, reused_line = (tmp_path / name for name in ("live", "dead", "reused"))
+    for line in (live_line, dead_line, reused_line):
+        line.mkdir()
+    live = registry.register(live_line, live_line / "supervisor.sock")
+    finished = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    )
+    dead_pid = int(finished.stdout)
+    registry.register(dead_line, dead_line / "supervisor.sock", pid=os.getpid())
+    dead_file = runtime / f"{registry.line_id(dead_line)}.json"
+    record = json.loads(dead_file.read_text())
+    dead_file.write_text(json.dumps({**record, "pid": dead_pid}))
+    # Our own pid, but recorded with another start time: the pid was reused by another process.
+    reused = registry.register(reused_line, reused_line / "supervisor.sock")
+    reused_file = runtime / f"{reused.id}.json"
+    reused_file.write_text(json.dumps({**json.loads(reused_file.read_text()), "create_time": 1000.0}))
+    (runtime / "garbage.json").write_text("{not json")
+
+    assert registry.list_supervisors() == [live]
+    assert sorted(path.name for path in runtime.iterdir()) == [f"{live.id}.json"]
+
+
+def test_a_newer_registration_is_not_removed_by_the_older_supervisor(tmp_path: Path) -> None:
+    line = tmp_path / "line"
+    line.mkdir()
+    older = registry.register(line, line / "supervisor.sock")
+    newer = registry.register(line, line / "supervisor.sock")
+    newer_file = registry.runtime_dir() / f"{newer.id}.json"
+    record = json.loads(newer_file.read_text())
+    newer_file.write_text(json.dumps({**record, "create_time": older.create_time + 1}))
+    registry.unregister(older)
+    assert newer_file.exists()
+
+
+def test_a_runtime_dir_owned_by_another_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    if os.getuid() != 0:
+        pytest.skip("needs root to create a directory owned by another user")
+    planted = tmp_path / "planted"
+    (planted / "nsconsole").mkdir(parents=True)
+    os.chown(planted / "nsconsole", 65534, 65534)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(planted))
+    with pytest.raises(LineError, match="not a directory owned by uid 0"):
+        registry.runtime_dir()
+
+
+def test_without_xdg_the_runtime_dir_is_private_under_tmp(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("XDG_RUNTIME_DIR")
+    directory = registry.runtime_dir()
+    assert directory == Path(f"/tmp/nsconsole-{os.getuid()}/nsconsole")
+    assert stat.S_IMODE(os.stat(directory.parent).st_mode) == 0o700
+
+
+def test_a_missing_xdg_runtime_dir_falls_back_to_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "gone"))
+    assert registry.runtime_dir() == Path(f"/tmp/nsconsole-{os.getuid()}/nsconsole")
