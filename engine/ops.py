@@ -122,6 +122,12 @@ def _check_preset_name(preset: str) -> None:
         raise LineError(f"--model: {preset!r} is not a preset (known: {', '.join(known)})")
 
 
+def _preset_has_field(config: RunConfig, name: str) -> bool:
+    from engine.models.presets import preset_config
+
+    return hasattr(preset_config(config.model.preset, config.model.overrides), name)
+
+
 def default_tokens_per_update(seq_len: int) -> int:
     """About DEFAULT_TOKENS_PER_UPDATE tokens, as a whole number of rows of `seq_len`."""
     return max(1, round(DEFAULT_TOKENS_PER_UPDATE / seq_len)) * seq_len
@@ -162,6 +168,10 @@ def new_line(root: Path | str, options: NewLineOptions) -> RunConfig:
     follows_data = data.vocab_size is not None and "vocab_size" not in options.overrides
     if follows_data and model_vocab_size(config) != data.vocab_size:
         config.model.overrides["vocab_size"] = data.vocab_size
+        config.validate(source=source)
+    # Models that mark document boundaries (NS clocks, probes) read the data line's EOS id.
+    if data.eos_id is not None and "eos_id" not in options.overrides and _preset_has_field(config, "eos_id"):
+        config.model.overrides["eos_id"] = data.eos_id
         config.validate(source=source)
     layout.root.mkdir(parents=True, exist_ok=True)
     layout.checkpoints.mkdir(exist_ok=True)

@@ -53,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.run is not None:
             from nsconsole.commands.run import run_headless
 
-            return int(run_headless(args.run or None) or 0)
+            return int(run_headless(args.run or None, args.host_settings) or 0)
         from nsconsole.commands.console import open_console
 
         return int(open_console(readonly=args.readonly, theme=args.theme) or 0)

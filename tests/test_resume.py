@@ -63,7 +63,7 @@ def assert_same_state(line: Path, reference: Path) -> None:
 def trainer_process(line: Path) -> subprocess.Popen:
     environment = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=str(REPOSITORY))
     return subprocess.Popen(
-        [sys.executable, "-m", "nsconsole", "run", str(line), "--foreground"],
+        [sys.executable, "-m", "nsconsole", "run", str(line), "--no-supervisor"],
         cwd=REPOSITORY,
         env=environment,
         stdout=subprocess.DEVNULL,

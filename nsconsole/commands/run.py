@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from nsconsole.commands.pending import not_built
+from engine.host import HostSettings
 
 HELP = (
     "LINE [--foreground] [--stop-at UPDATE]: run a line under its supervisor "
@@ -17,12 +17,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "run",
         help=HELP,
         description=(
-            HELP + ". --foreground trains in this terminal (a row every print_every updates), "
-            "checkpoints at exit and exits 0 at --stop-at, on a STOP request or when the data line ends."
+            HELP + ". The supervisor launches the trainer and the data preparer, restarts them after a "
+            "crash, a hang or a stray SIGTERM, and stops the line with a checkpoint on request. "
+            "--foreground keeps the supervisor in this terminal and echoes run.log; --no-supervisor "
+            "trains in this process alone (no restarts), a row every print_every updates. "
+            "Example: nsconsole run runs/trunk"
         ),
     )
     parser.add_argument("line", help="the training line's directory")
-    parser.add_argument("--foreground", action="store_true", help="train in this terminal")
+    parser.add_argument("--foreground", action="store_true", help="supervise in this terminal")
+    parser.add_argument(
+        "--no-supervisor",
+        action="store_true",
+        help="train in this process without a supervisor (implies --foreground)",
+    )
     parser.add_argument("--stop-at", type=int, default=None, metavar="UPDATE", help="stop cleanly at UPDATE")
     parser.add_argument(
         "--engine",
@@ -34,13 +42,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if not args.foreground:
-        raise not_built("run (in the background, under the supervisor)", "supervisor")
-    from engine.trainer import Trainer
+    line = args.host_settings.resolve_line(args.line)
+    if args.no_supervisor:
+        from engine.trainer import Trainer
 
-    return Trainer(args.line, stop_at=args.stop_at, engine=args.engine).run()
+        return Trainer(line, stop_at=args.stop_at, engine=args.engine).run()
+    from engine.supervise import run_line
+
+    return run_line(line, foreground=args.foreground, stop_at=args.stop_at, engine=args.engine)
 
 
-def run_headless(line: str | None) -> int:
-    """`nsconsole --run [LINE]`: the supervisor, detached; no LINE creates the demo line."""
-    raise not_built("--run", "supervisor")
+def run_headless(line: str | None, host: HostSettings) -> int:
+    """`nsconsole --run [LINE]`: the supervisor, detached; no LINE creates (or resumes) the demo line."""
+    from engine.supervise import run_line
+
+    if line is not None:
+        return run_line(host.resolve_line(line), foreground=False)
+    from engine.demo import demo_paths, ensure_demo_line
+
+    demo = ensure_demo_line(demo_paths(host.work_root))
+    status = run_line(demo, foreground=False)
+    if status == 0:
+        print(
+            "watch it: nsconsole        "
+            f"(or: nsconsole status {demo}; stop it: nsconsole stop {demo})"
+        )
+    return status

@@ -1,0 +1,75 @@
+"""`nsconsole --run` on a fresh machine: the embedded demo line is created, trained under a
+detached supervisor, visible in the discovery registry, and stops with a checkpoint on request."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from engine.ckpt import read_latest
+
+pytestmark = pytest.mark.slow
+
+
+def _wait_for(predicate, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def _rows(line: Path) -> list[dict]:
+    path = line / "rows.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(text) for text in path.read_text().splitlines() if text.endswith("}")]
+
+
+def test_run_creates_and_trains_the_demo_line_then_stops_cleanly(tmp_path: Path) -> None:
+    host = tmp_path / "host.json"
+    host.write_text(json.dumps({"work_root": str(tmp_path / "lines")}))
+    env = {
+        **os.environ,
+        "NSCONSOLE_HOST": str(host),
+        "XDG_RUNTIME_DIR": str(tmp_path / "runtime"),
+        "HOME": str(tmp_path),
+    }
+    (tmp_path / "runtime").mkdir(mode=0o700)
+    command = [sys.executable, "-m", "nsconsole"]
+    started = subprocess.run([*command, "--run"], env=env, capture_output=True, text=True, timeout=300)
+    assert started.returncode == 0, started.stderr
+    assert "watch it: nsconsole" in started.stdout
+    line = tmp_path / "lines" / "demo"
+    config = json.loads((line / "run.json").read_text())
+    assert config["model"]["preset"] == "ns-tiny"
+    assert config["model"]["overrides"]["eos_id"] == 0  # the data line's EOS, for NS boundaries
+    # The schedule decays to the corpus's end, so the demo finishes by itself.
+    assert [piece["kind"] for piece in config["lr"]["pieces"]] == ["warmup", "decay", "constant"]
+    registry = list((tmp_path / "runtime" / "nsconsole").glob("*.json"))
+    assert any(json.loads(entry.read_text())["line"] == str(line) for entry in registry)
+    try:
+        _wait_for(lambda: len(_rows(line)) >= 3, 240, "three trained updates")
+    finally:
+        subprocess.run([*command, "stop", str(line)], env=env, check=True, timeout=60)
+        supervisor_pid = json.loads((line / "supervisor.json").read_text())["pid"]
+        _wait_for(lambda: not Path(f"/proc/{supervisor_pid}").exists(), 120, "the supervisor to exit")
+    rows = _rows(line)
+    losses = [row["loss"] for row in rows]
+    assert all(loss == loss and loss < 10 for loss in losses)
+    latest = read_latest(line / "checkpoints")
+    assert latest is not None and int(latest[1:]) == rows[-1]["update"]
+    # Running it again resumes the same line instead of creating another.
+    again = subprocess.run([*command, "--run"], env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert "creating" not in again.stdout
+    subprocess.run([*command, "stop", str(line)], env=env, check=True, timeout=60)
+    supervisor_pid = json.loads((line / "supervisor.json").read_text())["pid"]
+    _wait_for(lambda: not Path(f"/proc/{supervisor_pid}").exists(), 120, "the supervisor to exit")
