@@ -17,8 +17,13 @@ from engine.config import RunConfig
 from engine.errors import LineError
 from engine.layout import LineLayout, checkpoint_update
 from engine.ops import StopRequest, open_line, read_stop
+from engine.wb_state import WandbRunState
 
 TAIL_BLOCK_BYTES = 64 * 1024
+VALIDATION_MARKER = b'"val_'
+"""Bytes every row of a validating update holds (its `val_<L>/...` keys) and no other row does."""
+VALIDATION_SCAN_BYTES = 256 * 1024 * 1024
+"""How far back from the end of rows.jsonl the last validation is looked for."""
 
 
 @dataclass
@@ -49,6 +54,10 @@ class LineStatus:
     """Files that could not be read (one line each)."""
     disk_bytes: int = 0
     """Disk space the line directory uses."""
+    last_validation: dict[str, Any] | None = None
+    """The newest row of a validating update (None: no validation in rows.jsonl yet)."""
+    wandb: WandbRunState | None = None
+    """The line's W&B run (wandb_run.json; None when there is none yet)."""
 
 
 def line_status(root: Path | str, rows: int = 5, now: float | None = None) -> LineStatus:
@@ -70,7 +79,44 @@ def line_status(root: Path | str, rows: int = 5, now: float | None = None) -> Li
     except LineError as error:
         status.problems.append(str(error))
     status.disk_bytes = directory_bytes(layout.root)
+    status.last_validation = read_last_validation(layout.rows_jsonl)
+    if layout.wandb_run_json.exists():
+        try:
+            status.wandb = WandbRunState.load(layout.wandb_run_json)
+        except LineError as error:
+            status.problems.append(str(error))
     return status
+
+
+def read_last_validation(path: Path, limit: int = VALIDATION_SCAN_BYTES) -> dict[str, Any] | None:
+    """The newest complete row holding validation metrics, read backwards from the end of rows.jsonl."""
+    try:
+        handle = path.open("rb")
+    except FileNotFoundError:
+        return None
+    with handle:
+        end = handle.seek(0, os.SEEK_END)
+        position = end
+        tail = b""  # the text after the last newline seen so far, read from further back
+        while position > 0 and end - position < limit:
+            step = min(TAIL_BLOCK_BYTES, position)
+            position -= step
+            handle.seek(position)
+            data = handle.read(step) + tail
+            lines = data.split(b"\n")
+            tail = lines[0] if position > 0 else b""  # may be a partial line: joined with the next block
+            complete = lines[1:] if position > 0 else lines
+            if position + len(data) == end and not data.endswith(b"\n"):
+                complete = complete[:-1]  # the torn last line
+            for line in reversed(complete):
+                if VALIDATION_MARKER in line:
+                    try:
+                        row = json.loads(line)
+                    except ValueError:
+                        continue
+                    if isinstance(row, dict):
+                        return row
+    return None
 
 
 def read_last_rows(path: Path, count: int) -> tuple[list[dict[str, Any]], bool, int]:

@@ -15,6 +15,10 @@ plan or the end of the data line, and returns the exit status. The line's positi
 
 Kept checkpoints: the line's start (update 0), every cycle end, every stage end. Rolling ones
 every `checkpoints.every_updates`, and one at exit.
+
+Every `validation.every_updates` updates the update's row also carries the validation's readings
+(engine.validate: held-out losses, probes, the optimizer's state, the moving average's losses) and
+is printed whatever `print_every`; validation leaves everything training depends on untouched.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from engine.optim import AdamWSettings, FlatAdamW, ParameterAverage
 from engine.rows import Heartbeat, RowsFile, RunLog, format_row
 from engine.schedule import learning_rate, tokens_per_update, update_weight_decay
 from engine.step import EagerEngine, GraphEngine, UpdateResult
+from engine.validate import Validator, format_validation
 
 WAIT_POLL_SECONDS = 1.0
 """How often a trainer waiting for the next data cycle looks again (and at STOP)."""
@@ -161,6 +166,11 @@ class Trainer:
             if config.ema is not None
             else None
         )
+        self.validator = Validator.for_line(
+            layout, config, self.model, self.optimizer, self.average, self.device
+        )
+        for message in self.validator.missing_rows():
+            self.log.write(f"warning: {message}")
         self.position = Position()
         if resume.checkpoint is not None:
             self._restore(resume.checkpoint)
@@ -385,6 +395,8 @@ class Trainer:
         update_tokens = rows * seq_len
         lr = learning_rate(config, position.tokens_trained)
         weight_decay = update_weight_decay(config, update_tokens)
+        if hasattr(self.model, "recompute"):  # the length's activation recomputation (nsconsole tune)
+            self.model.recompute = config.length(seq_len).recompute
         result = self._engine(seq_len).run_update(windows, lr, weight_decay)
         elapsed = time.perf_counter() - started
 
@@ -396,10 +408,26 @@ class Trainer:
         if self.average is not None:
             self.average.after_update(position.tokens_trained, update_tokens, result.stats.finite)
         row = self._row(result, seq_len, update_tokens, lr, weight_decay, elapsed)
+        validating = position.update % config.validation.every_updates == 0
+        if validating:
+            self.heartbeat.beat(position.update, "validating")
+            row.update(self._validate(seq_len))
         self.rows.append(row)
-        if position.update % max(1, config.print_every) == 0 or not result.stats.finite:
+        # The row of an update that validated is printed whatever print_every.
+        if validating or position.update % max(1, config.print_every) == 0 or not result.stats.finite:
             self.log.write(format_row(row))
+        if validating:
+            self.log.write(format_validation(position.update, row))
         self.heartbeat.beat(position.update, "training")
+
+    def _validate(self, seq_len: int) -> dict[str, float]:
+        """The validation metrics after the update just done (engine.validate); the next update's
+        rate and weight decay size the optimizer's next step, the data position the recipe mix."""
+        position = self.position
+        data_tokens = self.data_line.cycle_start_tokens(position.cycle) + position.sample * seq_len
+        next_lr = learning_rate(self.config, position.tokens_trained)
+        next_weight_decay = update_weight_decay(self.config, tokens_per_update(self.config, data_tokens))
+        return self.validator.run(seq_len, data_tokens, next_lr, next_weight_decay)
 
     def _row(
         self,

@@ -1,19 +1,42 @@
-"""`nsconsole rollback LINE --to UPDATE: continue a line from an earlier checkpoint as a new W&B run`."""
+"""`nsconsole rollback LINE --to UPDATE`: continue a line from an earlier checkpoint as a new W&B run."""
 
 from __future__ import annotations
 
 import argparse
 
-from nsconsole.commands.pending import not_built
+from engine.lineops import rollback_line
 
 HELP = "LINE --to UPDATE: continue a line from an earlier checkpoint as a new W&B run"
+DESCRIPTION = """\
+Make the line continue from checkpoint u<UPDATE> at its next start, as a new W&B run (rewound
+where the server can, else backfilled; the old run is marked superseded). rows.jsonl is cut back
+to that checkpoint after a copy is kept as rows.rolledback-<time>.jsonl; the later checkpoints
+are removed once the line writes its next checkpoint; data cycles it will read again are
+reopened. Refused while the line's trainer is running (stop it first).
+
+examples:
+  nsconsole rollback runs/trunk --to 30000
+  nsconsole run runs/trunk
+"""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("rollback", help=HELP, description=HELP + " (not built yet)")
-    parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    parser = subparsers.add_parser(
+        "rollback", help=HELP, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("line", metavar="LINE", help="the training line directory")
+    parser.add_argument("--to", type=int, required=True, metavar="UPDATE", help="the checkpoint's update")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    raise not_built("rollback", "life of a line")
+    line = args.host_settings.resolve_line(args.line)
+    result = rollback_line(line, args.to)
+    print(f"{line}: continues from update {result.to_update} at its next start ({result.rows_now} rows kept)")
+    if result.rows_kept is not None:
+        print(f"the rows as they were: {result.rows_kept}")
+    if result.set_aside:
+        print(f"set aside until the line moves on: {', '.join(result.set_aside)}")
+    if result.reopened_cycles:
+        print(f"data cycles reopened: {', '.join(map(str, result.reopened_cycles))}")
+    return 0

@@ -73,11 +73,41 @@ def format_status(status: LineStatus) -> list[str]:
                      f"latest {status.latest or 'not set'}")
     else:
         lines.append("checkpoints: none yet")
+    lines += _validation_lines(status.last_validation)
+    lines.append(_wandb_line(status))
     if status.stop is not None:
         lines.append(f"STOP pending: {status.stop.when()} (requested {status.stop.requested})")
     lines.append(f"disk: {format_bytes(status.disk_bytes)}")
     lines += [f"problem: {problem}" for problem in status.problems]
     return lines
+
+
+def _validation_lines(row: dict[str, Any] | None) -> list[str]:
+    """The last validation's losses: every `/mix` and `/mean` (training length, long rows, EMA)."""
+    if row is None:
+        return ["validation: none yet"]
+    losses = (key for key in row if key.endswith(("/mix", "/mean")))
+    keys = sorted(key for key in losses if isinstance(row[key], (int, float)))
+    metrics = sum(1 for key in row if key.startswith(("val_", "ema/", "opt/")))
+    lines = [f"validation (update {row.get('update')}, {metrics} metrics):"]
+    lines += [f"  {key} {_format_value(row[key])}" for key in keys]
+    return lines
+
+
+def _wandb_line(status: LineStatus) -> str:
+    state = status.wandb
+    if state is None:
+        return "W&B: no run yet"
+    if state.run_id is None:
+        text = "W&B: no run yet"
+    else:
+        acknowledged = "none" if state.acknowledged_step is None else str(state.acknowledged_step)
+        text = f"W&B: run {state.run_id} ({state.start or 'new'}), acknowledged step {acknowledged}"
+    if state.pending is not None:
+        text += f"; next start: {state.pending.kind} at update {state.pending.at_update}"
+    if state.gap is not None:
+        text += f"; rows {state.gap.from_update}..{state.gap.to_update} not sent yet"
+    return text
 
 
 def _heartbeat_line(status: LineStatus) -> str:

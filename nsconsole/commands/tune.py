@@ -1,19 +1,49 @@
-"""`nsconsole tune LINE [--shared]: the fastest micro-batch rows and recomputation per sequence length that fit the GPU, written into run.json`."""
+"""`nsconsole tune LINE [--shared] [--budget-gb X]`: per length, the fastest micro-batch shape that fits."""
 
 from __future__ import annotations
 
 import argparse
 
-from nsconsole.commands.pending import not_built
+from engine.tune import format_table, tune_line
 
-HELP = "LINE [--shared]: the fastest micro-batch rows and recomputation per sequence length that fit the GPU, written into run.json"
+HELP = (
+    "LINE [--shared] [--budget-gb X]: the fastest micro-batch shape of every length that fits, into run.json"
+)
+DESCRIPTION = """\
+For every sequence length of the line's plan, run real updates of the line's model at micro-batch
+rows 1, 2, 4, ... and each recomputation setting, measure tokens/s and peak memory, and write the
+fastest setting whose peak fits into run.json's `lengths` (atomically). The budget is the GPU's
+free memory less a 4 GiB margin (on a CPU line: half the available memory), or --budget-gb; with
+--shared, less guards.share_reserve_gb too, written as each length's `shared` shape (used while
+other processes share the GPU). A setting that ran out of memory is never chosen. Refused while the
+line's trainer runs.
+
+examples:
+  nsconsole tune runs/trunk
+  nsconsole tune runs/trunk --shared
+  nsconsole tune runs/demo --budget-gb 4
+"""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("tune", help=HELP, description=HELP + " (not built yet)")
-    parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    parser = subparsers.add_parser(
+        "tune", help=HELP, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("line", metavar="LINE", help="the training line directory")
+    parser.add_argument(
+        "--shared", action="store_true", help="measure the shapes used beside other GPU processes"
+    )
+    parser.add_argument("--budget-gb", type=float, default=None, metavar="X", help="the memory budget in GB")
+    parser.add_argument(
+        "--max-rows", type=int, default=None, metavar="N", help="the largest micro-batch tried"
+    )
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    raise not_built("tune", "life of a line")
+    line = args.host_settings.resolve_line(args.line)
+    result = tune_line(line, shared=args.shared, budget_gb=args.budget_gb, max_rows=args.max_rows)
+    for text in format_table(result):
+        print(text)
+    print(f"written to {line / 'run.json'}")
+    return 0

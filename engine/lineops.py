@@ -1,0 +1,552 @@
+"""Line operations on checkpoints: branch a line from a trunk cycle end, roll a line back.
+
+`branch_line(BranchRequest)`: a new line forked from the kept checkpoint at the end of a trunk
+cycle. Its run.json is the trunk's at the fork with its own data line, plan and lengths; its
+learning rate follows the trunk's schedule up to the fork and, with a `decay` stage in the plan,
+decays linearly (or along the stage's shape) to 0 from the start of the first decay stage to the
+end of the plan. Its first checkpoint is the fork checkpoint: the weights, optimizer state and
+tokenizer hard-linked (copied across file systems), state.json and run.json its own (the update
+and tokens trained carry on; stage, data cycle and sample start at 0 on the branch's data line;
+no rows yet). The parent's branches.json records the branch, and the branch's first start forks
+the parent's W&B run (`engine.wb.plan_branch`).
+
+`rollback_line(LINE, U)`: the line continues from checkpoint u<U> as a new W&B run
+(`engine.wb.plan_rollback`). `latest` names u<U>; the later checkpoints stay on disk until the
+line writes its next checkpoint, when retention removes them as an abandoned continuation
+(`abandoned_after`, engine.ckpt); rows.jsonl is cut back to the checkpoint's rows after a copy of
+it is kept as rows.rolledback-<time>.jsonl; the data cycles the line will read again are reopened
+(their consumed mark cleared, so the preparer rebuilds their shards from the permanent manifests).
+Refused while the line's trainer runs.
+
+Every check runs before anything is written; each file is replaced atomically.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from datalines import open_data_line
+from datalines.dataline import CONSUMED_MARK
+from engine.atomic import fsync_directory, write_text_atomic
+from engine.ckpt import (
+    EXTRA_FILE,
+    FORMAT_VERSION,
+    META_NAME,
+    MODEL_FILE,
+    OPTIMIZER_FILE,
+    RUN_JSON_FILE,
+    STATE_NAME,
+    TOKENIZER_FILE,
+    checkpoint_name,
+    list_checkpoints,
+    read_latest,
+    update_of,
+    verify_checkpoint,
+    write_latest,
+)
+from engine.config import DataConfig, LengthConfig, LRPiece, RunConfig, StageConfig
+from engine.errors import LineError
+from engine.layout import LineLayout
+from engine.ops import inspect_data_line, open_line, resolve_data_path
+from engine.rows import RowsFile
+from engine.schedule import learning_rate, tokens_per_update
+from engine.status import pid_alive
+from engine.wb import plan_branch, plan_rollback
+
+CYCLE_END_KEPT = re.compile(r"^cycle-end (\d+)$")
+"""The `kept` reason the trainer writes into a cycle end's state.json."""
+BRANCH_KEPT = "branch-start"
+"""The `kept` reason of a branch's first checkpoint (retention never removes it)."""
+LINKED_FILES = (MODEL_FILE, OPTIMIZER_FILE, EXTRA_FILE, TOKENIZER_FILE)
+"""Checkpoint files a branch shares with its fork checkpoint (hard links)."""
+DECAY_SHAPES = ("linear", "cosine", "sqrt")
+
+
+# -- plans ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PlanItem:
+    """One item of a branch's `--plan`: `decay:T[:shape]` or `long:T`."""
+
+    kind: str
+    """`decay` (a stage at the training length; the rate decays) or `long` (a stage at the long length)."""
+    tokens: float
+    """Tokens the stage trains."""
+    shape: str = "linear"
+    """A decay's shape: linear, cosine or sqrt."""
+
+
+def parse_plan(text: str) -> list[PlanItem]:
+    """`decay:10e9,long:2e9` -> plan items; LineError naming the bad item."""
+    items: list[PlanItem] = []
+    for raw in text.split(","):
+        parts = raw.strip().split(":")
+        where = f"--plan: {raw.strip()!r}"
+        if (
+            parts[0] not in ("decay", "long")
+            or len(parts) not in (2, 3)
+            or (parts[0] == "long" and len(parts) == 3)
+        ):
+            raise LineError(f"{where} must be decay:TOKENS[:{'|'.join(DECAY_SHAPES)}] or long:TOKENS")
+        try:
+            tokens = float(parts[1])
+        except ValueError:
+            raise LineError(f"{where}: {parts[1]!r} is not a number of tokens") from None
+        if not tokens > 0 or tokens != tokens or tokens == float("inf"):
+            raise LineError(f"{where}: the tokens must be a positive number, got {parts[1]}")
+        shape = parts[2] if len(parts) == 3 else "linear"
+        if shape not in DECAY_SHAPES:
+            raise LineError(
+                f"{where}: the decay shape must be one of {', '.join(DECAY_SHAPES)}, got {shape!r}"
+            )
+        items.append(PlanItem(parts[0], tokens, shape))
+    return items
+
+
+def schedule_to_fork(config: RunConfig, fork_tokens: float) -> list[LRPiece]:
+    """The pieces of `config`'s schedule up to `fork_tokens`, the piece in progress closed there.
+
+    A constant or linear piece closed at the fork gives the same rates up to it (its end rate is
+    the rate at the fork); a cosine or sqrt decay cut short would not, so a fork inside one is refused.
+    """
+    pieces: list[LRPiece] = []
+    start = 0.0
+    for piece in config.lr.pieces:
+        end = piece.until_tokens
+        if end is not None and end <= fork_tokens:
+            pieces.append(dataclasses.replace(piece))
+            start = end
+            continue
+        if fork_tokens <= start:
+            break
+        if piece.kind == "decay" and piece.shape != "linear":
+            raise LineError(
+                f"the fork at {fork_tokens:,.0f} tokens falls inside a {piece.shape} decay piece "
+                f"({start:,.0f} to {end:,.0f} tokens): the branch cannot continue it exactly"
+            )
+        fraction = learning_rate(config, fork_tokens) / config.lr.peak
+        to = piece.to_fraction if piece.kind == "constant" else fraction
+        pieces.append(dataclasses.replace(piece, until_tokens=fork_tokens, to_fraction=to))
+        break
+    return pieces
+
+
+def branch_schedule(config: RunConfig, fork_tokens: float, plan: list[PlanItem]) -> list[LRPiece]:
+    """The trunk's pieces to the fork, then the fork's rate held, decayed to 0 when the plan has a decay.
+
+    The decay starts where the plan's first decay stage starts and reaches 0 at the plan's end,
+    so a long stage after a decay trains on the decay's tail rather than at a rate of 0.
+    """
+    pieces = schedule_to_fork(config, fork_tokens)
+    fraction = learning_rate(config, fork_tokens) / config.lr.peak
+    decays = [index for index, item in enumerate(plan) if item.kind == "decay"]
+    if not decays:
+        return [*pieces, LRPiece("constant", None, fraction)]
+    decay_start = fork_tokens + sum(item.tokens for item in plan[: decays[0]])
+    plan_end = fork_tokens + sum(item.tokens for item in plan)
+    if decay_start > fork_tokens:
+        pieces.append(LRPiece("constant", decay_start, fraction))
+    pieces.append(LRPiece("decay", plan_end, 0.0, plan[decays[0]].shape))
+    return pieces
+
+
+# -- branch ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class BranchRequest:
+    """What `nsconsole branch` asks for."""
+
+    new: Path
+    """The branch line's directory (must not exist, or be empty)."""
+    parent: Path
+    """The line it forks from."""
+    at_cycle: int
+    """The parent's data cycle whose end is the fork point."""
+    plan: str
+    """The branch's stages: `decay:T[:shape]` and `long:T`, comma-separated, in order."""
+    data: Path
+    """The branch's own data line."""
+    long_seq_len: int | None = None
+    """The length of `long` stages (None: the parent's validation.long_seq_len, else the longest context)."""
+
+
+@dataclass
+class BranchResult:
+    """What a branch made."""
+
+    line: Path
+    """The branch line."""
+    fork_update: int
+    """The parent's update the branch continues from (its first checkpoint's number)."""
+    fork_tokens: int
+    """Tokens the parent had trained at the fork."""
+    config: RunConfig
+    """The branch's run.json."""
+    hard_linked: bool
+    """Whether the fork checkpoint's tensors were hard-linked (else copied)."""
+
+
+def _read_state(directory: Path) -> dict[str, Any] | None:
+    try:
+        state = json.loads((directory / STATE_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+    return state if isinstance(state, dict) else None
+
+
+def find_cycle_end(parent: LineLayout, cycle: int) -> Path:
+    """The parent's kept checkpoint at the end of `cycle`; LineError when that cycle has not ended."""
+    for directory in list_checkpoints(parent.checkpoints):
+        state = _read_state(directory)
+        match = CYCLE_END_KEPT.match(str((state or {}).get("kept") or ""))
+        if match and int(match.group(1)) == cycle:
+            return directory
+    latest = read_latest(parent.checkpoints)
+    state = _read_state(parent.checkpoints / latest) if latest else None
+    if state is None:
+        raise LineError(f"{parent.root}: has no checkpoint yet; cycle {cycle} has not ended")
+    position = state.get("position", {})
+    at = position.get("cycle", 0)
+    if at <= cycle:
+        raise LineError(
+            f"{parent.root}: cycle {cycle} has not ended (the line is in cycle {at} at update "
+            f"{state.get('update')}); branch once it has"
+        )
+    raise LineError(f"{parent.checkpoints}: the kept checkpoint of cycle {cycle}'s end is missing")
+
+
+def _resolved(layout: LineLayout, path: str | None) -> str | None:
+    return None if path is None else str(resolve_data_path(layout, path).absolute())
+
+
+def branch_config(
+    trunk: RunConfig, trunk_layout: LineLayout, fork_state: dict[str, Any], request: BranchRequest,
+    plan: list[PlanItem], train_len: int, long_len: int,
+) -> RunConfig:  # fmt: skip
+    """The branch's run.json: the trunk's at the fork with the branch's data, plan, lengths and schedule."""
+    fork_tokens = float(fork_state["position"]["tokens_trained"])
+    names: dict[str, int] = {}
+    stages = []
+    for item in plan:
+        names[item.kind] = names.get(item.kind, 0) + 1
+        name = item.kind if names[item.kind] == 1 else f"{item.kind}{names[item.kind]}"
+        stages.append(StageConfig(name, long_len if item.kind == "long" else train_len, item.tokens))
+    lengths: list[LengthConfig] = []
+    for seq_len in sorted({stage.seq_len for stage in stages}):
+        known = [entry for entry in trunk.lengths if entry.seq_len == seq_len]
+        lengths.append(dataclasses.replace(known[0]) if known else LengthConfig(seq_len))
+    # The batch the trunk trained at the fork: a ramp read on the branch's own data line would restart.
+    fork_data_tokens = _fork_data_tokens(trunk, trunk_layout, fork_state)
+    config = dataclasses.replace(
+        trunk,
+        data=DataConfig(str(request.data.absolute()), _resolved(trunk_layout, trunk.data.heldout)),
+        lengths=lengths,
+        plan=stages,
+        tokens_per_update=tokens_per_update(trunk, fork_data_tokens),
+        lr=dataclasses.replace(trunk.lr, pieces=branch_schedule(trunk, fork_tokens, plan)),
+        allow_changes=[],
+    )
+    return config
+
+
+def _fork_data_tokens(trunk: RunConfig, trunk_layout: LineLayout, fork_state: dict[str, Any]) -> float:
+    """The trunk's data-line token count at the fork (the start of the cycle after the fork)."""
+    data_line = open_data_line(resolve_data_path(trunk_layout, trunk.data.line))
+    return float(data_line.cycle_start_tokens(int(fork_state["position"]["cycle"])))
+
+
+def _link_or_copy(source: Path, target: Path) -> bool:
+    """Hard-link `source` to `target` (True), or copy it where links are impossible (False)."""
+    try:
+        os.link(source, target)
+        return True
+    except OSError:
+        shutil.copy2(source, target)
+        with open(target, "rb+") as handle:
+            os.fsync(handle.fileno())
+        return False
+
+
+def _json_bytes(value: Any) -> bytes:
+    return (json.dumps(value, indent=1, sort_keys=True) + "\n").encode()
+
+
+def _write_durably(path: Path, data: bytes) -> None:
+    with open(path, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def write_branch_checkpoint(
+    fork: Path, checkpoints_dir: Path, state: dict[str, Any], run_json: bytes
+) -> tuple[Path, bool]:
+    """The branch's first checkpoint: the fork's tensors linked, its own state.json and run.json, meta.json.
+
+    The linked files' hashes are the fork's meta.json entries (the fork was just verified); the
+    new files are hashed here. Returns the directory and whether every link succeeded.
+    """
+    checkpoints_dir.mkdir(parents=True, exist_ok=True)
+    directory = checkpoints_dir / checkpoint_name(int(state["update"]))
+    directory.mkdir()
+    fork_meta = json.loads((fork / META_NAME).read_text())["files"]
+    linked = all([_link_or_copy(fork / name, directory / name) for name in LINKED_FILES])
+    files = {name: fork_meta[name] for name in LINKED_FILES}
+    for name, data in ((STATE_NAME, _json_bytes(state)), (RUN_JSON_FILE, run_json)):
+        _write_durably(directory / name, data)
+        files[name] = {"blake2b": hashlib.blake2b(data, digest_size=32).hexdigest(), "bytes": len(data)}
+    _write_durably(
+        directory / META_NAME, _json_bytes({"format": FORMAT_VERSION, "files": dict(sorted(files.items()))})
+    )
+    fsync_directory(directory)
+    fsync_directory(checkpoints_dir)
+    write_latest(checkpoints_dir, directory.name)
+    return directory, linked
+
+
+def branch_line(request: BranchRequest) -> BranchResult:
+    """Fork a branch line (see the module docstring); nothing is written when a check fails."""
+    parent = open_line(request.parent)
+    new = LineLayout(request.new.absolute())
+    if new.root.exists() and (not new.root.is_dir() or any(new.root.iterdir())):
+        raise LineError(f"{new.root}: already exists (a branch is a new line directory)")
+    if request.at_cycle < 0:
+        raise LineError(f"--at-cycle must be a cycle index (0 or more), got {request.at_cycle}")
+    plan = parse_plan(request.plan)
+    fork = find_cycle_end(parent, request.at_cycle)
+    verify_checkpoint(fork)
+    fork_state = _read_state(fork)
+    if fork_state is None:
+        raise LineError(f"{fork / STATE_NAME}: unreadable")
+    trunk = RunConfig.from_dict(
+        json.loads((fork / RUN_JSON_FILE).read_text()), source=str(fork / RUN_JSON_FILE)
+    )
+    position = fork_state["position"]
+    train_len = trunk.plan[min(int(position["stage"]), len(trunk.plan) - 1)].seq_len
+    long_len = request.long_seq_len or trunk.validation.long_seq_len or _longest_context(trunk)
+    if any(item.kind == "long" for item in plan) and long_len <= train_len:
+        raise LineError(
+            f"--long-seq-len: the long length must exceed the training length {train_len}, got {long_len}"
+        )
+    data = inspect_data_line(request.data.absolute())
+    branch_tokenizer = open_data_line(data.path).tokenizer_json.encode("utf-8")
+    if branch_tokenizer != (fork / TOKENIZER_FILE).read_bytes():
+        raise LineError(
+            f"{data.path}: its tokenizer differs from the one {parent.root.name} was trained with"
+        )
+
+    config = branch_config(trunk, parent, fork_state, request, plan, train_len, long_len)
+    config.validate(source=str(new.run_json))
+    update = int(fork_state["update"])
+    state = {
+        **{
+            key: fork_state[key]
+            for key in ("nonfinite_in_a_row", "ema_started", "layout", "preset", "overrides")
+        },
+        "update": update,
+        "format": FORMAT_VERSION,
+        "code_version": fork_state.get("code_version"),
+        "position": {
+            "update": update,
+            "tokens_trained": int(position["tokens_trained"]),
+            "stage": 0,
+            "stage_tokens": 0,
+            "cycle": 0,
+            "sample": 0,
+        },  # fmt: skip
+        "data": {"manifest_sha256": None, "order_digest": None, "seq_len": None},
+        "kept": BRANCH_KEPT,
+        "rows": 0,
+        "rows_bytes": 0,
+        "branched_from": {
+            "line": str(parent.root.absolute()),
+            "checkpoint": fork.name,
+            "cycle": request.at_cycle,
+        },
+    }
+
+    # Built beside its final place and renamed into it: a crash leaves no half-made line.
+    building = new.root.with_name(f".{new.root.name}.branching")
+    shutil.rmtree(building, ignore_errors=True)
+    building.mkdir(parents=True)
+    try:
+        built = LineLayout(building)
+        _checkpoint, linked = write_branch_checkpoint(
+            fork, built.checkpoints, state, config.to_json().encode()
+        )
+        config.save(built.accepted_run_json)
+        config.save(built.run_json)
+        plan_branch(building, parent.root, update)
+        fsync_directory(building)
+        os.replace(building, new.root)  # over an empty directory, or a new name
+        fsync_directory(new.root.parent)
+    except BaseException:
+        shutil.rmtree(building, ignore_errors=True)
+        raise
+    record_branch(parent, new.root, request, update, int(position["tokens_trained"]))
+    return BranchResult(new.root, update, int(position["tokens_trained"]), config, linked)
+
+
+LONGEST_CONTEXT_FIELDS = ("rope_max_seq_len", "context_len", "chunk_len")
+"""The preset fields each family's model takes its `longest_context` from (NS, transformer, PSSA)."""
+
+
+def _longest_context(config: RunConfig) -> int:
+    """The model's longest context read from its preset (building a 2B model to ask it would cost minutes)."""
+    from engine.models.presets import preset_config
+
+    preset = preset_config(config.model.preset, config.model.overrides)
+    for name in LONGEST_CONTEXT_FIELDS:
+        if hasattr(preset, name):
+            return int(getattr(preset, name))
+    raise LineError(f"--long-seq-len: preset {config.model.preset!r} names no longest context; give one")
+
+
+def read_branches(layout: LineLayout) -> list[dict[str, Any]]:
+    """The branches recorded on a line (branches.json; empty when there is none)."""
+    try:
+        document = json.loads(layout.branches_json.read_text())
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError) as error:
+        raise LineError(f"{layout.branches_json}: unreadable ({error})") from None
+    if not isinstance(document, dict) or not isinstance(document.get("branches"), list):
+        raise LineError(f"{layout.branches_json}: expected an object with a list of branches")
+    return document["branches"]
+
+
+def record_branch(parent: LineLayout, branch: Path, request: BranchRequest, update: int, tokens: int) -> None:
+    """Append the branch to the parent's branches.json (replaced atomically)."""
+    branches = read_branches(parent)
+    branches.append({
+        "line": str(branch),
+        "at_cycle": request.at_cycle,
+        "at_update": update,
+        "at_tokens": tokens,
+        "plan": request.plan,
+        "data": str(request.data.absolute()),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    })  # fmt: skip
+    write_text_atomic(
+        parent.branches_json, json.dumps({"branches": branches}, indent=2, sort_keys=True) + "\n"
+    )
+
+
+# -- rollback -------------------------------------------------------------------------------------
+
+
+@dataclass
+class RollbackResult:
+    """What a rollback did."""
+
+    to_update: int
+    """The update the line continues from."""
+    set_aside: list[str]
+    """Later checkpoints left for retention to remove once the line moves on."""
+    rows_kept: Path | None
+    """The copy of rows.jsonl as it was (None when there were no rows)."""
+    rows_now: int
+    """Rows left in rows.jsonl."""
+    reopened_cycles: list[int]
+    """Data cycles whose consumed mark was cleared (the preparer rebuilds their shards)."""
+
+
+def running_trainer(layout: LineLayout) -> int | None:
+    """The pid of the line's trainer when it is running (its heartbeat's pid is alive), else None."""
+    try:
+        heartbeat = json.loads(layout.heartbeat.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(heartbeat, dict) or heartbeat.get("stage") == "stopped":
+        return None
+    pid = heartbeat.get("pid")
+    if not pid_alive(pid):
+        return None
+    return int(pid)
+
+
+def rollback_line(line: Path | str, to_update: int) -> RollbackResult:
+    """Roll a line back to checkpoint u<to_update> (see the module docstring)."""
+    layout = open_line(line)
+    pid = running_trainer(layout)
+    if pid is not None:
+        raise LineError(f"{layout.root}: its trainer is running (pid {pid}); stop the line before a rollback")
+    target = layout.checkpoint(to_update)
+    available = [directory.name for directory in list_checkpoints(layout.checkpoints)]
+    latest = read_latest(layout.checkpoints)
+    if not target.is_dir():
+        raise LineError(f"{target}: no such checkpoint (the line has {', '.join(available) or 'none'})")
+    latest_update = update_of(Path(latest)) if latest else None
+    if latest_update is None or to_update >= latest_update:
+        raise LineError(
+            f"{target}: not before the line's latest checkpoint ({latest or 'none'}); a rollback goes back"
+        )
+    verify_checkpoint(target)
+    state = _read_state(target)
+    if state is None:
+        raise LineError(f"{target / STATE_NAME}: unreadable")
+    config = RunConfig.load(layout.run_json)
+
+    check_rows_prefix(layout.rows_jsonl, int(state["rows"]), int(state["rows_bytes"]))
+
+    rows_kept = None
+    if layout.rows_jsonl.exists():
+        rows_kept = _rolled_back_rows_path(layout)
+        shutil.copyfile(layout.rows_jsonl, rows_kept)
+        with open(rows_kept, "rb+") as handle:
+            os.fsync(handle.fileno())
+    plan_rollback(layout.root, to_update)
+    reopened = reopen_cycles(resolve_data_path(layout, config.data.line), int(state["position"]["cycle"]))
+    write_latest(layout.checkpoints, target.name)
+    RowsFile.cut_back(layout.rows_jsonl, int(state["rows"]), int(state["rows_bytes"]))
+    later = [name for name in available if (update_of(Path(name)) or 0) > to_update]
+    return RollbackResult(to_update, later, rows_kept, int(state["rows"]), reopened)
+
+
+def check_rows_prefix(path: Path, rows: int, size: int) -> None:
+    """Refuse before anything is written when rows.jsonl does not begin with the checkpoint's rows."""
+    try:
+        with open(path, "rb") as handle:
+            prefix = handle.read(size)
+    except FileNotFoundError:
+        prefix = b""
+    if len(prefix) < size or prefix.count(b"\n") != rows:
+        raise LineError(f"{path}: does not begin with the {rows} rows the checkpoint counts ({size} bytes)")
+
+
+def _rolled_back_rows_path(layout: LineLayout) -> Path:
+    """rows.rolledback-<UTC time>.jsonl, numbered when a rollback in the same second made one already."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    path = layout.root / f"rows.rolledback-{stamp}.jsonl"
+    number = 2
+    while path.exists():
+        path = layout.root / f"rows.rolledback-{stamp}-{number}.jsonl"
+        number += 1
+    return path
+
+
+def reopen_cycles(data_path: Path, from_cycle: int) -> list[int]:
+    """Clear the consumed mark of every cycle from `from_cycle` on: the line reads them again.
+
+    The preparer rebuilds a reopened cycle's shards from its permanent manifest and checks them
+    byte for byte, so the line trains exactly the samples it trained before.
+    """
+    data_line = open_data_line(data_path)
+    reopened = []
+    for index in data_line.known_cycles():
+        if index >= from_cycle and data_line.is_consumed(index):
+            (data_line.cycle_dir(index) / CONSUMED_MARK).unlink()
+            fsync_directory(data_line.cycle_dir(index))
+            reopened.append(index)
+    return reopened

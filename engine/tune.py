@@ -1,0 +1,415 @@
+"""`nsconsole tune`: per sequence length, the fastest micro-batch rows and recomputation that fit.
+
+For every length of the plan, real updates (forward, backward, norms, AdamW, with the engine the
+trainer uses on that device) of the line's model run on random tokens at micro-batch rows 1, 2,
+4, ... (up to the rows of an update) and each recomputation setting the model offers; each is
+timed (tokens/s over whole updates after a warm-up) and its peak memory measured:
+
+- CUDA: `torch.cuda.max_memory_allocated` over the model, optimizer, graphs and activations; the
+  budget is the free memory at the start minus `GPU_MARGIN_BYTES` (what a capture creates outside
+  the allocator), and with --shared minus `guards.share_reserve_gb` as well. A setting that runs
+  out of memory is recorded as such and never picked; rows are not grown past it.
+- CPU: the process's peak resident memory (VmHWM, reset through /proc/self/clear_refs before each
+  setting, after glibc's free memory is handed back with malloc_trim) minus the resident memory
+  before the model was built. Where the peak cannot be reset a sampling thread reads the RSS
+  instead. The budget is `--budget-gb`, else CPU_BUDGET_FRACTION of the available memory. A CPU
+  out of memory kills the process rather than raising, so the next rows are not tried when the
+  growth measured so far, continued, would not fit; and recomputation is tried only when no
+  setting without it fits (on a CPU it only trades time for memory).
+
+The fastest setting that fits is written into run.json's `lengths` (`shared` with --shared),
+atomically; nothing is written when some length has no setting that fits.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import gc
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+import torch
+
+from engine.arena import DEFAULT_SLACK_BYTES, Arena
+from engine.config import LengthConfig, RunConfig, SharedShapeConfig
+from engine.errors import LineError
+from engine.lineops import running_trainer
+from engine.models.base import LanguageModel
+from engine.models.ns import NSLM, RECOMPUTE_CHOICES
+from engine.models.presets import build_model
+from engine.ops import model_vocab_size, open_line
+from engine.optim import AdamWSettings, FlatAdamW
+from engine.schedule import tokens_per_update
+from engine.step import EagerEngine, GraphEngine
+from engine.trainer import resolve_device
+
+GIB = 1 << 30
+GPU_MARGIN_BYTES = DEFAULT_SLACK_BYTES
+"""Left free on the GPU: the arena's slack for what a capture creates outside the allocator."""
+CPU_BUDGET_FRACTION = 0.5
+"""Share of the available memory a CPU line may use by default."""
+CPU_MAX_ROWS = 8
+"""The largest micro-batch tried on a CPU (the search stays small)."""
+TUNE_LR = 1e-5
+WARMUP_UPDATES = 1
+TIMED_UPDATES = {"cpu": 1, "cuda": 3}
+
+
+@dataclass
+class Measurement:
+    """One setting tried."""
+
+    seq_len: int
+    """Tokens per row."""
+    micro_batch_rows: int
+    """Rows per micro-batch."""
+    recompute: str
+    """Activation recomputation."""
+    tokens_per_s: float | None = None
+    """Trained tokens per second over whole updates (None: not measured)."""
+    peak_bytes: int | None = None
+    """Peak memory of the updates (model, optimizer and activations)."""
+    fits: bool = False
+    """Ran, and its peak is within the budget."""
+    note: str = ""
+    """Why it does not fit or was not run (`out of memory`, `over budget`, ...)."""
+
+
+@dataclass
+class LengthTuning:
+    """The settings tried for one length and the one chosen."""
+
+    seq_len: int
+    """Tokens per row."""
+    measurements: list[Measurement] = field(default_factory=list)
+    """Every setting tried, in order."""
+
+    @property
+    def chosen(self) -> Measurement | None:
+        """The fastest setting that fits (None: none fits)."""
+        fitting = [m for m in self.measurements if m.fits and m.tokens_per_s is not None]
+        return max(fitting, key=lambda m: m.tokens_per_s or 0.0, default=None)
+
+
+@dataclass
+class TuneResult:
+    """What `tune_line` found and wrote."""
+
+    device: str
+    """Where it measured."""
+    budget_bytes: int
+    """The memory a setting's peak must stay within."""
+    lengths: list[LengthTuning]
+    """Per length of the plan."""
+    shared: bool
+    """Written as the lengths' shared shapes."""
+
+
+# -- memory ---------------------------------------------------------------------------------------
+
+
+class CpuPeakMeter:
+    """The process's peak resident memory since `reset()`, over a baseline (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._trim = _malloc_trim()
+        self._resettable = _can_reset_peak()
+        self._sampler: threading.Thread | None = None
+        self._sampled_peak = 0
+        self._stop = threading.Event()
+        gc.collect()
+        if self._trim is not None:
+            self._trim(0)  # what earlier work freed must not count in the baseline
+        self.baseline = self._rss()
+
+    @staticmethod
+    def _rss() -> int:
+        return psutil.Process().memory_info().rss
+
+    def reset(self) -> None:
+        """Hand freed memory back, then start a new peak."""
+        gc.collect()
+        if self._trim is not None:
+            self._trim(0)
+        if self._resettable:
+            Path("/proc/self/clear_refs").write_text("5")
+            return
+        self.stop()
+        self._sampled_peak = self._rss()
+        self._stop.clear()
+        self._sampler = threading.Thread(target=self._sample, name="tune-rss", daemon=True)
+        self._sampler.start()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.001):
+            self._sampled_peak = max(self._sampled_peak, self._rss())
+
+    def stop(self) -> None:
+        if self._sampler is not None:
+            self._stop.set()
+            self._sampler.join()
+            self._sampler = None
+
+    def peak(self) -> int:
+        """Peak resident bytes since `reset()` over the baseline."""
+        if self._resettable:
+            for line in Path("/proc/self/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024 - self.baseline
+        self.stop()
+        return max(self._sampled_peak, self._rss()) - self.baseline
+
+
+def _malloc_trim():
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+def _can_reset_peak() -> bool:
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return "VmHWM:" in Path("/proc/self/status").read_text()
+    except OSError:
+        return False
+
+
+def memory_budget(device: torch.device, budget_gb: float | None, reserve_gb: float) -> int:
+    """Bytes a setting's peak may reach: --budget-gb, else the GPU's free memory or a share of the RAM."""
+    if budget_gb is not None:
+        budget = int(budget_gb * 1e9)
+    elif device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        budget = free - GPU_MARGIN_BYTES
+    else:
+        budget = int(psutil.virtual_memory().available * CPU_BUDGET_FRACTION)
+    budget -= int(reserve_gb * 1e9)
+    if budget <= 0:
+        raise LineError(
+            f"tune: no memory left for the line ({budget / GIB:.1f} GiB after the margin and reserve)"
+        )
+    return budget
+
+
+# -- measuring ------------------------------------------------------------------------------------
+
+
+def recompute_choices(model: LanguageModel) -> tuple[str, ...]:
+    """The recomputation settings a model offers (`none` for models without any)."""
+    return RECOMPUTE_CHOICES if isinstance(model, NSLM) else ("none",)
+
+
+def _is_out_of_memory(error: BaseException) -> bool:
+    return isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error).lower()
+
+
+class Tuner:
+    """Measures settings of one model on one device (see the module docstring)."""
+
+    def __init__(self, config: RunConfig, device: torch.device, budget: int, max_rows: int | None):
+        self.config = config
+        self.device = device
+        self.budget = budget
+        self.cuda = device.type == "cuda"
+        self.max_rows = max_rows if max_rows is not None else (None if self.cuda else CPU_MAX_ROWS)
+        self.meter = None if self.cuda else CpuPeakMeter()
+        self.capturable = True
+        """Whether the model's step can be captured as CUDA graphs (False after a capture failed)."""
+        torch.manual_seed(config.seeds.model)
+        self.model = build_model(config.model.preset, config.model.overrides).to(device)
+        betas = config.optimizer.betas
+        settings = AdamWSettings(betas[0], betas[1], config.optimizer.eps, config.optimizer.clip)
+        self.optimizer = FlatAdamW(self.model, settings, device)
+        self.static_bytes = self._static_bytes()
+        self.vocab = model_vocab_size(config)
+
+    def _static_bytes(self) -> int:
+        if self.cuda:
+            return torch.cuda.memory_allocated(self.device)
+        assert self.meter is not None
+        return max(0, CpuPeakMeter._rss() - self.meter.baseline)
+
+    def tune_length(self, seq_len: int) -> LengthTuning:
+        """Every setting worth trying at `seq_len`, measured."""
+        update_rows = max(1, tokens_per_update(self.config, 0) // seq_len)
+        tuning = LengthTuning(seq_len)
+        choices = recompute_choices(self.model)
+        for recompute in choices:
+            if not self.cuda and recompute != "none" and any(m.fits for m in tuning.measurements):
+                break  # on a CPU recomputation only trades time for memory
+            rows = 1
+            previous: Measurement | None = None
+            while rows <= update_rows and (self.max_rows is None or rows <= self.max_rows):
+                measurement = self.measure(seq_len, rows, recompute, update_rows)
+                tuning.measurements.append(measurement)
+                if not measurement.fits or not self._next_may_fit(measurement, previous):
+                    break
+                previous = measurement
+                rows *= 2
+        return tuning
+
+    def _next_may_fit(self, measurement: Measurement, previous: Measurement | None) -> bool:
+        """On a CPU, whether twice the rows are predicted to fit.
+
+        With the half-size setting measured, the growth from it to this one is what one more
+        doubling adds twice over; without it, everything above the model and optimizer is taken
+        as activations and doubled (an overestimate: it includes the libraries' one-time memory).
+        """
+        if self.cuda or measurement.peak_bytes is None:
+            return True
+        if previous is not None and previous.peak_bytes is not None:
+            growth = max(0, measurement.peak_bytes - previous.peak_bytes)
+            return measurement.peak_bytes + 2 * growth <= self.budget
+        activations = max(0, measurement.peak_bytes - self.static_bytes)
+        return self.static_bytes + 2 * activations <= self.budget
+
+    def measure(self, seq_len: int, rows: int, recompute: str, update_rows: int) -> Measurement:
+        """Time `TIMED_UPDATES` updates of `update_rows` rows at this setting and read their peak memory."""
+        measurement = Measurement(seq_len, rows, recompute)
+        if hasattr(self.model, "recompute"):
+            self.model.recompute = recompute
+        generator = torch.Generator().manual_seed(seq_len)
+        windows = torch.randint(0, self.vocab, (update_rows, seq_len + 1), generator=generator)
+        engine = arena = None
+        try:
+            if self.cuda:
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats(self.device)
+                if self.capturable:
+                    arena = Arena(self.device)
+                    engine = self._graph_engine(rows, seq_len, arena)
+                if engine is None:
+                    engine = EagerEngine(self.model, self.optimizer, rows)
+            else:
+                assert self.meter is not None
+                self.meter.reset()
+                engine = EagerEngine(self.model, self.optimizer, rows)
+            for _ in range(WARMUP_UPDATES):
+                engine.run_update(windows, TUNE_LR, 0.0)
+            self._synchronize()
+            started = time.perf_counter()
+            timed = TIMED_UPDATES[self.device.type]
+            for _ in range(timed):
+                engine.run_update(windows, TUNE_LR, 0.0)
+            self._synchronize()
+            seconds = (time.perf_counter() - started) / timed
+            measurement.tokens_per_s = update_rows * seq_len / seconds
+            measurement.peak_bytes = (
+                torch.cuda.max_memory_allocated(self.device) if self.meter is None else self.meter.peak()
+            )
+        except (torch.OutOfMemoryError, RuntimeError) as error:
+            if not _is_out_of_memory(error):
+                raise
+            measurement.note = "out of memory"
+            return measurement
+        finally:
+            if engine is not None:
+                engine.close()
+            del engine
+            if arena is not None:
+                gc.collect()
+                arena.close()
+            self.optimizer.zero_grad()
+        measurement.fits = measurement.peak_bytes <= self.budget
+        if not measurement.fits:
+            measurement.note = "over budget"
+        return measurement
+
+    def _graph_engine(self, rows: int, seq_len: int, arena: Arena) -> GraphEngine | None:
+        """A CUDA-graph engine, or None for a model whose step cannot be captured (the trainer then
+        trains it eagerly too, and so it is measured eagerly from here on)."""
+        try:
+            return GraphEngine(self.model, self.optimizer, rows, seq_len, arena)
+        except RuntimeError as error:
+            if _is_out_of_memory(error):
+                raise
+            self.capturable = False
+            self.optimizer.zero_grad()
+            return None
+
+    def _synchronize(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+
+# -- the command ----------------------------------------------------------------------------------
+
+
+def tune_line(
+    line: Path | str, *, shared: bool = False, budget_gb: float | None = None, max_rows: int | None = None
+) -> TuneResult:
+    """Measure every length of the line's plan and write the fastest fitting settings into run.json."""
+    layout = open_line(line)
+    pid = running_trainer(layout)
+    if pid is not None:
+        raise LineError(
+            f"{layout.root}: its trainer is running (pid {pid}); tune measures the line's model alone"
+        )
+    config = RunConfig.load(layout.run_json)
+    reserve_gb = 0.0
+    if shared:
+        if config.guards.share_reserve_gb is None:
+            raise LineError(
+                f"{layout.run_json}: --shared needs guards.share_reserve_gb (the memory left to others)"
+            )
+        reserve_gb = config.guards.share_reserve_gb
+    device = resolve_device(config.device)
+    budget = memory_budget(device, budget_gb, reserve_gb)
+    tuner = Tuner(config, device, budget, max_rows)
+    tunings = [tuner.tune_length(seq_len) for seq_len in sorted({stage.seq_len for stage in config.plan})]
+    missing = [tuning.seq_len for tuning in tunings if tuning.chosen is None]
+    if missing:
+        recomputing = " with recomputation" if len(recompute_choices(tuner.model)) > 1 else ""
+        raise LineError(
+            f"tune: no setting of length {missing[0]} fits {budget / GIB:.2f} GiB "
+            f"(not even 1 row per micro-batch{recomputing})"
+        )
+    write_lengths(layout.run_json, tunings, shared)
+    return TuneResult(
+        torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", budget, tunings, shared
+    )
+
+
+def write_lengths(run_json: Path, tunings: list[LengthTuning], shared: bool) -> RunConfig:
+    """Put the chosen settings into run.json's `lengths` (re-read now: a concurrent edit is kept)."""
+    config = RunConfig.load(run_json)
+    lengths = {entry.seq_len: entry for entry in config.lengths}
+    for tuning in tunings:
+        chosen = tuning.chosen
+        assert chosen is not None
+        entry = lengths.get(tuning.seq_len, LengthConfig(tuning.seq_len))
+        if shared:
+            entry = dataclasses.replace(
+                entry, shared=SharedShapeConfig(chosen.micro_batch_rows, chosen.recompute)
+            )
+        else:
+            entry = dataclasses.replace(
+                entry, micro_batch_rows=chosen.micro_batch_rows, recompute=chosen.recompute
+            )
+        lengths[tuning.seq_len] = entry
+    config.lengths = [lengths[seq_len] for seq_len in sorted(lengths)]
+    config.validate(source=str(run_json))
+    config.save(run_json)
+    return config
+
+
+def format_table(result: TuneResult) -> list[str]:
+    """The table `nsconsole tune` prints: every setting tried, the chosen one marked."""
+    lines = [f"device {result.device}, budget {result.budget_bytes / GIB:.2f} GiB"
+             + (" (shared shapes)" if result.shared else "")]  # fmt: skip
+    lines.append(f"{'seq_len':>8} {'rows':>5} {'recompute':>12} {'tokens/s':>12} {'peak GiB':>9}  note")
+    for tuning in result.lengths:
+        chosen = tuning.chosen
+        for m in tuning.measurements:
+            speed = f"{m.tokens_per_s:,.0f}" if m.tokens_per_s is not None else "-"
+            peak = f"{m.peak_bytes / GIB:.3f}" if m.peak_bytes is not None else "-"
+            mark = "chosen" if m is chosen else m.note
+            lines.append(
+                f"{m.seq_len:>8} {m.micro_batch_rows:>5} {m.recompute:>12} {speed:>12} {peak:>9}  {mark}"
+            )
+    return lines

@@ -1,0 +1,219 @@
+"""Validation at the training length: held-out losses, loss by document position, probes, EMA.
+
+`Validator.run(seq_len, at_tokens, next_lr, next_weight_decay)` returns one flat dict of metrics
+(see engine.metrics for the set), merged by the trainer into the row of the update it follows:
+
+    val_<L>/<source>            mean cross-entropy over the source's held-out rows of length L
+    val_<L>/mix                 the sources weighted by the held-out line's recipe at `at_tokens`
+    val_<L>/mean                the plain mean over the sources
+    val_<L>/docpos/bin<k>       the loss by the target's position in its document: bin 0 the first
+                                token after an EOS, bin k the tokens 2^(k-1) .. 2^k - 1 after it
+                                (recipe-weighted over the sources); targets of a document the row
+                                cuts into (no EOS before them in the row) are left out
+    val_<L>/docpos/tokens_frac  the share of targets counted (recipe-weighted)
+    val_<L>/<probe>             the model's probes (`dendritic/...`, `hippocampal/...`, `pssa/...`)
+    opt/...                     the optimizer's state (engine.opt_metrics)
+    ema/val_<L>/<source>, /mix, /mean   the same losses with the parameters' moving average
+    val_<P>/..., ema/val_<P>/...        the long-row probe (engine.validate_long) when the model
+                                        reads rows longer than L
+
+Validation changes nothing training depends on: it runs under no_grad in eval mode, restores the
+model's mode and every RNG state, reads only the held-out rows (never the data position), and the
+moving average is swapped into the weights' buffer and the exact bits swapped back (the flat
+buffers keep their addresses, so captured CUDA graphs stay valid).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from datalines import DataLine, open_data_line
+from engine.config import RunConfig
+from engine.layout import LineLayout
+from engine.models.base import LanguageModel
+from engine.ops import resolve_data_path
+from engine.opt_metrics import optimizer_summary
+from engine.optim import FlatAdamW, ParameterAverage
+from engine.validate_long import long_row_losses, long_row_metrics
+from engine.validate_losses import HeldOutRows, docpos_metrics, load_heldout_rows, loss_metrics, token_losses
+
+EMA_PREFIX = "ema/"
+
+
+def heldout_line_path(layout: LineLayout, config: RunConfig) -> Path:
+    """The data line whose held-out rows validate the line (`data.heldout`, else `data.line`)."""
+    return resolve_data_path(layout, config.data.heldout or config.data.line)
+
+
+def long_seq_len(config: RunConfig, model: LanguageModel, train_len: int) -> int | None:
+    """The long-row probe's length at training length `train_len`, None when there is none."""
+    length = config.validation.long_seq_len or model.longest_context
+    return length if length > train_len else None
+
+
+@contextmanager
+def untouched_training_state(model: LanguageModel, device: torch.device) -> Iterator[None]:
+    """Eval mode and no_grad inside; the model's mode and every RNG stream restored on the way out."""
+    was_training = model.training
+    cpu_rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        model.train(was_training)
+        torch.set_rng_state(cpu_rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state(cuda_rng, device)
+
+
+@contextmanager
+def averaged_weights(optimizer: FlatAdamW, average: ParameterAverage) -> Iterator[None]:
+    """The moving average in the weights' buffer inside; the weights' exact bits back afterwards.
+
+    The weights wait on the host (the GPU's memory belongs to the arena) and are copied back into
+    the same buffer, so every view and captured graph keeps pointing at valid weights.
+    """
+    saved = optimizer.params.to("cpu", copy=True)
+    optimizer.params.copy_(average.average)
+    try:
+        yield
+    finally:
+        optimizer.params.copy_(saved)
+
+
+def probe_batch(rows: dict[str, torch.Tensor], batch_rows: int) -> torch.Tensor:
+    """Rows taken from the sources in turn (at least one of each), `batch_rows` in all."""
+    sources = sorted(rows)
+    picked: list[torch.Tensor] = []
+    index = 0
+    while len(picked) < max(batch_rows, len(sources)):
+        added = False
+        for source in sources:
+            if index < rows[source].shape[0] and len(picked) < max(batch_rows, len(sources)):
+                picked.append(rows[source][index])
+                added = True
+        if not added:
+            break
+        index += 1
+    return torch.stack(picked)
+
+
+class Validator:
+    """Runs a line's validations (see the module docstring); one per trainer."""
+
+    def __init__(
+        self,
+        model: LanguageModel,
+        optimizer: FlatAdamW,
+        average: ParameterAverage | None,
+        config: RunConfig,
+        heldout: DataLine,
+        device: torch.device,
+    ):
+        self.model = model
+        self.optimizer = optimizer
+        self.average = average
+        self.config = config
+        self.heldout = heldout
+        self.device = device
+        self._rows: dict[int, HeldOutRows] = {}
+
+    @classmethod
+    def for_line(
+        cls,
+        layout: LineLayout,
+        config: RunConfig,
+        model: LanguageModel,
+        optimizer: FlatAdamW,
+        average: ParameterAverage | None,
+        device: torch.device,
+    ) -> Validator:
+        """A validator reading the line's held-out data line."""
+        heldout = open_data_line(heldout_line_path(layout, config))
+        return cls(model, optimizer, average, config, heldout, device)
+
+    def lengths(self) -> list[int]:
+        """Every row length a validation of this line reads: the stages' and their long lengths."""
+        lengths: set[int] = set()
+        for stage in self.config.plan:
+            lengths.add(stage.seq_len)
+            long = long_seq_len(self.config, self.model, stage.seq_len)
+            if long is not None:
+                lengths.add(long)
+        return sorted(lengths)
+
+    def missing_rows(self) -> list[str]:
+        """One line per length whose held-out rows were never built (the trainer logs them at its start)."""
+        return [
+            f"{self.heldout.validation_dir(length)}: no held-out rows of length {length}; validation will "
+            f"fail until `nsconsole data val --work {self.heldout.path} --seq-len {length}` builds them"
+            for length in self.lengths()
+            if not (self.heldout.validation_dir(length) / "index.json").is_file()
+        ]
+
+    def rows(self, length: int) -> HeldOutRows:
+        """The held-out rows of a length, read (and checked against their index) once."""
+        if length not in self._rows:
+            self._rows[length] = load_heldout_rows(
+                self.heldout, length, self.config.validation.rows_per_source
+            )
+        return self._rows[length]
+
+    def _micro_batch_rows(self, seq_len: int) -> int:
+        for entry in self.config.lengths:
+            if entry.seq_len == seq_len:
+                return entry.micro_batch_rows
+        return 1
+
+    def run(
+        self, seq_len: int, at_tokens: float, next_lr: float, next_weight_decay: float
+    ) -> dict[str, float]:
+        """Every validation metric at training length `seq_len` (see the module docstring)."""
+        weights = self.heldout.validation_weights(at_tokens)
+        rows = self.rows(seq_len)
+        batch = self._micro_batch_rows(seq_len)
+        long = long_seq_len(self.config, self.model, seq_len)
+        metrics: dict[str, float] = {}
+        with untouched_training_state(self.model, self.device):
+            losses = {source: token_losses(self.model, windows, batch, self.device)
+                      for source, windows in rows.rows.items()}  # fmt: skip
+            metrics.update(loss_metrics(f"val_{seq_len}", losses, weights))
+            metrics.update(docpos_metrics(f"val_{seq_len}", rows.rows, losses, weights, self.heldout.eos_id))
+            probe_rows = probe_batch(rows.rows, batch).to(self.device)
+            probes = self.model.probes(probe_rows[:, :-1], probe_rows[:, 1:], self.heldout.eos_id)
+            metrics.update({f"val_{seq_len}/{name}": float(value) for name, value in probes.items()})
+            if long is not None:
+                metrics.update(long_row_metrics(self.model, self.rows(long), seq_len, weights,
+                                                self.heldout.eos_id, self.device))  # fmt: skip
+            metrics.update(optimizer_summary(self.optimizer, next_lr, next_weight_decay))
+            if self.average is not None and self.average.started:
+                metrics.update(self._average_metrics(rows, batch, long, weights))
+        return metrics
+
+    def _average_metrics(
+        self, rows: HeldOutRows, batch: int, long: int | None, weights: dict[str, float]
+    ) -> dict[str, float]:
+        assert self.average is not None
+        metrics: dict[str, float] = {}
+        with averaged_weights(self.optimizer, self.average):
+            losses = {source: token_losses(self.model, windows, batch, self.device)
+                      for source, windows in rows.rows.items()}  # fmt: skip
+            metrics.update(loss_metrics(f"{EMA_PREFIX}val_{rows.seq_len}", losses, weights))
+            if long is not None:
+                first_long_rows = {source: windows[:1] for source, windows in self.rows(long).rows.items()}
+                long_losses = long_row_losses(self.model, first_long_rows, self.device)
+                metrics.update(loss_metrics(f"{EMA_PREFIX}val_{long}", long_losses, weights))
+        return metrics
+
+
+def format_validation(update: int, metrics: dict[str, float]) -> str:
+    """The run.log line of a validation: every `/mix` and `/mean` loss (training length, long rows, EMA)."""
+    keys = sorted(key for key in metrics if key.endswith(("/mix", "/mean")))
+    readings = "  ".join(f"{key} {metrics[key]:.4f}" for key in keys)
+    return f"validation at update {update}: {readings}"
