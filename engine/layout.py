@@ -11,6 +11,7 @@
 <line>/supervisor.json      supervisor state: pids, launches, failures, last event
 <line>/heartbeat            time, update, stage and pid of the trainer
 <line>/wandb_run.json       the line's W&B run
+<line>/wandb/               the W&B client's local files (offline runs wait here for `wandb sync`)
 <line>/STOP                 a stop request
 <line>/branches.json        the branches forked from this line
 ```
@@ -85,6 +86,11 @@ class LineLayout:
     @property
     def wandb_run_json(self) -> Path:
         return self.root / "wandb_run.json"
+
+    @property
+    def wandb_dir(self) -> Path:
+        """The W&B client's local run directories (it names this directory itself: `dir` + `wandb/`)."""
+        return self.root / "wandb"
 
     @property
     def stop(self) -> Path:

@@ -19,6 +19,10 @@ every `checkpoints.every_updates`, and one at exit.
 Every `validation.every_updates` updates the update's row also carries the validation's readings
 (engine.validate: held-out losses, probes, the optimizer's state, the moving average's losses) and
 is printed whatever `print_every`; validation leaves everything training depends on untouched.
+
+Every row is appended to rows.jsonl, then handed to the line's W&B mirror (engine.wb), which sends
+it from a background thread: training never waits on W&B and never fails because of it, and
+whatever W&B missed (a crash, an outage, a rollback) is re-sent from rows.jsonl by a later start.
 """
 
 from __future__ import annotations
@@ -54,9 +58,13 @@ from engine.rows import Heartbeat, RowsFile, RunLog, format_row
 from engine.schedule import learning_rate, tokens_per_update, update_weight_decay
 from engine.step import EagerEngine, GraphEngine, UpdateResult
 from engine.validate import Validator, format_validation
+from engine.wb import WandbMirror
 
 WAIT_POLL_SECONDS = 1.0
 """How often a trainer waiting for the next data cycle looks again (and at STOP)."""
+
+WANDB_CLOSE_SECONDS = 30.0
+"""How long an exiting trainer lets W&B take what is queued; the next start re-sends the rest."""
 
 EXIT_OK = 0
 EXIT_SIGNAL_BASE = 128
@@ -189,6 +197,10 @@ class Trainer:
         ops.accept(layout.root, config)  # the start passed its checks: this is the accepted configuration
         if resume.checkpoint is None:
             self._checkpoint(kept="line-start", wait=True)
+        # Only now, with rows.jsonl cut back to the state resumed, may the mirror read it to re-send
+        # what W&B lacks; a start refused by its checks leaves W&B untouched.
+        self.mirror = WandbMirror(layout.root, config.wandb, run_config=config.to_dict())
+        self.mirror.start()
 
     def _restore(self, checkpoint: Checkpoint) -> None:
         state = checkpoint.state
@@ -413,6 +425,7 @@ class Trainer:
             self.heartbeat.beat(position.update, "validating")
             row.update(self._validate(seq_len))
         self.rows.append(row)
+        self.mirror.log(row)  # after rows.jsonl has it: W&B mirrors the line's record, never leads it
         # The row of an update that validated is printed whatever print_every.
         if validating or position.update % max(1, config.print_every) == 0 or not result.stats.finite:
             self.log.write(format_row(row))
@@ -541,6 +554,13 @@ class Trainer:
     def _on_signal(self, number: int, _frame: Any) -> None:
         self._signal = number
 
+    def _close_mirror(self) -> None:
+        """Let W&B take what is queued, for a bounded time (W&B never holds the line up for long)."""
+        if not self.mirror.close(WANDB_CLOSE_SECONDS):
+            self.log.write(
+                f"W&B took more than {WANDB_CLOSE_SECONDS:.0f} s to close; the next start re-sends what it lacks"
+            )
+
     def run(self) -> int:
         """Train until a stop; returns the exit status (0, or 128 + a signal's number)."""
         previous = {}
@@ -560,9 +580,12 @@ class Trainer:
                 self.heartbeat.beat(self.position.update, "stopped", reason=reason)
                 self.log.write(f"stopped: {reason} ({self._where()})")
             finally:
-                self.writer.wait()
-                self.rows.close()
-                self.log.close()
+                try:
+                    self.writer.wait()
+                    self.rows.close()
+                finally:
+                    self._close_mirror()  # on every exit: a stop, a signal, a line error, a failed write
+                    self.log.close()
             return EXIT_SIGNAL_BASE + self._signal if self._signal is not None else EXIT_OK
         finally:
             for number, handler in previous.items():

@@ -28,6 +28,7 @@ the rows past its checkpoint): the mirror reads it to re-send what W&B lacks.
 
 from __future__ import annotations
 
+import copy
 import functools
 import logging
 import shutil
@@ -409,10 +410,13 @@ class WandbMirror:
     def _save_state(self) -> None:
         with self._lock:
             self._state.gap = self._gap
-            try:
-                self._state.save(self.layout.wandb_run_json)
-            except OSError as error:  # a full disk must not stop training; the trainer notices it
-                logger.warning("could not save %s: %s", self.layout.wandb_run_json.name, error)
+            # Written from a copy, outside the lock: `log()` takes the lock, and the training loop
+            # must not wait on this file's fsync.
+            snapshot = copy.deepcopy(self._state)
+        try:
+            snapshot.save(self.layout.wandb_run_json)
+        except OSError as error:  # a full disk must not stop training; the trainer notices it
+            logger.warning("could not save %s: %s", self.layout.wandb_run_json.name, error)
 
 
 def _generate_run_id() -> str:

@@ -9,15 +9,19 @@ The logic tests drive the same logic through a recording backend that simulates 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from engine.config import WandbConfig
+from engine.layout import LineLayout
 from engine.wb_state import RunPoint
 from engine.wb_txlog import TransactionLogReader, transaction_log_of
 
 SUPERSEDED_TAG = "superseded"
+LOCAL_LOG_POLL_S = 0.02
+"""How often a finishing offline run's local log is read until it holds every step logged."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,7 @@ class RealWandbBackend:
     def __init__(self, settings: WandbConfig, line_dir: Path, finish_timeout_s: float = 60.0) -> None:
         self.settings = settings
         self.line_dir = Path(line_dir)
+        self.layout = LineLayout(line_dir)
         self.finish_timeout_s = finish_timeout_s
         self._run: Any = None
         self._last_logged_step: int | None = None
@@ -98,6 +103,7 @@ class RealWandbBackend:
         return wandb.Settings(
             console="off",
             silent=True,
+            use_dot_wandb=False,
             finish_timeout=self.finish_timeout_s,
             finish_timeout_raises=True,
         )
@@ -105,8 +111,9 @@ class RealWandbBackend:
     def _start(self, **arguments: Any) -> Any:
         import wandb
 
-        directory = self.line_dir / "wandb"
-        directory.mkdir(exist_ok=True)
+        # The client writes its run directories under `dir`/wandb/ (use_dot_wandb=False: never
+        # `dir`/.wandb/), which is the line's wandb_dir.
+        self.layout.wandb_dir.mkdir(exist_ok=True)
         return wandb.init(
             project=self.settings.project,
             entity=self.settings.entity,
@@ -161,7 +168,7 @@ class RealWandbBackend:
         if self._run is None:
             return None
         if self._run.offline:
-            return self._read_local_log()
+            return self._read_local_log(self._run)
         # Online: every item handed to the client before this query is on the server once the
         # client reports nothing pending and at least one successful sync.
         logged = self._last_logged_step
@@ -170,10 +177,10 @@ class RealWandbBackend:
             return logged
         return None
 
-    def _read_local_log(self) -> int | None:
+    def _read_local_log(self, run: Any) -> int | None:
         """Offline: the highest step present in the run's local transaction log."""
         if self._local_log is None:
-            log_path = transaction_log_of(Path(self._run.dir).parent)
+            log_path = transaction_log_of(Path(run.dir).parent)
             if log_path is None:
                 return None
             self._local_log = TransactionLogReader(log_path)
@@ -189,6 +196,25 @@ class RealWandbBackend:
             run.finish()
         except TimeoutError:
             return False
+        return self._wait_for_local_log(run) if run.offline else True
+
+    def _wait_for_local_log(self, run: Any) -> bool:
+        """Offline: wait (bounded) until the run's local log holds every step logged.
+
+        `finish()` only tells the client's service that the run is done; the service writes the
+        log's last block and closes it afterwards. A clean finish must mean the log holds
+        everything (the mirror then records it all as acknowledged, and a later start may remove
+        the directory once synced), so the log is read until it does.
+        """
+        logged = self._last_logged_step
+        deadline = time.monotonic() + self.finish_timeout_s
+        while logged is not None:
+            written = self._read_local_log(run)
+            if written is not None and written >= logged:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(LOCAL_LOG_POLL_S)
         return True
 
     def mark_superseded(self, run_id: str, by_run_id: str, at_update: int) -> StartedRun:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
 import torch
@@ -13,6 +14,18 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+# Lines default to offline W&B: keep every wandb client the suite starts quiet, inside a
+# throwaway directory, and pointed at a dead port so nothing can reach a network.
+_WANDB_HOME = tempfile.mkdtemp(prefix="nsconsole-tests-wandb-")
+for _name, _value in {
+    "WANDB_SILENT": "true",
+    "WANDB_CONFIG_DIR": os.path.join(_WANDB_HOME, "config"),
+    "WANDB_CACHE_DIR": os.path.join(_WANDB_HOME, "cache"),
+    "WANDB_DATA_DIR": os.path.join(_WANDB_HOME, "data"),
+    "WANDB_BASE_URL": "http://127.0.0.1:9",
+}.items():
+    os.environ.setdefault(_name, _value)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -44,7 +44,9 @@ def data_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def trained_trunk(data_template: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A trunk trained to the end of its data (kept checkpoints at every cycle end); copied per test."""
     root = tmp_path_factory.mktemp("trunk")
-    line = make_line(root, copy_data_line(data_template, root))
+    # This module checks W&B planning against a simulated server; the real trainer's offline
+    # run would carry out the planned fork first (tests/test_trainer_wandb.py covers that path).
+    line = make_line(root, copy_data_line(data_template, root), **{"wandb.mode": "disabled"})
     assert Trainer(line, echo=None).run() == 0
     return root
 
