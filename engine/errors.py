@@ -18,3 +18,7 @@ class ConfigError(LineError):
 
 class CheckpointError(LineError):
     """A checkpoint is missing, truncated or corrupted."""
+
+
+class DiskFull(LineError):
+    """Free disk fell below `guards.min_free_disk_gb`: the line stopped for the operator."""

@@ -28,6 +28,7 @@ whatever W&B missed (a crash, an outage, a rollback) is re-sent from rows.jsonl 
 from __future__ import annotations
 
 import math
+import shutil
 import signal
 import sys
 import threading
@@ -47,9 +48,10 @@ from engine.ckpt import (
     CheckpointWriter,
     discard_partial_writes,
     find_resume_point,
+    read_latest,
 )
 from engine.config import RunConfig
-from engine.errors import CheckpointError, ConfigError, LineError
+from engine.errors import CheckpointError, ConfigError, DiskFull, LineError
 from engine.layout import LineLayout
 from engine.metrics import METRICS_VERSION
 from engine.models.presets import build_model
@@ -67,6 +69,8 @@ WANDB_CLOSE_SECONDS = 30.0
 """How long an exiting trainer lets W&B take what is queued; the next start re-sends the rest."""
 
 EXIT_OK = 0
+DISK_MARGIN = 1.5
+"""A checkpoint is written on a nearly full disk only when 1.5x the newest one's size is free."""
 EXIT_SIGNAL_BASE = 128
 
 
@@ -514,6 +518,7 @@ class Trainer:
             reason = self._stop_requested()
             if reason is not None:
                 return reason
+            self._check_disk()
             reason = self._wait_for_cycle(self.position.cycle)
             if reason is not None:
                 return reason
@@ -546,6 +551,41 @@ class Trainer:
                     return reason
             elif rows > 0 and self._rolling_checkpoint_due():
                 self._checkpoint()
+
+    def _check_disk(self) -> None:
+        """Below `guards.min_free_disk_gb`: checkpoint while there is room, then stop for the operator.
+
+        A statvfs per update costs microseconds. The checkpoint is written only when the free space
+        holds the newest checkpoint's size with a margin, so a full disk never leaves a half-written
+        one behind (and `latest` only ever names a complete one in any case).
+        """
+        free = shutil.disk_usage(self.layout.checkpoints).free
+        minimum = self.config.guards.min_free_disk_gb * 2**30
+        if free >= minimum:
+            return
+        update = self.position.update
+        if self._last_checkpoint_update == update:
+            saved = f"update {update} is checkpointed"
+        elif free > DISK_MARGIN * self._checkpoint_bytes():
+            self._checkpoint(wait=True)
+            saved = f"checkpointed update {update}"
+        else:
+            saved = f"no room for another checkpoint: the newest is update {self._last_checkpoint_update}"
+        message = (
+            f"{self.layout.root}: {free / 2**30:.2f} GiB free on its disk, below guards.min_free_disk_gb "
+            f"= {self.config.guards.min_free_disk_gb:g}; {saved}; free some space and run the line again"
+        )
+        self.heartbeat.beat(update, "stopped", reason="disk full")
+        self.log.write(message)
+        raise DiskFull(message)
+
+    def _checkpoint_bytes(self) -> int:
+        """The newest checkpoint's size on disk (the next one is as large)."""
+        newest = self.layout.checkpoints / (read_latest(self.layout.checkpoints) or "")
+        if not newest.is_dir() or newest == self.layout.checkpoints:
+            # Weights, two moments and an average in fp32 bound a first checkpoint.
+            return 16 * sum(p.numel() for p in self.model.parameters())
+        return sum(path.stat().st_size for path in newest.iterdir() if path.is_file())
 
     def _rolling_checkpoint_due(self) -> bool:
         every = self.config.checkpoints.every_updates

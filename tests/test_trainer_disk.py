@@ -1,0 +1,78 @@
+"""The disk guard: below guards.min_free_disk_gb the trainer checkpoints while there is room and
+stops for the operator; with no room for a checkpoint it stops without writing one, and `latest`
+still names a complete checkpoint."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections import namedtuple
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from test_trainer_lines import copy_data_line, make_data_line, make_line, one_torch_thread
+
+from engine import trainer as trainer_module
+from engine.ckpt import read_latest, verify_line_checkpoints
+from engine.config import RunConfig
+from engine.errors import DiskFull
+from engine.trainer import Trainer
+
+DiskUsage = namedtuple("DiskUsage", "total used free")
+
+
+@pytest.fixture(autouse=True)
+def single_thread() -> Iterator[None]:
+    with one_torch_thread():
+        yield
+
+
+@pytest.fixture(scope="module")
+def data_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_data_line(tmp_path_factory.mktemp("template"))
+
+
+def _set_disk_floor(line: Path, gib: float) -> None:
+    config = RunConfig.load(line / "run.json")
+    config.guards.min_free_disk_gb = gib
+    config.save(line / "run.json")
+    config.save(line / "accepted_run.json")
+
+
+def test_low_disk_checkpoints_then_stops_for_the_operator(tmp_path: Path, data_template: Path) -> None:
+    line = make_line(tmp_path, copy_data_line(data_template, tmp_path))
+    assert Trainer(line, stop_at=3, echo=None).run() == 0
+    _set_disk_floor(line, 1e9)  # more than any disk: "full" from the next update on
+    with pytest.raises(DiskFull, match=r"below guards.min_free_disk_gb = 1e\+09; update 3 is checkpointed"):
+        Trainer(line, stop_at=10, echo=None).run()
+    assert read_latest(line / "checkpoints") == "u00000003"
+    heartbeat = json.loads((line / "heartbeat").read_text())
+    assert heartbeat["stage"] == "stopped" and heartbeat["reason"] == "disk full"
+    assert verify_line_checkpoints(line) == []
+
+
+def test_no_room_for_a_checkpoint_writes_none(
+    tmp_path: Path, data_template: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    line = make_line(tmp_path, copy_data_line(data_template, tmp_path))
+    assert Trainer(line, stop_at=2, echo=None).run() == 0
+    real_usage = shutil.disk_usage
+    trainer = Trainer(line, stop_at=10, echo=None)
+    updates_seen = []
+
+    def usage_after_one_update(path: str | Path) -> DiskUsage:
+        # Plenty of room for the resumed line's first update, then a few bytes: too little to
+        # hold another checkpoint.
+        updates_seen.append(trainer.position.update)
+        if trainer.position.update <= 2:
+            return real_usage(path)
+        return DiskUsage(total=10**12, used=10**12 - 1000, free=1000)
+
+    monkeypatch.setattr(trainer_module.shutil, "disk_usage", usage_after_one_update)
+    with pytest.raises(DiskFull, match="no room for another checkpoint: the newest is update 2"):
+        trainer.run()
+    assert 3 in updates_seen
+    assert read_latest(line / "checkpoints") == "u00000002"
+    assert not list((line / "checkpoints").glob("*.partial"))
+    assert verify_line_checkpoints(line) == []
