@@ -24,7 +24,12 @@ The supervisor (one per line: an exclusive flock on the line directory):
 - serves the line's socket (`engine/server.py`, `engine/supervise_rpc.py`), registers for
   discovery (`engine/registry.py`), pushes heartbeats, rows and events to subscribers, tells the
   operator through host.json's `notify` (`engine/notify.py`), and keeps its state in
-  `supervisor.json`.
+  `supervisor.json`;
+- forks the branches asked of it at the end of their trunk cycle (`engine/supervise_forks.py`:
+  at once when it has ended, else queued in supervisor.json until the cycle-end checkpoint appears);
+- does the work that needs the trainer stopped (a rollback, a tune) between two launches: the
+  trainer is stopped with SIGTERM (it checkpoints at its next update), the work runs (a tune with
+  the GPU lease held and no other process on the GPU), the trainer is relaunched.
 """
 
 from __future__ import annotations
@@ -42,10 +47,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
+from datalines.errors import DataLineError
 from engine import ops, registry
 from engine.atomic import write_text_atomic
 from engine.config import RunConfig
@@ -59,9 +65,13 @@ from engine.notify import DEFAULT_TIMEOUT_S as NOTIFY_TIMEOUT_S
 from engine.notify import EVENT_KINDS, make_event, notify_in_background
 from engine.protocol import PROTOCOL_VERSION, RequestLog
 from engine.server import SupervisorServer
+from engine.supervise_forks import ForkQueue, QueuedFork, branched_from
 from engine.supervise_preparer import PreparerKeeper
-from engine.supervise_rpc import LineHandler, RowsTail, is_validation_row
+from engine.supervise_rpc import LineHandler, PausedWork, RowsTail, is_validation_row
 from engine.supervised_trainer import EXIT_GPU_BUSY, EXIT_LINE_ERROR
+
+if TYPE_CHECKING:
+    from engine.lineops import BranchResult
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -71,7 +81,11 @@ CRASHES_BESIDE_OTHERS = 3
 """Crashes in a row beside other GPU processes after which the line waits for a free GPU."""
 STOP_FILE_REASON = "stop requested"
 """The heartbeat's reason when the trainer stopped on a STOP request (`engine.trainer.StopReason`)."""
+STOP_AT_REASON = "reached --stop-at"
+"""The heartbeat's reason when the trainer stopped at `--stop-at` (the line goes on when run again)."""
 MAX_RELAUNCH_DELAY_S = 300.0
+ANSWER_WAIT_S = 5.0
+"""How long an ending supervisor waits for a refused rollback or tune to be answered."""
 
 
 @dataclass
@@ -115,7 +129,8 @@ class SupervisorState:
     started: float
     """When it started (Unix time)."""
     state: str = "starting"
-    """starting, waiting-gpu, training, relaunching, stopping, finished, stopped, failed or stuck."""
+    """starting, waiting-gpu, training, pausing (the trainer stops for a rollback or a tune),
+    rolling-back, tuning, relaunching, stopping, finished, stopped, failed or stuck."""
     trainer_pid: int | None = None
     """The running trainer's pid."""
     launches: int = 0
@@ -132,6 +147,8 @@ class SupervisorState:
     """The last event (as notified)."""
     requests: list[dict[str, Any]] = field(default_factory=list)
     """Mutations already applied, by request_id (a retry is answered from here)."""
+    queued_forks: list[dict[str, Any]] = field(default_factory=list)
+    """Branches waiting for the end of their trunk cycle (`engine.supervise_forks.QueuedFork`)."""
 
 
 @dataclass
@@ -152,6 +169,8 @@ class TrainerExit:
     """The line's newest checkpoint is newer than at the launch."""
     others_on_gpu: list[int] = field(default_factory=list)
     """Pids of other processes on the line's GPU at the supervisor's last look before or at the exit."""
+    paused_for_work: bool = False
+    """The supervisor stopped it (SIGTERM) for work that needs the trainer stopped (a rollback, a tune)."""
 
 
 class Supervisor:
@@ -175,6 +194,14 @@ class Supervisor:
         self._config: RunConfig | None = None
         self._need_free_gpu = False  # relaunch only once no other process is on the GPU
         self._preparer: PreparerKeeper | None = None
+        self._save_lock = threading.Lock()  # one supervisor.json write at a time, newest last
+        self._paused_work: PausedWork | None = None  # a rollback or tune waiting for the trainer to stop
+        self._closing = False  # the supervisor is ending: no more paused work is taken
+        self._parent: str | None = None  # the line this one was branched from
+        self.forks = ForkQueue(
+            self.layout, trunk_data=self._data_path, on_forked=self._on_forked,
+            on_failed=self._on_fork_failed, on_change=self._save,
+        )
 
     # ---- the RPC handler's view ----------------------------------------------------------------
 
@@ -182,6 +209,7 @@ class Supervisor:
         with self._lock:
             state = asdict(self.state)
         state.pop("requests")
+        state["queued_forks"] = self.forks.export()
         heartbeat = _read_json(self.layout.heartbeat)
         stop = _pending_stop(self.layout)
         config = self._config
@@ -198,6 +226,7 @@ class Supervisor:
             "preset": None if config is None else config.model.preset,
             "device": None if config is None else config.device,
             "preparer": None if self._preparer is None else self._preparer.snapshot(),
+            "parent": self._parent,
         }
 
     def request_stop(self, at_cycle_end: int | None) -> None:
@@ -206,6 +235,29 @@ class Supervisor:
         self._stop_asked = True
         when = "at the next update" if at_cycle_end is None else f"at the end of cycle {at_cycle_end}"
         self._say(f"stop requested {when}")
+
+    def between_launches(self, work: PausedWork) -> dict[str, Any]:
+        """Do `work` with the trainer stopped and relaunch it after; its result (blocks until done).
+
+        Called from the RPC thread: the supervisor's loop stops the trainer (SIGTERM: a checkpoint
+        at its next update), waits for its exit, runs the work and launches the trainer again.
+        """
+        with self._lock:
+            if self._closing:
+                raise LineError(f"{self.layout.root}: the supervisor is ending; {work.name} refused")
+            if self._paused_work is not None:
+                under_way = self._paused_work.name
+                raise LineError(f"{self.layout.root}: a {under_way} is under way; try once it is done")
+            self._paused_work = work
+        self._say(f"{work.name} requested: the trainer stops with a checkpoint first")
+        try:
+            return work.outcome.result()
+        finally:
+            work.answered.set()
+
+    def _data_path(self) -> Path:
+        config = self._config or _supervisor_config(self.layout)
+        return ops.resolve_data_path(self.layout, config.data.line)
 
     # ---- life -----------------------------------------------------------------------------------
 
@@ -218,6 +270,8 @@ class Supervisor:
             previous = _read_json(self.layout.supervisor_json) or {}
             if isinstance(previous.get("requests"), list):
                 self.request_log.restore(previous["requests"])
+            self.forks.restore(previous.get("queued_forks"))
+            self._parent = branched_from(self.layout)
             self.state.gpu_index = _gpu_index(self._config.device)
             if self.settings.run_preparer:
                 self._preparer = PreparerKeeper(
@@ -254,6 +308,8 @@ class Supervisor:
             finally:
                 for number, handler_before in previous_handlers.items():
                     signal.signal(number, handler_before)
+                self._refuse_paused_work()
+                self.forks.close()
                 if self._preparer is not None:
                     self._preparer.stop()
                 registry.unregister(entry)
@@ -290,6 +346,11 @@ class Supervisor:
                     lease.release()
                     return self._end_without_trainer()
                 self._need_free_gpu = False
+            self._do_paused_work(gpu_ready=True)
+            if self._stopping or _pending_stop_now(self.layout):
+                if lease is not None:
+                    lease.release()
+                return self._end_without_trainer()
             outcome = self._run_trainer(lease)
             verdict = self._judge(outcome)
             if verdict is not None:
@@ -312,6 +373,7 @@ class Supervisor:
                 self._event("gpu_wait", f"waiting for GPU {index} longer than the watchdog interval")
                 told = True
             self._pump()
+            self._do_paused_work(gpu_ready=False)
             if self._stopping or _pending_stop_now(self.layout):
                 return None
             time.sleep(self.settings.poll_seconds)
@@ -330,6 +392,7 @@ class Supervisor:
                 self._event("gpu_wait", message)
                 told = True
             self._pump()
+            self._do_paused_work(gpu_ready=False)
             if self._stopping or _pending_stop_now(self.layout):
                 return False
             time.sleep(self.settings.poll_seconds)
@@ -370,6 +433,7 @@ class Supervisor:
 
     def _watch(self, trainer: subprocess.Popen[bytes], launched: float) -> TrainerExit:
         stopped_by_us = False
+        paused = False  # stopped for paused work (a rollback, a tune): relaunched after it
         stop_file_seen = False  # a clean exit after a STOP request is a stop, not the line's end
         asked_to_stop_at = 0.0
         data_wait_since: float | None = None  # when the trainer began waiting for a data cycle
@@ -386,7 +450,7 @@ class Supervisor:
                 ran = time.time() - launched
                 return TrainerExit(
                     code, ran, stopped_by_us=stopped_by_us, stop_requested=stop_file_seen,
-                    others_on_gpu=others,
+                    others_on_gpu=others, paused_for_work=paused,
                 )
             self._pump()
             if self._stopping and not stopped_by_us:
@@ -394,9 +458,18 @@ class Supervisor:
                 self._say("stopping the trainer (SIGTERM: it checkpoints first)")
                 trainer.send_signal(signal.SIGTERM)
                 stopped_by_us, asked_to_stop_at = True, time.monotonic()
-            if stopped_by_us and time.monotonic() - asked_to_stop_at > self.settings.stop_wait_seconds:
+            work = self._paused_work
+            if work is not None and not (paused or stopped_by_us):
+                self._set(state="pausing")
+                self._say(f"stopping the trainer for the {work.name} (SIGTERM: it checkpoints first)")
+                trainer.send_signal(signal.SIGTERM)
+                paused, asked_to_stop_at = True, time.monotonic()
+            asked = stopped_by_us or paused
+            if asked and time.monotonic() - asked_to_stop_at > self.settings.stop_wait_seconds:
                 self._say(f"the trainer did not stop in {self.settings.stop_wait_seconds:g} s: killing it")
-                return self._kill(trainer, launched, watchdog=False, stopped_by_us=True)
+                outcome = self._kill(trainer, launched, watchdog=False, stopped_by_us=stopped_by_us)
+                outcome.paused_for_work = paused
+                return outcome
             heartbeat = _read_json(self.layout.heartbeat)
             beat_time = launched
             if heartbeat is not None and heartbeat.get("pid") == trainer.pid:
@@ -410,7 +483,7 @@ class Supervisor:
                     self._event("data_wait", f"the trainer has waited for data cycle {cycle} longer than the "
                                 "watchdog interval")
                     told_data_wait = True
-            if not stopped_by_us and time.time() - beat_time > self._watchdog_seconds():
+            if not asked and time.time() - beat_time > self._watchdog_seconds():
                 return self._kill(trainer, launched, watchdog=True, stopped_by_us=False)
             time.sleep(self.settings.poll_seconds)
 
@@ -463,6 +536,8 @@ class Supervisor:
             self._event("stuck", "the trainer was killed but does not exit (the GPU may hang); stopping")
             self._set(state="stuck")
             return EXIT_FAILED
+        if outcome.paused_for_work and not outcome.stopped_by_us:
+            return self._judge_pause()
         if code == 0:
             reason = (_read_json(self.layout.heartbeat) or {}).get("reason", "stopped")
             if self._stopping or outcome.stop_requested or self._stop_asked or reason == STOP_FILE_REASON:
@@ -470,6 +545,7 @@ class Supervisor:
                 self._set(state="stopped")
                 self._publish_event("stopped", f"the line stopped: {reason}")
             else:
+                self.forks.finish_line(line_ended=reason != STOP_AT_REASON)
                 self._set(state="finished")
                 self._event("finished", f"the line stopped: {reason}")
             return EXIT_OK
@@ -511,6 +587,70 @@ class Supervisor:
             return EXIT_FAILED
         return None
 
+    def _judge_pause(self) -> int | None:
+        """The trainer stopped for paused work: None (the work runs, then a relaunch), unless a stop
+        came meanwhile (the trainer stopped on it too): then the line is stopped."""
+        reason = (_read_json(self.layout.heartbeat) or {}).get("reason")
+        if self._stopping or reason == STOP_FILE_REASON or _pending_stop_now(self.layout):
+            _discard_served_stop(self.layout)
+            self._set(state="stopped")
+            self._publish_event("stopped", "the line stopped on request")
+            return EXIT_OK
+        self._say("the trainer stopped for the work asked of the line")
+        return None
+
+    def _do_paused_work(self, gpu_ready: bool) -> None:
+        """Run the rollback or tune asked for, if any, now that no trainer runs (see `between_launches`)."""
+        work = self._paused_work
+        if work is None or (work.needs_gpu and self.state.gpu_index is not None and not gpu_ready):
+            return
+        state_before = self.state.state
+        self._set(state=work.state)
+        self._say(f"{work.name}: started")
+        try:
+            result = work.work()
+        except (LineError, DataLineError) as error:
+            self._say(f"{work.name} refused: {error}")
+            self._publish_event(f"{work.name}_failed", str(error))
+            work.outcome.set_exception(error)
+        except Exception as error:
+            message = f"{work.name} failed: {type(error).__name__}: {error}"
+            self._say(message)
+            self._publish_event(f"{work.name}_failed", message)
+            work.outcome.set_exception(error)
+        else:
+            self._say(f"{work.name}: done")
+            self._publish_event(work.done_event, f"{work.name} done", result=result)
+            work.outcome.set_result(result)
+        finally:
+            with self._lock:
+                self._paused_work = None
+            self._set(state=state_before)
+
+    def _refuse_paused_work(self) -> None:
+        """The supervisor ends: work still waiting is answered (nothing of it was done)."""
+        with self._lock:
+            self._closing = True
+            work, self._paused_work = self._paused_work, None
+        if work is not None and not work.outcome.done():
+            work.outcome.set_exception(LineError(
+                f"{self.layout.root}: the supervisor ended (state {self.state.state}) before the {work.name} "
+                "ran; nothing was changed"
+            ))
+            # The server closes its connections soon: let the RPC thread hand the refusal over first.
+            work.answered.wait(timeout=ANSWER_WAIT_S)
+
+    def _on_forked(self, fork: QueuedFork, result: BranchResult) -> None:
+        message = f"branched {result.line} at the end of cycle {fork.at_cycle} (update {result.fork_update})"
+        self._say(message)
+        self._publish_event(
+            "branched", message, path=str(result.line), at_cycle=fork.at_cycle, fork_update=result.fork_update
+        )
+
+    def _on_fork_failed(self, fork: QueuedFork, message: str) -> None:
+        self._say(f"the branch into {fork.path} at the end of cycle {fork.at_cycle} failed: {message}")
+        self._publish_event("branch_failed", message, path=fork.path, at_cycle=fork.at_cycle)
+
     def _judge_crash_beside_others(self, outcome: TrainerExit) -> None:
         """A crash with other processes on the GPU is theirs as much as ours: not a failure; a few in a
         row without progress and the line waits for a free GPU."""
@@ -537,6 +677,7 @@ class Supervisor:
         deadline = time.monotonic() + delay
         while time.monotonic() < deadline:
             self._pump()
+            self._do_paused_work(gpu_ready=False)
             if self._stopping or _pending_stop_now(self.layout):
                 return False
             time.sleep(min(self.settings.poll_seconds, max(0.0, deadline - time.monotonic())))
@@ -570,6 +711,7 @@ class Supervisor:
             heartbeat = _parse_json(raw)
             if heartbeat is not None and server is not None:
                 server.publish("heartbeat", heartbeat)
+        self.forks.poll()
         if self.settings.echo:
             self._echo_run_log()
 
@@ -616,10 +758,14 @@ class Supervisor:
         self._save()
 
     def _save(self) -> None:
-        with self._lock:
-            self.state.requests = self.request_log.export()
-            document = asdict(self.state)
-        write_text_atomic(self.layout.supervisor_json, json.dumps(document, indent=1, default=str) + "\n")
+        # RPC and fork threads save too: the lock orders the writes, so the newest state lands last.
+        with self._save_lock:
+            queued_forks = self.forks.export()
+            with self._lock:
+                self.state.requests = self.request_log.export()
+                self.state.queued_forks = queued_forks
+                document = asdict(self.state)
+            write_text_atomic(self.layout.supervisor_json, json.dumps(document, indent=1, default=str) + "\n")
 
     def _watchdog_seconds(self) -> float:
         if self.settings.watchdog_seconds is not None:

@@ -3,23 +3,45 @@
 Reads (`status`, `rows`, `log`, `gpu`) come from the supervisor's own view of the line: it tails
 rows.jsonl as the trainer appends (whole lines only, an index of their offsets kept), so a
 client never reads a file mid-write. Mutations change the line through the same engine
-functions the commands use (`engine.ops`); the server applies each request_id once.
+functions the commands use (`engine.ops`, `engine.lineops`, `nsconsole tune`); the server
+applies each request_id once:
+
+- `stop {at_cycle_end}` writes the STOP request and replies at once.
+- `branch {path, at_cycle, plan, data}` forks now when the trunk's cycle has ended (`{"state":
+  "forked"}`), else queues the fork for that cycle's end (`{"state": "queued"}`); either way a
+  `branched` event follows the fork (`branch_failed` when a queued one cannot be made, or its cycle
+  never comes). Relative paths are taken under host.json's `work_root`, else beside the line.
+- `rollback {to}` and `tune {shared}` need the trainer stopped: the supervisor stops it (a
+  checkpoint at its next update), does the work, relaunches it, and only then replies (with what
+  was done: the rollback's outcome, the tuned shapes); the `rolled_back` / `tuned` event carries
+  the same (`rollback_failed` / `tune_failed` on a refusal). A client whose call times out
+  meanwhile retries with the same request_id and gets the one outcome. Until the reply, this
+  line's other mutations wait (the server applies mutations one at a time).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
+import subprocess
+import sys
 import threading
 from array import array
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
 from engine import ops, protocol
+from engine.config import RunConfig
 from engine.errors import LineError
 from engine.gpu import gpu_snapshot, lease_holder
+from engine.host import HostSettings
 from engine.layout import LineLayout
+from engine.supervise_forks import ForkQueue, latest_update, new_fork
 
 REPLY_BUDGET_BYTES = protocol.MAX_LINE_BYTES - 4096
 """What the rows of one reply may take, leaving room for the envelope."""
@@ -135,16 +157,39 @@ def is_validation_row(row: dict[str, Any]) -> bool:
     return any(key.startswith(("val_", "ema/val_")) for key in row)
 
 
+@dataclass
+class PausedWork:
+    """Work on the line that needs its trainer stopped, done by the supervisor between two launches."""
+
+    name: str
+    """What it is (`rollback`, `tune`): run.log lines, and the `<name>_failed` event."""
+    state: str
+    """The supervisor's state while it runs (`rolling-back`, `tuning`)."""
+    done_event: str
+    """The event published with its result (`rolled_back`, `tuned`)."""
+    work: Callable[[], dict[str, Any]]
+    """Does it (in the supervisor's loop); its result is the reply. A `LineError` is a refusal."""
+    needs_gpu: bool
+    """It runs on the line's device: on a GPU line only with the lease held and no other process there."""
+    outcome: Future[dict[str, Any]] = field(default_factory=Future)
+    """Set when done (or refused, or when the supervisor ends first)."""
+    answered: threading.Event = field(default_factory=threading.Event)
+    """Set once the RPC thread has taken the outcome (its reply is on its way to the client)."""
+
+
 class SupervisorView(Protocol):
     """What the handler needs from the supervisor it serves."""
 
     layout: LineLayout
     rows_tail: RowsTail
     request_log: protocol.RequestLog
+    forks: ForkQueue
 
     def state_for_status(self) -> dict[str, Any]: ...
 
     def request_stop(self, at_cycle_end: int | None) -> None: ...
+
+    def between_launches(self, work: PausedWork) -> dict[str, Any]: ...
 
 
 class LineHandler:
@@ -191,15 +236,99 @@ class LineHandler:
         return {"stopping": True, "when": when, "requested": request.requested, "at_cycle_end": at_cycle_end}
 
     def branch(
-        self, path: str, at_cycle: int | None, at_update: int | None, plan: str | None, data: str | None
-    ) -> dict[str, Any]:
-        raise LineError("branch through the supervisor is not built yet: `engine.ops` has no branch")
+        self, path: str, at_cycle: int | None, at_update: int | None, plan: str | None, data: str | None,
+        long_seq_len: int | None = None,
+    ) -> dict[str, Any]:  # fmt: skip
+        if at_update is not None:
+            raise LineError("branch: a branch forks at a trunk cycle end; give at_cycle, not at_update")
+        if at_cycle is None:
+            raise LineError("branch: give at_cycle, the trunk cycle at whose end the branch forks")
+        if plan is None:
+            raise LineError("branch: give a plan: decay:TOKENS[:shape] and long:TOKENS, comma-separated")
+        if data is None:
+            raise LineError("branch: give the branch's own data line (the trunk's is consumed as it trains)")
+        fork = new_fork(self._request_path(path), at_cycle, plan, self._request_path(data), long_seq_len)
+        return self.supervisor.forks.branch(fork)
 
     def rollback(self, to: int) -> dict[str, Any]:
-        raise LineError("rollback through the supervisor is not built yet: `engine.ops` has no rollback")
+        layout = self.supervisor.layout
+        check_rollback_target(layout, to)  # before the trainer is stopped for nothing
+
+        def roll_back() -> dict[str, Any]:
+            from engine.lineops import rollback_line  # imports torch: only once a rollback is asked for
+
+            result = rollback_line(layout.root, to)
+            reply = dataclasses.asdict(result)
+            reply["rows_kept"] = None if result.rows_kept is None else str(result.rows_kept)
+            return reply
+
+        return self.supervisor.between_launches(
+            PausedWork("rollback", "rolling-back", "rolled_back", roll_back, needs_gpu=False)
+        )
 
     def tune(self, shared: bool) -> dict[str, Any]:
-        raise LineError("tune through the supervisor is not built yet: `engine.ops` has no tune")
+        layout = self.supervisor.layout
+        config = RunConfig.load(layout.run_json)
+        if shared and config.guards.share_reserve_gb is None:
+            raise LineError(
+                f"{layout.run_json}: a shared tune needs guards.share_reserve_gb (the memory left to others)"
+            )
+        return self.supervisor.between_launches(
+            PausedWork("tune", "tuning", "tuned", lambda: tune_in_child(layout, shared), needs_gpu=True)
+        )
+
+    def _request_path(self, text: str) -> Path:
+        """A path sent over the socket: the client's working directory is unknown here, so a relative
+        one is taken under host.json's `work_root`, else beside this line."""
+        path = Path(text).expanduser()
+        if path.is_absolute():
+            return path
+        work_root = HostSettings.load().work_root
+        base = Path(work_root).expanduser() if work_root else self.supervisor.layout.root.parent
+        return (base / path).absolute()
+
+
+def check_rollback_target(layout: LineLayout, to: int) -> None:
+    """Refuse a rollback to a checkpoint that is not there or not before `latest` (`rollback_line`
+    checks all of it again once the trainer has stopped)."""
+    target = layout.checkpoint(to)
+    if not target.is_dir():
+        raise LineError(f"{target}: no such checkpoint")
+    latest = latest_update(layout)
+    if latest is None or to >= latest:
+        named = "none" if latest is None else layout.checkpoint(latest).name
+        raise LineError(f"{target}: not before the line's latest checkpoint ({named}); a rollback goes back")
+
+
+def tune_in_child(layout: LineLayout, shared: bool) -> dict[str, Any]:
+    """`nsconsole tune LINE [--shared]` in a child process; the shapes it wrote into run.json.
+
+    A child, not this process: the measurement builds the model on the line's device, and a CUDA
+    context left in the supervisor would hold GPU memory and count as another process on the GPU.
+    Its table goes to run.log; its one-line error becomes the refusal.
+    """
+    command = [
+        sys.executable, "-m", "engine.supervised_child", str(os.getpid()),  # it ends with the supervisor
+        sys.executable, "-m", "nsconsole", "tune", str(layout.root), *(["--shared"] if shared else []),
+    ]
+    with open(layout.run_log, "ab") as run_log:
+        finished = subprocess.run(command, stdin=subprocess.DEVNULL, stdout=run_log, stderr=subprocess.PIPE)
+    if finished.returncode != 0:
+        errors = finished.stderr.decode("utf-8", errors="replace").strip().splitlines()
+        refusals = [line[len("nsconsole: "):] for line in errors if line.startswith("nsconsole: ")]
+        last = refusals[-1] if refusals else (errors[-1] if errors else "no output")
+        raise LineError(f"tune exited with status {finished.returncode}: {last}")
+    config = RunConfig.load(layout.run_json)
+    tuned = sorted({stage.seq_len for stage in config.plan})
+    lengths = []
+    for entry in config.lengths:
+        if entry.seq_len not in tuned:
+            continue
+        shape = entry.shared if shared else entry
+        assert shape is not None  # tune wrote it
+        lengths.append({"seq_len": entry.seq_len, "micro_batch_rows": shape.micro_batch_rows,
+                        "recompute": shape.recompute})  # fmt: skip
+    return {"shared": shared, "lengths": lengths}
 
 
 def _whole_characters(chunk: bytes) -> bytes:

@@ -23,6 +23,10 @@ from collections.abc import Sequence
 from engine.supervised_child import die_with_parent
 
 EXIT_LINE_ERROR = 2
+EXIT_DISK_FULL = 74
+"""The trainer stopped because free disk fell below `guards.min_free_disk_gb` (checkpointed while
+there was room): the supervisor notifies `disk_full` and stops the line for the operator, since a
+relaunch would stop again at once. (EX_IOERR.)"""
 EXIT_GPU_BUSY = 75
 """The trainer checkpointed and exited because other processes on its GPU leave it too little memory
 (or the line has no `guards.share_reserve_gb`): the supervisor relaunches it once the GPU is free,
@@ -42,11 +46,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # Imported after the check: torch takes seconds to import.
     from datalines.errors import DataLineError
-    from engine.errors import LineError
+    from engine.errors import DiskFull, LineError
     from engine.trainer import Trainer
 
     try:
         return Trainer(args.line, stop_at=args.stop_at, echo=None, engine=args.engine).run()
+    except DiskFull as error:
+        print(f"nsconsole: {error}", file=sys.stderr, flush=True)
+        return EXIT_DISK_FULL
     except (LineError, DataLineError) as error:
         print(f"nsconsole: {error}", file=sys.stderr, flush=True)
         return EXIT_LINE_ERROR

@@ -22,7 +22,7 @@ from typing import TypeVar
 
 import psutil
 import pytest
-from test_trainer_lines import make_data_line, make_line
+from test_trainer_lines import copy_data_line, make_data_line, make_line
 from textual.widgets import Input
 
 from datalines import open_data_line
@@ -56,10 +56,10 @@ def private_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "host.json").write_text("{}")
 
 
-def start_supervisor(tmp_path: Path, line: Path) -> subprocess.Popen[bytes]:
+def start_supervisor(tmp_path: Path, line: Path, run_preparer: bool = True) -> subprocess.Popen[bytes]:
     runner = tmp_path / "runner.py"
     runner.write_text(RUNNER)
-    settings = {"poll_seconds": 0.1, "relaunch_delay_seconds": 0.05}
+    settings = {"poll_seconds": 0.1, "relaunch_delay_seconds": 0.05, "run_preparer": run_preparer}
     return subprocess.Popen([sys.executable, str(runner), str(line), json.dumps(settings)])
 
 
@@ -167,16 +167,13 @@ def test_the_console_follows_stops_and_reattaches_to_a_real_supervisor(tmp_path:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="the supervisor's branch is not built yet (engine/supervise_rpc.py LineHandler.branch refuses); "
-    "when it lands this test passes and the marker must go",
-)
 def test_a_branch_requested_for_the_current_cycle_happens_at_its_end(tmp_path: Path) -> None:
     data = make_data_line(tmp_path / "data_root", prepare=1)
     line_path = make_line(tmp_path, data)
     branch_path = tmp_path / "branch"
-    supervisors = [start_supervisor(tmp_path, line_path)]
+    branch_data = copy_data_line(data, tmp_path / "branch_data")  # a branch trains on its own data line
+    # No preparer: cycle 1 stays unprepared (so unfinished) until the test prepares it.
+    supervisors = [start_supervisor(tmp_path, line_path, run_preparer=False)]
 
     async def scenario() -> None:
         app = ConsoleApp(refresh_interval=0.2)
@@ -189,6 +186,8 @@ def test_a_branch_requested_for_the_current_cycle_happens_at_its_end(tmp_path: P
             assert isinstance(app.screen, BranchForm)
             app.screen.query_one("#path", Input).value = str(branch_path)
             app.screen.query_one("#at_cycle", Input).value = "1"
+            app.screen.query_one("#plan", Input).value = "decay:1024"
+            app.screen.query_one("#data", Input).value = str(branch_data)
             await pilot.click("#submit")
             assert isinstance(app.screen, ConfirmScreen)
             await pilot.press("y")
@@ -199,7 +198,12 @@ def test_a_branch_requested_for_the_current_cycle_happens_at_its_end(tmp_path: P
             assert outcome.kind != "refused", outcome.message
             assert not branch_path.exists()  # it waits for the end of cycle 1
             prepare_cycle(open_data_line(data), 1)
-            await until(pilot, lambda: any(state.path == str(branch_path) for state in app.book), "the branch line")
+            # The fork is made (a new line, not started: `nsconsole run` or `nsconsole tune` it next).
+            branched = await until(
+                pilot, lambda: next((e for e in line.events if e.kind == "branched"), None), "the fork"
+            )
+            assert str(branch_path) in branched.message
+            assert (branch_path / "run.json").is_file() and (branch_path / "checkpoints" / "latest").is_file()
 
     try:
         asyncio.run(scenario())

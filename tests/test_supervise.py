@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -19,8 +20,9 @@ import pytest
 from test_trainer_lines import make_data_line, make_line
 
 from engine import registry
+from engine.errors import LineError
 from engine.gpu import GpuLease, lease_holder
-from nsconsole.client import SupervisorClient
+from nsconsole.client import RemoteError, SupervisorClient
 
 FAKE_TRAINER = r'''
 import json, os, signal, sys, time
@@ -59,6 +61,7 @@ if action == "progress-crash":
     sys.exit(1)
 if action == "hang":
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    beat("hanging")  # from now on deaf to SIGTERM
     time.sleep(600)
 if action == "sigterm":
     sys.exit(128 + signal.SIGTERM)
@@ -475,3 +478,79 @@ def test_the_trainer_gets_sigterm_when_its_supervisor_dies(tmp_path: Path) -> No
     finally:
         if psutil.pid_exists(child_pid):
             os.kill(child_pid, signal.SIGKILL)
+
+
+def fake_checkpoints(line: Path, *updates: int) -> None:
+    """Checkpoint directories with nothing in them: a rollback's first checks pass, its verification fails."""
+    for update in updates:
+        (line / "checkpoints" / f"u{update:08d}").mkdir(parents=True)
+    (line / "checkpoints" / "latest").write_text(f"u{max(updates):08d}\n")
+
+
+def wait_for_state(client: SupervisorClient, state: str, timeout: float = 30) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = client.call("status")
+        if status["state"] == state:
+            return status
+        time.sleep(0.05)
+    raise AssertionError(f"the supervisor never was {state!r}")
+
+
+def wait_for_row(client: SupervisorClient) -> None:
+    """Until a row is pushed (the stand-in trainer writes rows once it listens for SIGTERM)."""
+    notification = client.next_notification(timeout=20)
+    while notification is not None and notification.kind != "row":
+        notification = client.next_notification(timeout=20)
+    assert notification is not None
+
+
+def test_a_rollback_refused_once_the_trainer_stopped_relaunches_it_and_counts_no_failure(rig: Rig) -> None:
+    fake_checkpoints(rig.line, 1, 2)
+    rig.start(["train-until-stop", "train-until-stop"])
+    with rig.wait_for_socket() as client:
+        client.subscribe(since_seq=0)
+        wait_for_row(client)
+        first = client.call("status")["trainer_pid"]
+        with pytest.raises(RemoteError, match="u00000001") as refused:
+            client.mutate("rollback", to=1)  # stops the trainer, then finds no checkpoint files
+        assert refused.value.code == -32010
+        deadline = time.monotonic() + 30
+        while (client.call("status")["heartbeat"] or {}).get("pid") in (None, first):  # until relaunched
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert client.call("status")["failures_in_a_row"] == 0
+        client.mutate("stop")
+    assert rig.finish() == 0
+    assert rig.launches() == ["train-until-stop", "train-until-stop"]
+    assert "rollback refused: " in (rig.line / "run.log").read_text()
+    assert rig.state()["state"] == "stopped" and rig.notified() == []
+
+
+def test_work_waiting_for_the_trainer_is_refused_when_the_supervisor_stops_first(rig: Rig) -> None:
+    fake_checkpoints(rig.line, 1, 2)
+    process = rig.start(["hang"], stop_wait_seconds=2)  # a trainer that ignores SIGTERM
+    answers: list[BaseException] = []
+
+    def roll_back() -> None:
+        with SupervisorClient(rig.line / "supervisor.sock") as other:
+            try:
+                other.mutate("rollback", to=1)
+            except LineError as error:  # the refusal (RemoteError), or a connection lost before it came
+                answers.append(error)
+
+    with rig.wait_for_socket() as client:
+        deadline = time.monotonic() + 30
+        while (client.call("status")["heartbeat"] or {}).get("stage") != "hanging":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        asking = threading.Thread(target=roll_back)
+        asking.start()
+        wait_for_state(client, "pausing")
+        process.send_signal(signal.SIGTERM)
+        asking.join(timeout=30)
+    assert rig.finish() == 0
+    [answer] = answers
+    assert "the supervisor ended (state stopped) before the rollback ran; nothing was changed" in str(answer)
+    assert rig.launches() == ["hang"] and rig.state()["state"] == "stopped"
+    assert (rig.line / "checkpoints" / "latest").read_text() == "u00000002\n"

@@ -18,7 +18,7 @@ from test_trainer_lines import copy_data_line, make_data_line, make_line
 from datalines import open_data_line
 from datalines.preparer import prepare_cycle
 from engine import registry
-from engine.supervise import STOP_FILE_REASON
+from engine.supervise import STOP_AT_REASON, STOP_FILE_REASON
 from engine.trainer import StopReason
 from nsconsole.client import SupervisorClient
 
@@ -39,8 +39,9 @@ def wait_for(client: SupervisorClient, kind: str, accept, timeout: float = 120) 
     raise AssertionError(f"no {kind} notification came that the test accepts")
 
 
-def test_the_stop_reason_the_supervisor_reads_is_the_trainers() -> None:
+def test_the_stop_reasons_the_supervisor_reads_are_the_trainers() -> None:
     assert STOP_FILE_REASON == StopReason.STOP_FILE
+    assert STOP_AT_REASON == StopReason.STOP_AT
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import pytest
 from engine import protocol
 from engine.errors import LineError
 from engine.layout import LineLayout
-from engine.supervise_rpc import REPLY_BUDGET_BYTES, LineHandler, RowsTail, is_validation_row
+from engine.supervise_rpc import REPLY_BUDGET_BYTES, LineHandler, PausedWork, RowsTail, is_validation_row
 
 
 class View:
@@ -22,6 +22,12 @@ class View:
         self.rows_tail = RowsTail(self.layout.rows_jsonl)
         self.request_log = protocol.RequestLog()
         self.stops: list[int | None] = []
+        self.paused: list[PausedWork] = []
+        self.forks = None  # the handler reaches it only with a complete request
+
+    def between_launches(self, work: PausedWork) -> dict[str, Any]:
+        self.paused.append(work)
+        return {}
 
     def state_for_status(self) -> dict[str, Any]:
         return {"state": "training"}
@@ -102,15 +108,27 @@ def test_log_reads_whole_characters(view: View) -> None:
     assert text == "naïve ünïcode\n" and chunk["size"] == len("naïve ünïcode\n".encode())
 
 
-def test_stop_writes_the_request_and_other_mutations_say_they_are_not_built(view: View) -> None:
+def test_stop_writes_the_request_and_the_other_mutations_refuse_bad_calls_before_pausing(view: View) -> None:
     handler = LineHandler(view)
     reply = handler.stop(at_cycle_end=2)
     assert reply["stopping"] and reply["when"] == "at the end of cycle 2" and view.stops == [2]
     assert json.loads(view.layout.stop.read_text())["at_cycle_end"] == 2
-    for call in (lambda: handler.branch("/b", 1, None, None, None), lambda: handler.rollback(3),
-                 lambda: handler.tune(False)):
-        with pytest.raises(LineError, match="not built yet"):
+    checkpoints = view.layout.checkpoints
+    (checkpoints / "u00000003").mkdir(parents=True)
+    (checkpoints / "latest").write_text("u00000003\n")
+    refusals = [
+        (lambda: handler.branch("/b", None, None, "decay:1e3", "/d"), "give at_cycle"),
+        (lambda: handler.branch("/b", 1, 7, "decay:1e3", "/d"), "not at_update"),
+        (lambda: handler.branch("/b", 1, None, None, "/d"), "give a plan"),
+        (lambda: handler.branch("/b", 1, None, "decay:1e3", None), "own data line"),
+        (lambda: handler.rollback(2), "u00000002: no such checkpoint"),
+        (lambda: handler.rollback(3), r"not before the line's latest checkpoint \(u00000003\)"),
+        (lambda: handler.tune(False), "run.json"),  # `{}` is no run.json
+    ]
+    for call, message in refusals:
+        with pytest.raises(LineError, match=message):
             call()
+    assert view.paused == []  # the trainer was never stopped for a call that could not be done
 
 
 def test_gpu_reports_the_devices_and_their_leases(view: View) -> None:

@@ -1,0 +1,305 @@
+"""Branches asked of a running line: forked at once when their trunk cycle has ended, else queued.
+
+A `branch` call names a cycle of the trunk. When that cycle's kept "cycle-end" checkpoint is
+part of the line, `engine.lineops.branch_line` forks the branch there and then. When the cycle has
+not ended yet, what can be checked already is checked (the plan, the target directory, the data
+line, the trunk's cycles) and the request waits in a queue that the supervisor keeps in
+supervisor.json, so a restarted supervisor still performs it. The supervisor's loop calls `poll`:
+whenever `latest` moves (or a request joins the queue), the cycle ends are looked for, and the due
+forks are made on a worker thread, so that hashing a large fork checkpoint does not hold up the
+trainer's watch. When the line reaches its end, `finish_line` reports the forks whose cycle never
+came as failed.
+
+The supervisor starts without torch (seconds, and memory, for a process that only watches), and
+`engine.lineops` imports it through `engine.ckpt`: this module reads checkpoint directories itself
+and imports lineops only when a branch is asked for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from datalines import open_data_line
+from datalines.errors import DataLineError
+from engine.errors import LineError
+from engine.layout import LineLayout, checkpoint_update
+from engine.ops import inspect_data_line
+
+if TYPE_CHECKING:
+    from engine.lineops import BranchRequest, BranchResult
+
+STATE_FILE = "state.json"
+"""A checkpoint's state file (`engine.ckpt.STATE_NAME`; a test holds the two together)."""
+BRANCH_START_KEPT = "branch-start"
+"""The `kept` reason of a branch's first checkpoint (`engine.lineops.BRANCH_KEPT`)."""
+
+
+def cycle_end_reason(cycle: int) -> str:
+    """The `kept` reason the trainer writes into the state of the checkpoint that ends `cycle`."""
+    return f"cycle-end {cycle}"
+
+
+@dataclass
+class QueuedFork:
+    """One branch asked for over the socket (kept in supervisor.json while it waits)."""
+
+    path: str
+    """The branch line's directory (absolute)."""
+    at_cycle: int
+    """The trunk's data cycle at whose end the branch forks."""
+    plan: str
+    """The branch's stages, as `nsconsole branch --plan` takes them."""
+    data: str
+    """The branch's own data line (absolute)."""
+    long_seq_len: int | None = None
+    """The length of `long` stages (None: lineops' default)."""
+    requested: float = 0.0
+    """When it was asked for (Unix time)."""
+
+    def request(self, parent: Path) -> BranchRequest:
+        from engine.lineops import BranchRequest  # imports torch: only once a branch is asked for
+
+        return BranchRequest(
+            new=Path(self.path), parent=parent, at_cycle=self.at_cycle, plan=self.plan,
+            data=Path(self.data), long_seq_len=self.long_seq_len,
+        )
+
+    @classmethod
+    def from_json(cls, record: Any) -> QueuedFork | None:
+        """A record of supervisor.json (None when it is not one: a hand-edited file costs the entry)."""
+        if not isinstance(record, dict):
+            return None
+        names = {field.name for field in dataclasses.fields(cls)}
+        try:
+            fork = cls(**{key: value for key, value in record.items() if key in names})
+        except TypeError:
+            return None
+        typed = isinstance(fork.path, str) and isinstance(fork.plan, str) and isinstance(fork.data, str)
+        return fork if typed and isinstance(fork.at_cycle, int) else None
+
+
+def read_state(checkpoint: Path) -> dict[str, Any]:
+    """A checkpoint's state.json ({} when it cannot be read)."""
+    try:
+        state = json.loads((checkpoint / STATE_FILE).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return {}
+    return state if isinstance(state, dict) else {}
+
+
+def checkpoint_directories(layout: LineLayout) -> list[tuple[int, Path]]:
+    """The line's finished checkpoints, (update, directory), oldest first."""
+    try:
+        entries = list(layout.checkpoints.iterdir())
+    except FileNotFoundError:
+        return []
+    found = [(checkpoint_update(entry.name), entry) for entry in entries if entry.is_dir()]
+    return sorted((update, entry) for update, entry in found if update is not None)
+
+
+def latest_update(layout: LineLayout) -> int | None:
+    """The update of the checkpoint `latest` names (None: none yet)."""
+    try:
+        return checkpoint_update(layout.latest.read_text(encoding="utf-8").strip())
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def cycle_end_checkpoint(layout: LineLayout, cycle: int) -> Path | None:
+    """The kept checkpoint of `cycle`'s end once the line stands on or past it, else None.
+
+    A checkpoint after `latest` belongs to a continuation that a rollback abandoned: its cycle end
+    is not the line's (the cycle will end again).
+    """
+    latest = latest_update(layout)
+    if latest is None:
+        return None
+    for update, checkpoint in checkpoint_directories(layout):
+        if update > latest:
+            break
+        if read_state(checkpoint).get("kept") == cycle_end_reason(cycle):
+            return checkpoint
+    return None
+
+
+def current_cycle(layout: LineLayout) -> int | None:
+    """The data cycle the line's latest checkpoint stands in (None: no checkpoint yet)."""
+    latest = latest_update(layout)
+    if latest is None:
+        return None
+    cycle = read_state(layout.checkpoint(latest)).get("position", {}).get("cycle")
+    return cycle if isinstance(cycle, int) else None
+
+
+def branched_from(layout: LineLayout) -> str | None:
+    """The line a branch was forked from, None for a trunk: lineops writes it into the state of the
+    branch's first checkpoint, which retention keeps."""
+    checkpoints = checkpoint_directories(layout)
+    if not checkpoints:
+        return None
+    state = read_state(checkpoints[0][1])
+    origin = state.get("branched_from")
+    if state.get("kept") != BRANCH_START_KEPT or not isinstance(origin, dict):
+        return None
+    return str(origin["line"]) if isinstance(origin.get("line"), str) else None
+
+
+def check_before_queueing(layout: LineLayout, trunk_data: Path, fork: QueuedFork) -> None:
+    """Refuse now what `branch_line` would refuse at the cycle's end anyway (LineError)."""
+    from engine.lineops import parse_plan  # imports torch: only once a branch is asked for
+
+    parse_plan(fork.plan)
+    target = Path(fork.path)
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise LineError(f"{target}: already exists (a branch is a new line directory)")
+    inspect_data_line(Path(fork.data))
+    last = open_data_line(trunk_data).last_cycle()
+    if last is not None and fork.at_cycle > last:
+        raise LineError(
+            f"{trunk_data}: the trunk's data line ends with cycle {last}; cycle {fork.at_cycle} never comes"
+        )
+    now = current_cycle(layout)
+    if now is not None and now > fork.at_cycle:
+        raise LineError(
+            f"{layout.checkpoints}: cycle {fork.at_cycle} has ended (the line is in cycle {now}) but its "
+            "kept checkpoint is missing"
+        )
+
+
+class ForkQueue:
+    """The line's branch requests (see the module docstring). Thread-safe.
+
+    `on_forked(fork, result)` and `on_failed(fork, message)` tell the supervisor what happened (it
+    publishes `branched` / `branch_failed` events); `on_change()` after the queue changed (it saves
+    supervisor.json).
+    """
+
+    def __init__(
+        self,
+        layout: LineLayout,
+        trunk_data: Callable[[], Path],
+        on_forked: Callable[[QueuedFork, BranchResult], None],
+        on_failed: Callable[[QueuedFork, str], None],
+        on_change: Callable[[], None],
+    ) -> None:
+        self.layout = layout
+        self.trunk_data = trunk_data
+        self.on_forked = on_forked
+        self.on_failed = on_failed
+        self.on_change = on_change
+        self._forks: list[QueuedFork] = []
+        self._lock = threading.Lock()  # guards _forks, _latest_seen and _changed
+        self._forking = threading.Lock()  # one branch_line at a time (a queued and an asked one may meet)
+        self._latest_seen: int | None = None
+        self._changed = True  # look for cycle ends at the next poll, whatever `latest` says
+        self._worker: threading.Thread | None = None
+
+    def export(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [dataclasses.asdict(fork) for fork in self._forks]
+
+    def restore(self, records: Any) -> None:
+        """Take back what `export` gave (a previous supervisor's queue)."""
+        if not isinstance(records, list):
+            return
+        forks = [fork for fork in map(QueuedFork.from_json, records) if fork is not None]
+        with self._lock:
+            self._forks.extend(forks)
+            self._changed = True
+
+    def branch(self, fork: QueuedFork) -> dict[str, Any]:
+        """An asked-for branch: `{"state": "forked", ...}` made now, or `{"state": "queued", ...}`."""
+        with self._lock:
+            if any(queued.path == fork.path for queued in self._forks):
+                raise LineError(f"{fork.path}: a branch into it is already queued")
+            checkpoint = cycle_end_checkpoint(self.layout, fork.at_cycle)
+            if checkpoint is None:
+                check_before_queueing(self.layout, self.trunk_data(), fork)
+                self._forks.append(fork)
+                self._changed = True
+        if checkpoint is None:
+            self.on_change()
+            return {"state": "queued", "path": fork.path, "at_cycle": fork.at_cycle}
+        result = self._fork(fork)
+        self.on_forked(fork, result)
+        return {
+            "state": "forked", "path": str(result.line), "at_cycle": fork.at_cycle,
+            "fork_update": result.fork_update, "fork_tokens": result.fork_tokens,
+        }
+
+    def poll(self) -> None:
+        """From the supervisor's loop: start making the forks whose cycle has ended (on a worker)."""
+        if self._worker is not None and self._worker.is_alive():
+            return  # it looks again once the worker is done (`_latest_seen` has not moved)
+        due = self._take_due()
+        if due:
+            self._worker = threading.Thread(target=self._make, args=(due,), name="branch-forks", daemon=True)
+            self._worker.start()
+
+    def finish_line(self, line_ended: bool = True) -> None:
+        """The trainer has finished: make what is due; when the line has reached its end (not only a
+        `--stop-at`), fail the forks whose cycle never came."""
+        self.close()
+        self._make(self._take_due(force=True))
+        if not line_ended:
+            return
+        with self._lock:
+            never, self._forks = self._forks, []
+        cycle = current_cycle(self.layout)
+        for fork in never:
+            self.on_failed(fork, f"the line ended in cycle {cycle} before cycle {fork.at_cycle} ended")
+        if never:
+            self.on_change()
+
+    def close(self) -> None:
+        """Wait for a fork in the making (as long as verifying and linking its checkpoint takes)."""
+        if self._worker is not None:
+            self._worker.join()
+
+    def _take_due(self, force: bool = False) -> list[QueuedFork]:
+        latest = latest_update(self.layout)
+        with self._lock:
+            if not self._forks or not (force or self._changed or latest != self._latest_seen):
+                return []
+            self._latest_seen, self._changed = latest, False
+            return [fork for fork in self._forks if cycle_end_checkpoint(self.layout, fork.at_cycle)]
+
+    def _make(self, due: list[QueuedFork]) -> None:
+        # Each stays queued (and saved) until it is made: a supervisor killed meanwhile tries it again
+        # (lineops builds a branch beside its place and renames it in, so no half-made line is left).
+        for fork in due:
+            result: BranchResult | None = None
+            try:
+                result = self._fork(fork)
+            except (LineError, DataLineError) as error:
+                failure = str(error)
+            except Exception as error:  # the loop must go on; the operator is told
+                failure = f"internal error: {type(error).__name__}: {error}"
+            with self._lock:
+                self._forks.remove(fork)
+            self.on_change()
+            # Told once it has left the queue: whoever hears of it then sees the queue without it.
+            if result is not None:
+                self.on_forked(fork, result)
+            else:
+                self.on_failed(fork, failure)
+
+    def _fork(self, fork: QueuedFork) -> BranchResult:
+        from engine.lineops import branch_line  # imports torch: only once a branch is asked for
+
+        with self._forking:
+            return branch_line(fork.request(self.layout.root))
+
+
+def new_fork(
+    path: Path, at_cycle: int, plan: str, data: Path, long_seq_len: int | None = None
+) -> QueuedFork:
+    """A request as the queue keeps it: absolute paths, the time it was asked."""
+    return QueuedFork(str(path.absolute()), at_cycle, plan, str(data.absolute()), long_seq_len, time.time())
