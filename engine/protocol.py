@@ -137,6 +137,7 @@ METHODS: dict[str, dict[str, Param]] = {
         "at_update": Param(_OPTIONAL_INT, check=_non_negative),
         "plan": Param(_OPTIONAL_STR, check=_non_empty),
         "data": Param(_OPTIONAL_STR, check=_non_empty),
+        "long_seq_len": Param(_OPTIONAL_INT, check=_non_negative),
     },
     "rollback": {"to": Param(_INT, required=True, check=_non_negative)},
     "tune": {"shared": Param((bool,), default=False)},

@@ -68,7 +68,7 @@ from engine.server import SupervisorServer
 from engine.supervise_forks import ForkQueue, QueuedFork, branched_from
 from engine.supervise_preparer import PreparerKeeper
 from engine.supervise_rpc import LineHandler, PausedWork, RowsTail, is_validation_row
-from engine.supervised_trainer import EXIT_GPU_BUSY, EXIT_LINE_ERROR
+from engine.supervised_trainer import EXIT_DISK_FULL, EXIT_GPU_BUSY, EXIT_LINE_ERROR
 
 if TYPE_CHECKING:
     from engine.lineops import BranchResult
@@ -558,6 +558,12 @@ class Supervisor:
             message = _last_error_line(self.layout.run_log) or "the trainer refused to run the line"
             self._event("failed", message)
             self._set(state="failed")
+            return EXIT_FAILED
+        if code == EXIT_DISK_FULL:
+            # A relaunch would stop again at once: the operator frees space, then runs the line.
+            message = _last_error_line(self.layout.run_log) or "the disk is full"
+            self._event("disk_full", message)
+            self._set(state="disk-full")
             return EXIT_FAILED
         if code == EXIT_GPU_BUSY:
             index = self.state.gpu_index

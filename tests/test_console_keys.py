@@ -160,10 +160,11 @@ def test_checkpoints_are_listed_newest_first_with_kept_reasons(tmp_path: Path) -
 
 
 def test_the_branch_form_names_the_field_that_is_wrong() -> None:
-    request = parse_branch(" /runs/b ", "3", "", "")
-    assert request.params() == {"path": "/runs/b", "at_cycle": 3, "plan": None, "data": None}
+    request = parse_branch(" /runs/b ", "3", " decay:1e6 ", "/data/b")
+    assert request.params() == {"path": "/runs/b", "at_cycle": 3, "plan": "decay:1e6", "data": "/data/b"}
     for fields, message in (
-        (("", "3", "", ""), "new line"), (("/b", "x", "", ""), "a whole number"), (("/b", "-1", "", ""), ">= 0"),
+        (("", "3", "p", "d"), "new line"), (("/b", "x", "p", "d"), "a whole number"),
+        (("/b", "-1", "p", "d"), ">= 0"), (("/b", "3", " ", "d"), "plan"), (("/b", "3", "p", ""), "data line"),
     ):
         try:
             parse_branch(*fields)

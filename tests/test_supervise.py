@@ -70,6 +70,9 @@ if action == "gpu-busy":
 if action == "line-error":
     print("nsconsole: run.json: lr.peak must be > 0, got -1", file=sys.stderr)
     sys.exit(2)
+if action == "disk-full":
+    print("nsconsole: /lines/x: 0.40 GiB free on its disk, below guards.min_free_disk_gb = 20", file=sys.stderr)
+    sys.exit(74)
 if action == "wait-data":
     for _ in range(40):
         beat("waiting-data", cycle=3)
@@ -288,6 +291,15 @@ def test_a_line_error_fails_at_once_with_the_trainers_message(rig: Rig) -> None:
     assert rig.launches() == ["line-error"]
     [failed] = rig.notified("failed")
     assert failed["event"] == "failed" and failed["message"] == "run.json: lr.peak must be > 0, got -1"
+
+
+def test_a_full_disk_stops_the_line_for_the_operator(rig: Rig) -> None:
+    rig.start(["disk-full", "finish"])
+    assert rig.finish() == 1
+    assert rig.launches() == ["disk-full"]  # a relaunch would stop again at once
+    [event] = rig.notified("disk_full")
+    assert event["message"] == "/lines/x: 0.40 GiB free on its disk, below guards.min_free_disk_gb = 20"
+    assert json.loads((rig.line / "supervisor.json").read_text())["state"] == "disk-full"
 
 
 def test_a_long_wait_for_data_is_notified(rig: Rig) -> None:

@@ -22,10 +22,10 @@ class BranchRequest:
     """The new line's directory."""
     at_cycle: int
     """The data cycle at whose end the branch forks."""
-    plan: str | None
-    """A plan stage (or plan file) for the branch; None: the parent's plan."""
-    data: str | None
-    """The branch's data line; None: the parent's."""
+    plan: str
+    """The branch's plan, e.g. `decay:10e9,long:2e9` (what `nsconsole branch --plan` takes)."""
+    data: str
+    """The branch's own data line (the trunk's is consumed as it trains)."""
 
     def params(self) -> dict[str, object]:
         return {"path": self.path, "at_cycle": self.at_cycle, "plan": self.plan, "data": self.data}
@@ -42,7 +42,11 @@ def parse_branch(path: str, at_cycle: str, plan: str, data: str) -> BranchReques
         raise ValueError(f"at the end of cycle: a whole number, got {at_cycle.strip()!r}") from None
     if cycle < 0:
         raise ValueError(f"at the end of cycle: must be >= 0, got {cycle}")
-    return BranchRequest(path=path, at_cycle=cycle, plan=plan.strip() or None, data=data.strip() or None)
+    if not plan.strip():
+        raise ValueError("plan: give the branch's stages, e.g. decay:10e9,long:2e9")
+    if not data.strip():
+        raise ValueError("data line: give the branch's own data line directory")
+    return BranchRequest(path=path, at_cycle=cycle, plan=plan.strip(), data=data.strip())
 
 
 class BranchForm(ModalScreen[BranchRequest | None]):
@@ -64,9 +68,9 @@ class BranchForm(ModalScreen[BranchRequest | None]):
             yield Input(suggested, id="path")
             yield Label(f"at the end of cycle (now in cycle {self.current_cycle})")
             yield Input(str(self.current_cycle), id="at_cycle", type="integer")
-            yield Label("plan (empty: the parent's)")
+            yield Label("plan (e.g. decay:10e9,long:2e9)")
             yield Input("", id="plan")
-            yield Label("data line (empty: the parent's)")
+            yield Label("data line (the branch's own directory)")
             yield Input("", id="data")
             yield Static("", id="error")
             with Horizontal():
