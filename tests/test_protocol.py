@@ -73,7 +73,9 @@ def test_the_error_keeps_the_call_id_when_it_could_be_read() -> None:
 def test_a_mutation_carries_its_request_id_apart_from_its_params() -> None:
     request = protocol.parse_request(call("branch", {"request_id": "r1", "path": "/b", "at_cycle": 2}))
     assert request.request_id == "r1"
-    assert request.params == {"path": "/b", "at_cycle": 2, "at_update": None, "plan": None, "data": None}
+    assert request.params == {
+        "path": "/b", "at_cycle": 2, "at_update": None, "plan": None, "data": None, "long_seq_len": None,
+    }
 
 
 def test_hello_names_the_side_to_upgrade() -> None:

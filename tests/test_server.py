@@ -60,7 +60,13 @@ class InMemoryLine:
         return {"stopping": True, "at_cycle_end": at_cycle_end}
 
     def branch(
-        self, path: str, at_cycle: int | None, at_update: int | None, plan: str | None, data: str | None
+        self,
+        path: str,
+        at_cycle: int | None,
+        at_update: int | None,
+        plan: str | None,
+        data: str | None,
+        long_seq_len: int | None,
     ) -> dict[str, Any]:
         if path in self.branches:
             raise LineError(f"{path}: already exists")
