@@ -23,7 +23,24 @@ SIZE = (150, 40)
 GIB = 2**30
 
 
-def _rows(count: int, base: float, seed: float) -> list[dict]:
+def _bank_probes(update: int, blocks: int) -> dict[str, float]:
+    """Per-block memory probes of a 512-slot bank that fills, then overwrites and defends."""
+    probes = {}
+    for block in range(blocks):
+        appended = min(512, int(update * (1.3 - 0.4 * block)))
+        readings = {
+            "occupancy": appended / 512, "writes": appended,
+            "overwrites": max(0, int(update * (1.3 - 0.4 * block)) - 512) // 2,
+            "defended": int(update * (0.05 + 0.1 * block)),
+            "confidence_mean": 0.95 - 0.0005 * update + 0.03 * block,
+            "confidence_min": 0.2 + 0.1 * block - 0.0002 * update,
+            "age_mean": update / 4 + 10 * block, "age_max": 0.9 * update - 20 * block,
+        }  # fmt: skip
+        probes.update({f"val_64/pssa/block{block:02d}/{name}": value for name, value in readings.items()})
+    return probes
+
+
+def _rows(count: int, base: float, seed: float, memory_blocks: int = 0) -> list[dict]:
     rows = []
     for update in range(1, count + 1):
         tokens = update * 512
@@ -38,12 +55,16 @@ def _rows(count: int, base: float, seed: float) -> list[dict]:
                 "update": update, "tokens": tokens, "seq_len": 64, "val_64/mix": loss + 0.2,
                 "val_64/text": loss + 0.25, "val_64/pssa/memory_occupancy": min(1.0, update / 400),
                 "val_64/pssa/read_entropy": 2.0 - update / 500, "opt/decay/update_ratio": 1e-3 * (1 + update / 1000),
+                **_bank_probes(update, memory_blocks),
             })
     return rows
 
 
-def frozen_book() -> LineBook:
-    """Three lines: a healthy PSSA trunk, a transformer whose loss just spiked, one whose supervisor is gone."""
+def frozen_book(memory_blocks: int = 0) -> LineBook:
+    """Three lines: a healthy PSSA trunk, a transformer whose loss just spiked, one whose supervisor is gone.
+
+    memory_blocks > 0 gives the PSSA line's validations per-block memory probes (the memory tab's).
+    """
     book = LineBook()
     schedule = lambda tokens: 3e-3 * min(1.0, tokens / 20000)  # noqa: E731
     specs = [
@@ -61,7 +82,7 @@ def frozen_book() -> LineBook:
             "latest_checkpoint": 400, "preset": preset,
             "heartbeat": {"time": NOW - 2 - 50 * index, "update": 500, "stage": "training", "pid": 5100 + index},
         })
-        rows = _rows(500, base, seed)
+        rows = _rows(500, base, seed, memory_blocks if preset.startswith("pssa") else 0)
         if name == "tf-baseline":
             rows[-2] = {**rows[-2], "loss": 9.5}  # a spike on the newest training row (before its validation)
         line.apply_rows(rows, 0)
@@ -140,7 +161,9 @@ def test_the_line_screen_tabs(snap_compare, tab: str) -> None:
         await pilot.pause()
         pilot.app.refresh_views()
 
-    assert snap_compare(console(), terminal_size=SIZE, run_before=open_tab)
+    # Only the memory tab's snapshot has per-block bank probes: the probes tab would list them all.
+    book = frozen_book(memory_blocks=2) if tab == "memory" else None
+    assert snap_compare(console(book=book), terminal_size=SIZE, run_before=open_tab)
 
 
 @pytest.mark.parametrize("dialog", ["branch", "confirm"])

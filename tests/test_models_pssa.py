@@ -278,6 +278,32 @@ def test_probes_on_hand_built_state() -> None:
     assert model.blocks[1].bank.count == 0  # probing never writes
 
 
+def test_probes_per_block_on_hand_built_banks() -> None:
+    model = _model(SMALL).eval()
+    bank = model.blocks[0].bank
+    bank.write(torch.zeros(2, 4), torch.randn(2, 8), [9.0, 9.0], update=3)
+    bank.confidence[:2] = torch.tensor([0.9, 0.3])
+    bank.last_touched[:2] = torch.tensor([3, 8])
+    bank.counters.overwrites, bank.counters.defended = 5, 4
+    model.set_update(20)
+    saved = model.extra_state_dict()
+    tokens = torch.randint(0, 32, (2, 10), generator=torch.Generator().manual_seed(11))
+    probes = model.probes(tokens, tokens, eos_id=0)
+    assert {key: value for key, value in probes.items() if key.startswith("pssa/block00/")} == {
+        "pssa/block00/occupancy": 2 / 8, "pssa/block00/writes": 2.0, "pssa/block00/overwrites": 5.0,
+        "pssa/block00/defended": 4.0, "pssa/block00/confidence_mean": pytest.approx(0.6),
+        "pssa/block00/confidence_min": pytest.approx(0.3), "pssa/block00/age_mean": 14.5,
+        "pssa/block00/age_max": 17.0,
+    }  # fmt: skip
+    # An empty bank has counts and occupancy but no slot to give a confidence or an age.
+    assert {key: value for key, value in probes.items() if key.startswith("pssa/block01/")} == {
+        "pssa/block01/occupancy": 0.0, "pssa/block01/writes": 0.0, "pssa/block01/overwrites": 0.0,
+        "pssa/block01/defended": 0.0,
+    }  # fmt: skip
+    after = model.extra_state_dict()
+    assert saved.keys() == after.keys() and all(torch.equal(saved[key], after[key]) for key in saved)
+
+
 def test_flops_per_token_counts_matrices_scan_and_read() -> None:
     model = PSSALM(PRESETS["pssa-1.5m"])
     matrices = 6 * (3 * 256 * 256 + 2 * 256 * 16 + 2 * 256 * 32 + 2 * 256 * 16 + 4 * 256 * 256 + 256 * 2048)

@@ -103,3 +103,60 @@ def test_state_round_trip_and_refusal() -> None:
         assert torch.equal(getattr(other, name), getattr(bank, name))
     with pytest.raises(ValueError, match="b.keys has shape"):
         _bank(capacity=4).load_state(state, "b.")
+
+
+def _counts(bank: EpisodicBank) -> tuple[int, int, int]:
+    return bank.counters.writes, bank.counters.overwrites, bank.counters.defended
+
+
+def test_counters_follow_appends_overwrites_and_defences() -> None:
+    bank = _bank(capacity=2)
+    assert _counts(bank) == (0, 0, 0)
+    bank.write(torch.zeros(3, 3), torch.ones(3, 2), [4.0, 1.0, 4.0], update=0)  # row 1 is below the gate
+    assert _counts(bank) == (2, 0, 0)
+    # Full: the head slot was touched this update, so a loss-5 row is refused (damage 0.002).
+    bank.write(torch.zeros(1, 3), torch.ones(1, 2), [5.0], update=0)
+    assert _counts(bank) == (2, 0, 1)
+    # Loss 20 at update 1000: damage 0.08 * 20 * ~1 > 0.998, the head slot is replaced, then the
+    # next head (slot 1, untouched for 1000 updates) is replaced too; a nan row counts nothing.
+    bank.write(torch.zeros(3, 3), torch.ones(3, 2), [20.0, 20.0, float("nan")], update=1000)
+    assert _counts(bank) == (2, 2, 1) and bank.head == 0
+    # Slot 0 was just replaced (confidence 1, touched now): a loss-4 row is refused again.
+    bank.write(torch.zeros(1, 3), torch.ones(1, 2), [4.0], update=1000)
+    assert _counts(bank) == (2, 2, 2)
+
+
+def test_counters_are_saved_restored_and_checked() -> None:
+    bank = _bank(capacity=1)
+    bank.write(torch.zeros(2, 3), torch.ones(2, 2), [4.0, 4.0], update=9)  # append, then defended
+    bank.write(torch.zeros(1, 3), torch.ones(1, 2), [40.0], update=1000)  # overwritten
+    assert _counts(bank) == (1, 1, 1)
+    state = bank.state("b.")
+    other = _bank(capacity=1)
+    other.load_state(state, "b.")
+    assert _counts(other) == (1, 1, 1)
+    other.write(torch.zeros(1, 3), torch.ones(1, 2), [4.0], update=1000)
+    assert _counts(other) == (1, 1, 2) and _counts(bank) == (1, 1, 1)  # restored counters are not shared
+    with pytest.raises(ValueError, match="b.counters is missing"):
+        _bank(capacity=1).load_state({k: v for k, v in state.items() if k != "b.counters"}, "b.")
+    with pytest.raises(ValueError, match="b.counters has shape"):
+        _bank(capacity=1).load_state({**state, "b.counters": torch.zeros(2, dtype=torch.int64)}, "b.")
+    with pytest.raises(ValueError, match="negative count"):
+        _bank(capacity=1).load_state({**state, "b.counters": torch.tensor([1, -1, 0])}, "b.")
+
+
+def test_readings_of_a_hand_built_bank() -> None:
+    bank = _bank(capacity=4)
+    assert bank.readings(update=5) == {"occupancy": 0.0, "writes": 0.0, "overwrites": 0.0, "defended": 0.0}
+    bank.write(torch.zeros(3, 3), torch.ones(3, 2), [4.0, 4.0, 4.0], update=0)
+    bank.confidence[:3] = torch.tensor([1.0, 0.5, 0.25])
+    bank.last_touched[:3] = torch.tensor([10, 40, 70])
+    bank.counters.overwrites, bank.counters.defended = 7, 11
+    confidence_before, touched_before = bank.confidence.clone(), bank.last_touched.clone()
+    readings = bank.readings(update=100)
+    assert readings == {
+        "occupancy": 0.75, "writes": 3.0, "overwrites": 7.0, "defended": 11.0,
+        "confidence_mean": pytest.approx(1.75 / 3), "confidence_min": 0.25,
+        "age_mean": pytest.approx(60.0), "age_max": 90.0,
+    }  # fmt: skip
+    assert torch.equal(bank.confidence, confidence_before) and torch.equal(bank.last_touched, touched_before)

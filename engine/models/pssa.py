@@ -375,7 +375,10 @@ class PSSALM(LanguageModel):
 
     @torch.no_grad()
     def probes(self, tokens: torch.Tensor, targets: torch.Tensor, eos_id: int) -> dict[str, float]:
-        """Memory occupancy, read entropy and SSM time constants on held-out rows (no writes)."""
+        """Memory occupancy, read entropy and SSM time constants on held-out rows (no writes),
+        and per block `pssa/block<NN>/<reading>` of its bank (`EpisodicBank.readings`): occupancy,
+        confidence mean/min and age mean/max over the occupied slots at the update clock, and
+        the cumulative writes, overwrites and defended writes."""
         probe: dict[str, list[torch.Tensor]] = {"delta": [], "weights": []}
         carry = self.initial_carry(tokens.shape[0])
         step_means = []
@@ -396,12 +399,16 @@ class PSSALM(LanguageModel):
             [(1 / (F.softplus(block.A_raw.double()) * step[:, None])).flatten() for block, step in step_means]
         )
         occupancy = sum(block.bank.occupancy() for block in self.blocks) / blocks
-        return {
+        readings = {
             "pssa/memory_occupancy": float(occupancy),
             "pssa/read_entropy": float(torch.stack(entropies).mean()) if entropies else 0.0,
             "pssa/ssm_tau_p50": float(taus.median()),
             "pssa/ssm_tau_max": float(taus.max()),
         }
+        for index, block in enumerate(self.blocks):
+            for name, value in block.bank.readings(self.update).items():
+                readings[f"pssa/block{index:02d}/{name}"] = value
+        return readings
 
     # -------------------------------------------------------------------- extra state
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -51,6 +52,31 @@ class WriteRule:
     """Floor of the gain, so a slot touched this very update still takes some damage."""
 
 
+@dataclass
+class WriteCounters:
+    """What a bank's writes did, cumulative since the line started."""
+
+    FIELDS: ClassVar[tuple[str, ...]] = ("writes", "overwrites", "defended")
+
+    writes: int = 0
+    """Rows appended to an empty slot while the bank was below capacity."""
+    overwrites: int = 0
+    """Rows that replaced the ring-head slot of a full bank."""
+    defended: int = 0
+    """Rows the ring-head slot refused because its confidence exceeded the damage."""
+
+    def as_tensor(self) -> torch.Tensor:
+        return torch.tensor([getattr(self, name) for name in self.FIELDS], dtype=torch.int64)
+
+    @classmethod
+    def from_tensor(cls, saved: torch.Tensor, name: str) -> WriteCounters:
+        """Counters from `as_tensor()`'s output; `name` labels a negative count's error."""
+        values = [int(v) for v in saved.tolist()]
+        if any(value < 0 for value in values):
+            raise ValueError(f"PSSA memory state: {name} = {values} has a negative count")
+        return cls(*values)
+
+
 class EpisodicBank(nn.Module):
     """One block's ring buffer of (key in the Poincare ball, value) slots.
 
@@ -58,6 +84,10 @@ class EpisodicBank(nn.Module):
     reach checkpoints through `state()`, not the parameter state dict). The bookkeeping that
     the write rule decides on (count, ring head, confidence, last update touched) lives on the
     CPU, so a write costs one host read of the chunk losses and no per-slot device syncs.
+
+    The bank also counts, since the line started, what its writes did (`counters`, saved with
+    it so a resumed line's counts continue): appends while below capacity, ring-head slots
+    replaced, and writes the head slot refused because its confidence exceeded the damage.
     """
 
     def __init__(self, capacity: int, key_dim: int, value_dim: int, rule: WriteRule) -> None:
@@ -71,6 +101,7 @@ class EpisodicBank(nn.Module):
         self.head = 0
         self.confidence = torch.ones(capacity, dtype=torch.float32)
         self.last_touched = torch.zeros(capacity, dtype=torch.int64)
+        self.counters = WriteCounters()
 
     def read(self, q_ball: torch.Tensor, tau: float, top_k: int) -> torch.Tensor:
         """(N, Dk) queries in the ball -> (N, Dv) reads; zeros while the bank is empty."""
@@ -103,6 +134,7 @@ class EpisodicBank(nn.Module):
             if self.count < self.capacity:
                 slot = self.count
                 self.count += 1
+                self.counters.writes += 1
             else:
                 slot = self.head
                 since = float(update - int(self.last_touched[slot]))
@@ -112,8 +144,10 @@ class EpisodicBank(nn.Module):
                     # The slot resists: it pays the damage and counts as touched now.
                     self.confidence[slot] -= damage
                     self.last_touched[slot] = update
+                    self.counters.defended += 1
                     continue
                 self.head = (self.head + 1) % self.capacity
+                self.counters.overwrites += 1
             self.confidence[slot] = 1.0
             self.last_touched[slot] = update
             slot_of_row = {r: s for r, s in slot_of_row.items() if s != slot}
@@ -129,6 +163,28 @@ class EpisodicBank(nn.Module):
     def occupancy(self) -> float:
         return self.count / self.capacity
 
+    def readings(self, update: int) -> dict[str, float]:
+        """The bank at optimizer update `update`, for probes; reads only.
+
+        Confidence and age (updates since a slot was last written or defended) are over the
+        occupied slots, and absent while the bank is empty: no slot has either.
+        """
+        readings = {
+            "occupancy": self.occupancy(),
+            "writes": float(self.counters.writes),
+            "overwrites": float(self.counters.overwrites),
+            "defended": float(self.counters.defended),
+        }
+        if self.count:
+            # Slots fill in index order and never empty, so the occupied ones are the first `count`.
+            confidence = self.confidence[: self.count].double()  # (count,)
+            age = (update - self.last_touched[: self.count]).double()  # (count,)
+            readings.update({
+                "confidence_mean": float(confidence.mean()), "confidence_min": float(confidence.min()),
+                "age_mean": float(age.mean()), "age_max": float(age.max()),
+            })  # fmt: skip
+        return readings
+
     def state(self, prefix: str) -> dict[str, torch.Tensor]:
         """The bank as named CPU tensors (checkpoint state)."""
         return {
@@ -137,6 +193,7 @@ class EpisodicBank(nn.Module):
             f"{prefix}confidence": self.confidence.clone(),
             f"{prefix}last_touched": self.last_touched.clone(),
             f"{prefix}count_head": torch.tensor([self.count, self.head], dtype=torch.int64),
+            f"{prefix}counters": self.counters.as_tensor(),
         }
 
     def load_state(self, state: dict[str, torch.Tensor], prefix: str) -> None:
@@ -147,6 +204,7 @@ class EpisodicBank(nn.Module):
             "confidence": self.confidence.shape,
             "last_touched": self.last_touched.shape,
             "count_head": torch.Size([2]),
+            "counters": torch.Size([len(WriteCounters.FIELDS)]),
         }
         for name, shape in expected.items():
             key = prefix + name
@@ -159,9 +217,11 @@ class EpisodicBank(nn.Module):
         count, head = (int(v) for v in state[prefix + "count_head"])
         if not (0 <= count <= self.capacity and 0 <= head < self.capacity):
             raise ValueError(f"PSSA memory state: {prefix}count_head = {[count, head]} is out of range")
+        counters = WriteCounters.from_tensor(state[prefix + "counters"], prefix + "counters")
         self.keys = state[prefix + "keys"].to(self.keys.device, self.keys.dtype).clone()
         self.values = state[prefix + "values"].to(self.values.device, self.values.dtype).clone()
         self.confidence = state[prefix + "confidence"].to("cpu", torch.float32).clone()
         self.last_touched = state[prefix + "last_touched"].to("cpu", torch.int64).clone()
         self.count, self.head = count, head
+        self.counters = counters
         self.occupied = torch.arange(self.capacity, device=self.keys.device) < self.count
