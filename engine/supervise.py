@@ -26,7 +26,10 @@ The supervisor (one per line: an exclusive flock on the line directory):
   operator through host.json's `notify` (`engine/notify.py`), and keeps its state in
   `supervisor.json`;
 - forks the branches asked of it at the end of their trunk cycle (`engine/supervise_forks.py`:
-  at once when it has ended, else queued in supervisor.json until the cycle-end checkpoint appears);
+  at once when it has ended, else queued in supervisor.json until the cycle-end checkpoint appears),
+  and starts each branch's own supervisor, detached, with this one's engine and no `--stop-at`
+  (`branched` says `started`; a start that fails is a `branch_start_failed` event and the branch
+  stays, to be run by hand). A branch on a GPU then waits for the GPU lease like any other line;
 - does the work that needs the trainer stopped (a rollback, a tune) between two launches: the
   trainer is stopped with SIGTERM (it checkpoints at its next update), the work runs (a tune with
   the GPU lease held and no other process on the GPU), the trainer is relaunched.
@@ -198,6 +201,7 @@ class Supervisor:
         self._paused_work: PausedWork | None = None  # a rollback or tune waiting for the trainer to stop
         self._closing = False  # the supervisor is ending: no more paused work is taken
         self._parent: str | None = None  # the line this one was branched from
+        self._branch_supervisors: list[int] = []  # started by this one: reaped when they exit (guarded by _lock)
         self.forks = ForkQueue(
             self.layout, trunk_data=self._data_path, on_forked=self._on_forked,
             on_failed=self._on_fork_failed, on_change=self._save,
@@ -647,11 +651,48 @@ class Supervisor:
             work.answered.wait(timeout=ANSWER_WAIT_S)
 
     def _on_forked(self, fork: QueuedFork, result: BranchResult) -> None:
+        """A branch was forked (on a fork worker thread, or at the line's end): start it, then tell."""
+        failure = self._start_branch(result.line)
         message = f"branched {result.line} at the end of cycle {fork.at_cycle} (update {result.fork_update})"
+        message += "; its supervisor started" if failure is None else "; its supervisor did not start"
         self._say(message)
         self._publish_event(
-            "branched", message, path=str(result.line), at_cycle=fork.at_cycle, fork_update=result.fork_update
+            "branched", message, path=str(result.line), at_cycle=fork.at_cycle, fork_update=result.fork_update,
+            started=failure is None,
         )
+        if failure is not None:
+            self._say(f"branch_start_failed: {failure}")
+            self._publish_event("branch_start_failed", failure, path=str(result.line), at_cycle=fork.at_cycle)
+
+    def _start_branch(self, branch: Path) -> str | None:
+        """Start the branch's own supervisor detached (this one's engine, no `--stop-at`); None when
+        it started, else why not (the branch stays: `nsconsole run` it by hand)."""
+        try:
+            pid = start_detached(branch, SupervisorSettings(engine=self.settings.engine))
+        except LineError as error:
+            return str(error)
+        except Exception as error:  # the trunk goes on; the operator is told
+            return f"internal error: {type(error).__name__}: {error}"
+        with self._lock:
+            self._branch_supervisors.append(pid)
+        return None
+
+    def _reap_branch_supervisors(self) -> None:
+        # A started branch supervisor is this process's child: once it exits, collect its status, or
+        # it stays a zombie for as long as the trunk runs.
+        with self._lock:
+            started = list(self._branch_supervisors)
+        ended = set()
+        for pid in started:
+            try:
+                finished, _status = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                finished = pid  # collected already
+            if finished:
+                ended.add(pid)
+        if ended:
+            with self._lock:
+                self._branch_supervisors = [pid for pid in self._branch_supervisors if pid not in ended]
 
     def _on_fork_failed(self, fork: QueuedFork, message: str) -> None:
         self._say(f"the branch into {fork.path} at the end of cycle {fork.at_cycle} failed: {message}")
@@ -718,6 +759,7 @@ class Supervisor:
             if heartbeat is not None and server is not None:
                 server.publish("heartbeat", heartbeat)
         self.forks.poll()
+        self._reap_branch_supervisors()
         if self.settings.echo:
             self._echo_run_log()
 

@@ -7,8 +7,10 @@ line, the trunk's cycles) and the request waits in a queue that the supervisor k
 supervisor.json, so a restarted supervisor still performs it. The supervisor's loop calls `poll`:
 whenever `latest` moves (or a request joins the queue), the cycle ends are looked for, and the due
 forks are made on a worker thread, so that hashing a large fork checkpoint does not hold up the
-trainer's watch. When the line reaches its end, `finish_line` reports the forks whose cycle never
-came as failed.
+trainer's watch. A branch forked at once is announced (`on_forked`, where the supervisor starts the
+branch's own supervisor) on a worker thread too, so that the `branch` call is answered without
+waiting for that start. When the line reaches its end, `finish_line` reports the forks whose cycle
+never came as failed.
 
 The supervisor starts without torch (seconds, and memory, for a process that only watches), and
 `engine.lineops` imports it through `engine.ckpt`: this module reads checkpoint directories itself
@@ -177,8 +179,9 @@ class ForkQueue:
     """The line's branch requests (see the module docstring). Thread-safe.
 
     `on_forked(fork, result)` and `on_failed(fork, message)` tell the supervisor what happened (it
-    publishes `branched` / `branch_failed` events); `on_change()` after the queue changed (it saves
-    supervisor.json).
+    starts the branch's supervisor and publishes `branched` / `branch_failed` events); `on_change()`
+    after the queue changed (it saves supervisor.json). `on_forked` runs on a worker thread, never on
+    the thread of `branch` or `poll` (only `finish_line` makes the due forks, and tells, on its own).
     """
 
     def __init__(
@@ -200,6 +203,7 @@ class ForkQueue:
         self._latest_seen: int | None = None
         self._changed = True  # look for cycle ends at the next poll, whatever `latest` says
         self._worker: threading.Thread | None = None
+        self._announcers: list[threading.Thread] = []  # on_forked of the forks made at once
 
     def export(self) -> list[dict[str, Any]]:
         with self._lock:
@@ -228,7 +232,7 @@ class ForkQueue:
             self.on_change()
             return {"state": "queued", "path": fork.path, "at_cycle": fork.at_cycle}
         result = self._fork(fork)
-        self.on_forked(fork, result)
+        self._announce_in_background(fork, result)
         return {
             "state": "forked", "path": str(result.line), "at_cycle": fork.at_cycle,
             "fork_update": result.fork_update, "fork_tokens": result.fork_tokens,
@@ -259,9 +263,24 @@ class ForkQueue:
             self.on_change()
 
     def close(self) -> None:
-        """Wait for a fork in the making (as long as verifying and linking its checkpoint takes)."""
+        """Wait for a fork in the making (as long as verifying and linking its checkpoint takes) and
+        for the announcements of forks made at once (as long as starting their supervisors takes)."""
         if self._worker is not None:
             self._worker.join()
+        with self._lock:
+            announcers, self._announcers = self._announcers, []
+        for announcer in announcers:
+            announcer.join()
+
+    def _announce_in_background(self, fork: QueuedFork, result: BranchResult) -> None:
+        # Starting the branch's supervisor takes seconds: the caller (an RPC thread) answers first.
+        announcer = threading.Thread(
+            target=self.on_forked, args=(fork, result), name="branch-announce", daemon=True
+        )
+        with self._lock:
+            self._announcers = [thread for thread in self._announcers if thread.is_alive()]
+            self._announcers.append(announcer)
+        announcer.start()
 
     def _take_due(self, force: bool = False) -> list[QueuedFork]:
         latest = latest_update(self.layout)

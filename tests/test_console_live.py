@@ -22,6 +22,7 @@ from typing import TypeVar
 
 import psutil
 import pytest
+from test_supervise_lineops_e2e import kill_line_processes, stop_supervisor
 from test_trainer_lines import copy_data_line, make_data_line, make_line
 from textual.widgets import Input
 
@@ -174,6 +175,7 @@ def test_a_branch_requested_for_the_current_cycle_happens_at_its_end(tmp_path: P
     branch_data = copy_data_line(data, tmp_path / "branch_data")  # a branch trains on its own data line
     # No preparer: cycle 1 stays unprepared (so unfinished) until the test prepares it.
     supervisors = [start_supervisor(tmp_path, line_path, run_preparer=False)]
+    left_running: list[str] = []
 
     async def scenario() -> None:
         app = ConsoleApp(refresh_interval=0.2)
@@ -186,7 +188,7 @@ def test_a_branch_requested_for_the_current_cycle_happens_at_its_end(tmp_path: P
             assert isinstance(app.screen, BranchForm)
             app.screen.query_one("#path", Input).value = str(branch_path)
             app.screen.query_one("#at_cycle", Input).value = "1"
-            app.screen.query_one("#plan", Input).value = "decay:1024"
+            app.screen.query_one("#plan", Input).value = "decay:1e5"  # the branch trains until stopped
             app.screen.query_one("#data", Input).value = str(branch_data)
             await pilot.click("#submit")
             assert isinstance(app.screen, ConfirmScreen)
@@ -198,12 +200,20 @@ def test_a_branch_requested_for_the_current_cycle_happens_at_its_end(tmp_path: P
             assert outcome.kind != "refused", outcome.message
             assert not branch_path.exists()  # it waits for the end of cycle 1
             prepare_cycle(open_data_line(data), 1)
-            # The fork is made (a new line, not started: `nsconsole run` or `nsconsole tune` it next).
+            # The fork is made, and the trunk's supervisor starts the branch's own.
             branched = await until(
                 pilot, lambda: next((e for e in line.events if e.kind == "branched"), None), "the fork"
             )
-            assert str(branch_path) in branched.message
+            assert str(branch_path) in branched.message and "its supervisor started" in branched.message
             assert (branch_path / "run.json").is_file() and (branch_path / "checkpoints" / "latest").is_file()
+            # The branch line appears in the lines table and trains.
+            branch: LineState = await until(pilot, lambda: app.book.get(line_id(branch_path)), "the branch line")
+            await until(pilot, lambda: branch.key in app.screen.query_one(LinesTable).rows, "the branch's row")
+            first = await until(pilot, lambda: branch.update, "the branch's first update")
+            await until(pilot, lambda: (branch.update or 0) > first, "the branch's update count to advance")
+            # Stopped over their sockets (in a thread: the app goes on meanwhile): nothing outlives the test.
+            await asyncio.to_thread(stop_supervisor, branch_path)
+            await asyncio.to_thread(stop_supervisor, line_path)
 
     try:
         asyncio.run(scenario())
@@ -212,7 +222,5 @@ def test_a_branch_requested_for_the_current_cycle_happens_at_its_end(tmp_path: P
             if process.poll() is None:
                 process.kill()
                 process.wait()
-        for entry_file in (tmp_path / "run" / "nsconsole").glob("*.json"):
-            pid = json.loads(entry_file.read_text()).get("pid")
-            if isinstance(pid, int) and psutil.pid_exists(pid):
-                os.kill(pid, signal.SIGKILL)
+        left_running = kill_line_processes(tmp_path)
+    assert supervisors[0].returncode == 0 and left_running == []

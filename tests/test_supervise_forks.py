@@ -10,15 +10,18 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
-from test_trainer_lines import make_data_line
+from test_trainer_lines import make_data_line, make_line
 
 from engine import ckpt, lineops, supervise_forks
 from engine.errors import LineError
 from engine.layout import LineLayout
 from engine.lineops import BranchRequest, BranchResult
+from engine.supervise import Supervisor
 from engine.supervise_forks import ForkQueue, QueuedFork, branched_from, cycle_end_checkpoint, new_fork
 
 
@@ -38,6 +41,7 @@ class Recorder:
         self.refuse = refuse
         self.requests: list[BranchRequest] = []
         self.forked: list[str] = []
+        self.told_on: list[threading.Thread] = []  # the threads on_forked ran on
         self.failed: list[tuple[str, str]] = []
         self.changes = 0
 
@@ -50,10 +54,14 @@ class Recorder:
     def queue(self, layout: LineLayout, data: Path) -> ForkQueue:
         return ForkQueue(
             layout, trunk_data=lambda: data,
-            on_forked=lambda fork, result: self.forked.append(str(result.line)),
+            on_forked=self.record_fork,
             on_failed=lambda fork, message: self.failed.append((fork.path, message)),
             on_change=self.count_change,
         )
+
+    def record_fork(self, fork: QueuedFork, result: BranchResult) -> None:
+        self.forked.append(str(result.line))
+        self.told_on.append(threading.current_thread())
 
     def count_change(self) -> None:
         self.changes += 1
@@ -103,7 +111,10 @@ def test_a_branch_of_an_ended_cycle_forks_at_once(
                      "fork_update": 0, "fork_tokens": 100}  # fmt: skip
     [request] = recorder.requests
     assert request.parent == layout.root and request.at_cycle == 0 and request.plan == "decay:1e3"
+    wait_for_worker(queue)
     assert recorder.forked == [str(tmp_path / "b0")] and queue.export() == []
+    # Told on a worker: the supervisor starts the branch there, and the call is answered first.
+    assert recorder.told_on[0] is not threading.current_thread()
 
 
 def test_refusals_come_before_a_fork_is_queued(
@@ -184,6 +195,36 @@ def test_a_fork_that_fails_at_its_cycle_end_or_whose_cycle_never_comes_is_report
         (str(tmp_path / "b5"), "the line ended in cycle 2 before cycle 5 ended"),
     ]
     assert queue.export() == [] and recorder.forked == []
+
+
+class PublishedEvents:
+    """Stands in for the supervisor's server: what it publishes."""
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+
+    def publish(self, kind: str, data: dict[str, Any]) -> int:
+        assert kind == "event"
+        self.events.append(data)
+        return len(self.events)
+
+
+def test_a_branch_whose_supervisor_cannot_start_stays_and_the_failure_is_an_event(
+    tmp_path: Path, data_line: Path
+) -> None:
+    trunk = Supervisor(make_line(tmp_path / "trunk", data_line))
+    branch = make_line(tmp_path / "branch", data_line)
+    (branch / "run.json").write_text("{")  # the branch's supervisor refuses it before starting
+    published = PublishedEvents()
+    trunk._server = published  # type: ignore[assignment]
+    fork = new_fork(branch, 1, "decay:1e3", data_line)
+    trunk._on_forked(fork, BranchResult(branch, 10, 100, None, True))  # type: ignore[arg-type]
+    branched, start_failed = published.events
+    assert branched["event"] == "branched" and branched["started"] is False
+    assert "did not start" in branched["message"] and branched["path"] == str(branch)
+    assert start_failed["event"] == "branch_start_failed" and "run.json" in start_failed["message"]
+    assert (branch / "run.json").is_file()  # the branch stays, to be run by hand once fixed
+    assert "branch_start_failed: " in (tmp_path / "trunk" / "line" / "run.log").read_text()
 
 
 def test_queued_fork_records_round_trip() -> None:

@@ -4,11 +4,14 @@ One scenario, because every trainer launch pays for importing torch. Only cycle 
 and no preparer runs, so the trainer ends cycle 0 and then waits for cycle 1, alive: a branch of
 cycle 0 forks at once, one of cycle 1 is queued; a tune stops the trainer, writes run.json and
 relaunches it; a rollback leaves the line resumed from the checkpoint it names; once cycle 1 is
-prepared and trained, the queued branch is forked at its end.
+prepared and trained, the queued branch is forked at its end. Each branch's own supervisor is
+started by the trunk's; the test stops it over its socket, and no process of the test's lines
+outlives it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -56,6 +59,41 @@ def mutate(client: SupervisorClient, method: str, request_id: str, **params: obj
     return client.call(method, request_id=request_id, **params)
 
 
+def gone(pid: int) -> bool:
+    """The process has exited (a zombie too: its parent collects it at its next look)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def stop_supervisor(line: Path, timeout: float = 120.0) -> None:
+    """Stop the supervisor running `line` (a branch's: started by its trunk's) over its socket and
+    wait for its exit."""
+    entry = registry.find_supervisor(line)  # a branch's registered before `branched` was published
+    assert entry is not None, f"no supervisor runs {line}"
+    with SupervisorClient(line / "supervisor.sock", timeout=timeout) as client:
+        client.call("stop", request_id="stop-by-test", at_cycle_end=None)
+    deadline = time.monotonic() + timeout
+    while not gone(entry.pid):
+        assert time.monotonic() < deadline, f"the supervisor of {line} (pid {entry.pid}) did not exit"
+        time.sleep(0.1)
+    assert json.loads((line / "supervisor.json").read_text())["state"] == "stopped"
+
+
+def kill_line_processes(root: Path) -> list[str]:
+    """Kill every live supervisor, trainer or preparer of a line under `root`; their command lines."""
+    killed = []
+    for process in psutil.process_iter(["cmdline", "status"]):
+        cmdline = process.info["cmdline"] or []
+        ours = any(part.startswith("engine.supervise") or part == "run-preparer" for part in cmdline)
+        if ours and any(str(root) in part for part in cmdline) and process.info["status"] != psutil.STATUS_ZOMBIE:
+            killed.append(" ".join(cmdline))
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+    return killed
+
+
 @pytest.mark.slow
 def test_branch_tune_and_rollback_through_the_socket(tmp_path: Path) -> None:
     data = make_data_line(tmp_path / "data_root", prepare=1)
@@ -86,7 +124,8 @@ def test_branch_tune_and_rollback_through_the_socket(tmp_path: Path) -> None:
             assert reply["state"] == "forked" and reply["fork_update"] == cycle_end
             assert read_latest(tmp_path / "b0" / "checkpoints") == f"u{cycle_end:08d}"
             event = wait_for(client, "event", lambda event: event["event"] == "branched")
-            assert event["path"] == str(tmp_path / "b0")
+            assert event["path"] == str(tmp_path / "b0") and event["started"] is True
+            stop_supervisor(tmp_path / "b0")  # b1 trains on the same data line below
             assert branched_from(LineLayout(tmp_path / "b0")) == str(line)  # the branch's status.parent
             # A retry with the same request_id is answered, not forked twice; a new one is refused.
             assert mutate(client, "branch", "b0", path=str(tmp_path / "b0"), at_cycle=0,
@@ -134,7 +173,8 @@ def test_branch_tune_and_rollback_through_the_socket(tmp_path: Path) -> None:
             wait_for(client, "heartbeat", lambda beat: beat["stage"] == "waiting-data" and beat["cycle"] == 1)
             prepare_cycle(open_data_line(data), 1)
             event = wait_for(client, "event", lambda event: event["event"] == "branched")
-            assert event["path"] == str(tmp_path / "b1") and event["at_cycle"] == 1
+            assert event["path"] == str(tmp_path / "b1") and event["at_cycle"] == 1 and event["started"] is True
+            stop_supervisor(tmp_path / "b1")
             assert kept_reasons(line)[event["fork_update"]] == "cycle-end 1"
             assert client.call("status")["queued_forks"] == []
             assert [record["line"] for record in read_branches(LineLayout(line))] == [
@@ -149,4 +189,6 @@ def test_branch_tune_and_rollback_through_the_socket(tmp_path: Path) -> None:
         heartbeat = json.loads((line / "heartbeat").read_text())
         if psutil.pid_exists(heartbeat["pid"]):
             psutil.Process(heartbeat["pid"]).kill()
+        left_running = kill_line_processes(tmp_path)
     assert json.loads((line / "supervisor.json").read_text())["queued_forks"] == []
+    assert left_running == []
