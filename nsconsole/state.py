@@ -51,8 +51,21 @@ EVENT_GLYPHS = {
     "restarted": ("↻", "restarted"),
     "request": ("→", "request"),
     "refused": ("✗", "refused"),
+    "branched": ("⑂", "branched"),
+    "branch_failed": ("✗", "branch"),
+    "branch_start_failed": ("✗", "branch start"),
+    "rolled_back": ("↶", "rolled back"),
+    "rollback_failed": ("✗", "rollback"),
+    "tuned": ("⚙", "tuned"),
+    "tune_failed": ("✗", "tune"),
 }
 """Glyph and word of each event kind (supervisor events, the console's own, and health)."""
+
+ERROR_EVENTS = frozenset(
+    {"failed", "stuck", "supervisor_failed", "disk_full", "branch_failed", "branch_start_failed",
+     "rollback_failed", "tune_failed"}
+)
+"""Events shown (and rung) as errors."""
 
 _VAL_MIX = re.compile(r"^val_(\d+)/mix$")
 
@@ -255,7 +268,7 @@ class LineState:
                 self.heartbeat = data
         elif kind == "event":
             event_kind = str(data.get("event", "event"))
-            severity = "error" if event_kind in ("failed", "stuck", "supervisor_failed", "disk_full") else "info"
+            severity = "error" if event_kind in ERROR_EVENTS else "info"
             self.add_event(float(data.get("time") or now), event_kind, str(data.get("message", "")), severity)
         self.version += 1
 
