@@ -22,6 +22,7 @@ from functools import partial
 from textual import work
 from textual.app import App, SystemCommand
 from textual.binding import Binding
+from textual.css.query import NoMatches
 from textual.screen import Screen
 
 from engine.errors import LineError
@@ -119,7 +120,12 @@ class ConsoleApp(App[None]):
             return
         screen = self.screen
         if isinstance(screen, (LinesScreen, LineScreen)):
-            screen.refresh_view(now)
+            try:
+                screen.refresh_view(now)
+            except NoMatches:
+                # A tick landed while the screen is being composed or torn down (its widgets are
+                # not there): the next tick refreshes it.
+                return
 
     @work(thread=True, exclusive=True, group="gpu")
     def read_gpus_now(self) -> None:
