@@ -7,7 +7,8 @@ It differs from `nsconsole run LINE --foreground` in two ways only:
   the supervisor is already gone when this starts, it does not start;
 - a line error (bad run.json, too many non-finite updates, a refused resume) is printed as one
   line `nsconsole: <message>` and exits with `EXIT_LINE_ERROR`, which the supervisor reads as
-  "relaunching will not help".
+  "relaunching will not help"; a trainer that left the GPU to other processes (`GpuBusy`) exits
+  with `EXIT_GPU_BUSY`, which it reads as "relaunch once the GPU is free".
 
 Its stdout and stderr are the line's run.log (the supervisor opens it); the GPU lease's
 descriptor, when there is one, was handed over by the supervisor and is held until this exits.
@@ -47,6 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Imported after the check: torch takes seconds to import.
     from datalines.errors import DataLineError
     from engine.errors import DiskFull, LineError
+    from engine.sharing import GpuBusy
     from engine.trainer import Trainer
 
     try:
@@ -54,6 +56,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DiskFull as error:
         print(f"nsconsole: {error}", file=sys.stderr, flush=True)
         return EXIT_DISK_FULL
+    except GpuBusy as error:
+        print(f"nsconsole: {error}", file=sys.stderr, flush=True)
+        return EXIT_GPU_BUSY
     except (LineError, DataLineError) as error:
         print(f"nsconsole: {error}", file=sys.stderr, flush=True)
         return EXIT_LINE_ERROR

@@ -20,6 +20,12 @@ Every `validation.every_updates` updates the update's row also carries the valid
 (engine.validate: held-out losses, probes, the optimizer's state, the moving average's losses) and
 is printed whatever `print_every`; validation leaves everything training depends on untouched.
 
+On a CUDA line, every `guards.gpu_check_every` updates (and at the start) the trainer looks for other
+processes on its GPU (engine.sharing): beside them, within `guards.share_reserve_gb`, it trains with
+the lengths' `shared` shapes (same updates, another micro-batch split) until they have been gone for
+three checks; without a reserve, or past it, it checkpoints and raises `GpuBusy`. The row's
+`gpu_mode` says which shapes computed it.
+
 Every row is appended to rows.jsonl, then handed to the line's W&B mirror (engine.wb), which sends
 it from a background thread: training never waits on W&B and never fails because of it, and
 whatever W&B missed (a crash, an outage, a rollback) is re-sent from rows.jsonl by a later start.
@@ -33,6 +39,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -58,6 +65,7 @@ from engine.models.presets import build_model
 from engine.optim import AdamWSettings, FlatAdamW, ParameterAverage
 from engine.rows import Heartbeat, RowsFile, RunLog, format_row
 from engine.schedule import learning_rate, tokens_per_update, update_weight_decay
+from engine.sharing import GIB, Action, GpuBusy, GpuMode, GpuWatch, refuse_unshareable_lengths
 from engine.step import EagerEngine, GraphEngine, UpdateResult
 from engine.validate import Validator, format_validation
 from engine.wb import WandbMirror
@@ -129,6 +137,7 @@ class Trainer:
         stop_at: int | None = None,
         echo: TextIO | None = sys.stdout,
         engine: str = "auto",
+        gpu_watch: Callable[[RunConfig, torch.device], GpuWatch] = GpuWatch.for_line,
     ):
         self.layout: LineLayout = ops.open_line(line_dir)
         self.stop_at = stop_at
@@ -141,6 +150,9 @@ class Trainer:
         self._last_checkpoint_update: int | None = None
         self.arena: Any = None
         """The GPU memory arena (engine.arena.Arena), made with the first CUDA-graph engine."""
+        self._make_gpu_watch = gpu_watch
+        self.gpu_mode = GpuMode.OWN
+        """Whose shapes the engines use: the lengths' own, or their `shared` ones beside other processes."""
 
     # -----------------------------------------------------------------------------------------
     # start
@@ -152,11 +164,13 @@ class Trainer:
             raise ConfigError(
                 f"{layout.run_json}: metrics is {config.metrics}, this trainer computes set {METRICS_VERSION}"
             )
+        refuse_unshareable_lengths(config, str(layout.run_json))
         problems = ops.unaccepted_changes(layout, config)  # lifelong keys changed without allow_changes
         if problems:
             raise ConfigError("; ".join(problems))
         self.run_json_bytes = layout.run_json.read_bytes()
         self.device = resolve_device(config.device)
+        self.gpu_watch = self._make_gpu_watch(config, self.device)
         self.data_line = open_data_line(ops.resolve_data_path(layout, config.data.line))
         layout.checkpoints.mkdir(exist_ok=True)
         self.log = RunLog(layout.run_log, self.echo)
@@ -339,14 +353,18 @@ class Trainer:
         `--engine graph` the capture error stops the line.
         """
         if seq_len not in self._engines:
-            rows = self.config.length(seq_len).micro_batch_rows
+            rows, _recompute = self._shape(seq_len)
             use_graph = self.device.type == "cuda" and self.engine_choice in ("auto", "graph")
             engine: EagerEngine | GraphEngine | None = None
             if use_graph:
                 from engine.arena import Arena
 
                 if self.arena is None:
-                    self.arena = Arena(self.device)
+                    # Beside other processes the arena leaves free what they may still take: the
+                    # reserve less what they hold (the free memory it reads already excludes that).
+                    shared = self.gpu_mode == GpuMode.SHARED
+                    room = self.gpu_watch.room_for_others() if shared else 0
+                    self.arena = Arena(self.device, reserve_bytes=room)
                 try:
                     engine = GraphEngine(self.model, self.optimizer, rows, seq_len, self.arena)
                 except RuntimeError as error:
@@ -359,6 +377,58 @@ class Trainer:
                 engine = EagerEngine(self.model, self.optimizer, rows)
             self._engines[seq_len] = engine
         return self._engines[seq_len]
+
+    def _shape(self, seq_len: int) -> tuple[int, str]:
+        """(micro_batch_rows, recompute) of a length in the current GPU mode."""
+        length = self.config.length(seq_len)
+        if self.gpu_mode == GpuMode.SHARED and length.shared is not None:
+            return length.shared.micro_batch_rows, length.shared.recompute
+        return length.micro_batch_rows, length.recompute
+
+    def _watch_gpu(self) -> None:
+        """At a check (engine.sharing): share, take the GPU back, or checkpoint and leave."""
+        update = self.position.update
+        if not self.gpu_watch.due(update):
+            return
+        action, reading = self.gpu_watch.check(update)
+        others = f"{reading.others} other process(es) holding {reading.others_bytes / GIB:.2f} GiB"
+        if action == Action.SHARE:
+            self._switch_shapes(GpuMode.SHARED, f"{others} on the GPU")
+        elif action == Action.OWN:
+            self._switch_shapes(GpuMode.OWN, "the other processes have left the GPU")
+        elif action == Action.LEAVE:
+            self._leave_gpu(others)
+
+    def _switch_shapes(self, mode: str, why: str) -> None:
+        """Drop the step engines (and the arena) and train on with the lengths' `mode` shapes."""
+        for engine in self._engines.values():
+            engine.close()
+        self._engines.clear()
+        if self.arena is not None:
+            self.arena.close()  # after the engines' graphs are gone; empties the CUDA cache
+            self.arena = None
+        elif self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self.gpu_mode = mode
+        shapes = "shared" if mode == GpuMode.SHARED else "own"
+        self.log.write(f"gpu: {why}; training with the lengths' {shapes} shapes from update {self.position.update}")
+
+    def _leave_gpu(self, others: str) -> None:
+        """Checkpoint and stop: the supervisor relaunches the line once the GPU is free (or they fit)."""
+        reserve = self.gpu_watch.reserve_bytes
+        if reserve is None:
+            why = "guards.share_reserve_gb is not set"
+        else:
+            why = f"more than guards.share_reserve_gb = {self.config.guards.share_reserve_gb:g}"
+        if self._last_checkpoint_update != self.position.update:
+            self._checkpoint(wait=True)
+        message = (
+            f"{self.layout.run_json}: {others} on the GPU, {why}; checkpointed update "
+            f"{self.position.update} and stopped until the GPU is free"
+        )
+        self.heartbeat.beat(self.position.update, "stopped", reason="gpu busy")
+        self.log.write(message)
+        raise GpuBusy(message)
 
     def _stop_requested(self) -> str | None:
         """A stop at this update boundary: a signal, --stop-at, STOP (now, or a cycle end passed)."""
@@ -412,7 +482,7 @@ class Trainer:
         lr = learning_rate(config, position.tokens_trained)
         weight_decay = update_weight_decay(config, update_tokens)
         if hasattr(self.model, "recompute"):  # the length's activation recomputation (nsconsole tune)
-            self.model.recompute = config.length(seq_len).recompute
+            self.model.recompute = self._shape(seq_len)[1]
         result = self._engine(seq_len).run_update(windows, lr, weight_decay)
         elapsed = time.perf_counter() - started
 
@@ -471,6 +541,7 @@ class Trainer:
             "grad_norm": stats.grad_norm,
             "skipped": not stats.finite,
             "tokens_per_s": update_tokens / max(elapsed, 1e-9),
+            "gpu_mode": self.gpu_mode,
             "time": time.time(),
         }
         row.update({f"train/grad_norm/{name}": value for name, value in stats.group_norms.items()})
@@ -522,6 +593,7 @@ class Trainer:
             reason = self._wait_for_cycle(self.position.cycle)
             if reason is not None:
                 return reason
+            self._watch_gpu()
             seq_len = self._seq_len()
             cycle = self._cycle(self.position.cycle)
             rows = self._update_rows(cycle, seq_len)

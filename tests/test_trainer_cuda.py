@@ -3,6 +3,7 @@ line trains, stops and resumes in graph mode. Skipped where there is no CUDA (ru
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -12,8 +13,12 @@ from test_trainer_lines import copy_data_line, make_data_line, make_line
 from engine.arena import Arena
 from engine.ckpt import load_checkpoint, read_latest
 from engine.optim import AdamWSettings, FlatAdamW
+from engine.sharing import GpuWatch
 from engine.step import EagerEngine, GraphEngine
 from engine.trainer import Trainer
+
+# Other pytest workers on the same GPU are not other jobs: these lines train as if alone.
+ALONE = partial(GpuWatch.for_line, enabled=False)
 
 pytestmark = pytest.mark.cuda
 
@@ -104,10 +109,10 @@ def test_a_line_trains_and_resumes_in_graph_mode(tmp_path: Path) -> None:
     template = make_data_line(tmp_path / "template")
     changes = {"device": "cuda", "lengths": [{"seq_len": 32, "micro_batch_rows": 2}]}
     reference = make_line(tmp_path / "reference", copy_data_line(template, tmp_path / "reference"), **changes)
-    assert Trainer(reference, stop_at=10, echo=None).run() == 0
+    assert Trainer(reference, stop_at=10, echo=None, gpu_watch=ALONE).run() == 0
     line = make_line(tmp_path / "resumed", copy_data_line(template, tmp_path / "resumed"), **changes)
-    assert Trainer(line, stop_at=5, echo=None).run() == 0
-    assert Trainer(line, stop_at=10, echo=None).run() == 0
+    assert Trainer(line, stop_at=5, echo=None, gpu_watch=ALONE).run() == 0
+    assert Trainer(line, stop_at=10, echo=None, gpu_watch=ALONE).run() == 0
     mine = load_checkpoint(line / "checkpoints" / read_latest(line / "checkpoints"))
     theirs = load_checkpoint(reference / "checkpoints" / read_latest(reference / "checkpoints"))
     assert mine.update == theirs.update == 10
