@@ -8,7 +8,6 @@ is the union of the histories of those directories.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -32,27 +31,7 @@ UPDATES = 4
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(scope="module", autouse=True)
-def offline_wandb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Silent, with every file of the client in a temporary directory and no way to the network."""
-    home = tmp_path_factory.mktemp("wandb_home")
-    environment = {
-        "WANDB_SILENT": "true",
-        "WANDB_DIR": str(home),
-        "WANDB_CONFIG_DIR": str(home / "config"),
-        "WANDB_CACHE_DIR": str(home / "cache"),
-        "WANDB_DATA_DIR": str(home / "data"),
-        # Should anything try the network anyway, it fails at once instead of reaching W&B.
-        "WANDB_BASE_URL": "http://127.0.0.1:9",
-    }
-    saved = {key: os.environ.get(key) for key in environment}
-    os.environ.update(environment)
-    yield
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+pytestmark = pytest.mark.usefixtures("offline_wandb")  # conftest: a temporary, offline wandb home
 
 
 @pytest.fixture(autouse=True)
