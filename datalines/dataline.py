@@ -22,7 +22,7 @@ import numpy as np
 
 from datalines.cycle import Cycle
 from datalines.errors import DataLineError
-from datalines.files import read_json, sha256_bytes, write_bytes_atomic
+from datalines.files import fsync_directory, read_json, sha256_bytes, write_bytes_atomic
 from datalines.manifest import MANIFEST_NAME, load_manifest, verify_shards
 from datalines.recipe import Recipe, parse_recipe
 from datalines.sources import Source, open_source
@@ -96,6 +96,22 @@ class DataLine:
 
     def is_consumed(self, index: int) -> bool:
         return (self.cycle_dir(index) / CONSUMED_MARK).exists()
+
+    def reopen(self, index: int) -> bool:
+        """Clear a cycle's consumed mark (a rollback trains it again); False when it was not consumed.
+
+        The manifest is permanent, so the preparer rebuilds the cycle's deleted shards from it and
+        checks them byte for byte: the line reads exactly the samples it read before.
+        """
+        directory = self.cycle_dir(index)
+        try:
+            (directory / CONSUMED_MARK).unlink()
+        except FileNotFoundError:
+            return False
+        fsync_directory(directory)
+        # Its shards were deleted once it was consumed: check the rebuilt ones afresh.
+        self._verified = {verified for verified in self._verified if verified[0] != index}
+        return True
 
     def cycle_ready(self, index: int) -> bool:
         """Prepared and complete: the manifest exists and every shard matches it (hashes checked once)."""

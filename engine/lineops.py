@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 from datalines import open_data_line
-from datalines.dataline import CONSUMED_MARK
 from engine.atomic import fsync_directory, write_text_atomic
 from engine.ckpt import (
     EXTRA_FILE,
@@ -206,13 +205,20 @@ def _read_state(directory: Path) -> dict[str, Any] | None:
 
 
 def find_cycle_end(parent: LineLayout, cycle: int) -> Path:
-    """The parent's kept checkpoint at the end of `cycle`; LineError when that cycle has not ended."""
+    """The parent's kept checkpoint at the end of `cycle`; LineError when that cycle has not ended.
+
+    Only checkpoints up to `latest` count: those after it were set aside by a rollback (retention
+    removes them at the line's next checkpoint) and belong to a history the line no longer has.
+    """
+    latest = read_latest(parent.checkpoints)
+    latest_update = update_of(Path(latest)) if latest else None
     for directory in list_checkpoints(parent.checkpoints):
+        if latest_update is None or (update_of(directory) or 0) > latest_update:
+            break  # oldest first: every later one is past `latest` too
         state = _read_state(directory)
         match = CYCLE_END_KEPT.match(str((state or {}).get("kept") or ""))
         if match and int(match.group(1)) == cycle:
             return directory
-    latest = read_latest(parent.checkpoints)
     state = _read_state(parent.checkpoints / latest) if latest else None
     if state is None:
         raise LineError(f"{parent.root}: has no checkpoint yet; cycle {cycle} has not ended")
@@ -543,10 +549,4 @@ def reopen_cycles(data_path: Path, from_cycle: int) -> list[int]:
     byte for byte, so the line trains exactly the samples it trained before.
     """
     data_line = open_data_line(data_path)
-    reopened = []
-    for index in data_line.known_cycles():
-        if index >= from_cycle and data_line.is_consumed(index):
-            (data_line.cycle_dir(index) / CONSUMED_MARK).unlink()
-            fsync_directory(data_line.cycle_dir(index))
-            reopened.append(index)
-    return reopened
+    return [index for index in data_line.known_cycles() if index >= from_cycle and data_line.reopen(index)]

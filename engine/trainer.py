@@ -67,7 +67,7 @@ from engine.rows import Heartbeat, RowsFile, RunLog, format_row
 from engine.schedule import learning_rate, tokens_per_update, update_weight_decay
 from engine.sharing import GIB, Action, GpuBusy, GpuMode, GpuWatch, refuse_unshareable_lengths
 from engine.step import EagerEngine, GraphEngine, UpdateResult
-from engine.validate import Validator, format_validation
+from engine.validate import Validator, format_probe_rows, format_validation
 from engine.wb import WandbMirror
 
 WAIT_POLL_SECONDS = 1.0
@@ -195,8 +195,7 @@ class Trainer:
         self.validator = Validator.for_line(
             layout, config, self.model, self.optimizer, self.average, self.device
         )
-        for message in self.validator.missing_rows():
-            self.log.write(f"warning: {message}")
+        self.validator.require_rows()
         self.position = Position()
         if resume.checkpoint is not None:
             self._restore(resume.checkpoint)
@@ -365,6 +364,7 @@ class Trainer:
                     shared = self.gpu_mode == GpuMode.SHARED
                     room = self.gpu_watch.room_for_others() if shared else 0
                     self.arena = Arena(self.device, reserve_bytes=room)
+                self._probe_rows_before_capture(seq_len)
                 try:
                     engine = GraphEngine(self.model, self.optimizer, rows, seq_len, self.arena)
                 except RuntimeError as error:
@@ -377,6 +377,15 @@ class Trainer:
                 engine = EagerEngine(self.model, self.optimizer, rows)
             self._engines[seq_len] = engine
         return self._engines[seq_len]
+
+    def _probe_rows_before_capture(self, seq_len: int) -> None:
+        """One row of each validation probe at `seq_len` (engine.validate), printed to run.log.
+
+        Run before every capture (the spec): a probe that fails, or does not fit beside the
+        arena, stops the line now rather than at its first validation, hours in.
+        """
+        readings = self.validator.probe_rows(seq_len)
+        self.log.write(format_probe_rows(seq_len, readings))
 
     def _shape(self, seq_len: int) -> tuple[int, str]:
         """(micro_batch_rows, recompute) of a length in the current GPU mode."""

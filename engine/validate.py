@@ -17,6 +17,10 @@
     val_<P>/..., ema/val_<P>/...        the long-row probe (engine.validate_long) when the model
                                         reads rows longer than L
 
+`Validator.probe_rows(seq_len)` runs one row of each of those probes (the trainer runs them before
+every CUDA graph capture and prints their readings), and a line whose held-out rows are missing
+is refused at its start (`require_rows`).
+
 Validation changes nothing training depends on: it runs under no_grad in eval mode, restores the
 model's mode and every RNG state, reads only the held-out rows (never the data position), and the
 moving average is swapped into the weights' buffer and the exact bits swapped back (the flat
@@ -25,6 +29,7 @@ buffers keep their addresses, so captured CUDA graphs stay valid).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -33,6 +38,7 @@ import torch
 
 from datalines import DataLine, open_data_line
 from engine.config import RunConfig
+from engine.errors import LineError
 from engine.layout import LineLayout
 from engine.models.base import LanguageModel
 from engine.ops import resolve_data_path
@@ -148,14 +154,27 @@ class Validator:
                 lengths.add(long)
         return sorted(lengths)
 
-    def missing_rows(self) -> list[str]:
-        """One line per length whose held-out rows were never built (the trainer logs them at its start)."""
+    def missing_lengths(self) -> list[int]:
+        """The lengths a validation of this line reads whose held-out rows were never built."""
         return [
-            f"{self.heldout.validation_dir(length)}: no held-out rows of length {length}; validation will "
-            f"fail until `nsconsole data val --work {self.heldout.path} --seq-len {length}` builds them"
-            for length in self.lengths()
+            length for length in self.lengths()
             if not (self.heldout.validation_dir(length) / "index.json").is_file()
-        ]
+        ]  # fmt: skip
+
+    def require_rows(self) -> None:
+        """Refuse a start (LineError) while held-out rows are missing: the first validation would
+        stop the line after hours of training, so the start stops instead, naming the command."""
+        missing = self.missing_lengths()
+        if not missing:
+            return
+        path = self.heldout.path
+        lengths = ", ".join(str(length) for length in missing)
+        commands = " and ".join(
+            f"`nsconsole data val --work {path} --seq-len {length}`" for length in missing
+        )
+        raise LineError(
+            f"{path}: no held-out rows of length {lengths} for this line's validation; build them with {commands}"
+        )
 
     def rows(self, length: int) -> HeldOutRows:
         """The held-out rows of a length, read (and checked against their index) once."""
@@ -181,19 +200,52 @@ class Validator:
         long = long_seq_len(self.config, self.model, seq_len)
         metrics: dict[str, float] = {}
         with untouched_training_state(self.model, self.device):
-            losses = {source: token_losses(self.model, windows, batch, self.device)
-                      for source, windows in rows.rows.items()}  # fmt: skip
-            metrics.update(loss_metrics(f"val_{seq_len}", losses, weights))
-            metrics.update(docpos_metrics(f"val_{seq_len}", rows.rows, losses, weights, self.heldout.eos_id))
-            probe_rows = probe_batch(rows.rows, batch).to(self.device)
-            probes = self.model.probes(probe_rows[:, :-1], probe_rows[:, 1:], self.heldout.eos_id)
-            metrics.update({f"val_{seq_len}/{name}": float(value) for name, value in probes.items()})
+            metrics.update(self._length_metrics(rows, batch, weights, probe_batch(rows.rows, batch)))
             if long is not None:
                 metrics.update(long_row_metrics(self.model, self.rows(long), seq_len, weights,
                                                 self.heldout.eos_id, self.device))  # fmt: skip
             metrics.update(optimizer_summary(self.optimizer, next_lr, next_weight_decay))
             if self.average is not None and self.average.started:
                 metrics.update(self._average_metrics(rows, batch, long, weights))
+        return metrics
+
+    def probe_rows(self, seq_len: int) -> dict[str, float]:
+        """One row of each probe a validation at `seq_len` runs, through the same code and guard as
+        `run`: the first held-out row of one source at the training length, and the first long row
+        of one source when the long-row probe runs.
+
+        The trainer runs them before every capture (the spec): their kernels and their memory
+        are then known to work beside the captured graphs, not only at the first validation.
+        """
+        rows = self.rows(seq_len)
+        source = sorted(rows.rows)[0]
+        one_row = HeldOutRows(seq_len, {source: rows.rows[source][:1]})
+        weights = {source: 1.0}
+        long = long_seq_len(self.config, self.model, seq_len)
+        metrics: dict[str, float] = {}
+        with untouched_training_state(self.model, self.device):
+            metrics.update(self._length_metrics(one_row, 1, weights, one_row.rows[source]))
+            if long is not None:
+                long_rows = self.rows(long)
+                long_source = sorted(long_rows.rows)[0]
+                one_long_row = HeldOutRows(long, {long_source: long_rows.rows[long_source][:1]})
+                metrics.update(long_row_metrics(self.model, one_long_row, seq_len, {long_source: 1.0},
+                                                self.heldout.eos_id, self.device))  # fmt: skip
+        return metrics
+
+    def _length_metrics(
+        self, rows: HeldOutRows, batch: int, weights: dict[str, float], probe_rows: torch.Tensor
+    ) -> dict[str, float]:
+        """The training length's losses (per source, mix, by document position) and the model's
+        probes on `probe_rows`; the caller holds the training state untouched."""
+        prefix = f"val_{rows.seq_len}"
+        losses = {source: token_losses(self.model, windows, batch, self.device)
+                  for source, windows in rows.rows.items()}  # fmt: skip
+        metrics = loss_metrics(prefix, losses, weights)
+        metrics.update(docpos_metrics(prefix, rows.rows, losses, weights, self.heldout.eos_id))
+        probe_rows = probe_rows.to(self.device)
+        probes = self.model.probes(probe_rows[:, :-1], probe_rows[:, 1:], self.heldout.eos_id)
+        metrics.update({f"{prefix}/{name}": float(value) for name, value in probes.items()})
         return metrics
 
     def _average_metrics(
@@ -210,6 +262,17 @@ class Validator:
                 long_losses = long_row_losses(self.model, first_long_rows, self.device)
                 metrics.update(loss_metrics(f"{EMA_PREFIX}val_{long}", long_losses, weights))
         return metrics
+
+
+def format_probe_rows(seq_len: int, metrics: dict[str, float]) -> str:
+    """The run.log line of the rows probed before a capture: each row's loss, then how many probe
+    readings they gave and which of them, if any, are not finite."""
+    losses = sorted(key for key in metrics if key.count("/") == 1 and not key.endswith(("/mix", "/mean")))
+    readings = "  ".join(f"{key} {metrics[key]:.4f}" for key in losses)
+    others = [key for key in metrics if key not in losses]
+    bad = sorted(key for key in others if not math.isfinite(metrics[key]))
+    health = f"not finite: {', '.join(bad)}" if bad else "all finite"
+    return f"probe rows before capture at seq_len {seq_len}: {readings}  ({len(others)} readings, {health})"
 
 
 def format_validation(update: int, metrics: dict[str, float]) -> str:

@@ -15,11 +15,25 @@ from test_wb_logic import RecordingBackend, SimulatedServer, session
 
 from datalines import open_data_line
 from datalines.preparer import delete_consumed_shards, prepare_cycle
-from engine.ckpt import list_checkpoints, load_checkpoint, read_latest, verify_checkpoint
+from engine.ckpt import (
+    STATE_NAME,
+    list_checkpoints,
+    load_checkpoint,
+    read_latest,
+    verify_checkpoint,
+    write_latest,
+)
 from engine.config import RunConfig
 from engine.errors import LineError
 from engine.layout import LineLayout
-from engine.lineops import BranchRequest, branch_line, parse_plan, read_branches, rollback_line
+from engine.lineops import (
+    BranchRequest,
+    branch_line,
+    find_cycle_end,
+    parse_plan,
+    read_branches,
+    rollback_line,
+)
 from engine.schedule import learning_rate
 from engine.trainer import Trainer
 from engine.wb_state import RunPoint, WandbRunState
@@ -91,6 +105,20 @@ def test_parse_plan_and_its_errors() -> None:
                          ("decay:1e9:cubic", "decay shape"), ("long:1e9:sqrt", "must be decay")):  # fmt: skip
         with pytest.raises(LineError, match=message):
             parse_plan(bad)
+
+
+def test_a_cycle_end_set_aside_by_a_rollback_is_no_fork_point(tmp_path: Path) -> None:
+    layout = LineLayout(tmp_path / "line")
+    for update, cycle, kept in ((4, 1, "cycle-end 0"), (8, 1, None), (12, 2, "cycle-end 1")):
+        directory = layout.checkpoint(update)
+        directory.mkdir(parents=True)
+        state = {"update": update, "kept": kept, "position": {"cycle": cycle}}
+        (directory / STATE_NAME).write_text(json.dumps(state))
+    write_latest(layout.checkpoints, layout.checkpoint(8).name)  # rolled back to u8; u12 not yet removed
+
+    assert find_cycle_end(layout, 0) == layout.checkpoint(4)
+    with pytest.raises(LineError, match=r"cycle 1 has not ended \(the line is in cycle 1 at update 8\)"):
+        find_cycle_end(layout, 1)
 
 
 def test_branch_from_a_cycle_end(trunk: Path, data_template: Path, tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_trainer_lines import copy_data_line, make_data_line, make_line, one_torch_thread
+from test_trainer_lines import SEQ_LEN, copy_data_line, make_data_line, make_line, one_torch_thread
 
 from engine.ckpt import load_checkpoint, read_latest, verify_line_checkpoints
 from engine.trainer import Trainer
@@ -103,7 +103,11 @@ def test_sigkill_at_random_points_then_resume_is_bit_identical(tmp_path: Path, d
 @pytest.mark.parametrize("preset", ["pssa-tiny", "ns-tiny"])
 def test_stateful_models_resume_exactly(tmp_path: Path, data_template: Path, preset: str) -> None:
     """Memory banks (PSSA), the EMA slot and the RNG state survive a stop and resume."""
-    changes = {"model.preset": preset, "ema": {"horizon_tokens": 256, "from_tokens": 128}}
+    changes = {
+        "model.preset": preset,
+        "ema": {"horizon_tokens": 256, "from_tokens": 128},
+        "validation.long_seq_len": 2 * SEQ_LEN,  # ns-tiny reads 512 tokens; the test rows are this long
+    }
     reference_data = copy_data_line(data_template, tmp_path / "reference")
     reference = make_line(tmp_path / "reference", reference_data, **changes)
     assert Trainer(reference, stop_at=6, echo=None).run() == 0

@@ -22,12 +22,15 @@ from datalines import open_data_line
 from datalines.creation import init_data_line
 from datalines.preparer import prepare_cycle
 from datalines.tokenizer import EMBEDDED_EOS_TOKEN, train_byte_level_bpe
+from datalines.validation import build_validation
 from engine.config import RunConfig
 from engine.ops import NewLineOptions, new_line
 
 SEQ_LEN = 32
 TOKENS_PER_UPDATE = 16 * SEQ_LEN
 CYCLE_TOKENS = 5000
+VALIDATION_LENGTHS = (SEQ_LEN, 2 * SEQ_LEN)
+"""Held-out row lengths of the test data lines: the training length and a branch's long stage."""
 SENTENCE = (
     "the a model trains on tokens while spikes flow through layers of state and memory "
     "each update reads windows from a cycle then writes a checkpoint before it moves on"
@@ -35,8 +38,11 @@ SENTENCE = (
 WORDS = SENTENCE.split(" ")
 
 
-def make_data_line(root: Path, files: int = 5, prepare: int | None = None) -> Path:
-    """A data line under `root/data` with every cycle (or the first `prepare`) prepared."""
+def make_data_line(
+    root: Path, files: int = 5, prepare: int | None = None, validation: tuple[int, ...] = VALIDATION_LENGTHS
+) -> Path:
+    """A data line under `root/data` with every cycle (or the first `prepare`) prepared and held-out
+    rows of the `validation` lengths (a trainer refuses a line whose validation lacks its rows)."""
     corpus = root / "corpus"
     corpus.mkdir(parents=True)
     rng = random.Random(0)
@@ -63,6 +69,8 @@ def make_data_line(root: Path, files: int = 5, prepare: int | None = None) -> Pa
         if last is not None and index >= last:
             break
         index += 1
+    if validation:
+        build_validation(line, list(validation))
     return root / "data"
 
 

@@ -6,6 +6,7 @@ Every number is compared with a direct computation from the model and the held-o
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from test_trainer_lines import SEQ_LEN, make_data_line, make_line, one_torch_thr
 from datalines import open_data_line
 from datalines.validation import build_validation
 from engine.config import EMAConfig, RunConfig
+from engine.errors import LineError
 from engine.models.presets import build_model
 from engine.optim import AdamWSettings, FlatAdamW, ParameterAverage
 from engine.step import EagerEngine
@@ -248,14 +250,14 @@ def test_probe_batch_takes_every_source_in_turn() -> None:
 def test_a_missing_length_of_held_out_rows_is_one_clear_error(config: RunConfig, tmp_path: Path) -> None:
     from datalines.errors import DataLineError
 
-    data = make_data_line(tmp_path, prepare=1)  # no `data val` run
+    data = make_data_line(tmp_path, prepare=1, validation=())  # no `data val` run
     model, optimizer, _ = build(config)
     validator = Validator(model, optimizer, None, config, open_data_line(data), torch.device("cpu"))
-    [message] = validator.missing_rows()
-    assert (
-        "no held-out rows of length 32" in message
-        and f"nsconsole data val --work {data} --seq-len 32" in message
-    )
+    assert validator.missing_lengths() == [SEQ_LEN]
+    where = re.escape(str(data))
+    expected = rf"^{where}: no held-out rows of length 32 .*`nsconsole data val --work {where} --seq-len 32`$"
+    with pytest.raises(LineError, match=expected):
+        validator.require_rows()
     with pytest.raises(DataLineError, match=r"no validation rows of length 32; run `nsconsole data val"):
         validator.run(SEQ_LEN, at_tokens=0, next_lr=1e-3, next_weight_decay=0.1)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,7 +13,8 @@ from test_trainer_lines import SEQ_LEN, copy_data_line, make_data_line, make_lin
 
 from datalines import open_data_line
 from datalines.validation import build_validation
-from engine.ckpt import load_checkpoint, read_latest
+from engine.ckpt import list_checkpoints, load_checkpoint, read_latest
+from engine.errors import LineError
 from engine.trainer import Trainer
 
 VALIDATION_PREFIXES = ("val_", "ema/", "opt/")
@@ -27,9 +29,7 @@ def single_thread() -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def data_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = make_data_line(tmp_path_factory.mktemp("template"), prepare=1)
-    build_validation(open_data_line(path), [SEQ_LEN])
-    return path
+    return make_data_line(tmp_path_factory.mktemp("template"), prepare=1)
 
 
 def trained(root: Path, data_template: Path, every: int) -> Path:
@@ -84,8 +84,61 @@ def test_a_validating_line_trains_bit_identically_to_one_that_never_validates(
     assert f"update {3:>7}" not in log and "warning" not in log
 
 
-def test_a_line_without_held_out_rows_is_warned_at_its_start(tmp_path: Path) -> None:
-    line = make_line(tmp_path, make_data_line(tmp_path, files=2, prepare=1))
+def test_a_line_without_held_out_rows_is_refused_at_its_start(tmp_path: Path) -> None:
+    data = make_data_line(tmp_path, files=2, prepare=1, validation=())
+    line = make_line(tmp_path, data, **{"validation.long_seq_len": 2 * SEQ_LEN})
+    where = re.escape(str(data))
+    expected = (
+        rf"^{where}: no held-out rows of length {SEQ_LEN}, {2 * SEQ_LEN} for this line's validation; "
+        rf"build them with `nsconsole data val --work {where} --seq-len {SEQ_LEN}` and "
+        rf"`nsconsole data val --work {where} --seq-len {2 * SEQ_LEN}`$"
+    )
+    with pytest.raises(LineError, match=expected):
+        Trainer(line, stop_at=1, echo=None).run()
+    assert list_checkpoints(line / "checkpoints") == [] and not (line / "rows.jsonl").exists()
+
+    build_validation(open_data_line(data), [SEQ_LEN, 2 * SEQ_LEN])  # what the message says to run
     assert Trainer(line, stop_at=1, echo=None).run() == 0
-    log = (line / "run.log").read_text()
-    assert "warning: " in log and f"no held-out rows of length {SEQ_LEN}; validation will fail until" in log
+
+
+def test_probe_rows_before_a_capture_are_logged_and_leave_training_untouched(
+    tmp_path: Path, data_template: Path
+) -> None:
+    changes = {
+        "validation.long_seq_len": 2 * SEQ_LEN,  # the long-row probe runs too
+        "validation.rows_per_source": 1,  # a validation then reads the rows the probe reads
+        "ema": {"horizon_tokens": 1024, "from_tokens": 0},
+        "wandb.mode": "disabled",
+    }
+    line = make_line(tmp_path, copy_data_line(data_template, tmp_path), **changes)
+    trainer = Trainer(line, echo=None)
+    trainer._start()
+    try:
+        optimizer = trainer.optimizer
+        before = {"params": optimizer.params.clone(), "ema": trainer.average.average.clone()}
+        before.update({key: value.clone() for key, value in optimizer.state_tensors().items()})
+        rng = torch.get_rng_state()
+
+        trainer._probe_rows_before_capture(SEQ_LEN)
+
+        after = {"params": optimizer.params, "ema": trainer.average.average, **optimizer.state_tensors()}
+        for key, value in before.items():
+            assert torch.equal(after[key], value), key
+        assert torch.equal(torch.get_rng_state(), rng) and trainer.model.training
+        readings = trainer.validator.probe_rows(SEQ_LEN)
+        validation = trainer.validator.run(SEQ_LEN, at_tokens=0, next_lr=1e-3, next_weight_decay=0.1)
+    finally:
+        trainer.writer.wait()
+        trainer.rows.close()
+        trainer.log.close()
+    # The same code as a validation's: with one row per source, the same readings.
+    for key in (f"val_{SEQ_LEN}/text", f"val_{SEQ_LEN}/docpos/tokens_frac", f"val_{2 * SEQ_LEN}/text",
+                f"val_{2 * SEQ_LEN}/pos/seg1"):  # fmt: skip
+        assert readings[key] == validation[key], key
+    assert {key: validation[key] for key in readings} == readings
+    [logged] = [text for text in (line / "run.log").read_text().splitlines() if "probe rows" in text]
+    short, long = readings[f"val_{SEQ_LEN}/text"], readings[f"val_{2 * SEQ_LEN}/text"]
+    assert logged.endswith(
+        f"probe rows before capture at seq_len {SEQ_LEN}: val_{SEQ_LEN}/text {short:.4f}  "
+        f"val_{2 * SEQ_LEN}/text {long:.4f}  ({len(readings) - 2} readings, all finite)"
+    )
