@@ -184,6 +184,7 @@ def memory_budget(device: torch.device, budget_gb: float | None, reserve_gb: flo
     if budget_gb is not None:
         budget = int(budget_gb * 1e9)
     elif device.type == "cuda":
+        torch.cuda.empty_cache()  # what this process holds cached is not taken
         free, _total = torch.cuda.mem_get_info(device)
         budget = free - GPU_MARGIN_BYTES
     else:
@@ -279,9 +280,12 @@ class Tuner:
         try:
             if self.cuda:
                 torch.cuda.empty_cache()
-                torch.cuda.reset_peak_memory_stats(self.device)
                 if self.capturable:
                     arena = Arena(self.device)
+                # After the arena's fill (one block of nearly the whole GPU, allocated and freed):
+                # from here the peak counts what the setting takes out of the arena.
+                torch.cuda.reset_peak_memory_stats(self.device)
+                if arena is not None:
                     engine = self._graph_engine(rows, seq_len, arena)
                 if engine is None:
                     engine = EagerEngine(self.model, self.optimizer, rows)

@@ -3,6 +3,7 @@ line trains, stops and resumes in graph mode. Skipped where there is no CUDA (ru
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 
@@ -51,8 +52,10 @@ def windows(rows: int, seed: int, vocab: int = 256) -> torch.Tensor:
 
 
 @pytest.fixture(scope="module")
-def arena() -> Arena:
-    return Arena(torch.device("cuda"), slack_bytes=8 << 30, reserve_bytes=96 << 30)
+def arena() -> Iterator[Arena]:
+    held = Arena(torch.device("cuda"), slack_bytes=8 << 30, reserve_bytes=96 << 30)
+    yield held
+    held.close()  # the tests after these (tune, say) read the GPU's free memory
 
 
 # ns-tiny failed here once and once ran past 150 s (its compiled scan and flex attention inside a
@@ -99,7 +102,8 @@ def test_graph_engine_skips_a_nonfinite_update(arena: Arena) -> None:
 def test_arena_serves_allocations_from_its_block(arena: Arena) -> None:
     assert arena.held_bytes > 1 << 30
     reserved = torch.cuda.memory_reserved()
-    with arena.allocating():
+    # On the arena's stream: the caching allocator reuses a segment only for the stream it was made on.
+    with torch.cuda.stream(arena.stream), arena.allocating():
         block = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     assert torch.cuda.memory_reserved() == reserved  # carved from the arena, no new cudaMalloc
     del block

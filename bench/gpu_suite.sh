@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The GPU work no CI machine can do, in one script for a lent H200 (see bench/RESULTS.md).
+# Usage: bash bench/gpu_suite.sh tests|bench|sharing [more stages]; logs go to $OUT (or ./gpu-out).
+set -u -o pipefail
+out=${OUT:-gpu-out}
+mkdir -p "$out"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+for stage in "$@"; do
+  case $stage in
+    tests)
+      nvidia-smi --query-gpu=name,memory.used,memory.total,driver_version --format=csv
+      python3 -c 'import os, pynvml, torch; torch.ones(1, device="cuda"); pynvml.nvmlInit(); h = pynvml.nvmlDeviceGetHandleByIndex(0); print("own pid", os.getpid(), "NVML pids", [p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)])'
+      python3 -m pytest -q -p no:cacheprovider --timeout 300 -rfE tests/test_kernels_*.py 2>&1 | tee "$out/tests_kernels.log"
+      python3 -m pytest -q -p no:cacheprovider --timeout 300 -rfE -m cuda tests/test_trainer_cuda.py \
+        tests/test_models_ns_pool_read.py tests/test_models_ns_model.py tests/test_models_pssa.py \
+        tests/test_models_transformer.py tests/test_tune.py tests/test_validate.py tests/test_gpu.py \
+        2>&1 | tee "$out/tests_cuda.log"
+      ;;
+    bench)
+      for model in ns-1p3b pssa-127m; do
+        for engine in eager graph; do
+          timeout 200 python3 -m nsconsole bench --model $model --seq-len 4096 --rows 4 --accum 2 --engine $engine 2>&1 | tail -4
+        done
+      done 2>&1 | tee "$out/train_bench.log"
+      timeout 120 python3 bench/ns_layers.py 2>&1 | tee "$out/ns_layers.log" | tail -12
+      timeout 240 python3 bench/kernels.py --out "$out/kernels.jsonl" > "$out/kernels.log" 2>&1
+      tail -30 "$out/kernels.log"
+      ;;
+    *) echo "unknown stage $stage" >&2; exit 2 ;;
+  esac
+done
