@@ -67,7 +67,13 @@ class Arena:
         """The pool id `torch.cuda.graph(..., pool=)` takes, so captures share the arena."""
         return self.pool.id
 
-    def close(self) -> None:
-        """Give the memory back to the driver (after every tensor and graph using it is gone)."""
+    def close(self) -> int:
+        """Give the memory back to the driver (after every tensor and graph using it is gone); the
+        bytes the device got back (less than `held_bytes` while anything still holds a block of
+        the pool: a segment is returned only whole)."""
+        torch.cuda.synchronize(self.device)
+        free_before, _total = torch.cuda.mem_get_info(self.device)
         del self.pool
         torch.cuda.empty_cache()
+        free_after, _total = torch.cuda.mem_get_info(self.device)
+        return free_after - free_before

@@ -22,3 +22,9 @@ class CheckpointError(LineError):
 
 class DiskFull(LineError):
     """Free disk fell below `guards.min_free_disk_gb`: the line stopped for the operator."""
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """A device allocation failed (torch.OutOfMemoryError, or a RuntimeError that says so: a
+    failed allocation inside a graph capture or a compiled kernel arrives as one)."""
+    return type(error).__name__ == "OutOfMemoryError" or "out of memory" in str(error).lower()

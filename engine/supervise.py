@@ -195,7 +195,8 @@ class Supervisor:
         self._server: SupervisorServer | None = None
         self._notifying: list[threading.Thread] = []  # joined at exit: the last event is often the news
         self._config: RunConfig | None = None
-        self._need_free_gpu = False  # relaunch only once no other process is on the GPU
+        self._need_free_gpu = False  # relaunch only once no other process is on the GPU ...
+        self._others_may_stay = False  # ... or, after a launch that progressed, once they fit the reserve
         self._preparer: PreparerKeeper | None = None
         self._save_lock = threading.Lock()  # one supervisor.json write at a time, newest last
         self._paused_work: PausedWork | None = None  # a rollback or tune waiting for the trainer to stop
@@ -349,7 +350,7 @@ class Supervisor:
                 if self._need_free_gpu and not self._wait_for_free_gpu(self.state.gpu_index):
                     lease.release()
                     return self._end_without_trainer()
-                self._need_free_gpu = False
+                self._need_free_gpu = self._others_may_stay = False
             self._do_paused_work(gpu_ready=True)
             if self._stopping or _pending_stop_now(self.layout):
                 if lease is not None:
@@ -384,10 +385,13 @@ class Supervisor:
         return lease
 
     def _wait_for_free_gpu(self, index: int) -> bool:
-        """Wait (holding the lease) until no process is on the GPU; False if a stop comes first."""
+        """Wait (holding the lease) until no process is on the GPU -- or, where the trainer left
+        beside others after training on (`_others_may_stay`), until they hold no more than
+        guards.share_reserve_gb (it then starts beside them with the shared shapes); False if a stop
+        comes first."""
         waited_since = time.monotonic()
         told = False
-        while others := _processes_on_gpu(index, exclude=()):
+        while (others := _processes_on_gpu(index, exclude=())) and not self._others_fit_the_reserve(index):
             if self.state.state != "waiting-gpu":
                 self._set(state="waiting-gpu")
                 self._say(f"waiting for GPU {index} to be free (other processes on it: {others})")
@@ -401,6 +405,14 @@ class Supervisor:
                 return False
             time.sleep(self.settings.poll_seconds)
         return True
+
+    def _others_fit_the_reserve(self, index: int) -> bool:
+        if not self._others_may_stay:
+            return False
+        config = self._config or _reload(self.layout, None)
+        reserve_gb = None if config is None else config.guards.share_reserve_gb
+        held = _memory_of_others_on_gpu(index)
+        return reserve_gb is not None and held is not None and held <= reserve_gb * 2**30
 
     def _run_trainer(self, lease: GpuLease | None) -> TrainerExit:
         self._wait_for_an_earlier_trainer()
@@ -574,6 +586,9 @@ class Supervisor:
             self._say(f"the trainer left GPU {index} to other processes: relaunching once it is free")
             self._publish_event("gpu_busy", "the trainer checkpointed and left the GPU to other processes")
             self._need_free_gpu = True
+            # A trainer that trained and then left (an in-process switch that could not get its
+            # memory, say) starts again beside them if they fit; one that left at once waits.
+            self._others_may_stay = outcome.progressed
             return None
         crashed = not outcome.killed_by_watchdog and code not in _signal_codes(signal.SIGTERM)
         if crashed and outcome.others_on_gpu:
@@ -843,6 +858,16 @@ def _processes_on_gpu(index: int, exclude: Sequence[int]) -> list[int]:
     if not snapshot.available or index >= len(snapshot.devices):
         return []
     return sorted(process.pid for process in snapshot.devices[index].processes if process.pid not in exclude)
+
+
+def _memory_of_others_on_gpu(index: int) -> int | None:
+    """Bytes the compute processes on GPU `index` hold together (the supervisor holds none); None
+    where the driver does not say (then they are not taken to fit anything)."""
+    snapshot = gpu_snapshot()
+    if not snapshot.available or index >= len(snapshot.devices):
+        return 0
+    used = [process.used_memory for process in snapshot.devices[index].processes]
+    return None if any(value is None for value in used) else sum(used)
 
 
 def _gpu_index(device: str) -> int | None:

@@ -33,6 +33,7 @@ whatever W&B missed (a crash, an outage, a rollback) is re-sent from rows.jsonl 
 
 from __future__ import annotations
 
+import gc
 import math
 import shutil
 import signal
@@ -58,7 +59,7 @@ from engine.ckpt import (
     read_latest,
 )
 from engine.config import RunConfig
-from engine.errors import CheckpointError, ConfigError, DiskFull, LineError
+from engine.errors import CheckpointError, ConfigError, DiskFull, LineError, is_out_of_memory
 from engine.layout import LineLayout
 from engine.metrics import METRICS_VERSION
 from engine.models.presets import build_model
@@ -71,6 +72,8 @@ from engine.validate import Validator, format_probe_rows, format_validation
 from engine.wb import WandbMirror
 
 WAIT_POLL_SECONDS = 1.0
+ARENA_RELEASE_FRACTION = 0.9
+"""A switch of shapes needs at least this much of the closed arena's memory back from the driver."""
 """How often a trainer waiting for the next data cycle looks again (and at STOP)."""
 
 WANDB_CLOSE_SECONDS = 30.0
@@ -356,18 +359,12 @@ class Trainer:
             use_graph = self.device.type == "cuda" and self.engine_choice in ("auto", "graph")
             engine: EagerEngine | GraphEngine | None = None
             if use_graph:
-                from engine.arena import Arena
-
-                if self.arena is None:
-                    # Beside other processes the arena leaves free what they may still take: the
-                    # reserve less what they hold (the free memory it reads already excludes that).
-                    shared = self.gpu_mode == GpuMode.SHARED
-                    room = self.gpu_watch.room_for_others() if shared else 0
-                    self.arena = Arena(self.device, reserve_bytes=room)
-                self._probe_rows_before_capture(seq_len)
                 try:
-                    engine = GraphEngine(self.model, self.optimizer, rows, seq_len, self.arena)
+                    engine = self._captured_engine(seq_len, rows)
                 except RuntimeError as error:
+                    if is_out_of_memory(error):  # not a step that cannot be captured: no eager fallback
+                        self._out_of_memory(f"capturing seq_len {seq_len}", error)
+                        raise
                     if self.engine_choice == "graph":
                         raise
                     self.optimizer.zero_grad()
@@ -377,6 +374,33 @@ class Trainer:
                 engine = EagerEngine(self.model, self.optimizer, rows)
             self._engines[seq_len] = engine
         return self._engines[seq_len]
+
+    def _captured_engine(self, seq_len: int, rows: int) -> GraphEngine:
+        """The arena (made on first use), one row of each probe, then the length's captured graphs."""
+        from engine.arena import Arena
+
+        if self.arena is None:
+            # Beside other processes the arena leaves free what they may still take: the
+            # reserve less what they hold (the free memory it reads already excludes that).
+            shared = self.gpu_mode == GpuMode.SHARED
+            room = self.gpu_watch.room_for_others() if shared else 0
+            self.arena = Arena(self.device, reserve_bytes=room)
+        self._probe_rows_before_capture(seq_len)
+        return GraphEngine(self.model, self.optimizer, rows, seq_len, self.arena)
+
+    def _out_of_memory(self, doing: str, error: BaseException) -> None:
+        """The GPU ran out of memory before an update (a capture, its probe rows): beside other
+        processes -- seen now, or at the last check -- checkpoint and leave (`GpuBusy`; the
+        supervisor relaunches once they fit or the GPU is free). Alone, it returns and the caller
+        raises: the shapes do not fit this GPU, and that is the line's error."""
+        reading = self.gpu_watch.reader() if self.gpu_watch.enabled else self.gpu_watch.last_reading
+        others = max(reading.others, self.gpu_watch.last_reading.others)
+        if others == 0 and self.gpu_mode == GpuMode.OWN:
+            return
+        first_line = (str(error).splitlines() or [type(error).__name__])[0][:160]
+        self._drop_engines()
+        self._leave_gpu(f"out of memory {doing} beside {reading.others} other process(es) "
+                        f"holding {reading.others_bytes / GIB:.2f} GiB ({first_line})")  # fmt: skip
 
     def _probe_rows_before_capture(self, seq_len: int) -> None:
         """One row of each validation probe at `seq_len` (engine.validate), printed to run.log.
@@ -406,33 +430,49 @@ class Trainer:
         elif action == Action.OWN:
             self._switch_shapes(GpuMode.OWN, "the other processes have left the GPU")
         elif action == Action.LEAVE:
-            self._leave_gpu(others)
+            reserve_gb = self.config.guards.share_reserve_gb
+            limit = ("guards.share_reserve_gb is not set" if reserve_gb is None
+                     else f"more than guards.share_reserve_gb = {reserve_gb:g}")  # fmt: skip
+            self._leave_gpu(f"{others} on the GPU, {limit}")
 
-    def _switch_shapes(self, mode: str, why: str) -> None:
-        """Drop the step engines (and the arena) and train on with the lengths' `mode` shapes."""
+    def _drop_engines(self) -> int:
+        """Close the step engines and the arena; the bytes the GPU got back from the arena."""
         for engine in self._engines.values():
             engine.close()
         self._engines.clear()
+        gc.collect()  # nothing may keep a tensor of the arena's pool alive: it would pin the pool
+        released = 0
         if self.arena is not None:
-            self.arena.close()  # after the engines' graphs are gone; empties the CUDA cache
+            held = self.arena.held_bytes
+            released = self.arena.close()  # after the engines' graphs are gone; empties the CUDA cache
             self.arena = None
+            if held > GIB and released < ARENA_RELEASE_FRACTION * held:
+                return -held
         elif self.device.type == "cuda":
             torch.cuda.empty_cache()
+        return released
+
+    def _switch_shapes(self, mode: str, why: str) -> None:
+        """Drop the step engines (and the arena) and train on with the lengths' `mode` shapes.
+
+        Where the arena's memory does not come back (something of this process still holds a
+        block of its pool), the new shapes could not get theirs, and others could not take theirs:
+        the trainer checkpoints and leaves instead, and the supervisor relaunches it beside them.
+        """
+        released = self._drop_engines()
+        if released < 0:
+            self._leave_gpu(f"the arena's {-released / GIB:.1f} GiB did not come back for the switch "
+                            f"to the {mode} shapes ({why})")  # fmt: skip
         self.gpu_mode = mode
         shapes = "shared" if mode == GpuMode.SHARED else "own"
         self.log.write(f"gpu: {why}; training with the lengths' {shapes} shapes from update {self.position.update}")
 
-    def _leave_gpu(self, others: str) -> None:
+    def _leave_gpu(self, why: str) -> None:
         """Checkpoint and stop: the supervisor relaunches the line once the GPU is free (or they fit)."""
-        reserve = self.gpu_watch.reserve_bytes
-        if reserve is None:
-            why = "guards.share_reserve_gb is not set"
-        else:
-            why = f"more than guards.share_reserve_gb = {self.config.guards.share_reserve_gb:g}"
         if self._last_checkpoint_update != self.position.update:
             self._checkpoint(wait=True)
         message = (
-            f"{self.layout.run_json}: {others} on the GPU, {why}; checkpointed update "
+            f"{self.layout.run_json}: {why}; checkpointed update "
             f"{self.position.update} and stopped until the GPU is free"
         )
         self.heartbeat.beat(self.position.update, "stopped", reason="gpu busy")
@@ -492,7 +532,14 @@ class Trainer:
         weight_decay = update_weight_decay(config, update_tokens)
         if hasattr(self.model, "recompute"):  # the length's activation recomputation (nsconsole tune)
             self.model.recompute = self._shape(seq_len)[1]
-        result = self._engine(seq_len).run_update(windows, lr, weight_decay)
+        try:
+            result = self._engine(seq_len).run_update(windows, lr, weight_decay)
+        except RuntimeError as error:
+            # Out of memory in a forward or backward leaves the weights, the moments and the
+            # position as they were: the checkpoint `_out_of_memory` writes beside others is exact.
+            if is_out_of_memory(error):
+                self._out_of_memory(f"in update {self.position.update + 1}", error)
+            raise
         elapsed = time.perf_counter() - started
 
         position.update += 1

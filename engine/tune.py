@@ -36,7 +36,7 @@ import torch
 
 from engine.arena import DEFAULT_SLACK_BYTES, Arena
 from engine.config import LengthConfig, RunConfig, SharedShapeConfig
-from engine.errors import LineError
+from engine.errors import LineError, is_out_of_memory
 from engine.lineops import running_trainer
 from engine.models.base import LanguageModel
 from engine.models.ns import NSLM, RECOMPUTE_CHOICES
@@ -205,10 +205,6 @@ def recompute_choices(model: LanguageModel) -> tuple[str, ...]:
     return RECOMPUTE_CHOICES if isinstance(model, NSLM) else ("none",)
 
 
-def _is_out_of_memory(error: BaseException) -> bool:
-    return isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error).lower()
-
-
 class Tuner:
     """Measures settings of one model on one device (see the module docstring)."""
 
@@ -307,7 +303,7 @@ class Tuner:
                 torch.cuda.max_memory_allocated(self.device) if self.meter is None else self.meter.peak()
             )
         except (torch.OutOfMemoryError, RuntimeError) as error:
-            if not _is_out_of_memory(error):
+            if not is_out_of_memory(error):
                 raise
             measurement.note = "out of memory"
             return measurement
@@ -330,7 +326,7 @@ class Tuner:
         try:
             return GraphEngine(self.model, self.optimizer, rows, seq_len, arena)
         except RuntimeError as error:
-            if _is_out_of_memory(error):
+            if is_out_of_memory(error):
                 raise
             self.capturable = False
             self.optimizer.zero_grad()

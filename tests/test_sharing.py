@@ -253,3 +253,41 @@ def test_the_supervised_trainer_maps_leaving_the_gpu_to_exit_75(
     assert "guards.share_reserve_gb is not set" in capsys.readouterr().err
     assert read_latest(line / "checkpoints") is not None
     assert load_checkpoint(line / "checkpoints" / str(read_latest(line / "checkpoints"))).update == 2
+
+
+class OutOfMemoryWhenShared(EagerEngine):
+    """An engine whose shared shape finds no memory: what a capture beside others can meet when
+    they took memory in the gap between the old arena's close and the new one's hold."""
+
+    def run_update(self, windows: torch.Tensor, lr: float, weight_decay: float) -> UpdateResult:
+        if self.micro_batch_rows == 4:  # the shared shape of `sharing_line`
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 16.00 MiB.")
+        return super().run_update(windows, lr, weight_decay)
+
+
+def test_out_of_memory_beside_others_checkpoints_the_line_and_leaves_without_losing_an_update(
+    tmp_path: Path, data_template: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    alone = train(sharing_line(tmp_path / "alone", data_template), [NOBODY])
+    line = sharing_line(tmp_path / "oom", data_template)
+    monkeypatch.setattr(trainer_module, "EagerEngine", OutOfMemoryWhenShared)
+    trainer = Trainer(line, echo=None, gpu_watch=forced_watch(scripted([NOBODY, SMALL])))
+    with pytest.raises(GpuBusy, match="out of memory in update 3 beside 1 other process"):
+        trainer.run()
+    assert load_checkpoint(line / "checkpoints" / str(read_latest(line / "checkpoints"))).update == 2
+    monkeypatch.setattr(trainer_module, "EagerEngine", EagerEngine)
+    resumed = train(line, [NOBODY])  # relaunched on a free GPU: the same line as one never shared
+    assert without_wall_clock(read_rows(line)) == without_wall_clock(read_rows(tmp_path / "alone" / "line"))
+    assert torch.equal(resumed.optimizer.params, alone.optimizer.params)
+
+
+def test_out_of_memory_alone_is_the_line_s_error_not_a_reason_to_leave(
+    tmp_path: Path, data_template: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    line = sharing_line(tmp_path, data_template)
+    document = RunConfig.load(line / "run.json").to_dict()
+    document["lengths"][0]["micro_batch_rows"] = 4  # its own shape is the one that runs out
+    RunConfig.from_dict(document).save(line / "run.json")
+    monkeypatch.setattr(trainer_module, "EagerEngine", OutOfMemoryWhenShared)
+    with pytest.raises(torch.OutOfMemoryError):
+        Trainer(line, echo=None, gpu_watch=forced_watch(scripted([NOBODY]))).run()

@@ -67,6 +67,10 @@ if action == "sigterm":
     sys.exit(128 + signal.SIGTERM)
 if action == "gpu-busy":
     sys.exit(75)
+if action == "progress-gpu-busy":  # trained on, then left the GPU (a switch that could not get its memory)
+    os.makedirs(os.path.dirname(latest_path), exist_ok=True)
+    open(latest_path, "w").write("u%08d\n" % (update + 1))
+    sys.exit(75)
 if action == "line-error":
     print("nsconsole: run.json: lr.peak must be > 0, got -1", file=sys.stderr)
     sys.exit(2)
@@ -403,6 +407,29 @@ def test_a_trainer_that_leaves_the_gpu_to_others_is_relaunched_once_it_is_free(
     gpu_pids.write_text("[]")
     assert rig.finish() == 0
     assert rig.launches() == ["gpu-busy", "finish"] and rig.state()["failures_in_a_row"] == 0
+
+
+def test_a_trainer_that_trained_then_left_is_relaunched_beside_others_that_fit_the_reserve(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rig.set_device("cuda")
+    document = json.loads((rig.line / "run.json").read_text())
+    document["guards"]["share_reserve_gb"] = 1.5  # the fake NVML gives each other process 1 GiB
+    (rig.line / "run.json").write_text(json.dumps(document))
+    gpu_pids = rig.root / "gpu-pids.json"
+    gpu_pids.write_text("[4242]")
+    monkeypatch.setenv("FAKE_GPU_PIDS", str(gpu_pids))
+    # Trained on and left: relaunched at once beside the one that fits. Left at once: it waits.
+    rig.start(["progress-gpu-busy", "gpu-busy", "finish"], watchdog_seconds=0.5)
+    run_log = rig.line / "run.log"
+    wait_until(lambda: run_log.exists() and "waiting for GPU 0 to be free" in run_log.read_text())
+    assert rig.launches() == ["progress-gpu-busy", "gpu-busy"]
+    gpu_pids.write_text("[4242, 4343]")  # 2 GiB: past the reserve, so nothing changes
+    time.sleep(0.5)
+    assert rig.launches() == ["progress-gpu-busy", "gpu-busy"]
+    gpu_pids.write_text("[]")
+    assert rig.finish() == 0
+    assert rig.launches() == ["progress-gpu-busy", "gpu-busy", "finish"]
 
 
 def test_the_data_preparer_is_kept_running_and_its_failures_notified(rig: Rig) -> None:
