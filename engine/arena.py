@@ -77,3 +77,16 @@ class Arena:
         torch.cuda.empty_cache()
         free_after, _total = torch.cuda.mem_get_info(self.device)
         return free_after - free_before
+
+
+def release_step_caches(model: torch.nn.Module) -> None:
+    """Before an arena closes: drop what a step leaves cached that may live in its pool -- the
+    model's tables and masks (`release_device_caches`) and cuBLAS's per-stream workspaces, made
+    from the pool when the arena stream's first matrix product ran inside `allocating()`. Any of
+    them would keep the whole pool (one segment) from going back to the driver."""
+    release = getattr(model, "release_device_caches", None)
+    if callable(release):
+        release()
+    clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)  # CUDA builds only
+    if clear_workspaces is not None and torch.cuda.is_available():
+        clear_workspaces()

@@ -443,6 +443,9 @@ class Trainer:
         gc.collect()  # nothing may keep a tensor of the arena's pool alive: it would pin the pool
         released = 0
         if self.arena is not None:
+            from engine.arena import release_step_caches
+
+            release_step_caches(self.model)
             held = self.arena.held_bytes
             released = self.arena.close()  # after the engines' graphs are gone; empties the CUDA cache
             self.arena = None

@@ -34,7 +34,7 @@ from pathlib import Path
 import psutil
 import torch
 
-from engine.arena import DEFAULT_SLACK_BYTES, Arena
+from engine.arena import DEFAULT_SLACK_BYTES, Arena, release_step_caches
 from engine.config import LengthConfig, RunConfig, SharedShapeConfig
 from engine.errors import LineError, is_out_of_memory
 from engine.lineops import running_trainer
@@ -313,6 +313,7 @@ class Tuner:
             del engine
             if arena is not None:
                 gc.collect()
+                release_step_caches(self.model)
                 arena.close()
             self.optimizer.zero_grad()
         measurement.fits = measurement.peak_bytes <= self.budget

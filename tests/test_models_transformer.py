@@ -147,3 +147,20 @@ def test_cuda_matches_cpu_and_trains_under_bf16_autocast() -> None:
             loss, _ = gpu(tokens[:, :-1].cuda(), tokens[:, 1:].cuda())
         loss.mean().backward()
         assert all(torch.isfinite(p.grad).all() for p in gpu.parameters())
+
+
+def test_rope_tables_are_kept_per_length_until_the_caches_are_released() -> None:
+    # A captured graph reads the tables it was captured with: another length may not replace them.
+    from engine.models.common import RotaryEmbedding
+
+    rope = RotaryEmbedding(8)
+    first = rope.tables(16, 0, torch.device("cpu"), torch.float32)[0]
+    rope.tables(32, 0, torch.device("cpu"), torch.float32)
+    assert rope.tables(16, 0, torch.device("cpu"), torch.float32)[0].data_ptr() == first.data_ptr()
+    config = TransformerConfig(vocab_size=64, width=16, depth=1, heads=2, ffn_hidden=32, context_len=32, rope=True)
+    model = TransformerLM(config)
+    model(torch.zeros(1, 8, dtype=torch.long), torch.zeros(1, 8, dtype=torch.long))
+    caches = [m._cache for m in model.modules() if isinstance(m, RotaryEmbedding)]
+    assert caches and all(caches)
+    model.release_device_caches()
+    assert not any(m._cache for m in model.modules() if isinstance(m, RotaryEmbedding))

@@ -30,6 +30,7 @@ Contract (every model in `engine/models/` implements it; tests hold each model t
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +52,15 @@ class ParamGroup:
     """Whether AdamW's decoupled weight decay applies to this group."""
 
 
+_SHARED_CACHE_CLEARERS: list[Callable[[], None]] = []
+
+
+def register_shared_cache(clear: Callable[[], None]) -> None:
+    """A module-level cache of device tensors (e.g. attention masks per length) and how to empty it:
+    `LanguageModel.release_device_caches` empties it with the models' own caches."""
+    _SHARED_CACHE_CLEARERS.append(clear)
+
+
 class LanguageModel(nn.Module, ABC):
     """Base class of every model family; see the module docstring for the contract."""
 
@@ -69,6 +79,19 @@ class LanguageModel(nn.Module, ABC):
     @abstractmethod
     def layer_of(self, param_name: str) -> str:
         """The gradient-norm bucket of a parameter (`layer03`, `embed`, `head`, ...)."""
+
+    def release_device_caches(self) -> None:
+        """Drop the tensors kept from one step to the next outside the parameters (position tables,
+        masks): the trainer calls this when it drops its captured graphs, since a cached tensor made
+        inside the GPU arena's pool would keep that whole pool from going back to the driver. Each
+        submodule with a `clear_device_cache()` method and each `register_shared_cache` clearer is
+        called; the next step rebuilds what it needs."""
+        for module in self.modules():
+            clear = getattr(module, "clear_device_cache", None)
+            if module is not self and callable(clear):
+                clear()
+        for clear in _SHARED_CACHE_CLEARERS:
+            clear()
 
     @torch.no_grad()
     def probes(self, tokens: torch.Tensor, targets: torch.Tensor, eos_id: int) -> dict[str, float]:

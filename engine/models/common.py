@@ -52,9 +52,11 @@ def sinusoidal_positions(length: int, dim: int, base: float = 10_000.0) -> torch
 class RotaryEmbedding(nn.Module):
     """Rotary position embedding (RoPE), rotating half-splits of each head (GPT-NeoX layout).
 
-    The cos / sin tables are recomputed for the requested length and cached per device and
-    dtype; they are not parameters and not saved (`persistent=False`), so a checkpoint does
-    not depend on the longest row seen.
+    The cos / sin tables are computed once per (length, device, dtype) and kept: a captured CUDA
+    graph reads the very tensors it was captured with, so a table may not be replaced (freed)
+    while the graph lives; `clear_device_cache()` drops them with the graphs. They are not
+    parameters and not saved (`persistent=False`), so a checkpoint does not depend on the
+    longest row seen.
     """
 
     def __init__(self, head_dim: int, base: float = 10_000.0) -> None:
@@ -77,9 +79,13 @@ class RotaryEmbedding(nn.Module):
             position = torch.arange(offset + length, dtype=torch.float64, device=device)
             angles = position.unsqueeze(1) * self.inv_freq.to(device, torch.float64)  # (L, hd/2)
             angles = torch.cat([angles, angles], dim=-1)  # (L, hd)
-            self._cache = {key: (angles.cos().to(dtype), angles.sin().to(dtype))}
+            self._cache[key] = (angles.cos().to(dtype), angles.sin().to(dtype))
         cos, sin = self._cache[key]
         return cos[offset:], sin[offset:]
+
+    def clear_device_cache(self) -> None:
+        """Forget the tables (see the class docstring)."""
+        self._cache = {}
 
     def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
         """Rotate x of shape (B, H, T, head_dim) by the positions offset .. offset + T - 1."""

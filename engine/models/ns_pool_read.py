@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from engine.models.base import register_shared_cache
+
 if TYPE_CHECKING:
     from torch.nn.attention.flex_attention import BlockMask
 
@@ -69,7 +71,7 @@ def pool_read_explicit(
     return torch.matmul(weights.to(v.dtype), v)
 
 
-@functools.lru_cache(maxsize=8)
+@functools.cache  # never evicted: a captured graph reads its mask (emptied with the graphs)
 def _causal_block_mask(length: int, device: torch.device) -> BlockMask:
     from torch.nn.attention.flex_attention import create_block_mask
 
@@ -77,6 +79,9 @@ def _causal_block_mask(length: int, device: torch.device) -> BlockMask:
         return kv_idx <= q_idx
 
     return create_block_mask(causal, B=None, H=None, Q_LEN=length, KV_LEN=length, device=device)
+
+
+register_shared_cache(_causal_block_mask.cache_clear)
 
 
 def _biased_flex_attention(
