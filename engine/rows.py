@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from engine.errors import LineError
+from engine.logrotate import MAX_LOG_BYTES, RotatingLog
 
 
 class RowsFile:
@@ -77,21 +78,24 @@ def _count_lines(path: Path) -> int:
 
 
 class RunLog:
-    """run.log: timestamped lines, echoed to a terminal stream when one is given."""
+    """run.log: timestamped lines, echoed to a terminal stream when one is given.
 
-    def __init__(self, path: Path, echo: TextIO | None = None):
-        self._handle: TextIO = open(path, "a", encoding="utf-8")  # noqa: SIM115 - held for the run
+    Rotated past `max_bytes` while the trainer runs (engine.logrotate), not only between launches:
+    one launch of a weeks-long line printing a row per update can outgrow any bound on its own.
+    """
+
+    def __init__(self, path: Path, echo: TextIO | None = None, max_bytes: int = MAX_LOG_BYTES):
+        self._log = RotatingLog(path, max_bytes)
         self._echo = echo
 
     def write(self, message: str) -> None:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
-        self._handle.write(f"{stamp} trainer: {message}\n")
-        self._handle.flush()
+        self._log.write(f"{stamp} trainer: {message}\n")
         if self._echo is not None:
             print(message, file=self._echo, flush=True)
 
     def close(self) -> None:
-        self._handle.close()
+        self._log.close()
 
 
 class Heartbeat:

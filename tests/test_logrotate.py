@@ -42,3 +42,14 @@ def test_rotate_if_needed_leaves_small_files(tmp_path: Path) -> None:
     assert rotate_if_needed(log_path, max_bytes=10)
     assert not log_path.exists() and (tmp_path / "supervisor.out.1").exists()
     assert os.listdir(tmp_path) == ["supervisor.out.1"]
+
+
+def test_the_trainer_s_run_log_rotates_while_it_runs(tmp_path: Path) -> None:
+    from engine.rows import RunLog
+
+    log = RunLog(tmp_path / "run.log", max_bytes=1000)
+    for update in range(100):  # about 60 bytes a line: several rotations within one "launch"
+        log.write(f"update {update:7d}  loss 3.1416")
+    log.close()
+    assert (tmp_path / "run.log.1").is_file() and (tmp_path / "run.log").stat().st_size <= 1100
+    assert "update      99" in (tmp_path / "run.log").read_text()
