@@ -593,3 +593,31 @@ def test_work_waiting_for_the_trainer_is_refused_when_the_supervisor_stops_first
     assert "the supervisor ended (state stopped) before the rollback ran; nothing was changed" in str(answer)
     assert rig.launches() == ["hang"] and rig.state()["state"] == "stopped"
     assert (rig.line / "checkpoints" / "latest").read_text() == "u00000002\n"
+
+
+class UnkillableTrainer:
+    """A trainer that SIGKILL does not end (a process stuck in the driver, say): `wait` times out."""
+
+    pid = 2**22 + 7  # no such pid: nothing real is signalled
+
+    def __init__(self) -> None:
+        self.killed = False
+
+    def kill(self) -> None:
+        self.killed = True
+
+    def wait(self, timeout: float | None = None) -> int:
+        raise subprocess.TimeoutExpired("trainer", timeout or 0)
+
+
+def test_a_trainer_that_survives_sigkill_leaves_the_line_stuck_and_says_so(rig: Rig) -> None:
+    from engine.supervise import EXIT_FAILED, Supervisor, SupervisorSettings
+
+    supervisor = Supervisor(rig.line, SupervisorSettings(kill_wait_seconds=0.05))
+    trainer = UnkillableTrainer()
+    outcome = supervisor._kill(trainer, time.time() - 5, watchdog=True, stopped_by_us=False)
+    assert trainer.killed and outcome.code is None and outcome.killed_by_watchdog
+    assert supervisor._judge(outcome) == EXIT_FAILED
+    state = rig.state()
+    assert state["state"] == "stuck" and state["last_event"]["event"] == "stuck"
+    assert "stuck: the trainer was killed but does not exit" in (rig.line / "run.log").read_text()
