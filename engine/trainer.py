@@ -40,7 +40,8 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -408,8 +409,24 @@ class Trainer:
         Run before every capture (the spec): a probe that fails, or does not fit beside the
         arena, stops the line now rather than at its first validation, hours in.
         """
-        readings = self.validator.probe_rows(seq_len)
+        with self._from_the_arena():
+            readings = self.validator.probe_rows(seq_len)
         self.log.write(format_probe_rows(seq_len, readings))
+
+    @contextmanager
+    def _from_the_arena(self) -> Iterator[None]:
+        """Validation's allocations served from the arena (the spec): the arena holds all but a
+        4 GiB slack of the GPU, so a long row's activations, larger than any of a training step's,
+        fit only there. On the arena's stream, ordered after the updates and before the next; the
+        blocks it frees go back to the pool, whose graph intermediates every replay rewrites."""
+        if self.arena is None:
+            yield
+            return
+        arena, current = self.arena, torch.cuda.current_stream(self.device)
+        arena.stream.wait_stream(current)
+        with torch.cuda.stream(arena.stream), arena.allocating():
+            yield
+        current.wait_stream(arena.stream)
 
     def _shape(self, seq_len: int) -> tuple[int, str]:
         """(micro_batch_rows, recompute) of a length in the current GPU mode."""
@@ -573,7 +590,8 @@ class Trainer:
         data_tokens = self.data_line.cycle_start_tokens(position.cycle) + position.sample * seq_len
         next_lr = learning_rate(self.config, position.tokens_trained)
         next_weight_decay = update_weight_decay(self.config, tokens_per_update(self.config, data_tokens))
-        return self.validator.run(seq_len, data_tokens, next_lr, next_weight_decay)
+        with self._from_the_arena():
+            return self.validator.run(seq_len, data_tokens, next_lr, next_weight_decay)
 
     def _row(
         self,
