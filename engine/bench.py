@@ -45,6 +45,8 @@ class BenchResult:
     """Rows per micro-batch."""
     accum: int
     """Micro-batches per update."""
+    recompute: str
+    """Activation recomputation (`none`, `all` or a layer kind)."""
     updates: int
     """Timed updates."""
     seconds_per_update: float
@@ -120,6 +122,7 @@ def bench_shape(
     warmup: int = 2,
     profile: bool = False,
     overrides: dict[str, Any] | None = None,
+    recompute: str = "none",
 ) -> BenchResult:
     """Time `updates` updates of `rows x accum` random rows of `seq_len` (see the module docstring)."""
     target = resolve_device(device, "bench: --device")
@@ -130,6 +133,10 @@ def bench_shape(
     vocab = int(preset_config(preset, overrides).vocab_size)
     torch.manual_seed(0)
     model = build_model(preset, overrides).to(target)
+    if recompute != "none":
+        if not hasattr(model, "recompute"):
+            raise ConfigError(f"bench: --recompute {recompute}: {preset} has no activation recomputation")
+        model.recompute = recompute
     optimizer = FlatAdamW(model, AdamWSettings(0.9, 0.95, 1e-8, 1.0), target)
     if engine_name == "graph":
         from engine.arena import Arena
@@ -176,6 +183,7 @@ def bench_shape(
         engine=engine_name,
         seq_len=seq_len,
         rows=rows,
+        recompute=recompute,
         accum=accum,
         updates=updates,
         seconds_per_update=seconds,

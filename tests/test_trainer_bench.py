@@ -31,6 +31,8 @@ def test_bench_prints_one_consistent_json_row(capsys: pytest.CaptureFixture[str]
         (["--model", "nope", "--seq-len", "8"], "unknown preset 'nope'"),
         (["--model", "transformer-tiny", "--seq-len", "0"], "--seq-len must be at least 1"),
         (["--model", "transformer-tiny", "--seq-len", "8", "--device", "tpu"], "--device must be"),
+        (["--model", "ns-tiny", "--seq-len", "8", "--recompute", "most"], "--recompute must be one of"),
+        (["--model", "transformer-tiny", "--seq-len", "8", "--recompute", "all"], "has no activation recomputation"),
     ],
 )
 def test_bench_refuses_bad_input_in_one_line(
@@ -39,3 +41,11 @@ def test_bench_refuses_bad_input_in_one_line(
     assert main(["bench", *arguments]) == 2
     error = capsys.readouterr().err
     assert message in error and error.count("\n") == 1
+
+
+def test_bench_times_an_ns_model_with_recomputation(capsys: pytest.CaptureFixture[str]) -> None:
+    with one_torch_thread():
+        arguments = ["--model", "ns-tiny", "--seq-len", "16", "--rows", "2", "--updates", "1", "--recompute", "all"]
+        assert main(["bench", *arguments, "--device", "cpu"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert row["model"] == "ns-tiny" and row["recompute"] == "all" and row["tokens_per_s"] > 0

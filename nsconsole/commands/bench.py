@@ -29,6 +29,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
     parser.add_argument("--updates", type=int, default=5, help="timed updates (after 2 warm-up updates)")
     parser.add_argument("--profile", action="store_true", help="also list the top kernels of one update")
+    parser.add_argument("--recompute", default="none", metavar="R",
+                        help="activation recomputation: none, all, or a layer kind of NS models (dendritic, hippocampal)")
     parser.set_defaults(func=run)
 
 
@@ -38,9 +40,12 @@ def run(args: argparse.Namespace) -> int:
         if value < 1:
             raise ConfigError(f"bench: --{name.replace('_', '-')} must be at least 1, got {value}")
     from engine.bench import bench_shape
+    from engine.models.ns import RECOMPUTE_CHOICES
     from engine.models.presets import preset_config
 
     preset_config(args.model)  # an unknown preset is one clear line, before anything is built
+    if args.recompute not in RECOMPUTE_CHOICES:
+        raise ConfigError(f"bench: --recompute must be one of {', '.join(RECOMPUTE_CHOICES)}, got {args.recompute!r}")
     result = bench_shape(
         args.model,
         args.seq_len,
@@ -50,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
         device=args.device,
         updates=args.updates,
         profile=args.profile,
+        recompute=args.recompute,
     )
     print(json.dumps(result.to_json()), flush=True)
     return 0
