@@ -17,14 +17,21 @@ for stage in "$@"; do
         2>&1 | tee "$out/tests_cuda.log"
       ;;
     bench)
-      for model in ns-1p3b pssa-127m; do
+      # The training core's comparison (issue 6): eager against CUDA graphs at 4K.
+      for run in "ns-1p3b 1 8 none" "ns-1p3b 4 2 dendritic" "pssa-127m 4 2 none"; do
+        set -- $run
         for engine in eager graph; do
-          timeout 200 python3 -m nsconsole bench --model $model --seq-len 4096 --rows 4 --accum 2 --engine $engine 2>&1 | tail -4
+          timeout 200 python3 -m nsconsole bench --model $1 --seq-len 4096 --rows $2 --accum $3 \
+            --recompute $4 --engine $engine 2>&1 | grep -E '^\{|Error' | cut -c1-400
         done
       done 2>&1 | tee "$out/train_bench.log"
-      timeout 120 python3 bench/ns_layers.py 2>&1 | tee "$out/ns_layers.log" | tail -12
+      timeout 120 python3 bench/ns_layers.py --only pool_read layers model 2>&1 | grep '^{' | tee "$out/ns_layers.log"
       timeout 240 python3 bench/kernels.py --out "$out/kernels.jsonl" > "$out/kernels.log" 2>&1
       tail -30 "$out/kernels.log"
+      ;;
+    sharing)
+      timeout 420 python3 bench/gpu_sharing.py --work /tmp/gpu-sharing 2>&1 | grep '^{' | tee "$out/sharing.log"
+      for phase in shared alone; do cp /tmp/gpu-sharing/$phase/run.log "$out/${phase}_run.log" 2>/dev/null; done
       ;;
     *) echo "unknown stage $stage" >&2; exit 2 ;;
   esac
