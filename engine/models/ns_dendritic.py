@@ -7,16 +7,28 @@
     y_t = C_t^T V_t + D_h u_t
     soma: PLIF neurons on y (per channel); output = out_proj(soma membrane * silu(z)),
     centred over D (its mean over the width is removed) before it joins the residual stream.
+
+Memory: everything between in_proj and out_proj (the scan, the skip, the soma, the gating) and
+the RMSNorm run under a non-reentrant `torch.utils.checkpoint` (`recomputed_in_backward`): the
+backward keeps their inputs (the stream x and in_proj's bf16 output) and recomputes the rest,
+which it would otherwise keep: the scan's (L x L) decay matrices and fp32 per-chunk tensors, y,
+the membranes, the normalised stream (fp32, per channel). An ns-1p3b layer under bf16 autocast
+kept 109 KB per token, 25 KB now (`bench/ns_memory.py`). The recomputation is one more forward
+of the scan, the PLIF scan and the norm (a few percent of the layer's FLOPs; the projections are
+not recomputed) and gives the same values, so the gradients are unchanged.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.utils.checkpoint import checkpoint
 
 from engine.models.common import RMSNorm
 from engine.models.ns_config import NSConfig
@@ -39,6 +51,16 @@ class DendriticTrace:
 def centred(update: torch.Tensor) -> torch.Tensor:
     """Residual centering: a layer's update minus its mean over the width (B, T, D)."""
     return update - update.mean(dim=-1, keepdim=True)
+
+
+def recomputed_in_backward(function: Callable[..., Any], *args: Any) -> Any:
+    """function(*args) with only the arguments kept for the backward, which recomputes the rest
+    (non-reentrant torch.utils.checkpoint): for the parts whose intermediates weigh more per
+    token than their recomputation costs. Called directly when no graph is recorded."""
+    if not torch.is_grad_enabled():
+        return function(*args)
+    # Nothing recomputed draws random numbers: no RNG state to stash (or to read in a CUDA graph capture).
+    return checkpoint(function, *args, use_reentrant=False, preserve_rng_state=False)
 
 
 class DendriticLayer(nn.Module):
@@ -98,28 +120,45 @@ class DendriticLayer(nn.Module):
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor], DendriticTrace | None]:
         """x (Bt, T, D) -> x + update, the new state, and a trace when `capture` (is_eos unused)."""
         config = self.config
-        batch, length, _ = x.shape
+        width, heads = config.dendritic_width, config.dendritic_heads
+        projected = self.in_proj(recomputed_in_backward(self.norm, x))  # (Bt, T, 2E + 2GN + H)
+        parts = projected.split([width, width, self.bc_width, self.bc_width, heads], dim=-1)
+        compartments0, soma0 = (None, None) if state is None else (state["compartments"], state["soma"])
+        gated, compartments, soma, dt, spikes = recomputed_in_backward(
+            self.gated_soma, *parts, compartments0, soma0
+        )
+        update = self.out_proj(gated.to(x.dtype))  # (Bt, T, D)
+        new_state = {"compartments": compartments, "soma": soma}
+        trace = DendriticTrace(dt=dt, A=self.decay(), soma_spikes=spikes) if capture else None
+        return x + centred(update), new_state, trace
+
+    def gated_soma(
+        self,
+        z: torch.Tensor,
+        u: torch.Tensor,
+        B: torch.Tensor,
+        C: torch.Tensor,
+        dt_raw: torch.Tensor,
+        compartments0: torch.Tensor | None,
+        soma0: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """in_proj's parts (Bt, T, .) and the carried state -> soma membrane * silu(z) (Bt, T, E),
+        the compartments (Bt, H, N, P), the soma membranes (Bt, E), dt (Bt, T, H) and the spikes."""
+        config = self.config
+        batch, length, _ = u.shape
         heads, head_dim, width = config.dendritic_heads, config.dendritic_head_dim, config.dendritic_width
-        projected = self.in_proj(self.norm(x))  # (Bt, T, 2E + 2GN + H)
-        z, u, B, C, dt_raw = projected.split([width, width, self.bc_width, self.bc_width, heads], dim=-1)
         dt = self.steps(dt_raw)  # (Bt, T, H)
-        A = self.decay()  # (H,)
         u = u.reshape(batch, length, heads, head_dim)
         groups_shape = (batch, length, config.dendritic_groups, config.dendritic_state)
         y, compartments = chunked_scan(
             u,
             dt,
-            A,
+            self.decay(),
             B.reshape(groups_shape),
             C.reshape(groups_shape),
             config.chunk_len,
-            None if state is None else state["compartments"],
+            compartments0,
         )  # (Bt, T, H, P), (Bt, H, N, P)
         y = y + at_least_fp32(self.skip).view(heads, 1) * u
-        spikes, membrane, soma = self.soma(
-            y.reshape(batch, length, width), None if state is None else state["soma"]
-        )  # (Bt, T, E) x 2, (Bt, E)
-        update = self.out_proj((membrane * F.silu(z)).to(x.dtype))  # (Bt, T, D)
-        new_state = {"compartments": compartments, "soma": soma}
-        trace = DendriticTrace(dt=dt, A=A, soma_spikes=spikes) if capture else None
-        return x + centred(update), new_state, trace
+        spikes, membrane, soma = self.soma(y.reshape(batch, length, width), soma0)  # (Bt, T, E) x 2, (Bt, E)
+        return membrane * F.silu(z), compartments, soma, dt, spikes

@@ -1,0 +1,140 @@
+"""What the NS layers keep for the backward (issue #6) and that recomputing the rest changes nothing."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from engine.models import ns_dendritic, ns_hippocampal
+from engine.models.ns import NSLM, NSConfig
+from engine.models.ns_dendritic import DendriticLayer
+from engine.models.ns_hippocampal import HippocampalLayer
+
+# Wide enough that the scan's chunks (L = 16) stand out; the stream (16), the pool read (24) and
+# the FFN (40) of different widths, so that a saved tensor's last axis tells whose it is.
+SMALL = NSConfig(
+    vocab_size=29,
+    eos_id=3,
+    d_model=16,
+    n_layers=2,
+    hippocampal_every=2,
+    dendritic_heads=4,
+    dendritic_head_dim=8,
+    dendritic_state=8,
+    dendritic_groups=2,
+    chunk_len=16,
+    attn_heads=2,
+    attn_head_dim=12,
+    ffn_dim=40,
+)
+ROWS, LENGTH = 2, 48
+
+
+@pytest.fixture
+def one_thread():
+    """One thread: small layers only lose to threads on a loaded 2-core machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def saved_bytes(layer: torch.nn.Module, select=lambda tensor: True) -> int:
+    """Bytes of the storages (each once) that one bf16-autocast forward of `layer` saves for the
+    backward, parameters and their casts left out, among the saved tensors `select` accepts."""
+    parameter_shapes = {tuple(sorted(p.shape)) for p in layer.parameters()}
+    saved: dict[int, torch.Tensor] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        if tuple(sorted(tensor.shape)) not in parameter_shapes and select(tensor):
+            saved.setdefault(tensor.untyped_storage().data_ptr(), tensor)
+        return tensor
+
+    x = torch.randn(ROWS, LENGTH, SMALL.d_model, requires_grad=True)
+    is_eos = torch.zeros(ROWS, LENGTH, dtype=torch.bool)
+    with (
+        torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor),
+        torch.autocast("cpu", dtype=torch.bfloat16),
+    ):
+        layer(x, is_eos, None)
+    return sum(tensor.untyped_storage().nbytes() for tensor in saved.values())
+
+
+def test_the_dendritic_layer_keeps_only_its_projections_inputs_and_outputs(one_thread):
+    torch.manual_seed(0)
+    layer = DendriticLayer(SMALL)
+    width, bc_width = SMALL.dendritic_width, SMALL.dendritic_groups * SMALL.dendritic_state
+    per_token = (
+        4 * SMALL.d_model  # the fp32 stream x
+        + 2 * SMALL.d_model  # the normalised stream in bf16, in_proj's input (the norm is recomputed)
+        + 2 * (2 * width + 2 * bc_width + SMALL.dendritic_heads)  # in_proj's bf16 output
+        + 2 * width  # out_proj's bf16 input
+    )
+    # The scan's (L x L) decays alone would be 4 L H bytes per token, y and the membranes 8 E.
+    assert saved_bytes(layer) <= per_token * ROWS * LENGTH
+
+
+def test_the_spiking_ffn_keeps_its_input_and_output_but_not_the_membranes(one_thread):
+    torch.manual_seed(0)
+    layer = HippocampalLayer(SMALL)
+    ffn_wide = saved_bytes(
+        layer, select=lambda tensor: tensor.shape[-1] in (SMALL.ffn_dim, 2 * SMALL.ffn_dim)
+    )
+    # ffn_in's bf16 output (gate and up) and ffn_down's bf16 input.
+    assert ffn_wide == (2 * 2 * SMALL.ffn_dim + 2 * SMALL.ffn_dim) * ROWS * LENGTH
+
+
+def test_the_hippocampal_layer_keeps_each_normalised_stream_once_in_bf16(one_thread):
+    torch.manual_seed(0)
+    layer = HippocampalLayer(SMALL)
+    stream_wide = saved_bytes(layer, select=lambda tensor: tensor.shape[-1] == SMALL.d_model)
+    # The fp32 stream before each block, and each block's normalised stream in bf16 (the norms are
+    # recomputed; the maps reading one stream share its bf16 copy).
+    assert stream_wide == (2 * 4 + 2 * 2) * SMALL.d_model * ROWS * LENGTH
+
+
+def passthrough(function, *args, **kwargs):
+    """torch.utils.checkpoint's call without the checkpoint: everything saved, nothing recomputed."""
+    return function(*args)
+
+
+class CastAtEachMap:
+    """SharedAutocastCast's stand-in that hands out the tensor itself: autocast casts it at each map."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+    def read(self) -> torch.Tensor:
+        return self.tensor
+
+
+def losses_and_gradients(model: NSLM) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Two windows of the same rows (the second from the first's carry) under bf16 autocast."""
+    generator = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, SMALL.vocab_size, (ROWS, 2 * LENGTH), generator=generator)
+    tokens[:, 5] = SMALL.eos_id
+    model.zero_grad()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        first, carry = model(tokens[:, :LENGTH], tokens[:, :LENGTH])
+        second, _ = model(tokens[:, LENGTH:], tokens[:, LENGTH:], carry)
+    losses = torch.cat([first, second], dim=1)
+    (first.mean() + second.mean()).backward()
+    return losses.detach(), [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("recompute", ["none", "all"])
+def test_the_memory_savings_change_no_bit_of_the_results(one_thread, monkeypatch, recompute):
+    torch.manual_seed(0)
+    model = NSLM(dataclasses.replace(SMALL, n_layers=4))
+    model.recompute = recompute
+    losses, gradients = losses_and_gradients(model)
+    again_losses, again_gradients = losses_and_gradients(model)  # run to run
+    # Everything kept, nothing recomputed, and the normalised streams cast at each map.
+    monkeypatch.setattr(ns_dendritic, "checkpoint", passthrough)  # the hippocampal layers' too
+    monkeypatch.setattr(ns_hippocampal, "SharedAutocastCast", CastAtEachMap)
+    kept_losses, kept_gradients = losses_and_gradients(model)
+    assert torch.equal(again_losses, losses) and torch.equal(kept_losses, losses)
+    for gradient, again, kept in zip(gradients, again_gradients, kept_gradients, strict=True):
+        assert torch.equal(again, gradient) and torch.equal(kept, gradient)
