@@ -39,7 +39,6 @@ from torch import nn
 # would shadow the kernels package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.models.base import token_losses  # noqa: E402
 from engine.models.ns import NSLM  # noqa: E402
 from engine.models.ns_dendritic import DendriticLayer  # noqa: E402
 from engine.models.ns_pool_read import pool_read_explicit  # noqa: E402
@@ -167,7 +166,7 @@ def head_row(model: NSLM, rows: int, seq_len: int, top: int) -> dict:
     """The final norm, the tied output map and the cross-entropy."""
     x = stream(model, rows, seq_len)
     targets = torch.randint(0, model.config.vocab_size, (rows, seq_len))
-    storages = saved_storages(lambda: token_losses(model.logits_from_hidden(x), targets), model)
+    storages = saved_storages(lambda: model.losses_from_hidden(x, targets), model)
     return {"layer": "head", **saved_row(storages, rows * seq_len, top)}
 
 

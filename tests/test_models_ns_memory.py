@@ -138,3 +138,34 @@ def test_the_memory_savings_change_no_bit_of_the_results(one_thread, monkeypatch
     assert torch.equal(again_losses, losses) and torch.equal(kept_losses, losses)
     for gradient, again, kept in zip(gradients, again_gradients, kept_gradients, strict=True):
         assert torch.equal(again, gradient) and torch.equal(kept, gradient)
+
+
+def test_chunked_losses_equal_the_whole_head_and_keep_only_the_hidden_states() -> None:
+    from engine.models.base import chunked_token_losses, token_losses
+
+    torch.manual_seed(0)
+    head = torch.nn.Linear(16, 300)
+    hidden = torch.randn(2, 37, 16, requires_grad=True)
+    targets = torch.randint(0, 300, (2, 37))
+    targets[0, 3] = -100  # IGNORE_INDEX: no loss there, in either path
+
+    whole = token_losses(head(hidden), targets)
+    whole.sum().backward()
+    expected = [hidden.grad.clone(), head.weight.grad.clone()]
+    hidden.grad, head.weight.grad = None, None
+
+    saved: list[torch.Tensor] = []
+
+    def keep(tensor: torch.Tensor) -> torch.Tensor:
+        saved.append(tensor)
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda tensor: tensor):
+        chunked = chunked_token_losses(head, hidden, targets, chunk_tokens=10)  # 8 chunks, the last of 4
+    torch.testing.assert_close(chunked, whole)
+    assert chunked[0, 3] == 0
+    chunked.sum().backward()
+    torch.testing.assert_close(hidden.grad, expected[0])
+    torch.testing.assert_close(head.weight.grad, expected[1])
+    # Nothing of vocabulary width is kept for the backward: only hidden states and targets.
+    assert saved and all(tensor.shape[-1] != 300 for tensor in saved)

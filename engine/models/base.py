@@ -121,6 +121,40 @@ class LanguageModel(nn.Module, ABC):
         return sum(p.numel() for p in self.parameters())
 
 
+def chunked_token_losses(
+    head: Callable[[torch.Tensor], torch.Tensor],
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    chunk_tokens: int = 2048,
+) -> torch.Tensor:
+    """`token_losses(head(hidden), targets)` a chunk of tokens at a time: (B, T, D) hidden states,
+    a map (1, n, D) -> (1, n, V) logits, (B, T) targets -> (B, T) float32 cross-entropy.
+
+    Under autograd each chunk runs in a non-reentrant checkpoint, so the backward keeps only the
+    hidden states and recomputes a chunk's logits when it gets there: at vocab 65,536 the logits
+    and their fp32 log-softmax are 384 KB a token, the largest activation of a large model, and
+    a few chunks' worth is all that ever exists at once. The output map runs twice (about a tenth
+    more of a 1B model's FLOPs).
+    """
+    from torch.utils.checkpoint import checkpoint
+
+    batch, length, width = hidden.shape
+    flat_hidden, flat_targets = hidden.reshape(batch * length, width), targets.reshape(batch * length)
+
+    def chunk_losses(chunk_hidden: torch.Tensor, chunk_targets: torch.Tensor) -> torch.Tensor:
+        return token_losses(head(chunk_hidden.unsqueeze(0)), chunk_targets.unsqueeze(0)).squeeze(0)
+
+    pieces = []
+    for chunk_hidden, chunk_targets in zip(flat_hidden.split(chunk_tokens), flat_targets.split(chunk_tokens)):
+        if torch.is_grad_enabled():
+            # No random numbers in the head: no RNG state to stash (or to read inside a capture).
+            pieces.append(checkpoint(chunk_losses, chunk_hidden, chunk_targets, use_reentrant=False,
+                                     preserve_rng_state=False))  # fmt: skip
+        else:
+            pieces.append(chunk_losses(chunk_hidden, chunk_targets))
+    return torch.cat(pieces).view(batch, length)
+
+
 def token_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """(B, T, V) logits, (B, T) targets -> (B, T) float32 cross-entropy, 0 where ignored."""
     batch, length, vocab = logits.shape

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from engine.models.base import LanguageModel, token_losses
+from engine.models.base import LanguageModel, chunked_token_losses
 from engine.models.common import RMSNorm
 from engine.models.ns_config import NSConfig
 from engine.models.ns_dendritic import DendriticLayer
@@ -112,7 +112,12 @@ class NSLM(LanguageModel):
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """(B, T) tokens and targets -> (B, T) float32 loss per token and the detached carry."""
         x, new_carry = self.hidden(tokens, carry)
-        return token_losses(self.logits_from_hidden(x), targets), new_carry
+        return self.losses_from_hidden(x, targets), new_carry
+
+    def losses_from_hidden(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """(B, T, D) last hidden states, (B, T) targets -> (B, T) float32 cross-entropy, the logits
+        made and dropped a chunk at a time (`chunked_token_losses`)."""
+        return chunked_token_losses(self.logits_from_hidden, x, targets)
 
     def hidden(
         self, tokens: torch.Tensor, carry: dict[str, torch.Tensor] | None = None
