@@ -11,6 +11,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from datalines import open_data_line
 from datalines.errors import DataLineError
 from engine.config import RunConfig
 from engine.errors import LineError
@@ -38,6 +39,7 @@ def check_line(root: Path | str) -> tuple[RunConfig, list[CheckResult]]:
     stages = ", ".join(f"{stage.name}@{stage.seq_len}" for stage in config.plan)
     results = [CheckResult(True, f"run.json: valid ({config.model.preset}; plan {stages})")]
     results += _check_data(layout, config)
+    results.append(_check_heldout_rows(layout, config))
     results += _check_lifelong(layout, config)
     results.append(_check_metrics(config))
     results += _check_sharing(config)
@@ -79,6 +81,26 @@ def _check_data(layout: LineLayout, config: RunConfig) -> list[CheckResult]:
                 CheckResult(True, f"{label}: {path} (vocab {facts.vocab_size} = model's, eos {facts.eos_id})")
             )
     return results
+
+
+def _check_heldout_rows(layout: LineLayout, config: RunConfig) -> CheckResult:
+    """The rows every validation length reads exist (the trainer refuses to start without them)."""
+    import torch
+
+    from engine.models.presets import build_model
+    from engine.validate import heldout_line_path, missing_rows_problem, validation_lengths
+
+    try:
+        heldout = open_data_line(heldout_line_path(layout, config))
+    except (LineError, DataLineError) as error:
+        return CheckResult(False, f"held-out rows: {error}")
+    with torch.device("meta"):  # the model's longest context, without its memory
+        longest_context = build_model(config.model.preset, config.model.overrides).longest_context
+    lengths = validation_lengths(config, longest_context)
+    problem = missing_rows_problem(heldout, lengths)
+    if problem is not None:
+        return CheckResult(False, problem)
+    return CheckResult(True, f"held-out rows: built for lengths {', '.join(map(str, lengths))}")
 
 
 def _check_lifelong(layout: LineLayout, config: RunConfig) -> list[CheckResult]:

@@ -61,6 +61,30 @@ def long_seq_len(config: RunConfig, model: LanguageModel, train_len: int) -> int
     return length if length > train_len else None
 
 
+def validation_lengths(config: RunConfig, longest_context: int) -> list[int]:
+    """Every row length a validation of the line reads: the stages' and their long lengths (for
+    a model whose longest context is `longest_context`)."""
+    lengths: set[int] = set()
+    for stage in config.plan:
+        lengths.add(stage.seq_len)
+        long = config.validation.long_seq_len or longest_context
+        if long > stage.seq_len:
+            lengths.add(long)
+    return sorted(lengths)
+
+
+def missing_rows_problem(heldout: DataLine, lengths: list[int]) -> str | None:
+    """One line naming the held-out data line, the lengths whose rows were never built and the
+    commands that build them; None when every length has its rows."""
+    missing = [length for length in lengths if not (heldout.validation_dir(length) / "index.json").is_file()]
+    if not missing:
+        return None
+    path = heldout.path
+    commands = " and ".join(f"`nsconsole data val --work {path} --seq-len {length}`" for length in missing)
+    listed = ", ".join(str(length) for length in missing)
+    return f"{path}: no held-out rows of length {listed} for this line's validation; build them with {commands}"
+
+
 @contextmanager
 def untouched_training_state(model: LanguageModel, device: torch.device) -> Iterator[None]:
     """Eval mode and no_grad inside; the model's mode and every RNG stream restored on the way out."""
@@ -146,35 +170,14 @@ class Validator:
 
     def lengths(self) -> list[int]:
         """Every row length a validation of this line reads: the stages' and their long lengths."""
-        lengths: set[int] = set()
-        for stage in self.config.plan:
-            lengths.add(stage.seq_len)
-            long = long_seq_len(self.config, self.model, stage.seq_len)
-            if long is not None:
-                lengths.add(long)
-        return sorted(lengths)
-
-    def missing_lengths(self) -> list[int]:
-        """The lengths a validation of this line reads whose held-out rows were never built."""
-        return [
-            length for length in self.lengths()
-            if not (self.heldout.validation_dir(length) / "index.json").is_file()
-        ]  # fmt: skip
+        return validation_lengths(self.config, self.model.longest_context)
 
     def require_rows(self) -> None:
         """Refuse a start (LineError) while held-out rows are missing: the first validation would
         stop the line after hours of training, so the start stops instead, naming the command."""
-        missing = self.missing_lengths()
-        if not missing:
-            return
-        path = self.heldout.path
-        lengths = ", ".join(str(length) for length in missing)
-        commands = " and ".join(
-            f"`nsconsole data val --work {path} --seq-len {length}`" for length in missing
-        )
-        raise LineError(
-            f"{path}: no held-out rows of length {lengths} for this line's validation; build them with {commands}"
-        )
+        problem = missing_rows_problem(self.heldout, self.lengths())
+        if problem is not None:
+            raise LineError(problem)
 
     def rows(self, length: int) -> HeldOutRows:
         """The held-out rows of a length, read (and checked against their index) once."""

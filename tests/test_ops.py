@@ -13,6 +13,7 @@ import pytest
 
 import datalines
 import engine.ckpt
+from engine import checks
 from engine.config import RunConfig
 from engine.errors import ConfigError
 from engine.models import presets
@@ -56,6 +57,8 @@ def environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(
         datalines, "open_data_line", lambda path: FakeDataLine(DATA_VOCAB["vocab"], 0), raising=False
     )
+    # Held-out rows need the real model registry and data line: tests/test_ops_real.py checks them.
+    monkeypatch.setattr(checks, "_check_heldout_rows", lambda layout, config: checks.CheckResult(True, "held-out rows"))
     monkeypatch.delenv("NSCONSOLE_HOST", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.chdir(tmp_path)

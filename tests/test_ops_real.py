@@ -10,6 +10,7 @@ from test_data_helpers import make_chat_corpus, make_tokenizer, make_web_corpus,
 
 from datalines import open_data_line
 from datalines.creation import init_data_line
+from datalines.validation import build_validation
 from engine.config import RunConfig
 from engine.models.presets import preset_config
 from nsconsole.cli import main
@@ -45,6 +46,10 @@ def test_new_follows_the_data_lines_vocabulary_and_check_passes(
     config = RunConfig.load(line / "run.json")
     assert config.model.overrides == {"vocab_size": vocab}
     capsys.readouterr()
+    # No held-out rows yet: the check says so as the trainer's start would, naming the command.
+    assert main(["check", str(line)]) == 1
+    assert f"no held-out rows of length 32 for this line's validation; build them with `nsconsole data val --work {data_line} --seq-len 32`" in capsys.readouterr().out
+    build_validation(open_data_line(data_line), [32])
     assert main(["check", str(line)]) == 0, capsys.readouterr().out
     assert f"vocab {vocab} = model's" in capsys.readouterr().out
 

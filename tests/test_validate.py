@@ -253,7 +253,7 @@ def test_a_missing_length_of_held_out_rows_is_one_clear_error(config: RunConfig,
     data = make_data_line(tmp_path, prepare=1, validation=())  # no `data val` run
     model, optimizer, _ = build(config)
     validator = Validator(model, optimizer, None, config, open_data_line(data), torch.device("cpu"))
-    assert validator.missing_lengths() == [SEQ_LEN]
+    assert validator.lengths() == [SEQ_LEN]
     where = re.escape(str(data))
     expected = rf"^{where}: no held-out rows of length 32 .*`nsconsole data val --work {where} --seq-len 32`$"
     with pytest.raises(LineError, match=expected):
