@@ -10,7 +10,9 @@ import math
 import pytest
 import torch
 from torch.func import functional_call
+from torch.utils._python_dispatch import TorchDispatchMode
 
+from engine.models.base import IGNORE_INDEX
 from engine.models.pssa import PRESETS, PSSALM, PSSAConfig
 from engine.models.pssa_memory import to_poincare_ball
 
@@ -221,6 +223,59 @@ def test_cpu_forward_is_bitwise_deterministic() -> None:
     assert torch.equal(loss_a, loss_b) and torch.equal(carry_a, carry_b)
 
 
+class _HostReads(TorchDispatchMode):
+    """Records the ops a CUDA graph capture cannot hold: reading a value on the host (`.item()`,
+    `float()`, `int()`, `if tensor`), host data made a tensor (`torch.tensor(list)`, a copy to
+    the device on CUDA), and outputs whose shape depends on the data. Not seen from the CPU:
+    `tolist()` (it reads memory without an op) and `torch.equal`, which only the CPU path of
+    `PSSABlock.rates` calls."""
+
+    FLAGGED = frozenset({
+        torch.ops.aten._local_scalar_dense, torch.ops.aten.lift_fresh, torch.ops.aten.nonzero,
+        torch.ops.aten.masked_select, torch.ops.aten._unique2,
+    })  # fmt: skip
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_dispatch__(
+        self, func: torch._ops.OpOverload, types: tuple, args: tuple = (), kwargs: dict | None = None
+    ) -> object:
+        if func.overloadpacket in self.FLAGGED:
+            self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_training_step_reads_nothing_on_the_host() -> None:
+    """Four pieces of three rows into banks of eight slots: appends, then a full bank whose head
+    slot resists, a row without targets (nan loss), the dreaming record, then the backward."""
+    model = _model(SMALL).train()
+    model.set_update(7)
+    tokens = torch.randint(0, 32, (3, 24), generator=torch.Generator().manual_seed(13))
+    targets = torch.roll(tokens, -1, dims=1)
+    targets[1, :6] = IGNORE_INDEX
+    with _HostReads() as reads:
+        loss, _ = model(tokens, targets)
+        loss.sum().backward()
+    assert reads.seen == []
+    assert all(block.bank.count == 8 and block.bank.counters.defended > 0 for block in model.blocks)
+    assert len(model.dream_cache) == 8
+
+
+def test_training_and_loading_keep_every_buffer_in_place() -> None:
+    """A captured step replays on fixed addresses, so a training forward, a checkpoint load and
+    the clock write the model's buffers (banks, update clock, dreaming record) in place."""
+    model = _model(SMALL).train()
+    addresses = {name: buffer.data_ptr() for name, buffer in model.named_buffers()}
+    tokens = torch.randint(0, 32, (3, 13), generator=torch.Generator().manual_seed(14))
+    model(tokens, tokens)[0].sum().backward()
+    model.load_extra_state_dict(model.extra_state_dict())
+    model.set_update(3)
+    assert {name: buffer.data_ptr() for name, buffer in model.named_buffers()} == addresses
+    assert model.blocks[0].bank.count > 0
+
+
 def test_extra_state_round_trip_restores_banks_and_outputs() -> None:
     model = _model(SMALL).train()
     tokens = torch.randint(0, 32, (3, 13), generator=torch.Generator().manual_seed(10))
@@ -284,7 +339,7 @@ def test_probes_per_block_on_hand_built_banks() -> None:
     bank.write(torch.zeros(2, 4), torch.randn(2, 8), [9.0, 9.0], update=3)
     bank.confidence[:2] = torch.tensor([0.9, 0.3])
     bank.last_touched[:2] = torch.tensor([3, 8])
-    bank.counters.overwrites, bank.counters.defended = 5, 4
+    bank.write_counts[1:] = torch.tensor([5, 4])  # overwrites, defended
     model.set_update(20)
     saved = model.extra_state_dict()
     tokens = torch.randint(0, 32, (2, 10), generator=torch.Generator().manual_seed(11))
@@ -339,4 +394,44 @@ def test_cuda_matches_cpu_and_trains_under_bf16_autocast() -> None:
     assert all(torch.isfinite(p.grad).all() for p in gpu.parameters() if p.grad is not None)
     restored = _model(config).cuda()
     restored.load_extra_state_dict({k: v.cuda() for k, v in gpu.extra_state_dict().items()})
-    assert restored.blocks[0].bank.keys.is_cuda and not restored.blocks[0].bank.confidence.is_cuda
+    assert restored.blocks[0].bank.keys.is_cuda and restored.blocks[0].bank.confidence.is_cuda
+
+
+@pytest.mark.cuda
+def test_a_captured_training_step_replays_like_eager_steps() -> None:
+    """A forward+backward captured as a CUDA graph, replayed at two update clocks, leaves the
+    losses, banks and dreaming record that two eager steps leave (the memory state carries from
+    replay to replay through the buffers)."""
+    config = dataclasses.replace(PRESETS["pssa-tiny"], write_loss_threshold=0.0, mem_capacity=8)
+    eager = _model(config).cuda().train()
+    graphed = copy.deepcopy(eager)
+    tokens = torch.randint(0, 256, (3, 41), generator=torch.Generator().manual_seed(15)).cuda()
+    inputs, targets = tokens[:, :-1].clone(), tokens[:, 1:].clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up: ignored targets, nan row losses, nothing written
+        for _ in range(2):
+            loss, _ = graphed(inputs, torch.full_like(targets, IGNORE_INDEX))
+            loss.sum().backward()
+    torch.cuda.current_stream().wait_stream(side)
+    assert all(block.bank.count == 0 for block in graphed.blocks)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured_loss, _ = graphed(inputs, targets)
+        captured_loss.sum().backward()
+    for update in (5, 6):
+        graphed.set_update(update)
+        graph.replay()
+        eager.set_update(update)
+        eager_loss, _ = eager(inputs, targets)
+        eager_loss.sum().backward()
+        torch.testing.assert_close(captured_loss, eager_loss)
+        for a, b in zip(graphed.blocks, eager.blocks):
+            assert (a.bank.count, a.bank.head, a.bank.counters) == (b.bank.count, b.bank.head, b.bank.counters)
+            assert torch.equal(a.bank.last_touched, b.bank.last_touched)
+            for name in ("keys", "values", "confidence"):
+                torch.testing.assert_close(getattr(a.bank, name), getattr(b.bank, name))
+    assert graphed.blocks[0].bank.counters.defended > 0  # 2 x 3 rows x 3 pieces met 8 slots
+    cached = [torch.stack(pair) for pair in graphed.dream_cache.sequences]
+    expected = [torch.stack(pair) for pair in eager.dream_cache.sequences]
+    assert len(cached) == 8 and all(torch.equal(a, b) for a, b in zip(cached, expected))

@@ -92,3 +92,35 @@ def test_cache_keeps_the_newest_and_round_trips() -> None:
     other.load_extra_state_dict(state)
     for (a_tokens, a_targets), (b_tokens, b_targets) in zip(cache, other.dream_cache.sequences):
         assert torch.equal(a_tokens, b_tokens) and torch.equal(a_targets, b_targets)
+
+
+def test_recorded_chunks_reach_the_cache_in_order_within_its_capacity() -> None:
+    """Training records gated chunks on the device; the cache gets them, oldest first, when read:
+    rows without a target are skipped, a piece of more gated rows than the capacity keeps its
+    last ones, a later forward's chunks follow, and a checkpoint load replaces what is pending."""
+    config = PSSAConfig(
+        vocab_size=24, d_latent=8, d_state=4, d_mem_key=4, mem_capacity=3, chunk_len=4, adapter_rank=2,
+        write_loss_threshold=0.0,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = PSSALM(config).train()
+    saved = model.extra_state_dict()
+    generator = torch.Generator().manual_seed(4)
+    first = torch.randint(0, 24, (5, 8), generator=generator)
+    first_targets = torch.roll(first, -1, dims=1)
+    first_targets[1, :4] = IGNORE_INDEX  # piece 0 of row 1: no target, nan loss
+    first_targets[3, 4:] = IGNORE_INDEX  # piece 1 of row 3
+    model(first, first_targets)
+    second = torch.randint(0, 24, (2, 3), generator=generator)
+    model(second, second)
+    pad = torch.full((1,), IGNORE_INDEX)
+    expected = [(first[4, 4:], first_targets[4, 4:])]  # the last of piece 1's four recorded rows
+    expected += [(torch.cat([second[row], torch.zeros(1, dtype=torch.long)]), torch.cat([second[row], pad]))
+                 for row in range(2)]  # fmt: skip
+    cache = model.dream_cache.sequences
+    assert len(cache) == 3
+    for (tokens, targets), (want_tokens, want_targets) in zip(cache, expected):
+        assert torch.equal(tokens, want_tokens) and torch.equal(targets, want_targets)
+    model(first, first_targets)
+    model.load_extra_state_dict(saved)
+    assert len(model.dream_cache) == 0

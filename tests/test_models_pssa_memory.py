@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
+import random
 
 import pytest
 import torch
 
-from engine.models.pssa_memory import MAX_BALL_RADIUS, EpisodicBank, WriteRule, to_poincare_ball
+from engine.models.pssa_memory import MAX_BALL_RADIUS, EpisodicBank, WriteRule, to_poincare_ball, write_banks
 
 
 def _bank(capacity: int = 2, key_dim: int = 3, value_dim: int = 2) -> EpisodicBank:
@@ -151,7 +153,7 @@ def test_readings_of_a_hand_built_bank() -> None:
     bank.write(torch.zeros(3, 3), torch.ones(3, 2), [4.0, 4.0, 4.0], update=0)
     bank.confidence[:3] = torch.tensor([1.0, 0.5, 0.25])
     bank.last_touched[:3] = torch.tensor([10, 40, 70])
-    bank.counters.overwrites, bank.counters.defended = 7, 11
+    bank.write_counts[1:] = torch.tensor([7, 11])  # overwrites, defended
     confidence_before, touched_before = bank.confidence.clone(), bank.last_touched.clone()
     readings = bank.readings(update=100)
     assert readings == {
@@ -160,3 +162,155 @@ def test_readings_of_a_hand_built_bank() -> None:
         "age_mean": pytest.approx(60.0), "age_max": 90.0,
     }  # fmt: skip
     assert torch.equal(bank.confidence, confidence_before) and torch.equal(bank.last_touched, touched_before)
+
+
+class _HostRuleBank:
+    """The write rule as it ran on the host before it moved to the device: the reference."""
+
+    def __init__(self, capacity: int, key_dim: int, value_dim: int, rule: WriteRule) -> None:
+        self.capacity = capacity
+        self.rule = rule
+        self.keys = torch.zeros(capacity, key_dim)
+        self.values = torch.zeros(capacity, value_dim)
+        self.count = 0
+        self.head = 0
+        self.confidence = torch.ones(capacity, dtype=torch.float32)
+        self.last_touched = torch.zeros(capacity, dtype=torch.int64)
+        self.counters = [0, 0, 0]  # writes, overwrites, defended
+
+    def write(self, keys: torch.Tensor, values: torch.Tensor, losses: list[float], update: int) -> None:
+        rule = self.rule
+        slot_of_row: dict[int, int] = {}
+        for row, loss in enumerate(losses):
+            if not loss > rule.loss_threshold:  # also skips nan
+                continue
+            if self.count < self.capacity:
+                slot = self.count
+                self.count += 1
+                self.counters[0] += 1
+            else:
+                slot = self.head
+                since = float(update - int(self.last_touched[slot]))
+                gain = max((1.0 - math.exp(-since / rule.recovery_updates)) ** 2, rule.min_gain)
+                damage = rule.damage_rate * loss * gain
+                if float(self.confidence[slot]) > damage:
+                    self.confidence[slot] -= damage
+                    self.last_touched[slot] = update
+                    self.counters[2] += 1
+                    continue
+                self.head = (self.head + 1) % self.capacity
+                self.counters[1] += 1
+            self.confidence[slot] = 1.0
+            self.last_touched[slot] = update
+            slot_of_row = {r: s for r, s in slot_of_row.items() if s != slot}
+            slot_of_row[row] = slot
+        if not slot_of_row:
+            return
+        rows = torch.tensor(list(slot_of_row))
+        slots = torch.tensor(list(slot_of_row.values()))
+        self.keys = self.keys.index_copy(0, slots, keys[rows])
+        self.values = self.values.index_copy(0, slots, values[rows])
+
+    def state(self, prefix: str) -> dict[str, torch.Tensor]:
+        return {
+            f"{prefix}keys": self.keys.clone(), f"{prefix}values": self.values.clone(),
+            f"{prefix}confidence": self.confidence.clone(),
+            f"{prefix}last_touched": self.last_touched.clone(),
+            f"{prefix}count_head": torch.tensor([self.count, self.head]),
+            f"{prefix}counters": torch.tensor(self.counters),
+        }  # fmt: skip
+
+
+def _float32_neighbours(threshold: float) -> list[float]:
+    """The float32 losses nearest the threshold: at it (rounded) and one step either side."""
+    at = torch.tensor(threshold, dtype=torch.float32)
+    return [float(v) for v in (at, torch.nextafter(at, at + 1), torch.nextafter(at, at - 1))]
+
+
+def _random_losses(rnd: random.Random, rows: int, threshold: float) -> torch.Tensor:
+    """Float32 chunk losses (what the model passes): around the threshold, nan, below it, mild
+    (the head slot tends to resist), large (it tends to be replaced), and beyond 2500 or inf
+    (even a slot touched this update is replaced, so one write can replace a slot twice)."""
+    kinds = [
+        lambda: rnd.choice(_float32_neighbours(threshold)), lambda: float("nan"),
+        lambda: rnd.uniform(0.0, 3.5), lambda: rnd.uniform(3.5, 14.0), lambda: rnd.uniform(14.0, 60.0),
+        lambda: rnd.choice([rnd.uniform(2500.0, 1e4), float("inf")]),
+    ]  # fmt: skip
+    weights = [4, 2, 2, 4, 3, 1]
+    return torch.tensor([rnd.choices(kinds, weights)[0]() for _ in range(rows)], dtype=torch.float32)
+
+
+def _random_start(
+    rnd: random.Random, generator: torch.Generator, capacity: int, update: int, rule: WriteRule
+) -> _HostRuleBank:
+    """A reference bank in a state a line can reach or load: any count, head and confidence."""
+    bank = _HostRuleBank(capacity, 3, 2, rule)
+    bank.keys = torch.rand(capacity, 3, generator=generator)
+    bank.values = torch.randn(capacity, 2, generator=generator)
+    bank.count = rnd.choice([0, capacity, rnd.randint(0, capacity)])
+    bank.head = rnd.randrange(capacity) if bank.count == capacity else 0
+    bank.confidence = torch.rand(capacity, generator=generator).clamp_min(1e-3)
+    bank.last_touched = torch.randint(0, update + 1, (capacity,), generator=generator)
+    bank.counters = [rnd.randint(0, 9) for _ in range(3)]
+    return bank
+
+
+def _assert_same_bank(bank: EpisodicBank, reference: _HostRuleBank) -> None:
+    assert (bank.count, bank.head) == (reference.count, reference.head)
+    assert list(bank.write_counts.tolist()) == reference.counters
+    assert torch.equal(bank.keys, reference.keys) and torch.equal(bank.values, reference.values)
+    assert torch.equal(bank.confidence, reference.confidence)
+    assert torch.equal(bank.last_touched, reference.last_touched)
+    assert torch.equal(bank.occupied, torch.arange(reference.capacity) < reference.count)
+
+
+def test_device_rule_equals_the_host_rule_on_random_chunk_losses() -> None:
+    """Several blocks' banks written together (one loss per row for all, each its own keys and
+    state) offered random rows, at clocks that stand still or advance, through `writing()` sessions of
+    several pieces as a training forward has them: bit for bit the host rule's banks. The
+    threshold 3.7 rounds up in float32, so the gate must compare in float64 as the host did."""
+    outcomes = torch.zeros(3, dtype=torch.int64)  # writes, overwrites, defended over all trials
+    for trial in range(60):
+        rnd = random.Random(trial)
+        generator = torch.Generator().manual_seed(trial)
+        capacity = rnd.randint(1, 6)
+        update = rnd.randint(0, 100)
+        rule = WriteRule(loss_threshold=rnd.choice([3.5, 3.7]))
+        references = [_random_start(rnd, generator, capacity, update, rule) for _ in range(3)]
+        banks = [EpisodicBank(capacity, 3, 2, rule) for _ in references]
+        for bank, reference in zip(banks, references):
+            bank.load_state(reference.state("b."), "b.")
+            outcomes -= bank.write_counts
+        for _ in range(rnd.randint(1, 8)):  # forwards
+            with contextlib.ExitStack() as sessions:
+                for bank in banks:
+                    sessions.enter_context(bank.writing())
+                for _ in range(rnd.randint(1, 3)):  # pieces of one forward
+                    rows = rnd.randint(0, 6)
+                    losses = _random_losses(rnd, rows, rule.loss_threshold)
+                    keys = torch.rand(len(banks), rows, 3, generator=generator)
+                    values = torch.randn(len(banks), rows, 2, generator=generator)
+                    write_banks(banks, keys, values, losses, torch.tensor([update]))
+                    host_losses = [float(v) for v in losses.tolist()]
+                    for index, reference in enumerate(references):
+                        reference.write(keys[index], values[index], host_losses, update)
+            for bank, reference in zip(banks, references):
+                _assert_same_bank(bank, reference)
+            update += rnd.choice([0, 0, 1, 2, 10, 60, 300])
+        outcomes += sum(bank.write_counts for bank in banks)
+    assert (outcomes > 20).all(), outcomes  # every branch of the rule was taken, many times
+
+
+def test_confidence_is_compared_with_the_damage_in_float64() -> None:
+    """A float32 confidence equal to the damage rounded to float32, but above the float64
+    damage: the host rule let the slot resist (paying the damage down to 0), so must the device."""
+    confidence = torch.tensor(0.08 * 5.0, dtype=torch.float32)  # rounds 0.4 up
+    assert float(confidence) > 0.08 * 5.0
+    bank, reference = _bank(capacity=1), _HostRuleBank(1, 3, 2, WriteRule())
+    for target in (bank, reference):
+        target.write(torch.zeros(1, 3), torch.ones(1, 2), [4.0], 0)
+        target.confidence[0] = confidence
+        # 100000 updates later the gain is exactly 1: damage = 0.08 * 5.
+        target.write(torch.ones(1, 3), torch.zeros(1, 2), [5.0], 100_000)
+    _assert_same_bank(bank, reference)
+    assert bank.counters.defended == 1 and float(bank.confidence[0]) == 0.0

@@ -16,12 +16,15 @@ carry: `u = u + stack(u) / loops` for the passes after the first. Logits are
 A row of T tokens is processed in pieces of `chunk_len`: the recurrent carry passes exactly
 from piece to piece but is detached at each edge (TBPTT), and at each piece's end every block
 offers its last token's (query, output) to its bank, gated by the piece's loss (training only).
+A training forward does no host read (the write rule is device work: `pssa_memory`), so the
+training step can be captured as a CUDA graph.
 """
 
 from __future__ import annotations
 
 import math
 import weakref
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +36,7 @@ from engine.errors import ConfigError
 from engine.models.base import IGNORE_INDEX, LanguageModel, ParamGroup, token_losses
 from engine.models.common import RMSNorm
 from engine.models.pssa_dream import DreamCache, DreamReport, dream
-from engine.models.pssa_memory import EpisodicBank, WriteRule, to_poincare_ball
+from engine.models.pssa_memory import EpisodicBank, PendingDreams, WriteRule, to_poincare_ball, write_banks
 from kernels.selective_scan import selective_scan
 
 
@@ -232,9 +235,10 @@ class PSSABlock(nn.Module):
 class PSSALM(LanguageModel):
     """Embedding, `depth` PSSA blocks looped `loops` times, output head scaled by 1/sqrt(d)."""
 
-    supports_cuda_graphs = False
-    """The memory write rule decides on the host at every chunk end (one read of the chunk
-    losses), so a training forward cannot be captured in a CUDA graph: use the eager engine."""
+    supports_cuda_graphs = True
+    """The memory writes and the dreaming record are device work with no host read, so a
+    training forward can be captured in a CUDA graph; consolidation, dreaming and the update
+    clock are set outside the captured step."""
 
     def __init__(self, config: PSSAConfig) -> None:
         super().__init__()
@@ -245,11 +249,24 @@ class PSSALM(LanguageModel):
         self.blocks = nn.ModuleList(PSSABlock(config) for _ in range(config.depth))
         self.head = nn.Linear(config.d_latent, config.vocab_size, bias=False)
         nn.init.xavier_uniform_(self.head.weight)
-        # Optimizer updates done so far: the memory write rule's clock (`set_update`).
+        # Optimizer updates done so far: the memory write rule's clock (`set_update`), on the
+        # host and as a device buffer the captured write rule reads.
         self.update = 0
-        self.dream_cache = DreamCache(config.mem_capacity, config.chunk_len)
+        self.register_buffer("update_clock", torch.zeros(1, dtype=torch.int64), persistent=False)
+        self._dream_cache = DreamCache(config.mem_capacity, config.chunk_len)
+        self.pending_dreams = PendingDreams(
+            config.mem_capacity, config.chunk_len, config.write_loss_threshold
+        )
 
     # ----------------------------------------------------------------------------- forward
+
+    @property
+    def dream_cache(self) -> DreamCache:
+        """The dreaming cache, with the chunks training recorded since its last read moved in
+        (a host read: outside the training step)."""
+        for tokens, targets in self.pending_dreams.drain():
+            self._dream_cache.remember(tokens, targets)
+        return self._dream_cache
 
     def initial_carry(self, batch: int) -> torch.Tensor:
         """Zeros of the carry's shape (loops, depth, B, d, N) for fresh rows."""
@@ -269,13 +286,17 @@ class PSSALM(LanguageModel):
             raise ValueError(f"PSSA carry has shape {tuple(state.shape)}, expected {tuple(expected)}")
         writes = self.training
         losses = []
-        for start in range(0, length, self.config.chunk_len):
-            piece = slice(start, start + self.config.chunk_len)
-            # TBPTT: the carry's value passes exactly, its gradient stops at the chunk edge.
-            loss, state, last = self._chunk(tokens[:, piece], targets[:, piece], state.detach())
+        with ExitStack() as sessions:
             if writes:
-                self._write_memories(tokens[:, piece], targets[:, piece], loss.detach(), last)
-            losses.append(loss)
+                for block in self.blocks:
+                    sessions.enter_context(block.bank.writing())
+            for start in range(0, length, self.config.chunk_len):
+                piece = slice(start, start + self.config.chunk_len)
+                # TBPTT: the carry's value passes exactly, its gradient stops at the chunk edge.
+                loss, state, last = self._chunk(tokens[:, piece], targets[:, piece], state.detach())
+                if writes:
+                    self._write_memories(tokens[:, piece], targets[:, piece], loss.detach(), last)
+                losses.append(loss)
         return torch.cat(losses, dim=1), state.detach()
 
     def hidden(
@@ -315,22 +336,24 @@ class PSSALM(LanguageModel):
         loss: torch.Tensor,
         last_pass: list[tuple[torch.Tensor, torch.Tensor]],
     ) -> None:
-        """Offer each row's last (query, output) to every block's bank, gated by the row's mean loss."""
+        """Offer each row's last (query, output) to every block's bank (all banks in one go) and
+        record its chunk for dreaming, gated by the row's mean loss: device work only (no host
+        read, capturable)."""
         counted = (targets != IGNORE_INDEX).sum(dim=1)  # (B,)
         row_loss = loss.sum(dim=1) / counted.clamp_min(1)
-        row_loss = torch.where(counted > 0, row_loss, torch.full_like(row_loss, float("nan")))
-        losses = [float(v) for v in row_loss.tolist()]  # one host read per chunk
-        for block, (q_ball, out) in zip(self.blocks, last_pass):
-            block.bank.write(q_ball[:, -1], out[:, -1], losses, self.update)
-        for row, value in enumerate(losses):
-            if value > self.config.write_loss_threshold:
-                self.dream_cache.remember(tokens[row], targets[row])
+        row_loss = torch.where(counted > 0, row_loss, torch.full_like(row_loss, float("nan")))  # (B,)
+        keys = torch.stack([q_ball[:, -1] for q_ball, _ in last_pass])  # (depth, B, Dk)
+        values = torch.stack([out[:, -1] for _, out in last_pass])  # (depth, B, d)
+        write_banks([block.bank for block in self.blocks], keys, values, row_loss, self.update_clock)
+        self.pending_dreams.record(tokens, targets, row_loss)
 
     # --------------------------------------------------------------------- trainer hooks
 
     def set_update(self, update: int) -> None:
-        """Tell the model how many optimizer updates are done (the memory write rule's clock)."""
+        """Tell the model how many optimizer updates are done (the memory write rule's clock);
+        outside the captured step, which reads the clock from its device buffer."""
         self.update = int(update)
+        self.update_clock.fill_(self.update)
 
     def consolidate(self) -> None:
         """After each pass over the data: `U_slow += a U_fast; U_fast *= 1 - a` in every block."""
@@ -432,8 +455,9 @@ class PSSALM(LanguageModel):
             if slow is None or slow.shape != block.consolidated_up.shape:
                 raise ValueError(f"PSSA extra state: {prefix}consolidated_up is missing or misshapen")
             block.consolidated_up.copy_(slow)
-        self.dream_cache.load_state(state, "dream.")
-        self.update = int(state["update"])
+        self.pending_dreams.clear()
+        self._dream_cache.load_state(state, "dream.")
+        self.set_update(int(state["update"]))
 
 
 PRESETS: dict[str, PSSAConfig] = {
