@@ -552,6 +552,7 @@ class Trainer:
         weight_decay = update_weight_decay(config, update_tokens)
         if hasattr(self.model, "recompute"):  # the length's activation recomputation (nsconsole tune)
             self.model.recompute = self._shape(seq_len)[1]
+        self.model.on_update(position.update)
         try:
             result = self._engine(seq_len).run_update(windows, lr, weight_decay)
         except RuntimeError as error:
@@ -629,6 +630,7 @@ class Trainer:
         """The update just done ended its cycle: kept checkpoint, consumed mark, next cycle."""
         position = self.position
         finished = position.cycle
+        self.model.on_cycle_end(finished)
         position.cycle += 1
         position.sample = 0
         self._checkpoint(kept=f"cycle-end {finished}", wait=True)

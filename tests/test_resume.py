@@ -119,3 +119,29 @@ def test_stateful_models_resume_exactly(tmp_path: Path, data_template: Path, pre
     assert "ema" in latest.optimizer and latest.state["ema_started"]
     if preset == "pssa-tiny":
         assert any(key.startswith("model/") for key in latest.extra)
+
+
+def test_pssa_follows_the_trainer_s_clock_and_consolidates_at_cycle_ends_resumably(
+    tmp_path: Path, data_template: Path
+) -> None:
+    """The trainer tells PSSA the update count (its memory write rule's clock) before every update
+    and lets it consolidate at each cycle end, before the kept checkpoint; a line stopped before
+    a cycle end and resumed past it ends in the uninterrupted line's state."""
+    changes = {"model.preset": "pssa-tiny"}
+    reference = make_line(tmp_path / "reference", copy_data_line(data_template, tmp_path / "reference"), **changes)
+    assert Trainer(reference, stop_at=14, echo=None).run() == 0
+    checkpoints = reference / "checkpoints"
+    kept = {load_checkpoint(path).state["kept"]: load_checkpoint(path) for path in checkpoints.iterdir()
+            if path.is_dir() and load_checkpoint(path).state["kept"]}  # fmt: skip
+    cycle_end = kept["cycle-end 0"]
+    assert 7 < cycle_end.update < 14
+    start = kept["line-start"] if "line-start" in kept else load_checkpoint(checkpoints / "u00000000")
+    assert not start.extra["model/blocks.0.consolidated_up"].any()
+    assert cycle_end.extra["model/blocks.0.consolidated_up"].any()  # consolidated before the checkpoint
+    latest = load_checkpoint(checkpoints / read_latest(checkpoints))
+    assert int(latest.extra["model/update"]) == latest.update - 1  # the clock set before the last update
+
+    line = make_line(tmp_path / "resumed", copy_data_line(data_template, tmp_path / "resumed"), **changes)
+    assert Trainer(line, stop_at=7, echo=None).run() == 0
+    assert Trainer(line, stop_at=14, echo=None).run() == 0
+    assert_same_state(line, reference)

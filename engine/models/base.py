@@ -25,6 +25,9 @@ Contract (every model in `engine/models/` implements it; tests hold each model t
   NS presets; the training chunk for models without one).
 - `extra_state_dict()` / `load_extra_state_dict(d)`: non-parameter state that a checkpoint
   must carry (PSSA's memory banks); tensors only, empty dict when there is none.
+- Lifecycle calls from the trainer (no-ops by default): `on_update(update)` before each update,
+  `on_cycle_end(cycle)` after a data cycle's last update, `release_device_caches()` when the
+  captured graphs are dropped.
 """
 
 from __future__ import annotations
@@ -79,6 +82,15 @@ class LanguageModel(nn.Module, ABC):
     @abstractmethod
     def layer_of(self, param_name: str) -> str:
         """The gradient-norm bucket of a parameter (`layer03`, `embed`, `head`, ...)."""
+
+    def on_update(self, update: int) -> None:
+        """The trainer's call before each update, with the updates done so far, outside any captured
+        graph. Models with a clock (PSSA's memory write rule) keep it here; the rest ignore it."""
+
+    def on_cycle_end(self, cycle: int) -> None:
+        """The trainer's call once the last update of data cycle `cycle` is done, before its kept
+        checkpoint (so a resume from that checkpoint sees what it did). PSSA consolidates its fast
+        adapter weights here (the article's "after each pass over the data")."""
 
     def release_device_caches(self) -> None:
         """Drop the tensors kept from one step to the next outside the parameters (position tables,

@@ -360,6 +360,12 @@ class PSSALM(LanguageModel):
         for block in self.blocks:
             block.consolidate(self.config.ema_alpha)
 
+    def on_update(self, update: int) -> None:
+        self.set_update(update)
+
+    def on_cycle_end(self, cycle: int) -> None:
+        self.consolidate()
+
     def dream(
         self, fresh_tokens: torch.Tensor, fresh_targets: torch.Tensor, lr: float = 1e-3, steps: int = 1
     ) -> DreamReport:
