@@ -233,12 +233,12 @@ class PSSABlock(nn.Module):
 
 
 class PSSALM(LanguageModel):
-    """Embedding, `depth` PSSA blocks looped `loops` times, output head scaled by 1/sqrt(d)."""
+    """Embedding, `depth` PSSA blocks looped `loops` times, output head scaled by 1/sqrt(d).
 
-    supports_cuda_graphs = True
-    """The memory writes and the dreaming record are device work with no host read, so a
-    training forward can be captured in a CUDA graph; consolidation, dreaming and the update
-    clock are set outside the captured step."""
+    The memory writes and the dreaming record are device work with no host read, so a training
+    forward can be captured in a CUDA graph; consolidation, dreaming and the update clock are set
+    outside the captured step.
+    """
 
     def __init__(self, config: PSSAConfig) -> None:
         super().__init__()
