@@ -264,7 +264,9 @@ class AsyncSupervisorClient:
                 await self._pump
         self._fail_pending()
 
-    async def call(self, method: str, **params: Any) -> Any:
+    async def call(self, method: str, reply_timeout: float | None = None, **params: Any) -> Any:
+        """The result of `method`; SupervisorUnavailable when the connection fails or no reply comes
+        within `reply_timeout` seconds (default: the client's timeout)."""
         if self._writer is None or self.closed.is_set():
             raise SupervisorUnavailable(f"{self.socket_path}: not connected")
         call_id = next(self._ids)
@@ -273,7 +275,7 @@ class AsyncSupervisorClient:
         try:
             self._writer.write(protocol.encode(protocol.make_request(call_id, method, params)))
             await self._writer.drain()
-            return await asyncio.wait_for(future, self.timeout)
+            return await asyncio.wait_for(future, self.timeout if reply_timeout is None else reply_timeout)
         except (OSError, ConnectionError, asyncio.TimeoutError) as error:
             raise SupervisorUnavailable(f"{self.socket_path}: {method} got no reply ({error!r})") from None
         finally:

@@ -37,6 +37,10 @@ from nsconsole.state import LineBook, LineFacts, LineState
 DISCOVERY_INTERVAL_S = 2.0
 STATUS_INTERVAL_S = 1.0
 MUTATION_ATTEMPTS = 5
+MUTATION_REPLY_TIMEOUT_S = 3600.0
+"""How long a mutation's reply may take on a live connection: the supervisor answers a rollback or
+a tune once it is done (the trainer's checkpoint, then minutes of measuring on a GPU); a dropped
+connection fails the call at once and the retry waits on the same request_id."""
 
 
 def read_line_facts(line: str | Path) -> LineFacts:
@@ -197,7 +201,7 @@ class LiveLines:
             try:
                 if client is None:
                     raise SupervisorUnavailable(f"{attachment.state.path}: the supervisor is not attached")
-                return await client.call(method, **params)
+                return await client.call(method, reply_timeout=MUTATION_REPLY_TIMEOUT_S, **params)
             except SupervisorUnavailable:
                 if attempt == MUTATION_ATTEMPTS - 1:
                     raise

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from engine.server import SupervisorServer
-from nsconsole.client import AsyncSupervisorClient, Notification, SupervisorLink
+from nsconsole.client import AsyncSupervisorClient, Notification, SupervisorLink, SupervisorUnavailable
 
 
 class Counter:
@@ -86,6 +89,33 @@ def test_the_async_client_calls_and_receives(tmp_path: Path) -> None:
             server.publish("event", {"n": 1})
             notification = await asyncio.wait_for(client.notifications.get(), 5)
             assert notification.kind == "event" and notification.data == {"n": 1}
+            await client.close()
+
+    asyncio.run(scenario())
+
+
+class SlowTuner:
+    """A handler whose mutation answers only once its work is done, as the supervisor's tune does."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def tune(self, shared: bool) -> dict[str, Any]:
+        time.sleep(self.seconds)
+        return {"shared": shared, "lengths": []}
+
+
+def test_a_mutation_may_answer_later_than_a_read_without_failing_the_call(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        with SupervisorServer(tmp_path / "supervisor.sock", SlowTuner(0.6)) as server:
+            client = AsyncSupervisorClient(server.socket_path, timeout=0.2)
+            await client.connect()
+            with pytest.raises(SupervisorUnavailable, match="tune got no reply"):
+                await client.call("tune", shared=False, request_id="first")
+            # The same request again (the first still runs: the retry waits on it), with the
+            # console's patience for mutations: the answer arrives.
+            result = await client.call("tune", reply_timeout=5.0, shared=False, request_id="first")
+            assert result == {"shared": False, "lengths": []}
             await client.close()
 
     asyncio.run(scenario())
