@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.models.ns import NSLM  # noqa: E402
 from engine.models.ns_dendritic import DendriticLayer  # noqa: E402
-from engine.models.ns_pool_read import pool_read_explicit  # noqa: E402
+from engine.models.ns_pool_read import per_key_bias, pool_read_explicit  # noqa: E402
 from engine.models.presets import build_model, preset_config  # noqa: E402
 from kernels.plif import plif_scan_reference  # noqa: E402
 
@@ -91,10 +91,7 @@ def pool_read_gpu_saves(
     with torch.no_grad():
         out = pool_read_explicit(q, k, v, log_tag, clock, rate)
     # The per-key bias as `ns_pool_read.pool_read_flex` builds it (its ops save what they save).
-    clock = clock.float()
-    elapsed = clock - clock[..., -1:].detach()
-    key_bias = (log_tag.float() + rate.float().view(1, -1, 1) * elapsed).contiguous()
-    return _FlexGpuSaves.apply(q, k, v, key_bias, out)
+    return _FlexGpuSaves.apply(q, k, v, per_key_bias(log_tag, clock, rate), out)
 
 
 @contextmanager

@@ -74,3 +74,12 @@ def offline_wandb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     home = tmp_path_factory.mktemp("wandb_home")
     with scoped_environment(wandb_environment(home)):
         yield home
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """One intra-op thread: tiny models and layers only lose to threads on a loaded 2-core machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -32,15 +32,6 @@ SMALL = NSConfig(
 ROWS, LENGTH = 2, 48
 
 
-@pytest.fixture
-def one_thread():
-    """One thread: small layers only lose to threads on a loaded 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def saved_bytes(layer: torch.nn.Module, select=lambda tensor: True) -> int:
     """Bytes of the storages (each once) that one bf16-autocast forward of `layer` saves for the
     backward, parameters and their casts left out, among the saved tensors `select` accepts."""

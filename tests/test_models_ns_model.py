@@ -80,15 +80,6 @@ def test_whole_model_gradients_match_finite_differences(monkeypatch):
         torch.set_num_threads(threads)
 
 
-@pytest.fixture
-def one_thread():
-    """Tiny models only lose to threads on a loaded 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_causality_a_later_token_never_changes_an_earlier_loss(one_thread):
     model = build()
     tokens = random_tokens(2, 19)

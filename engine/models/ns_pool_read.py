@@ -113,15 +113,21 @@ def pool_read_flex(
     rate: torch.Tensor,
 ) -> torch.Tensor:
     """The same read through flex_attention (CUDA); same shapes as `pool_read_explicit`."""
-    # -lambda_h c_t cancels in each query's softmax: what is left is a bias of the key alone. So
-    # does any clock shift per row: clocks taken from the row's last (detached) keep the recent
-    # keys' bias small and precise, and rate's gradient sum_s dbias_s (c_s - c_last) free of the
-    # cancellation that large absolute clocks would bring.
-    clock = clock.float()
-    elapsed = clock - clock[..., -1:].detach()  # (Bt, Ha, T), <= 0
-    key_bias = (log_tag.float() + rate.float().view(1, -1, 1) * elapsed).contiguous()  # (Bt, Ha, T)
     block_mask = _causal_block_mask(q.shape[2], q.device)
-    return _compiled_read()(q, k, v, key_bias, block_mask)
+    return _compiled_read()(q, k, v, per_key_bias(log_tag, clock, rate), block_mask)
+
+
+def per_key_bias(log_tag: torch.Tensor, clock: torch.Tensor, rate: torch.Tensor) -> torch.Tensor:
+    """log_tag, clock (Bt, Ha, T); rate (Ha,) -> (Bt, Ha, T) fp32: log g_s + lambda_h (c_s - c_last).
+
+    -lambda_h c_t cancels in each query's softmax: what is left is a bias of the key alone. So
+    does any clock shift per row: clocks taken from the row's last (detached) keep the recent
+    keys' bias small and precise, and rate's gradient sum_s dbias_s (c_s - c_last) free of the
+    cancellation that large absolute clocks would bring.
+    """
+    clock = clock.float()
+    elapsed = clock - clock[..., -1:].detach()  # <= 0
+    return (log_tag.float() + rate.float().view(1, -1, 1) * elapsed).contiguous()
 
 
 def pool_read(
