@@ -39,6 +39,7 @@ from torch import nn
 # would shadow the kernels package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from engine.models.base import recompute_off_cuda  # noqa: E402
 from engine.models.ns import NSLM  # noqa: E402
 from engine.models.ns_dendritic import DendriticLayer  # noqa: E402
 from engine.models.ns_pool_read import per_key_bias, pool_read_explicit  # noqa: E402
@@ -119,6 +120,7 @@ def saved_storages(forward: Callable[[], object], module: nn.Module) -> dict[int
         torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor),
         torch.autocast("cpu", dtype=torch.bfloat16),
         gpu_kernel_saves(),
+        recompute_off_cuda(),  # what the models do on CUDA
     ):
         forward()
     return saved

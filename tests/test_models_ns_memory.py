@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 
 import pytest
 import torch
 
 from engine.models import ns_dendritic, ns_hippocampal
+from engine.models.base import chunked_token_losses, recompute_off_cuda
 from engine.models.ns import NSLM, NSConfig
 from engine.models.ns_dendritic import DendriticLayer
 from engine.models.ns_hippocampal import HippocampalLayer
@@ -30,6 +32,13 @@ SMALL = NSConfig(
     ffn_dim=40,
 )
 ROWS, LENGTH = 2, 48
+
+
+@pytest.fixture(autouse=True)
+def recomputing_as_on_cuda() -> Iterator[None]:
+    """The models recompute on CUDA tensors only; these tests hold that path on the CPU."""
+    with recompute_off_cuda():
+        yield
 
 
 def saved_bytes(layer: torch.nn.Module, select=lambda tensor: True) -> int:
@@ -132,7 +141,7 @@ def test_the_memory_savings_change_no_bit_of_the_results(one_thread, monkeypatch
 
 
 def test_chunked_losses_equal_the_whole_head_and_keep_only_the_hidden_states() -> None:
-    from engine.models.base import chunked_token_losses, token_losses
+    from engine.models.base import token_losses
 
     torch.manual_seed(0)
     head = torch.nn.Linear(16, 300)
@@ -160,3 +169,22 @@ def test_chunked_losses_equal_the_whole_head_and_keep_only_the_hidden_states() -
     torch.testing.assert_close(head.weight.grad, expected[1])
     # Nothing of vocabulary width is kept for the backward: only hidden states and targets.
     assert saved and all(tensor.shape[-1] != 300 for tensor in saved)
+
+
+def test_on_a_cpu_the_models_keep_everything_and_recompute_nothing(one_thread) -> None:
+    torch.manual_seed(0)
+    layer = DendriticLayer(SMALL)
+    recomputing = saved_bytes(layer)
+    with recompute_off_cuda(False):  # the CPU default, outside this module's fixture
+        keeping = saved_bytes(layer)
+        head, hidden = torch.nn.Linear(4, 7), torch.randn(2, 5, 4, requires_grad=True)
+        widths: list[int] = []
+
+        def keep(tensor: torch.Tensor) -> torch.Tensor:
+            widths.append(tensor.shape[-1] if tensor.dim() else 0)
+            return tensor
+
+        with torch.autograd.graph.saved_tensors_hooks(keep, lambda tensor: tensor):
+            chunked_token_losses(head, hidden, torch.zeros(2, 5, dtype=torch.long), chunk_tokens=3)
+        assert 7 in widths  # the logits are kept: the loss is taken in one piece, not recomputed
+    assert keeping > 2 * recomputing

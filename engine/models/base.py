@@ -33,7 +33,8 @@ Contract (every model in `engine/models/` implements it; tests hold each model t
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -133,6 +134,31 @@ class LanguageModel(nn.Module, ABC):
         return sum(p.numel() for p in self.parameters())
 
 
+_RECOMPUTE_OFF_CUDA: list[bool] = [False]
+
+
+@contextmanager
+def recompute_off_cuda(enabled: bool = True) -> Iterator[None]:
+    """The models' selective recomputation (`recompute_saves_memory`) on CPU tensors too (or, with
+    False, not), inside: what the memory tests and `bench/ns_memory.py` measure without a GPU."""
+    previous = _RECOMPUTE_OFF_CUDA[0]
+    _RECOMPUTE_OFF_CUDA[0] = enabled
+    try:
+        yield
+    finally:
+        _RECOMPUTE_OFF_CUDA[0] = previous
+
+
+def recompute_saves_memory(tensor: torch.Tensor) -> bool:
+    """Whether work on `tensor` should recompute its cheap intermediates in the backward instead of
+    keeping them: under autograd, on CUDA (where memory bounds the rows per micro-batch and the
+    recomputed elementwise work is small beside the matrix products). Not on a CPU: the CPU
+    presets are small, memory is not what bounds them, and recomputing the scans there cost a
+    third of ns-tiny's step (`nsconsole bench --model ns-tiny --seq-len 256 --rows 16 --device
+    cpu`: 3,700 against 5,900 tokens/s)."""
+    return torch.is_grad_enabled() and (tensor.is_cuda or _RECOMPUTE_OFF_CUDA[0])
+
+
 def chunked_token_losses(
     head: Callable[[torch.Tensor], torch.Tensor],
     hidden: torch.Tensor,
@@ -140,7 +166,8 @@ def chunked_token_losses(
     chunk_tokens: int = 2048,
 ) -> torch.Tensor:
     """`token_losses(head(hidden), targets)` a chunk of tokens at a time: (B, T, D) hidden states,
-    a map (1, n, D) -> (1, n, V) logits, (B, T) targets -> (B, T) float32 cross-entropy.
+    a map (..., n, D) -> (..., n, V) logits, (B, T) targets -> (B, T) float32 cross-entropy
+    (in one piece where `recompute_saves_memory` says no).
 
     Under autograd each chunk runs in a non-reentrant checkpoint, so the backward keeps only the
     hidden states and recomputes a chunk's logits when it gets there: at vocab 65,536 the logits
@@ -156,6 +183,8 @@ def chunked_token_losses(
     def chunk_losses(chunk_hidden: torch.Tensor, chunk_targets: torch.Tensor) -> torch.Tensor:
         return token_losses(head(chunk_hidden.unsqueeze(0)), chunk_targets.unsqueeze(0)).squeeze(0)
 
+    if not recompute_saves_memory(hidden):
+        return token_losses(head(hidden), targets)
     pieces = []
     for chunk_hidden, chunk_targets in zip(flat_hidden.split(chunk_tokens), flat_targets.split(chunk_tokens)):
         if torch.is_grad_enabled():

@@ -15,7 +15,8 @@ which it would otherwise keep: the scan's (L x L) decay matrices and fp32 per-ch
 the membranes, the normalised stream (fp32, per channel). An ns-1p3b layer under bf16 autocast
 kept 109 KB per token, 25 KB now (`bench/ns_memory.py`). The recomputation is one more forward
 of the scan, the PLIF scan and the norm (a few percent of the layer's FLOPs; the projections are
-not recomputed) and gives the same values, so the gradients are unchanged.
+not recomputed) and gives the same values, so the gradients are unchanged. On CUDA only
+(`recompute_saves_memory`): on a CPU it cost a third of ns-tiny's step for memory nobody lacks.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
+from engine.models.base import recompute_saves_memory
 from engine.models.common import RMSNorm
 from engine.models.ns_config import NSConfig
 from engine.models.ns_neurons import PLIFNeurons, at_least_fp32
@@ -56,8 +58,9 @@ def centred(update: torch.Tensor) -> torch.Tensor:
 def recomputed_in_backward(function: Callable[..., Any], *args: Any) -> Any:
     """function(*args) with only the arguments kept for the backward, which recomputes the rest
     (non-reentrant torch.utils.checkpoint): for the parts whose intermediates weigh more per
-    token than their recomputation costs. Called directly when no graph is recorded."""
-    if not torch.is_grad_enabled():
+    token than their recomputation costs. Called directly where `recompute_saves_memory` says no
+    (no graph recorded, or a CPU)."""
+    if not recompute_saves_memory(args[0]):
         return function(*args)
     # Nothing recomputed draws random numbers: no RNG state to stash (or to read in a CUDA graph capture).
     return checkpoint(function, *args, use_reentrant=False, preserve_rng_state=False)
