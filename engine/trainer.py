@@ -73,9 +73,10 @@ from engine.validate import Validator, format_probe_rows, format_validation
 from engine.wb import WandbMirror
 
 WAIT_POLL_SECONDS = 1.0
+"""How often a trainer waiting for the next data cycle looks again (and at STOP)."""
+
 ARENA_RELEASE_FRACTION = 0.9
 """A switch of shapes needs at least this much of the closed arena's memory back from the driver."""
-"""How often a trainer waiting for the next data cycle looks again (and at STOP)."""
 
 WANDB_CLOSE_SECONDS = 30.0
 """How long an exiting trainer lets W&B take what is queued; the next start re-sends the rest."""
