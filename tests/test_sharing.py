@@ -291,3 +291,29 @@ def test_out_of_memory_alone_is_the_line_s_error_not_a_reason_to_leave(
     monkeypatch.setattr(trainer_module, "EagerEngine", OutOfMemoryWhenShared)
     with pytest.raises(torch.OutOfMemoryError):
         Trainer(line, echo=None, gpu_watch=forced_watch(scripted([NOBODY]))).run()
+
+
+class PinnedArena:
+    """An arena whose memory does not come back when it closes (a block of its pool still held)."""
+
+    held_bytes = 100 * GIB
+
+    def close(self) -> int:
+        return 3 * GIB
+
+
+def test_a_switch_whose_arena_memory_does_not_come_back_checkpoints_and_leaves(
+    tmp_path: Path, data_template: Path
+) -> None:
+    class TrainerWithAnArena(Trainer):
+        def _engine(self, seq_len: int):
+            if self.arena is None:
+                self.arena = PinnedArena()
+            return super()._engine(seq_len)
+
+    line = sharing_line(tmp_path, data_template)
+    trainer = TrainerWithAnArena(line, echo=None, gpu_watch=forced_watch(scripted([NOBODY, SMALL])))
+    with pytest.raises(GpuBusy, match=r"the arena's 100\.0 GiB did not come back for the switch to the shared shapes"):
+        trainer.run()
+    assert load_checkpoint(line / "checkpoints" / str(read_latest(line / "checkpoints"))).update == 2
+    assert all(row["gpu_mode"] == "own" for row in read_rows(line))
