@@ -23,8 +23,10 @@ is printed whatever `print_every`; validation leaves everything training depends
 On a CUDA line, every `guards.gpu_check_every` updates (and at the start) the trainer looks for other
 processes on its GPU (engine.sharing): beside them, within `guards.share_reserve_gb`, it trains with
 the lengths' `shared` shapes (same updates, another micro-batch split) until they have been gone for
-three checks; without a reserve, or past it, it checkpoints and raises `GpuBusy`. The row's
-`gpu_mode` says which shapes computed it.
+three checks; without a reserve, or past it, it checkpoints and raises `GpuBusy`, as it does when
+the GPU runs out of memory beside them. The row's `gpu_mode` says which shapes computed it. The
+engines themselves, one per length in the mode's shapes, and the GPU arena they share are
+engine.step_engines's.
 
 Every row is appended to rows.jsonl, then handed to the line's W&B mirror (engine.wb), which sends
 it from a background thread: training never waits on W&B and never fails because of it, and
@@ -33,15 +35,14 @@ whatever W&B missed (a crash, an outage, a rollback) is re-sent from rows.jsonl 
 
 from __future__ import annotations
 
-import gc
+import contextlib
 import math
 import shutil
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -68,15 +69,13 @@ from engine.optim import AdamWSettings, FlatAdamW, ParameterAverage
 from engine.rows import Heartbeat, RowsFile, RunLog, format_row
 from engine.schedule import learning_rate, tokens_per_update, update_weight_decay
 from engine.sharing import GIB, Action, GpuBusy, GpuMode, GpuWatch, refuse_unshareable_lengths
-from engine.step import EagerEngine, GraphEngine, UpdateResult
+from engine.step import UpdateResult
+from engine.step_engines import ArenaNotReleased, StepEngines
 from engine.validate import Validator, format_probe_rows, format_validation
 from engine.wb import WandbMirror
 
 WAIT_POLL_SECONDS = 1.0
 """How often a trainer waiting for the next data cycle looks again (and at STOP)."""
-
-ARENA_RELEASE_FRACTION = 0.9
-"""A switch of shapes needs at least this much of the closed arena's memory back from the driver."""
 
 WANDB_CLOSE_SECONDS = 30.0
 """How long an exiting trainer lets W&B take what is queued; the next start re-sends the rest."""
@@ -149,15 +148,10 @@ class Trainer:
         self.echo = echo
         self.engine_choice = engine
         self._signal: int | None = None
-        self._engines: dict[int, EagerEngine | GraphEngine] = {}
         self._cycles: dict[int, Cycle] = {}
         self._digests: dict[tuple[int, int], str] = {}
         self._last_checkpoint_update: int | None = None
-        self.arena: Any = None
-        """The GPU memory arena (engine.arena.Arena), made with the first CUDA-graph engine."""
         self._make_gpu_watch = gpu_watch
-        self.gpu_mode = GpuMode.OWN
-        """Whose shapes the engines use: the lengths' own, or their `shared` ones beside other processes."""
 
     # -----------------------------------------------------------------------------------------
     # start
@@ -201,6 +195,16 @@ class Trainer:
             layout, config, self.model, self.optimizer, self.average, self.device
         )
         self.validator.require_rows()
+        self.engines = StepEngines(
+            self.model,
+            self.optimizer,
+            config,
+            self.device,
+            self.engine_choice,
+            room_for_others=self.gpu_watch.room_for_others,
+            before_capture=self._probe_rows_before_capture,
+            log=self.log.write,
+        )
         self.position = Position()
         if resume.checkpoint is not None:
             self._restore(resume.checkpoint)
@@ -349,58 +353,19 @@ class Trainer:
     # -----------------------------------------------------------------------------------------
     # the loop
 
-    def _engine(self, seq_len: int) -> EagerEngine | GraphEngine:
-        """The step engine of a length: CUDA graphs on a GPU (unless --engine eager), else eager.
-
-        With `--engine auto` a model whose step cannot be captured (host synchronisation inside
-        its forward, say) trains with the eager engine, and run.log says why; with
-        `--engine graph` the capture error stops the line.
-        """
-        if seq_len not in self._engines:
-            rows, _recompute = self._shape(seq_len)
-            use_graph = self.device.type == "cuda" and self.engine_choice in ("auto", "graph")
-            engine: EagerEngine | GraphEngine | None = None
-            if use_graph:
-                try:
-                    engine = self._captured_engine(seq_len, rows)
-                except RuntimeError as error:
-                    if is_out_of_memory(error):  # not a step that cannot be captured: no eager fallback
-                        self._out_of_memory(f"capturing seq_len {seq_len}", error)
-                        raise
-                    if self.engine_choice == "graph":
-                        raise
-                    self.optimizer.zero_grad()
-                    first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
-                    self.log.write(f"CUDA graph capture failed at seq_len {seq_len} ({first_line}); eager engine")
-            if engine is None:
-                engine = EagerEngine(self.model, self.optimizer, rows)
-            self._engines[seq_len] = engine
-        return self._engines[seq_len]
-
-    def _captured_engine(self, seq_len: int, rows: int) -> GraphEngine:
-        """The arena (made on first use), one row of each probe, then the length's captured graphs."""
-        from engine.arena import Arena
-
-        if self.arena is None:
-            # Beside other processes the arena leaves free what they may still take: the
-            # reserve less what they hold (the free memory it reads already excludes that).
-            shared = self.gpu_mode == GpuMode.SHARED
-            room = self.gpu_watch.room_for_others() if shared else 0
-            self.arena = Arena(self.device, reserve_bytes=room)
-        self._probe_rows_before_capture(seq_len)
-        return GraphEngine(self.model, self.optimizer, rows, seq_len, self.arena)
-
     def _out_of_memory(self, doing: str, error: BaseException) -> None:
-        """The GPU ran out of memory before an update (a capture, its probe rows): beside other
-        processes -- seen now, or at the last check -- checkpoint and leave (`GpuBusy`; the
+        """The GPU ran out of memory before an update (a capture, its probe rows) or inside one (a
+        forward or backward: the weights, the moments and the position are as they were): beside
+        other processes -- seen now, or at the last check -- checkpoint and leave (`GpuBusy`; the
         supervisor relaunches once they fit or the GPU is free). Alone, it returns and the caller
         raises: the shapes do not fit this GPU, and that is the line's error."""
         reading = self.gpu_watch.reader() if self.gpu_watch.enabled else self.gpu_watch.last_reading
         others = max(reading.others, self.gpu_watch.last_reading.others)
-        if others == 0 and self.gpu_mode == GpuMode.OWN:
+        if others == 0 and self.engines.gpu_mode == GpuMode.OWN:
             return
         first_line = (str(error).splitlines() or [type(error).__name__])[0][:160]
-        self._drop_engines()
+        with contextlib.suppress(ArenaNotReleased):  # leaving anyway
+            self.engines.drop()
         self._leave_gpu(f"out of memory {doing} beside {reading.others} other process(es) "
                         f"holding {reading.others_bytes / GIB:.2f} GiB ({first_line})")  # fmt: skip
 
@@ -410,31 +375,9 @@ class Trainer:
         Run before every capture (the spec): a probe that fails, or does not fit beside the
         arena, stops the line now rather than at its first validation, hours in.
         """
-        with self._from_the_arena():
+        with self.engines.from_the_arena():
             readings = self.validator.probe_rows(seq_len)
         self.log.write(format_probe_rows(seq_len, readings))
-
-    @contextmanager
-    def _from_the_arena(self) -> Iterator[None]:
-        """Validation's allocations served from the arena (the spec): the arena holds all but a
-        4 GiB slack of the GPU, so a long row's activations, larger than any of a training step's,
-        fit only there. On the arena's stream, ordered after the updates and before the next; the
-        blocks it frees go back to the pool, whose graph intermediates every replay rewrites."""
-        if self.arena is None:
-            yield
-            return
-        arena, current = self.arena, torch.cuda.current_stream(self.device)
-        arena.stream.wait_stream(current)
-        with torch.cuda.stream(arena.stream), arena.allocating():
-            yield
-        current.wait_stream(arena.stream)
-
-    def _shape(self, seq_len: int) -> tuple[int, str]:
-        """(micro_batch_rows, recompute) of a length in the current GPU mode."""
-        length = self.config.length(seq_len)
-        if self.gpu_mode == GpuMode.SHARED and length.shared is not None:
-            return length.shared.micro_batch_rows, length.shared.recompute
-        return length.micro_batch_rows, length.recompute
 
     def _watch_gpu(self) -> None:
         """At a check (engine.sharing): share, take the GPU back, or checkpoint and leave."""
@@ -453,26 +396,6 @@ class Trainer:
                      else f"more than guards.share_reserve_gb = {reserve_gb:g}")  # fmt: skip
             self._leave_gpu(f"{others} on the GPU, {limit}")
 
-    def _drop_engines(self) -> int:
-        """Close the step engines and the arena; the bytes the GPU got back from the arena."""
-        for engine in self._engines.values():
-            engine.close()
-        self._engines.clear()
-        gc.collect()  # nothing may keep a tensor of the arena's pool alive: it would pin the pool
-        released = 0
-        if self.arena is not None:
-            from engine.arena import release_step_caches
-
-            release_step_caches(self.model)
-            held = self.arena.held_bytes
-            released = self.arena.close()  # after the engines' graphs are gone; empties the CUDA cache
-            self.arena = None
-            if held > GIB and released < ARENA_RELEASE_FRACTION * held:
-                return -held
-        elif self.device.type == "cuda":
-            torch.cuda.empty_cache()
-        return released
-
     def _switch_shapes(self, mode: str, why: str) -> None:
         """Drop the step engines (and the arena) and train on with the lengths' `mode` shapes.
 
@@ -480,11 +403,10 @@ class Trainer:
         block of its pool), the new shapes could not get theirs, and others could not take theirs:
         the trainer checkpoints and leaves instead, and the supervisor relaunches it beside them.
         """
-        released = self._drop_engines()
-        if released < 0:
-            self._leave_gpu(f"the arena's {-released / GIB:.1f} GiB did not come back for the switch "
-                            f"to the {mode} shapes ({why})")  # fmt: skip
-        self.gpu_mode = mode
+        try:
+            self.engines.switch(mode)
+        except ArenaNotReleased as error:
+            self._leave_gpu(f"{error} for the switch to the {mode} shapes ({why})")
         shapes = "shared" if mode == GpuMode.SHARED else "own"
         self.log.write(f"gpu: {why}; training with the lengths' {shapes} shapes from update {self.position.update}")
 
@@ -552,13 +474,17 @@ class Trainer:
         lr = learning_rate(config, position.tokens_trained)
         weight_decay = update_weight_decay(config, update_tokens)
         if hasattr(self.model, "recompute"):  # the length's activation recomputation (nsconsole tune)
-            self.model.recompute = self._shape(seq_len)[1]
+            self.model.recompute = self.engines.shape(seq_len)[1]
         self.model.on_update(position.update)
         try:
-            result = self._engine(seq_len).run_update(windows, lr, weight_decay)
+            engine = self.engines.for_length(seq_len)
         except RuntimeError as error:
-            # Out of memory in a forward or backward leaves the weights, the moments and the
-            # position as they were: the checkpoint `_out_of_memory` writes beside others is exact.
+            if is_out_of_memory(error):
+                self._out_of_memory(f"capturing seq_len {seq_len}", error)
+            raise
+        try:
+            result = engine.run_update(windows, lr, weight_decay)
+        except RuntimeError as error:
             if is_out_of_memory(error):
                 self._out_of_memory(f"in update {self.position.update + 1}", error)
             raise
@@ -592,7 +518,7 @@ class Trainer:
         data_tokens = self.data_line.cycle_start_tokens(position.cycle) + position.sample * seq_len
         next_lr = learning_rate(self.config, position.tokens_trained)
         next_weight_decay = update_weight_decay(self.config, tokens_per_update(self.config, data_tokens))
-        with self._from_the_arena():
+        with self.engines.from_the_arena():
             return self.validator.run(seq_len, data_tokens, next_lr, next_weight_decay)
 
     def _row(
@@ -620,7 +546,7 @@ class Trainer:
             "grad_norm": stats.grad_norm,
             "skipped": not stats.finite,
             "tokens_per_s": update_tokens / max(elapsed, 1e-9),
-            "gpu_mode": self.gpu_mode,
+            "gpu_mode": self.engines.gpu_mode,
             "time": time.time(),
         }
         row.update({f"train/grad_norm/{name}": value for name, value in stats.group_norms.items()})

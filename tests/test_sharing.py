@@ -12,7 +12,7 @@ import pytest
 import torch
 from test_trainer_lines import copy_data_line, make_data_line, make_line, one_torch_thread
 
-from engine import supervised_trainer
+from engine import step_engines, supervised_trainer
 from engine import trainer as trainer_module
 from engine.ckpt import load_checkpoint, read_latest
 from engine.config import RunConfig
@@ -30,6 +30,7 @@ from engine.sharing import (
     reading_from_snapshot,
 )
 from engine.step import EagerEngine, UpdateResult
+from engine.step_engines import StepEngines
 from engine.trainer import Trainer
 
 RESERVE_GB = 1.0
@@ -192,7 +193,7 @@ def test_sharing_changes_the_split_not_the_update_and_the_line_takes_its_shapes_
     alone = train(sharing_line(tmp_path / "alone", data_template), [NOBODY])
     # Checks at updates 0, 2, 4, ...: others at 2 and 4, gone at 6, 8, 10 -> own again from 10.
     shared_line = sharing_line(tmp_path / "shared", data_template)
-    monkeypatch.setattr(trainer_module, "EagerEngine", RecordingEngine)
+    monkeypatch.setattr(step_engines, "EagerEngine", RecordingEngine)
     shared = train(shared_line, [NOBODY, SMALL, SMALL, NOBODY, NOBODY, NOBODY])
     assert splits == [8] * 2 + [4] * 8 + [8] * 4
 
@@ -208,7 +209,7 @@ def test_sharing_changes_the_split_not_the_update_and_the_line_takes_its_shapes_
     assert shared_losses == pytest.approx(alone_losses, rel=1e-5)
     torch.testing.assert_close(shared.optimizer.params, alone.optimizer.params, rtol=1e-4, atol=1e-5)
     # Another split of the same update sums in another order: equal up to rounding, not bit for bit.
-    assert shared.gpu_mode == GpuMode.OWN
+    assert shared.engines.gpu_mode == GpuMode.OWN
 
 
 def test_others_past_the_reserve_checkpoint_the_line_and_raise_gpu_busy(tmp_path: Path, data_template: Path) -> None:
@@ -270,12 +271,12 @@ def test_out_of_memory_beside_others_checkpoints_the_line_and_leaves_without_los
 ) -> None:
     alone = train(sharing_line(tmp_path / "alone", data_template), [NOBODY])
     line = sharing_line(tmp_path / "oom", data_template)
-    monkeypatch.setattr(trainer_module, "EagerEngine", OutOfMemoryWhenShared)
+    monkeypatch.setattr(step_engines, "EagerEngine", OutOfMemoryWhenShared)
     trainer = Trainer(line, echo=None, gpu_watch=forced_watch(scripted([NOBODY, SMALL])))
     with pytest.raises(GpuBusy, match="out of memory in update 3 beside 1 other process"):
         trainer.run()
     assert load_checkpoint(line / "checkpoints" / str(read_latest(line / "checkpoints"))).update == 2
-    monkeypatch.setattr(trainer_module, "EagerEngine", EagerEngine)
+    monkeypatch.setattr(step_engines, "EagerEngine", EagerEngine)
     resumed = train(line, [NOBODY])  # relaunched on a free GPU: the same line as one never shared
     assert without_wall_clock(read_rows(line)) == without_wall_clock(read_rows(tmp_path / "alone" / "line"))
     assert torch.equal(resumed.optimizer.params, alone.optimizer.params)
@@ -288,7 +289,7 @@ def test_out_of_memory_alone_is_the_line_s_error_not_a_reason_to_leave(
     document = RunConfig.load(line / "run.json").to_dict()
     document["lengths"][0]["micro_batch_rows"] = 4  # its own shape is the one that runs out
     RunConfig.from_dict(document).save(line / "run.json")
-    monkeypatch.setattr(trainer_module, "EagerEngine", OutOfMemoryWhenShared)
+    monkeypatch.setattr(step_engines, "EagerEngine", OutOfMemoryWhenShared)
     with pytest.raises(torch.OutOfMemoryError):
         Trainer(line, echo=None, gpu_watch=forced_watch(scripted([NOBODY]))).run()
 
@@ -303,16 +304,17 @@ class PinnedArena:
 
 
 def test_a_switch_whose_arena_memory_does_not_come_back_checkpoints_and_leaves(
-    tmp_path: Path, data_template: Path
+    tmp_path: Path, data_template: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    class TrainerWithAnArena(Trainer):
-        def _engine(self, seq_len: int):
+    class EnginesWithAnArena(StepEngines):
+        def for_length(self, seq_len: int):
             if self.arena is None:
                 self.arena = PinnedArena()
-            return super()._engine(seq_len)
+            return super().for_length(seq_len)
 
+    monkeypatch.setattr(trainer_module, "StepEngines", EnginesWithAnArena)
     line = sharing_line(tmp_path, data_template)
-    trainer = TrainerWithAnArena(line, echo=None, gpu_watch=forced_watch(scripted([NOBODY, SMALL])))
+    trainer = Trainer(line, echo=None, gpu_watch=forced_watch(scripted([NOBODY, SMALL])))
     with pytest.raises(GpuBusy, match=r"the arena's 100\.0 GiB did not come back for the switch to the shared shapes"):
         trainer.run()
     assert load_checkpoint(line / "checkpoints" / str(read_latest(line / "checkpoints"))).update == 2
