@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -106,6 +107,9 @@ class Watch:
         self.update = 0
         self.modes: list[tuple[int, str]] = []
         self.events: list[dict] = []
+        self.highest_update = 0
+        self.retrained_updates = 0
+        """Updates trained again after a relaunch: those past the checkpoint it resumed from."""
 
     def emit(self, **row) -> None:
         row = {"phase": self.phase, "t": round(time.monotonic() - self.started, 1), **row}
@@ -123,6 +127,7 @@ class Watch:
                     break
                 self.rows_seen += 1
                 self.update = row.get("update", self.update)
+                self.highest_update = max(self.highest_update, self.update)
                 mode = row.get("gpu_mode")
                 if mode != self.mode:
                     self.mode = mode
@@ -135,6 +140,10 @@ class Watch:
                 text = handle.read()
                 self.log_seen += len(text.encode())
             for entry in text.splitlines():
+                resumed = re.search(r"resumed from u\d+ \(update (\d+)", entry)
+                if resumed:
+                    self.retrained_updates += self.highest_update - int(resumed.group(1))
+                    self.rows_seen = min(self.rows_seen, int(resumed.group(1)))  # rows.jsonl is cut back
                 lowered = entry.lower()
                 if "gpu" in lowered or "capture" in lowered or "resum" in lowered or "error" in lowered:
                     self.emit(log=entry.strip()[:300])
@@ -197,7 +206,8 @@ def run_phase(line: Path, phase: str, hog_first: float, hog_then: float, hog_sec
         other.kill()
     watch.poll()
     summary = {"phase": phase, "summary": True, "supervisor_exit": supervisor.returncode,
-               "final_update": watch.update, "modes": watch.modes, "state": watch.state}  # fmt: skip
+               "final_update": watch.update, "retrained_updates": watch.retrained_updates,
+               "modes": watch.modes, "state": watch.state}  # fmt: skip
     print(json.dumps(summary), flush=True)
     return summary
 
