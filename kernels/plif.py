@@ -239,6 +239,70 @@ class _PlifScan(torch.autograd.Function):
         )
 
 
+class _PlifScanTorch(torch.autograd.Function):
+    """The scan without a GPU: the reference's forward values (the same operations in the same
+    order), and the Triton kernel's backward as one reverse loop of plain tensor operations.
+
+    The reference runs every step through autograd: about twenty small graph nodes a step, and
+    their bookkeeping was most of a CPU step of the NS models. Here the forward keeps v_pre and
+    the backward is four operations a step; everything that does not chain in time is done for
+    all steps at once.
+    """
+
+    @staticmethod
+    def forward(ctx, x, beta, v_th, v0, alpha):
+        batch, seq_len, channels = x.shape
+        dtype = compute_dtype(x, beta, v_th, v0)
+        betaf, thresholdf = beta.to(dtype), v_th.to(dtype)
+        drive = (1 - betaf) * x.to(dtype)  # (Bt, T, D): the reference's (1 - beta) x_t, all steps
+        v = v0.to(dtype) if v0 is not None else x.new_zeros(batch, channels, dtype=dtype)
+        v_pre = torch.empty(batch, seq_len, channels, dtype=dtype, device=x.device)
+        for t in range(seq_len):
+            step = betaf * v + drive[:, t]  # (Bt, D)
+            v_pre[:, t] = step
+            v = step - thresholdf * (step - thresholdf > 0).to(dtype)
+        spikes = (v_pre - thresholdf > 0).to(x.dtype)
+        ctx.save_for_backward(x, beta, v_th, v0, v_pre)
+        ctx.alpha = alpha
+        ctx.set_materialize_grads(False)
+        return spikes, v_pre.to(x.dtype), v
+
+    @staticmethod
+    def backward(ctx, grad_spikes, grad_v_pre, grad_v_last):
+        x, beta, v_th, v0, v_pre = ctx.saved_tensors
+        batch, seq_len, channels = x.shape
+        dtype, alpha = v_pre.dtype, ctx.alpha
+        betaf, thresholdf = beta.to(dtype), v_th.to(dtype)
+        above = v_pre - thresholdf  # (Bt, T, D)
+        spikes = (above > 0).to(dtype)
+        sig = torch.sigmoid(alpha * above)
+        surrogate = alpha * sig * (1 - sig)  # ds/dv_pre
+        outer_spikes = grad_spikes.to(dtype) if grad_spikes is not None else torch.zeros_like(v_pre)
+        outer_v_pre = grad_v_pre.to(dtype) if grad_v_pre is not None else torch.zeros_like(v_pre)
+        # dL/dv_t through everything after step t, starting at dL/dv_last.
+        grad_v = grad_v_last.to(dtype) if grad_v_last is not None else x.new_zeros(batch, channels, dtype=dtype)
+        grad_v_after = torch.empty_like(v_pre)  # (Bt, T, D): dL/dv_t as step t sees it
+        total_v_pre = torch.empty_like(v_pre)  # (Bt, T, D): dL/dv_pre_t, everything included
+        for t in range(seq_len - 1, -1, -1):
+            grad_v_after[:, t] = grad_v
+            grad_spike = outer_spikes[:, t] - thresholdf * grad_v  # s_t's own gradient and the reset's
+            total = outer_v_pre[:, t] + grad_v + grad_spike * surrogate[:, t]
+            total_v_pre[:, t] = total
+            grad_v = total * betaf
+        grad_spike_all = outer_spikes - thresholdf * grad_v_after
+        initial = v0.to(dtype) if v0 is not None else x.new_zeros(batch, channels, dtype=dtype)
+        v_before = torch.cat([initial[:, None], (v_pre - thresholdf * spikes)[:, :-1]], dim=1)  # v_{t-1}
+        grad_beta = (total_v_pre * (v_before - x.to(dtype))).sum((0, 1))
+        grad_threshold = (-grad_v_after * spikes - grad_spike_all * surrogate).sum((0, 1))
+        return (
+            (total_v_pre * (1 - betaf)).to(x.dtype),
+            grad_beta.to(beta.dtype),
+            grad_threshold.to(v_th.dtype),
+            grad_v.to(v0.dtype) if v0 is not None else None,
+            None,
+        )
+
+
 def plif_scan(
     x: torch.Tensor,
     beta: torch.Tensor,
@@ -248,11 +312,12 @@ def plif_scan(
     *,
     use_triton: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The PLIF scan (see the module docstring): Triton on CUDA, the reference elsewhere.
+    """The PLIF scan (see the module docstring): Triton on CUDA, elsewhere the reference's forward
+    with a hand-written backward (`_PlifScanTorch`).
 
     use_triton: None picks Triton on CUDA; True forces it (off CUDA only under
-    TRITON_INTERPRET=1); False forces the reference.
+    TRITON_INTERPRET=1); False forces the plain-PyTorch path.
     """
     if wants_triton(x, use_triton):
         return _PlifScan.apply(x, beta, v_th, v0, alpha)
-    return plif_scan_reference(x, beta, v_th, v0, alpha)
+    return _PlifScanTorch.apply(x, beta, v_th, v0, alpha)

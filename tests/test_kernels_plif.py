@@ -136,3 +136,30 @@ def test_kernel_bf16_inputs() -> None:
     assert spikes.dtype == torch.bfloat16 and v_last.dtype == torch.float32
     assert _relative_error(v_pre, want_v_pre) < 1e-2
     assert _relative_error(v_last, want_v_last) < 1e-4
+
+
+@pytest.mark.parametrize(
+    ("batch", "steps", "channels", "dtype", "with_v0"),
+    [(2, 37, 13, torch.float64, True), (3, 64, 7, torch.float32, False), (1, 1, 5, torch.float32, True)],
+)
+def test_the_cpu_path_keeps_the_reference_forward_and_its_gradients(batch, steps, channels, dtype, with_v0) -> None:
+    """plif_scan without Triton: the reference's forward bit for bit, and its surrogate gradients."""
+    x, beta, th, v0 = (t.cpu() for t in _inputs(batch, steps, channels, seed=steps, dtype=dtype))
+    v0 = v0 if with_v0 else None
+    generator = torch.Generator().manual_seed(7)
+    grads = [torch.randn(batch, steps, channels, generator=generator, dtype=torch.float64).to(dtype) for _ in range(2)]
+    grads.append(torch.randn(batch, channels, generator=generator, dtype=torch.float64).to(dtype))
+
+    def run(scan):
+        leaves = [t.clone().requires_grad_() if t is not None else None for t in (x, beta, th, v0)]
+        outputs = scan(*leaves, alpha=ALPHA)
+        sum((o * g).sum() for o, g in zip(outputs, grads)).backward()
+        return outputs, [leaf.grad for leaf in leaves if leaf is not None]
+
+    want_outputs, want_grads = run(plif_scan_reference)
+    got_outputs, got_grads = run(lambda *args, alpha: plif_scan(*args, alpha=alpha, use_triton=False))
+    for got, want in zip(got_outputs, want_outputs, strict=True):
+        assert torch.equal(got.detach(), want.detach())
+    tolerance = 1e-12 if dtype == torch.float64 else 1e-5
+    for got, want in zip(got_grads, want_grads, strict=True):
+        assert _relative_error(got, want) < tolerance
