@@ -5,12 +5,18 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-from test_trainer_lines import SEQ_LEN, copy_data_line, make_data_line, make_line, one_torch_thread
+from test_trainer_lines import (
+    SEQ_LEN,
+    copy_data_line,
+    data_template_fixture,
+    make_data_line,
+    make_line,
+    rows_without_wall_clock,
+)
 from test_wb_logic import RecordingBackend, SimulatedServer, session
 
 from datalines import open_data_line
@@ -39,19 +45,13 @@ from engine.trainer import Trainer
 from engine.wb_state import RunPoint, WandbRunState
 from nsconsole.cli import main as cli_main
 
-WALL_CLOCK_FIELDS = ("time", "tokens_per_s")
 LONG = 2 * SEQ_LEN
 
 
-@pytest.fixture(autouse=True)
-def single_thread() -> Iterator[None]:
-    with one_torch_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one intra-op thread
 
 
-@pytest.fixture(scope="module")
-def data_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_data_line(tmp_path_factory.mktemp("template"), files=4)
+data_template = data_template_fixture(files=4)
 
 
 @pytest.fixture(scope="module")
@@ -76,14 +76,9 @@ def trunk(trained_trunk: Path, tmp_path: Path) -> Path:
     return line
 
 
-def rows_of(path: Path) -> list[dict]:
-    rows = [json.loads(text) for text in path.read_text().splitlines()]
-    return [{k: v for k, v in row.items() if k not in WALL_CLOCK_FIELDS} for row in rows]
-
-
 def history_of(rows_jsonl: Path) -> list[tuple[int, dict]]:
     """A W&B run's history as the simulated server keeps it, from a rows.jsonl."""
-    return [(row["update"], {"loss": row["loss"]}) for row in rows_of(rows_jsonl)]
+    return [(row["update"], {"loss": row["loss"]}) for row in rows_without_wall_clock(rows_jsonl)]
 
 
 def kept(line: Path) -> dict[str, str]:
@@ -173,7 +168,7 @@ def test_branch_from_a_cycle_end(trunk: Path, data_template: Path, tmp_path: Pat
 
     # The branch trains from the fork: update numbers and the schedule carry on.
     assert Trainer(tmp_path / "b1", stop_at=fork.update + 3, echo=None).run() == 0
-    rows = rows_of(tmp_path / "b1" / "rows.jsonl")
+    rows = rows_without_wall_clock(tmp_path / "b1" / "rows.jsonl")
     assert [row["update"] for row in rows] == [fork.update + 1, fork.update + 2, fork.update + 3]
     assert rows[0]["stage"] == "decay" and rows[0]["lr"] == pytest.approx(learning_rate(branch, fork_tokens))
     assert rows[1]["lr"] < rows[0]["lr"]
@@ -209,7 +204,7 @@ def test_branch_refusals(
 
 
 def test_rollback_then_retrain_reproduces_the_rows(trunk: Path, tmp_path: Path) -> None:
-    original = rows_of(trunk / "rows.jsonl")
+    original = rows_without_wall_clock(trunk / "rows.jsonl")
     layout_latest = read_latest(trunk / "checkpoints")
     WandbRunState(run_id="run-1", acknowledged_step=len(original)).save(trunk / "wandb_run.json")
     data_path = Path(RunConfig.load(trunk / "run.json").data.line)
@@ -220,8 +215,8 @@ def test_rollback_then_retrain_reproduces_the_rows(trunk: Path, tmp_path: Path) 
     result = rollback_line(trunk, 10)  # a rolling checkpoint
     assert result.to_update == 10 and result.rows_now == 10
     assert read_latest(trunk / "checkpoints") == "u00000010"
-    assert rows_of(trunk / "rows.jsonl") == original[:10]
-    assert result.rows_kept is not None and rows_of(result.rows_kept) == original
+    assert rows_without_wall_clock(trunk / "rows.jsonl") == original[:10]
+    assert result.rows_kept is not None and rows_without_wall_clock(result.rows_kept) == original
     assert layout_latest in result.set_aside and (trunk / "checkpoints" / layout_latest).is_dir()
     state = WandbRunState.load(trunk / "wandb_run.json")
     assert state.pending is not None and state.pending.kind == "rewind" and state.pending.at_update == 10
@@ -237,7 +232,7 @@ def test_rollback_then_retrain_reproduces_the_rows(trunk: Path, tmp_path: Path) 
     assert [call[1]["rewind"] for call in server.calls if call[0] == "init"] == [RunPoint("run-1", 10)]
 
     assert Trainer(trunk, echo=None).run() == 0
-    assert rows_of(trunk / "rows.jsonl") == original  # the same updates, bit for bit
+    assert rows_without_wall_clock(trunk / "rows.jsonl") == original  # the same updates, bit for bit
     session(trunk, RecordingBackend(server))
     assert server.steps("run-1") == [row["update"] for row in original]
     # The abandoned continuation is gone, replaced by the new one's checkpoints.

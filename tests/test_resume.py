@@ -2,41 +2,34 @@
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-from test_trainer_lines import SEQ_LEN, copy_data_line, make_data_line, make_line, one_torch_thread
+from test_trainer_lines import (
+    SEQ_LEN,
+    copy_data_line,
+    data_template_fixture,
+    make_line,
+    rows_without_wall_clock,
+)
 
 from engine.ckpt import load_checkpoint, read_latest, verify_line_checkpoints
 from engine.trainer import Trainer
 
-WALL_CLOCK_FIELDS = ("time", "tokens_per_s")
 REPOSITORY = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(autouse=True)
-def single_thread() -> Iterator[None]:
-    with one_torch_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one intra-op thread
 
 
-@pytest.fixture(scope="module")
-def data_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_data_line(tmp_path_factory.mktemp("template"))
-
-
-def rows_without_wall_clock(line: Path) -> list[dict]:
-    rows = [json.loads(text) for text in (line / "rows.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in row.items() if k not in WALL_CLOCK_FIELDS} for row in rows]
+data_template = data_template_fixture()
 
 
 def count_rows(line: Path) -> int:
@@ -57,7 +50,7 @@ def assert_same_state(line: Path, reference: Path) -> None:
         assert sorted(mine_part) == sorted(their_part), part
         for key, tensor in their_part.items():
             assert torch.equal(mine_part[key], tensor), f"{part}/{key}"
-    assert rows_without_wall_clock(line) == rows_without_wall_clock(reference)
+    assert rows_without_wall_clock(line / "rows.jsonl") == rows_without_wall_clock(reference / "rows.jsonl")
 
 
 def trainer_process(line: Path) -> subprocess.Popen:

@@ -4,13 +4,18 @@ sharing, taking its own shapes back, and leaving the GPU (checkpoint, GpuBusy, e
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
 import pytest
 import torch
-from test_trainer_lines import copy_data_line, make_data_line, make_line, one_torch_thread
+from test_trainer_lines import (
+    copy_data_line,
+    data_template_fixture,
+    make_line,
+    rows_without_wall_clock,
+)
 
 from engine import step_engines, supervised_trainer
 from engine import trainer as trainer_module
@@ -126,15 +131,10 @@ def test_a_cpu_line_never_checks(tmp_path: Path, data_template: Path) -> None:
 # a real CPU line, its watch forced on and fed scripted readings
 
 
-@pytest.fixture(autouse=True)
-def single_thread() -> Iterator[None]:
-    with one_torch_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one intra-op thread
 
 
-@pytest.fixture(scope="module")
-def data_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_data_line(tmp_path_factory.mktemp("template"), files=3)
+data_template = data_template_fixture(files=3)
 
 
 def sharing_line(root: Path, data_template: Path, reserve_gb: float | None = RESERVE_GB, shared: bool = True) -> Path:
@@ -174,10 +174,6 @@ def train(line: Path, readings: list[GpuReading], stop_at: int = STOP_AT) -> Tra
 
 def read_rows(line: Path) -> list[dict]:
     return [json.loads(text) for text in (line / "rows.jsonl").read_text().splitlines()]
-
-
-def without_wall_clock(rows: list[dict]) -> list[dict]:
-    return [{k: v for k, v in row.items() if k not in ("time", "tokens_per_s")} for row in rows]
 
 
 def test_sharing_changes_the_split_not_the_update_and_the_line_takes_its_shapes_back(
@@ -229,7 +225,7 @@ def test_a_line_that_left_resumes_exactly_once_the_gpu_is_free(tmp_path: Path, d
     with pytest.raises(GpuBusy):
         train(line, [NOBODY, NOBODY, LARGE])  # left at update 4, never having shared
     resumed = train(line, [NOBODY])
-    assert without_wall_clock(read_rows(line)) == without_wall_clock(read_rows(tmp_path / "alone" / "line"))
+    assert rows_without_wall_clock(line / "rows.jsonl") == rows_without_wall_clock(tmp_path / "alone" / "line" / "rows.jsonl")
     assert torch.equal(resumed.optimizer.params, alone.optimizer.params)
 
 
@@ -278,7 +274,7 @@ def test_out_of_memory_beside_others_checkpoints_the_line_and_leaves_without_los
     assert load_checkpoint(line / "checkpoints" / str(read_latest(line / "checkpoints"))).update == 2
     monkeypatch.setattr(step_engines, "EagerEngine", EagerEngine)
     resumed = train(line, [NOBODY])  # relaunched on a free GPU: the same line as one never shared
-    assert without_wall_clock(read_rows(line)) == without_wall_clock(read_rows(tmp_path / "alone" / "line"))
+    assert rows_without_wall_clock(line / "rows.jsonl") == rows_without_wall_clock(tmp_path / "alone" / "line" / "rows.jsonl")
     assert torch.equal(resumed.optimizer.params, alone.optimizer.params)
 
 

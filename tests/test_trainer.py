@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,9 +13,10 @@ from test_trainer_lines import (
     SEQ_LEN,
     TOKENS_PER_UPDATE,
     copy_data_line,
+    data_template_fixture,
     make_data_line,
     make_line,
-    one_torch_thread,
+    rows_without_wall_clock,
 )
 
 from datalines import open_data_line
@@ -29,18 +29,10 @@ from engine.ops import request_stop
 from engine.schedule import learning_rate, tokens_per_update, update_weight_decay
 from engine.trainer import Trainer
 
-WALL_CLOCK_FIELDS = ("time", "tokens_per_s")
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one intra-op thread
 
 
-@pytest.fixture(autouse=True)
-def single_thread() -> Iterator[None]:
-    with one_torch_thread():
-        yield
-
-
-@pytest.fixture(scope="module")
-def data_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_data_line(tmp_path_factory.mktemp("template"))
+data_template = data_template_fixture()
 
 
 @pytest.fixture
@@ -53,8 +45,7 @@ def run(line: Path, stop_at: int | None = None) -> int:
 
 
 def read_rows(line: Path) -> list[dict]:
-    rows = [json.loads(text) for text in (line / "rows.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in row.items() if k not in WALL_CLOCK_FIELDS} for row in rows]
+    return rows_without_wall_clock(line / "rows.jsonl")
 
 
 def test_line_trains_to_the_data_end_with_kept_cycle_ends(line: Path) -> None:

@@ -7,11 +7,14 @@ from __future__ import annotations
 import json
 import shutil
 from collections import namedtuple
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_trainer_lines import copy_data_line, make_data_line, make_line, one_torch_thread
+from test_trainer_lines import (
+    copy_data_line,
+    data_template_fixture,
+    make_line,
+)
 
 from engine import trainer as trainer_module
 from engine.ckpt import read_latest, verify_line_checkpoints
@@ -22,15 +25,10 @@ from engine.trainer import Trainer
 DiskUsage = namedtuple("DiskUsage", "total used free")
 
 
-@pytest.fixture(autouse=True)
-def single_thread() -> Iterator[None]:
-    with one_torch_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one intra-op thread
 
 
-@pytest.fixture(scope="module")
-def data_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_data_line(tmp_path_factory.mktemp("template"))
+data_template = data_template_fixture()
 
 
 def _set_disk_floor(line: Path, gib: float) -> None:

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from datalines import open_data_line
@@ -99,6 +100,27 @@ def make_line(root: Path, data: Path, **changes: Any) -> Path:
     config.save(line / "run.json")
     config.save(line / "accepted_run.json")
     return line
+
+
+WALL_CLOCK_FIELDS = ("time", "tokens_per_s")
+"""Row fields that differ between two runs of the same line."""
+
+
+def rows_without_wall_clock(rows_jsonl: Path) -> list[dict]:
+    """A rows.jsonl's rows without their wall-clock fields: what two equal runs share exactly."""
+    rows = [json.loads(text) for text in rows_jsonl.read_text().splitlines()]
+    return [{k: v for k, v in row.items() if k not in WALL_CLOCK_FIELDS} for row in rows]
+
+
+def data_template_fixture(**options: Any) -> Any:
+    """A module-scoped `data_template` fixture: a data line made once per module by
+    `make_data_line(..., **options)`, copied by each test that trains on it."""
+
+    @pytest.fixture(scope="module")
+    def data_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+        return make_data_line(tmp_path_factory.mktemp("template"), **options)
+
+    return data_template
 
 
 @contextmanager

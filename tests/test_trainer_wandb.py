@@ -10,12 +10,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from test_trainer_lines import copy_data_line, make_data_line, make_line, one_torch_thread
+from test_trainer_lines import (
+    copy_data_line,
+    data_template_fixture,
+    make_line,
+)
 
 from engine import trainer as trainer_module
 from engine import wb as wb_module
@@ -31,18 +34,12 @@ UPDATES = 4
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-pytestmark = pytest.mark.usefixtures("offline_wandb")  # conftest: a temporary, offline wandb home
+pytestmark = pytest.mark.usefixtures("offline_wandb", "one_thread")  # conftest: a temporary, offline wandb home
 
 
-@pytest.fixture(autouse=True)
-def single_thread() -> Iterator[None]:
-    with one_torch_thread():
-        yield
 
 
-@pytest.fixture(scope="module")
-def data_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_data_line(tmp_path_factory.mktemp("template"))
+data_template = data_template_fixture()
 
 
 def wandb_line(root: Path, data_template: Path, mode: str) -> Path:

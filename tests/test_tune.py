@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-from test_trainer_lines import SEQ_LEN, make_data_line, make_line, one_torch_thread
+from test_trainer_lines import SEQ_LEN, make_data_line, make_line
 
 from engine.config import RunConfig
 from engine.errors import LineError
@@ -18,10 +17,7 @@ from nsconsole.cli import main as cli_main
 MIB = 1 << 20
 
 
-@pytest.fixture(autouse=True)
-def single_thread() -> Iterator[None]:
-    with one_torch_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one intra-op thread
 
 
 @pytest.fixture(scope="module")

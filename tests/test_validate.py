@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-from test_trainer_lines import SEQ_LEN, make_data_line, make_line, one_torch_thread
+from test_trainer_lines import SEQ_LEN, make_data_line, make_line
 
 from datalines import open_data_line
 from datalines.validation import build_validation
@@ -27,10 +26,7 @@ from engine.validate_losses import document_position_bins
 LONG_LEN = 2 * SEQ_LEN
 
 
-@pytest.fixture(autouse=True)
-def single_thread() -> Iterator[None]:
-    with one_torch_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one intra-op thread
 
 
 @pytest.fixture(scope="module")

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-from test_trainer_lines import SEQ_LEN, copy_data_line, make_data_line, make_line, one_torch_thread
+from test_trainer_lines import (
+    SEQ_LEN,
+    WALL_CLOCK_FIELDS,
+    copy_data_line,
+    data_template_fixture,
+    make_data_line,
+    make_line,
+)
 
 from datalines import open_data_line
 from datalines.validation import build_validation
@@ -18,18 +24,12 @@ from engine.errors import LineError
 from engine.trainer import Trainer
 
 VALIDATION_PREFIXES = ("val_", "ema/", "opt/")
-WALL_CLOCK_FIELDS = ("time", "tokens_per_s")
 
 
-@pytest.fixture(autouse=True)
-def single_thread() -> Iterator[None]:
-    with one_torch_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one intra-op thread
 
 
-@pytest.fixture(scope="module")
-def data_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_data_line(tmp_path_factory.mktemp("template"), prepare=1)
+data_template = data_template_fixture(prepare=1)
 
 
 def trained(root: Path, data_template: Path, every: int) -> Path:
