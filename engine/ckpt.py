@@ -88,18 +88,12 @@ class CheckpointSnapshot:
     """The tokenizer JSON the line trains with."""
 
 
-@dataclass
-class Checkpoint:
-    """A verified checkpoint loaded from disk."""
+@dataclass(kw_only=True)
+class Checkpoint(CheckpointSnapshot):
+    """A verified checkpoint loaded from disk: what was saved, and where it lies."""
 
     directory: Path
-    update: int
-    weights: dict[str, torch.Tensor]
-    optimizer: dict[str, torch.Tensor]
-    extra: dict[str, torch.Tensor]
-    state: dict[str, Any]
-    run_json: bytes
-    tokenizer_json: bytes
+    """The checkpoint's directory."""
 
 
 @cache
