@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU work no CI machine can do, in one script for a lent H200 (see bench/RESULTS.md).
-# Usage: bash bench/gpu_suite.sh tests|bench|sharing [more stages]; logs go to $OUT (or ./gpu-out).
+# Usage: bash bench/gpu_suite.sh kernel-tests|tests|bench|sharing [more stages]; logs go to $OUT (or ./gpu-out).
 set -u -o pipefail
 out=${OUT:-gpu-out}
 mkdir -p "$out"
@@ -10,11 +10,13 @@ for stage in "$@"; do
     tests)
       nvidia-smi --query-gpu=name,memory.used,memory.total,driver_version --format=csv
       python3 -c 'import os, pynvml, torch; torch.ones(1, device="cuda"); pynvml.nvmlInit(); h = pynvml.nvmlDeviceGetHandleByIndex(0); print("own pid", os.getpid(), "NVML pids", [p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)])'
-      python3 -m pytest -q -p no:cacheprovider --timeout 300 -rfE tests/test_kernels_*.py 2>&1 | tee "$out/tests_kernels.log"
-      python3 -m pytest -q -p no:cacheprovider --timeout 300 -rfE -m cuda tests/test_trainer_cuda.py \
+      python3 -m pytest -q -p no:cacheprovider --timeout 300 -rfE --durations=8 -m cuda tests/test_trainer_cuda.py \
         tests/test_models_ns_pool_read.py tests/test_models_ns_model.py tests/test_models_pssa.py \
         tests/test_models_transformer.py tests/test_tune.py tests/test_validate.py tests/test_gpu.py \
         2>&1 | tee "$out/tests_cuda.log"
+      ;;
+    kernel-tests)
+      python3 -m pytest -q -p no:cacheprovider --timeout 300 -rfE tests/test_kernels_*.py 2>&1 | tee "$out/tests_kernels.log"
       ;;
     bench)
       # The training core's comparison (issue 6): eager against CUDA graphs at 4K.

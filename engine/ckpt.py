@@ -38,7 +38,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from engine.atomic import fsync_directory, write_text_atomic
-from engine.errors import CheckpointError
+from engine.errors import CheckpointError, DiskFull
 
 FORMAT_VERSION = 1
 LATEST_NAME = "latest"
@@ -86,6 +86,12 @@ class CheckpointSnapshot:
     """The line's run.json, byte for byte."""
     tokenizer_json: bytes
     """The tokenizer JSON the line trains with."""
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of its tensors and documents: about its size on disk."""
+        tensors = (*self.weights.values(), *self.optimizer.values(), *self.extra.values())
+        return sum(t.numel() * t.element_size() for t in tensors) + len(self.run_json) + len(self.tokenizer_json)
 
 
 @dataclass(kw_only=True)
@@ -313,7 +319,7 @@ class CheckpointWriter:
             self._thread = None
         if self._error is not None:
             error, self._error = self._error, None
-            if isinstance(error, CheckpointError):
+            if isinstance(error, (CheckpointError, DiskFull)):
                 raise error
             raise CheckpointError(f"{self.checkpoints_dir}: checkpoint write failed: {error}") from error
 
@@ -332,6 +338,18 @@ class CheckpointWriter:
             self.abandoned_after = None
             self.last_written = final
         except BaseException as error:  # noqa: BLE001 - handed to the loop's thread
+            # A half-written directory is never a checkpoint (no rename, `latest` untouched);
+            # removing it now gives a full disk its space back.
+            name = checkpoint_name(snapshot.update) + PARTIAL_SUFFIX
+            shutil.rmtree(self.checkpoints_dir / name, ignore_errors=True)
+            free = shutil.disk_usage(self.checkpoints_dir).free
+            if free < snapshot.nbytes:
+                error = DiskFull(
+                    f"{self.checkpoints_dir}: the disk filled while checkpoint {name.removesuffix(PARTIAL_SUFFIX)} "
+                    f"was written ({free / 2**30:.2f} GiB free, it needs {snapshot.nbytes / 2**30:.2f} GiB; "
+                    f"{error}); the newest complete one is {read_latest(self.checkpoints_dir) or 'none yet'}; "
+                    "free some space and run the line again"
+                )
             self._error = error
 
 

@@ -343,6 +343,13 @@ class Trainer:
         )
 
     def _checkpoint(self, kept: str | None = None, wait: bool = False) -> None:
+        self.writer.wait()  # the write before this one has taken its space
+        free, size = shutil.disk_usage(self.layout.checkpoints).free, self._checkpoint_bytes()
+        if free < DISK_MARGIN * size:
+            # Whatever the guard's threshold, a write that cannot fit would fail half-way.
+            last = self._last_checkpoint_update
+            newest = f"the newest is update {last}" if last is not None else "none written yet"
+            self._stop_for_disk(free, f"too little for the next checkpoint (about {size / 2**30:.2f} GiB); {newest}")
         self.heartbeat.beat(self.position.update, "checkpointing")
         snapshot = self._snapshot(kept)
         self.writer.save(snapshot, before_latest=self.rows.sync)
@@ -649,9 +656,14 @@ class Trainer:
             saved = f"checkpointed update {update}"
         else:
             saved = f"no room for another checkpoint: the newest is update {self._last_checkpoint_update}"
+        self._stop_for_disk(free, f"below guards.min_free_disk_gb = {self.config.guards.min_free_disk_gb:g}; {saved}")
+
+    def _stop_for_disk(self, free: int, why: str) -> None:
+        """Stop for the operator (DiskFull: the supervisor does not relaunch); what is saved stays."""
+        update = self.position.update
         message = (
-            f"{self.layout.root}: {free / 2**30:.2f} GiB free on its disk, below guards.min_free_disk_gb "
-            f"= {self.config.guards.min_free_disk_gb:g}; {saved}; free some space and run the line again"
+            f"{self.layout.root}: {free / 2**30:.2f} GiB free on its disk, {why}; "
+            "free some space and run the line again"
         )
         self.heartbeat.beat(update, "stopped", reason="disk full")
         self.log.write(message)
@@ -701,6 +713,8 @@ class Trainer:
                 try:
                     self.writer.wait()
                     self.rows.close()
+                    with contextlib.suppress(ArenaNotReleased):  # leaving: the process may live on
+                        self.engines.drop()
                 finally:
                     self._close_mirror()  # on every exit: a stop, a signal, a line error, a failed write
                     self.log.close()

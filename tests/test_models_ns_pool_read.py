@@ -63,21 +63,36 @@ def test_explicit_read_gradients_match_finite_differences():
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_flex_read_equals_the_explicit_read_forward_and_backward(dtype):
+def test_flex_read_is_as_close_to_float64_as_the_explicit_read(dtype):
+    """Both reads in DTYPE against the explicit read in float64: flex may not be much worse.
+
+    In bf16 neither read is close to float64 in every gradient (the clock rate's gradient sums
+    bf16 residues times clock spans of thousands), so the bound is relative to the explicit read's
+    own error in the same precision, not an absolute tolerance.
+    """
     inputs = random_read_inputs(batch=2, heads=3, length=300, head_dim=64, dtype=dtype, device="cuda")
     # Clocks of about 6,000 ticks (past a 4K row's): flex reads the bias lambda c_s in fp32, which
     # rounds at 6e-8 of its size (about 2e-4 of a logit here).
     inputs[4].mul_(20.0)
-    explicit_inputs = [t.detach().clone().requires_grad_() for t in inputs]
-    flex_inputs = [t.detach().clone().requires_grad_() for t in inputs]
-    explicit = pool_read_explicit(*explicit_inputs)
-    flex = pool_read_flex(*flex_inputs)
-    tolerance = {"rtol": 2e-2, "atol": 2e-2} if dtype == torch.bfloat16 else {"rtol": 5e-4, "atol": 5e-4}
-    torch.testing.assert_close(flex.float(), explicit.float(), **tolerance)
-    grad_out = torch.randn_like(explicit)
-    explicit.backward(grad_out)
-    flex.backward(grad_out)
-    for name, a, b in zip(("q", "k", "v", "log_tag", "clock", "rate"), explicit_inputs, flex_inputs):
-        scale = a.grad.float().abs().max().clamp_min(1e-6)
-        error = (a.grad.float() - b.grad.float()).abs().max() / scale
-        assert error < (5e-2 if dtype == torch.bfloat16 else 1e-3), f"{name}: relative gradient error {error}"
+    grad_out = torch.randn(inputs[2].shape, device="cuda", dtype=torch.float64)
+    results = {}
+    for name, read, cast in (
+        ("reference", pool_read_explicit, torch.float64),
+        ("explicit", pool_read_explicit, None),
+        ("flex", pool_read_flex, None),
+    ):
+        leaves = [(t.detach().to(cast) if cast else t.detach().clone()).requires_grad_() for t in inputs]
+        out = read(*leaves)
+        out.backward(grad_out.to(out.dtype))
+        results[name] = [out.detach().double()] + [t.grad.double() for t in leaves]
+    names = ("out", "q", "k", "v", "log_tag", "clock", "rate")
+    floor = 5e-2 if dtype == torch.bfloat16 else 1e-3
+    for index, name in enumerate(names):
+        reference = results["reference"][index]
+        scale = reference.abs().max().clamp_min(1e-6)
+        explicit_error = float((results["explicit"][index] - reference).abs().max() / scale)
+        flex_error = float((results["flex"][index] - reference).abs().max() / scale)
+        bound = max(2 * explicit_error, floor)
+        assert flex_error < bound, (
+            f"{name}: flex error {flex_error:.2e}, explicit {explicit_error:.2e} (dtype {dtype})"
+        )

@@ -4,6 +4,7 @@ still names a complete checkpoint."""
 
 from __future__ import annotations
 
+import errno
 import json
 import shutil
 from collections import namedtuple
@@ -16,6 +17,7 @@ from test_trainer_lines import (
     make_line,
 )
 
+from engine import ckpt as ckpt_module
 from engine import trainer as trainer_module
 from engine.ckpt import read_latest, verify_line_checkpoints
 from engine.config import RunConfig
@@ -73,4 +75,60 @@ def test_no_room_for_a_checkpoint_writes_none(
     assert 3 in updates_seen
     assert read_latest(line / "checkpoints") == "u00000002"
     assert not list((line / "checkpoints").glob("*.partial"))
+    assert verify_line_checkpoints(line) == []
+
+
+def test_a_checkpoint_larger_than_the_free_disk_is_not_started(
+    tmp_path: Path, data_template: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The guard's floor (0 here) is below the checkpoint's size: the trainer must not begin a
+    # write the disk cannot hold, whatever the floor says.
+    line = make_line(tmp_path, copy_data_line(data_template, tmp_path))
+    _set_disk_floor(line, 0.0)
+    assert Trainer(line, stop_at=2, echo=None).run() == 0
+    newest = line / "checkpoints" / "u00000002"
+    size = sum(path.stat().st_size for path in newest.iterdir())
+    monkeypatch.setattr(
+        trainer_module.shutil, "disk_usage", lambda path: DiskUsage(10**12, 10**12 - size, size * 6 // 5)
+    )
+    with pytest.raises(DiskFull, match=r"too little for the next checkpoint .*; the newest is update 2"):
+        Trainer(line, stop_at=10, echo=None).run()  # the rolling checkpoint at 5
+    assert read_latest(line / "checkpoints") == "u00000002"
+    assert sorted(path.name for path in (line / "checkpoints").iterdir()) == [
+        "latest",
+        "u00000000",
+        "u00000002",
+    ]
+    assert verify_line_checkpoints(line) == []
+
+
+def test_a_write_that_fills_the_disk_is_removed_and_stops_the_line(
+    tmp_path: Path, data_template: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Another process fills the disk while a checkpoint is written: the half-written directory
+    # goes at once, `latest` stays, and the line stops for the operator (DiskFull, not a crash).
+    line = make_line(tmp_path, copy_data_line(data_template, tmp_path))
+    _set_disk_floor(line, 0.0)
+    assert Trainer(line, stop_at=2, echo=None).run() == 0
+    real_usage, real_save = shutil.disk_usage, ckpt_module.save_file
+    filled = []
+
+    def save_then_fill(tensors: dict, path: Path) -> None:
+        real_save(tensors, path)
+        if path.name == ckpt_module.OPTIMIZER_FILE:
+            filled.append(path)
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    def usage(path: str | Path) -> DiskUsage:
+        return DiskUsage(10**12, 10**12 - 1000, 1000) if filled else real_usage(path)
+
+    monkeypatch.setattr(ckpt_module, "save_file", save_then_fill)
+    monkeypatch.setattr(trainer_module.shutil, "disk_usage", usage)
+    with pytest.raises(
+        DiskFull,
+        match=r"the disk filled while checkpoint u00000005 was written .* newest complete one is u00000002",
+    ):
+        Trainer(line, stop_at=10, echo=None).run()
+    assert filled and not filled[0].parent.exists()  # the partial directory is gone
+    assert read_latest(line / "checkpoints") == "u00000002"
     assert verify_line_checkpoints(line) == []
