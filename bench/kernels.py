@@ -273,10 +273,9 @@ def _grads_of(scan, inputs: list[torch.Tensor], grad_y: torch.Tensor) -> list[to
     return [y] + [leaf.grad for leaf in leaves]
 
 
-def sweep(copy_gbs: float) -> None:
-    """Times block-shape variants of the scan kernels, each checked against the reference first."""
+def sweep_selective_scan(copy_gbs: float) -> None:
+    """Times block-shape variants of the selective scan, each checked against the reference first."""
     scan_module = sys.modules["kernels.selective_scan"]
-    plif_module = sys.modules["kernels.plif"]
     check = _scan_case(2, 203, 96, 16, seed=1)
     check_grad = torch.randn(2, 203, 96, device="cuda")
     want = _grads_of(selective_scan_reference, check, check_grad)
@@ -299,6 +298,11 @@ def sweep(copy_gbs: float) -> None:
             emit("sweep_scan", config, "triton_fwd_bwd", both_ms, 2 * io, copy_gbs)
         except Exception as failure:
             print(json.dumps({"kernel": "sweep_scan", "size": config, "error": str(failure)[:500]}), flush=True)
+
+
+def sweep_plif(copy_gbs: float) -> None:
+    """Times block and pipeline-depth variants of the PLIF scan, each checked against the reference first."""
+    plif_module = sys.modules["kernels.plif"]
     x_check = torch.randn(2, 203, 300, device="cuda")
     beta = torch.rand(300, device="cuda") * 0.8 + 0.1
     threshold = torch.rand(300, device="cuda") + 0.5
@@ -311,9 +315,10 @@ def sweep(copy_gbs: float) -> None:
         return [spikes, v_pre, v_last] + [leaf.grad for leaf in leaves]
 
     want_plif = plif_outputs_and_grads(plif_scan_reference)
-    for chunk in (32, 16, 64):
-        plif_module._CHUNK_T = chunk
-        config = f"chunk {chunk}"
+    for block, stages in [(32, 8), (32, 12), (64, 8), (64, 12), (64, 16), (128, 12)]:
+        plif_module._channels_per_program = lambda _batch, _channels, block=block: block
+        plif_module._STAGES = stages
+        config = f"block {block} stages {stages}"
         try:
             got = plif_outputs_and_grads(plif_scan)
             error = max(relative_error(a, b) for a, b in zip(got, want_plif))
@@ -355,7 +360,10 @@ def main() -> int:
                       "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}), flush=True)
     copy_gbs = copy_bandwidth()
     if args.sweep:
-        sweep(copy_gbs)
+        if "scan" in wanted:
+            sweep_selective_scan(copy_gbs)
+        if "plif" in wanted:
+            sweep_plif(copy_gbs)
         if args.out:
             args.out.write_text("".join(json.dumps(row) + "\n" for row in ROWS))
         return 0

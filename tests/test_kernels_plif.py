@@ -82,7 +82,7 @@ def test_reference_backward_matches_hand_written_adjoint() -> None:
         np.testing.assert_allclose(mine.cpu().numpy(), want, rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize(("batch", "steps", "channels"), [(2, 45, 37), (1, 1, 3), (3, 32, 33)])
+@pytest.mark.parametrize(("batch", "steps", "channels"), [(2, 45, 37), (1, 1, 3), (3, 32, 33), (2, 7, 4099)])
 def test_kernel_matches_reference(batch: int, steps: int, channels: int) -> None:
     inputs = _inputs(batch, steps, channels, seed=steps)
     generator = torch.Generator().manual_seed(7)
