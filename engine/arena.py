@@ -36,6 +36,9 @@ class Arena:
         device = self.device
         self.pool = torch.cuda.MemPool()
         self.stream = torch.cuda.Stream(device)
+        self._hold_pool: torch.cuda.MemPool | None = None
+        self.extra_held_bytes = 0
+        """Held by `hold` beyond the pool's segment (sharing: what the others may not take)."""
         free_bytes, _total = torch.cuda.mem_get_info(device)
         self.held_bytes = max(free_bytes - slack_bytes - reserve_bytes, 0)
         if self.held_bytes:
@@ -46,22 +49,50 @@ class Arena:
                 del block
             self.stream.synchronize()
 
+    def hold(self, nbytes: int) -> None:
+        """Hold `nbytes` more of the device in a pool of their own that nothing allocates from.
+
+        Beside other processes the free memory should be what they may still take (the reserve
+        less what they use): what they free past that is held again here, so they cannot grow
+        past their reserve. Given back by `release_held` before a capture, which needs its room
+        outside the pool, and by `close`.
+        """
+        if self._hold_pool is None:
+            self._hold_pool = torch.cuda.MemPool()
+        with torch.cuda.stream(self.stream), self.allocating(self._hold_pool):
+            block = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+            del block  # cached in the hold pool, which nothing else allocates from
+        self.stream.synchronize()
+        self.extra_held_bytes += nbytes
+
+    def release_held(self) -> int:
+        """Give back what `hold` took; the bytes the device got back."""
+        if self._hold_pool is None:
+            return 0
+        torch.cuda.synchronize(self.device)
+        free_before, _total = torch.cuda.mem_get_info(self.device)
+        self._hold_pool = None
+        torch.cuda.empty_cache()
+        self.extra_held_bytes = 0
+        free_after, _total = torch.cuda.mem_get_info(self.device)
+        return free_after - free_before
+
     @contextmanager
-    def allocating(self) -> Iterator[None]:
-        """Serve the device's CUDA allocations, from every thread, from the arena's pool meanwhile.
+    def allocating(self, pool: torch.cuda.MemPool | None = None) -> Iterator[None]:
+        """Serve the device's CUDA allocations, from every thread, from the arena's pool (or `pool`) meanwhile.
 
         Every thread, not only this one (`torch.cuda.use_mem_pool`): autograd runs a CUDA
         backward on its own worker thread, whose allocations would otherwise bypass the pool and
         find the memory the arena holds unavailable. This is the routing a graph capture uses,
         through the same private allocator entry points `use_mem_pool` calls.
         """
-        index = self.device.index
-        torch._C._cuda_beginAllocateToPool(index, self.pool.id)
+        index, pool_id = self.device.index, (pool or self.pool).id
+        torch._C._cuda_beginAllocateToPool(index, pool_id)
         try:
             yield
         finally:
-            torch._C._cuda_endAllocateToPool(index, self.pool.id)
-            torch._C._cuda_releasePool(index, self.pool.id)
+            torch._C._cuda_endAllocateToPool(index, pool_id)
+            torch._C._cuda_releasePool(index, pool_id)
 
     def pool_handle(self) -> tuple[int, int]:
         """The pool id `torch.cuda.graph(..., pool=)` takes, so captures share the arena."""
@@ -74,6 +105,8 @@ class Arena:
         torch.cuda.synchronize(self.device)
         free_before, _total = torch.cuda.mem_get_info(self.device)
         del self.pool
+        self._hold_pool = None
+        self.extra_held_bytes = 0
         torch.cuda.empty_cache()
         free_after, _total = torch.cuda.mem_get_info(self.device)
         return free_after - free_before

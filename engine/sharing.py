@@ -11,6 +11,10 @@ action:
 - others use more than the reserve -> LEAVE;
 - sharing, and the others gone for `OWN_AFTER_ABSENT_CHECKS` checks in a row -> OWN: back to the
   lengths' own shapes.
+
+While sharing, every check also holds again what is free past the others' room (the reserve less
+what they use), so they cannot grow past their reserve (`Trainer._hold_past_the_reserve`,
+`Arena.hold`); a capture gives that back first, as it needs its slack outside the arena's pool.
 """
 
 from __future__ import annotations

@@ -30,6 +30,8 @@ from engine.step import EagerEngine, GraphEngine
 
 ARENA_RELEASE_FRACTION = 0.9
 """A switch of shapes needs at least this much of the closed arena's memory back from the driver."""
+HOLD_AT_LEAST_BYTES = 256 << 20
+"""Smaller excesses of free memory over the others' room are left alone (allocator noise)."""
 
 
 class ArenaNotReleased(RuntimeError):
@@ -103,6 +105,8 @@ class StepEngines:
             # less what they hold (the free memory it reads already excludes that).
             room = self.room_for_others() if self.gpu_mode == GpuMode.SHARED else 0
             self.arena = Arena(self.device, reserve_bytes=room)
+        else:
+            self.arena.release_held()  # a capture needs its slack outside the pool
         self.before_capture(seq_len)
         return GraphEngine(self.model, self.optimizer, rows, seq_len, self.arena)
 
@@ -120,6 +124,19 @@ class StepEngines:
         with torch.cuda.stream(arena.stream), arena.allocating():
             yield
         current.wait_stream(arena.stream)
+
+    def free_bytes(self) -> int:
+        """The device's free memory now (0 off CUDA)."""
+        return torch.cuda.mem_get_info(self.device)[0] if self.device.type == "cuda" else 0
+
+    def hold_past(self, room: int, free: int) -> int:
+        """Sharing: hold in the arena what is free past `room` (what the others may still take,
+        `free` read just before); the bytes newly held (0 without an arena or a real excess)."""
+        excess = free - room
+        if self.arena is None or excess < HOLD_AT_LEAST_BYTES:
+            return 0
+        self.arena.hold(excess)
+        return excess
 
     def drop(self) -> None:
         """Close every engine and the arena; ArenaNotReleased when the arena's memory stays held."""

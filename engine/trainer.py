@@ -68,7 +68,7 @@ from engine.models.presets import build_model
 from engine.optim import AdamWSettings, FlatAdamW, ParameterAverage
 from engine.rows import Heartbeat, RowsFile, RunLog, format_row
 from engine.schedule import learning_rate, tokens_per_update, update_weight_decay
-from engine.sharing import GIB, Action, GpuBusy, GpuMode, GpuWatch, refuse_unshareable_lengths
+from engine.sharing import GIB, Action, GpuBusy, GpuMode, GpuReading, GpuWatch, refuse_unshareable_lengths
 from engine.step import UpdateResult
 from engine.step_engines import ArenaNotReleased, StepEngines
 from engine.validate import Validator, format_probe_rows, format_validation
@@ -402,6 +402,24 @@ class Trainer:
             limit = ("guards.share_reserve_gb is not set" if reserve_gb is None
                      else f"more than guards.share_reserve_gb = {reserve_gb:g}")  # fmt: skip
             self._leave_gpu(f"{others} on the GPU, {limit}")
+        elif self.engines.gpu_mode == GpuMode.SHARED:
+            self._hold_past_the_reserve(reading)
+
+    def _hold_past_the_reserve(self, reading: GpuReading) -> None:
+        """Sharing, at a check: the memory free past what the others may still take (the reserve
+        less what they use) is held again, so that they cannot grow past their reserve. The free
+        memory is read between two readings of theirs; if they differ, they were allocating or
+        freeing, and the next check decides."""
+        if self.engines.arena is None:
+            return  # nothing captured yet (or eager): the next capture's arena is sized then
+        free = self.engines.free_bytes()
+        if self.gpu_watch.reader() != reading:
+            return
+        room = self.gpu_watch.room_for_others()
+        held = self.engines.hold_past(room, free)
+        if held:
+            self.log.write(f"gpu: held {held / GIB:.2f} GiB more, leaving {room / GIB:.2f} GiB free: the reserve "
+                           f"less the {reading.others_bytes / GIB:.2f} GiB the other processes hold")  # fmt: skip
 
     def _switch_shapes(self, mode: str, why: str) -> None:
         """Drop the step engines (and the arena) and train on with the lengths' `mode` shapes.

@@ -7,6 +7,7 @@ import json
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -137,7 +138,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one intra-op thr
 data_template = data_template_fixture(files=3)
 
 
-def sharing_line(root: Path, data_template: Path, reserve_gb: float | None = RESERVE_GB, shared: bool = True) -> Path:
+def sharing_line(
+    root: Path, data_template: Path, reserve_gb: float | None = RESERVE_GB, shared: bool = True
+) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     line = make_line(root, copy_data_line(data_template, root), **{"guards.gpu_check_every": CHECK_EVERY})
     document = RunConfig.load(line / "run.json").to_dict()
@@ -208,7 +211,9 @@ def test_sharing_changes_the_split_not_the_update_and_the_line_takes_its_shapes_
     assert shared.engines.gpu_mode == GpuMode.OWN
 
 
-def test_others_past_the_reserve_checkpoint_the_line_and_raise_gpu_busy(tmp_path: Path, data_template: Path) -> None:
+def test_others_past_the_reserve_checkpoint_the_line_and_raise_gpu_busy(
+    tmp_path: Path, data_template: Path
+) -> None:
     line = sharing_line(tmp_path, data_template)
     trainer = Trainer(line, echo=None, gpu_watch=forced_watch(scripted([NOBODY, NOBODY, SMALL, LARGE])))
     with pytest.raises(GpuBusy, match="more than guards.share_reserve_gb = 1"):
@@ -225,7 +230,9 @@ def test_a_line_that_left_resumes_exactly_once_the_gpu_is_free(tmp_path: Path, d
     with pytest.raises(GpuBusy):
         train(line, [NOBODY, NOBODY, LARGE])  # left at update 4, never having shared
     resumed = train(line, [NOBODY])
-    assert rows_without_wall_clock(line / "rows.jsonl") == rows_without_wall_clock(tmp_path / "alone" / "line" / "rows.jsonl")
+    assert rows_without_wall_clock(line / "rows.jsonl") == rows_without_wall_clock(
+        tmp_path / "alone" / "line" / "rows.jsonl"
+    )
     assert torch.equal(resumed.optimizer.params, alone.optimizer.params)
 
 
@@ -274,7 +281,9 @@ def test_out_of_memory_beside_others_checkpoints_the_line_and_leaves_without_los
     assert load_checkpoint(line / "checkpoints" / str(read_latest(line / "checkpoints"))).update == 2
     monkeypatch.setattr(step_engines, "EagerEngine", EagerEngine)
     resumed = train(line, [NOBODY])  # relaunched on a free GPU: the same line as one never shared
-    assert rows_without_wall_clock(line / "rows.jsonl") == rows_without_wall_clock(tmp_path / "alone" / "line" / "rows.jsonl")
+    assert rows_without_wall_clock(line / "rows.jsonl") == rows_without_wall_clock(
+        tmp_path / "alone" / "line" / "rows.jsonl"
+    )
     assert torch.equal(resumed.optimizer.params, alone.optimizer.params)
 
 
@@ -311,7 +320,54 @@ def test_a_switch_whose_arena_memory_does_not_come_back_checkpoints_and_leaves(
     monkeypatch.setattr(trainer_module, "StepEngines", EnginesWithAnArena)
     line = sharing_line(tmp_path, data_template)
     trainer = Trainer(line, echo=None, gpu_watch=forced_watch(scripted([NOBODY, SMALL])))
-    with pytest.raises(GpuBusy, match=r"the arena's 100\.0 GiB did not come back for the switch to the shared shapes"):
+    with pytest.raises(
+        GpuBusy, match=r"the arena's 100\.0 GiB did not come back for the switch to the shared shapes"
+    ):
         trainer.run()
     assert load_checkpoint(line / "checkpoints" / str(read_latest(line / "checkpoints"))).update == 2
     assert all(row["gpu_mode"] == "own" for row in read_rows(line))
+
+
+# ---------------------------------------------------------------------------------------------
+# holding what the others free past their room (the GPU side: tests/test_trainer_cuda.py)
+
+
+class HoldingEngines:
+    """The part of StepEngines the check uses, over a device with `free` bytes free."""
+
+    def __init__(self, free: int) -> None:
+        self.arena = object()
+        self.free = free
+        self.held: list[int] = []
+
+    def free_bytes(self) -> int:
+        return self.free
+
+    def hold_past(self, room: int, free: int) -> int:
+        self.held.append(free - room)
+        return free - room
+
+
+def checking_trainer(readings: list[GpuReading], free: int) -> tuple[SimpleNamespace, list[str]]:
+    watch = GpuWatch(every=1, reserve_bytes=4 * GIB, reader=scripted(readings), enabled=True)
+    watch.check(0)  # the check's own reading: readings[0]
+    logged: list[str] = []
+    trainer = SimpleNamespace(
+        engines=HoldingEngines(free), gpu_watch=watch, log=SimpleNamespace(write=logged.append)
+    )
+    return trainer, logged
+
+
+def test_a_check_while_sharing_holds_what_is_free_past_the_reserve_less_their_use() -> None:
+    trainer, logged = checking_trainer([SMALL, SMALL], free=10 * GIB)
+    Trainer._hold_past_the_reserve(trainer, SMALL)
+    # Room for the others: the 4 GiB reserve less the 0.5 GiB they hold; the rest is held.
+    assert trainer.engines.held == [10 * GIB - (4 * GIB - GIB // 2)]
+    assert logged == ["gpu: held 6.50 GiB more, leaving 3.50 GiB free: the reserve less the 0.50 GiB "
+                      "the other processes hold"]  # fmt: skip
+
+
+def test_a_check_that_sees_the_others_change_their_memory_holds_nothing() -> None:
+    trainer, logged = checking_trainer([SMALL, LARGE], free=10 * GIB)
+    Trainer._hold_past_the_reserve(trainer, SMALL)
+    assert trainer.engines.held == [] and logged == []

@@ -113,6 +113,23 @@ def test_arena_serves_allocations_from_its_block(arena: Arena) -> None:
     del block
 
 
+def test_an_arena_holds_more_for_as_long_as_asked(arena: Arena) -> None:
+    # Sharing: what the others free past their reserve is held again, and given back before a
+    # capture. The hold must survive empty_cache (the trainer calls it at every arena switch).
+    gib = 1 << 30
+    torch.cuda.synchronize()
+    free_before = torch.cuda.mem_get_info()[0]
+    arena.hold(2 * gib)
+    torch.cuda.empty_cache()
+    assert free_before - torch.cuda.mem_get_info()[0] >= 2 * gib - (64 << 20)
+    assert arena.extra_held_bytes == 2 * gib
+    with torch.cuda.stream(arena.stream), arena.allocating():
+        block = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")  # the arena's pool still serves
+    del block
+    assert arena.release_held() >= 2 * gib - (64 << 20)
+    assert arena.extra_held_bytes == 0 and arena.release_held() == 0
+
+
 def test_a_line_trains_and_resumes_in_graph_mode(tmp_path: Path) -> None:
     template = make_data_line(tmp_path / "template")
     changes = {"device": "cuda", "lengths": [{"seq_len": 32, "micro_batch_rows": 2}]}
