@@ -731,7 +731,9 @@ class Trainer:
                 try:
                     self.writer.wait()
                     self.rows.close()
-                    with contextlib.suppress(ArenaNotReleased):  # leaving: the process may live on
+                    # Leaving: give the GPU back for a process that lives on (a test, a notebook).
+                    # A device already broken (the error in flight) must not replace that error.
+                    with contextlib.suppress(ArenaNotReleased, RuntimeError):
                         self.engines.drop()
                 finally:
                     self._close_mirror()  # on every exit: a stop, a signal, a line error, a failed write
