@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import json
 import os
 import signal
@@ -59,17 +58,33 @@ from engine import ops, registry
 from engine.atomic import write_text_atomic
 from engine.config import RunConfig
 from engine.detach import foreground_argv, gather_logind_facts, logind_refusal, spawn_detached
-from engine.errors import ConfigError, LineError
-from engine.gpu import GpuLease, gpu_snapshot
+from engine.errors import LineError
+from engine.gpu import GpuLease
 from engine.host import HostSettings, load_and_apply
-from engine.layout import LineLayout, checkpoint_update
+from engine.layout import LineLayout
 from engine.logrotate import RotatingLog, rotate_if_needed
 from engine.notify import DEFAULT_TIMEOUT_S as NOTIFY_TIMEOUT_S
 from engine.notify import EVENT_KINDS, make_event, notify_in_background
 from engine.protocol import PROTOCOL_VERSION, RequestLog
 from engine.server import SupervisorServer
 from engine.supervise_forks import ForkQueue, QueuedFork, branched_from
+from engine.supervise_gpu import gpu_index, memory_of_others_on_gpu, processes_on_gpu
 from engine.supervise_preparer import PreparerKeeper
+from engine.supervise_reads import (
+    beat_time,
+    discard_served_stop,
+    file_size,
+    heartbeat_update,
+    last_error_line,
+    latest_update,
+    lock_line,
+    parse_json,
+    pending_stop,
+    pending_stop_now,
+    read_json,
+    reload_config,
+    supervisor_config,
+)
 from engine.supervise_rpc import LineHandler, PausedWork, RowsTail, is_validation_row
 from engine.supervised_trainer import EXIT_DISK_FULL, EXIT_GPU_BUSY, EXIT_LINE_ERROR
 
@@ -215,17 +230,17 @@ class Supervisor:
             state = asdict(self.state)
         state.pop("requests")
         state["queued_forks"] = self.forks.export()
-        heartbeat = _read_json(self.layout.heartbeat)
-        stop = _pending_stop(self.layout)
+        heartbeat = read_json(self.layout.heartbeat)
+        stop = pending_stop(self.layout)
         config = self._config
         return {
             **state,
             "line": str(self.layout.root),
             "protocol": PROTOCOL_VERSION,
             "heartbeat": heartbeat,
-            "heartbeat_age_s": None if heartbeat is None else round(time.time() - _beat_time(heartbeat), 3),
+            "heartbeat_age_s": None if heartbeat is None else round(time.time() - beat_time(heartbeat), 3),
             "rows": self.rows_tail.count,
-            "latest_checkpoint": _latest_update(self.layout),
+            "latest_checkpoint": latest_update(self.layout),
             "stop": None if stop is None else asdict(stop),
             "stop_at": self.settings.stop_at,
             "preset": None if config is None else config.model.preset,
@@ -261,23 +276,23 @@ class Supervisor:
             work.answered.set()
 
     def _data_path(self) -> Path:
-        config = self._config or _supervisor_config(self.layout)
+        config = self._config or supervisor_config(self.layout)
         return ops.resolve_data_path(self.layout, config.data.line)
 
     # ---- life -----------------------------------------------------------------------------------
 
     def run(self) -> int:
         """Supervise until the line ends, fails or is stopped; the exit status."""
-        line_lock = _lock_line(self.layout)
+        line_lock = lock_line(self.layout)
         try:
-            self._config = _supervisor_config(self.layout)
+            self._config = supervisor_config(self.layout)
             self._notify_command = HostSettings.load().notify
-            previous = _read_json(self.layout.supervisor_json) or {}
+            previous = read_json(self.layout.supervisor_json) or {}
             if isinstance(previous.get("requests"), list):
                 self.request_log.restore(previous["requests"])
             self.forks.restore(previous.get("queued_forks"))
             self._parent = branched_from(self.layout)
-            self.state.gpu_index = _gpu_index(self._config.device)
+            self.state.gpu_index = gpu_index(self._config.device)
             if self.settings.run_preparer:
                 self._preparer = PreparerKeeper(
                     ops.resolve_data_path(self.layout, self._config.data.line),
@@ -286,7 +301,7 @@ class Supervisor:
                     command=self.settings.preparer_command,
                     restart_delay=self.settings.relaunch_delay_seconds,
                 )
-            self._echo_offset = _size(self.layout.run_log)
+            self._echo_offset = file_size(self.layout.run_log)
             # Rows and the heartbeat of earlier runs are history, not news for subscribers.
             self.rows_tail.poll()
             with contextlib.suppress(FileNotFoundError):
@@ -340,7 +355,7 @@ class Supervisor:
     def _supervise(self) -> int:
         while True:
             self._pump()
-            if self._stopping or _pending_stop_now(self.layout):
+            if self._stopping or pending_stop_now(self.layout):
                 return self._end_without_trainer()
             lease = None
             if self.state.gpu_index is not None:
@@ -352,7 +367,7 @@ class Supervisor:
                     return self._end_without_trainer()
                 self._need_free_gpu = self._others_may_stay = False
             self._do_paused_work(gpu_ready=True)
-            if self._stopping or _pending_stop_now(self.layout):
+            if self._stopping or pending_stop_now(self.layout):
                 if lease is not None:
                     lease.release()
                 return self._end_without_trainer()
@@ -379,7 +394,7 @@ class Supervisor:
                 told = True
             self._pump()
             self._do_paused_work(gpu_ready=False)
-            if self._stopping or _pending_stop_now(self.layout):
+            if self._stopping or pending_stop_now(self.layout):
                 return None
             time.sleep(self.settings.poll_seconds)
         return lease
@@ -391,7 +406,7 @@ class Supervisor:
         comes first."""
         waited_since = time.monotonic()
         told = False
-        while (others := _processes_on_gpu(index, exclude=())) and not self._others_fit_the_reserve(index):
+        while (others := processes_on_gpu(index, exclude=())) and not self._others_fit_the_reserve(index):
             if self.state.state != "waiting-gpu":
                 self._set(state="waiting-gpu")
                 self._say(f"waiting for GPU {index} to be free (other processes on it: {others})")
@@ -401,7 +416,7 @@ class Supervisor:
                 told = True
             self._pump()
             self._do_paused_work(gpu_ready=False)
-            if self._stopping or _pending_stop_now(self.layout):
+            if self._stopping or pending_stop_now(self.layout):
                 return False
             time.sleep(self.settings.poll_seconds)
         return True
@@ -409,16 +424,16 @@ class Supervisor:
     def _others_fit_the_reserve(self, index: int) -> bool:
         if not self._others_may_stay:
             return False
-        config = self._config or _reload(self.layout, None)
+        config = self._config or reload_config(self.layout, None)
         reserve_gb = None if config is None else config.guards.share_reserve_gb
-        held = _memory_of_others_on_gpu(index)
+        held = memory_of_others_on_gpu(index)
         return reserve_gb is not None and held is not None and held <= reserve_gb * 2**30
 
     def _run_trainer(self, lease: GpuLease | None) -> TrainerExit:
         self._wait_for_an_earlier_trainer()
-        self._config = _reload(self.layout, self._config)
+        self._config = reload_config(self.layout, self._config)
         rotate_if_needed(self.layout.run_log)
-        checkpoint_before = _latest_update(self.layout)
+        checkpoint_before = latest_update(self.layout)
         program = self.settings.trainer_command or [sys.executable, "-m", "engine.supervised_trainer"]
         argv = [*program, str(self.layout.root), "--parent", str(os.getpid())]
         argv += ["--engine", self.settings.engine]
@@ -440,10 +455,10 @@ class Supervisor:
         self._say(f"trainer launched (pid {trainer.pid}, launch {self.state.launches})")
         self._publish_event("launched", f"trainer launched (pid {trainer.pid})")
         outcome = self._watch(trainer, launched)
-        outcome.progressed = (_latest_update(self.layout) or -1) > (checkpoint_before or -1)
+        outcome.progressed = (latest_update(self.layout) or -1) > (checkpoint_before or -1)
         self._pump()
         exit_record = {"code": outcome.code, "ran_seconds": round(outcome.ran_seconds, 3),
-                       "latest_checkpoint": _latest_update(self.layout), "time": time.time()}
+                       "latest_checkpoint": latest_update(self.layout), "time": time.time()}
         self._set(trainer_pid=None, last_exit=exit_record)
         return outcome
 
@@ -456,10 +471,10 @@ class Supervisor:
         told_data_wait = False
         others: list[int] = []
         while True:
-            stop_file_seen = stop_file_seen or _pending_stop(self.layout) is not None
+            stop_file_seen = stop_file_seen or pending_stop(self.layout) is not None
             code = trainer.poll()
             if self.state.gpu_index is not None:
-                now_on_gpu = _processes_on_gpu(self.state.gpu_index, exclude=(trainer.pid,))
+                now_on_gpu = processes_on_gpu(self.state.gpu_index, exclude=(trainer.pid,))
                 # At the exit, what was there at the last look before it counts too.
                 others = sorted(set(others) | set(now_on_gpu)) if code is not None else now_on_gpu
             if code is not None:
@@ -486,20 +501,20 @@ class Supervisor:
                 outcome = self._kill(trainer, launched, watchdog=False, stopped_by_us=stopped_by_us)
                 outcome.paused_for_work = paused
                 return outcome
-            heartbeat = _read_json(self.layout.heartbeat)
-            beat_time = launched
+            heartbeat = read_json(self.layout.heartbeat)
+            last_beat = launched
             if heartbeat is not None and heartbeat.get("pid") == trainer.pid:
-                beat_time = max(launched, _beat_time(heartbeat))
+                last_beat = max(launched, beat_time(heartbeat))
                 if heartbeat.get("stage") != "waiting-data":
                     data_wait_since, told_data_wait = None, False
                 elif data_wait_since is None:
-                    data_wait_since = beat_time
+                    data_wait_since = last_beat
                 elif not told_data_wait and time.time() - data_wait_since > self._watchdog_seconds():
                     cycle = heartbeat.get("cycle")
                     self._event("data_wait", f"the trainer has waited for data cycle {cycle} longer than the "
                                 "watchdog interval")
                     told_data_wait = True
-            if not asked and time.time() - beat_time > self._watchdog_seconds():
+            if not asked and time.time() - last_beat > self._watchdog_seconds():
                 return self._kill(trainer, launched, watchdog=True, stopped_by_us=False)
             time.sleep(self.settings.poll_seconds)
 
@@ -519,13 +534,13 @@ class Supervisor:
 
     def _wait_for_an_earlier_trainer(self) -> None:
         """A trainer of this line still alive (its supervisor died; it is checkpointing) must end first."""
-        heartbeat = _read_json(self.layout.heartbeat)
+        heartbeat = read_json(self.layout.heartbeat)
         if heartbeat is None or heartbeat.get("stage") == "stopped":
             return
         pid = heartbeat.get("pid")
         try:
             process = psutil.Process(int(pid))
-            if process.create_time() > _beat_time(heartbeat) + 1:
+            if process.create_time() > beat_time(heartbeat) + 1:
                 return  # the pid now belongs to a younger process
         except (psutil.Error, TypeError, ValueError):
             return
@@ -555,9 +570,9 @@ class Supervisor:
         if outcome.paused_for_work and not outcome.stopped_by_us:
             return self._judge_pause()
         if code == 0:
-            reason = (_read_json(self.layout.heartbeat) or {}).get("reason", "stopped")
+            reason = (read_json(self.layout.heartbeat) or {}).get("reason", "stopped")
             if self._stopping or outcome.stop_requested or self._stop_asked or reason == STOP_FILE_REASON:
-                _discard_served_stop(self.layout)
+                discard_served_stop(self.layout)
                 self._set(state="stopped")
                 self._publish_event("stopped", f"the line stopped: {reason}")
             else:
@@ -566,18 +581,18 @@ class Supervisor:
                 self._event("finished", f"the line stopped: {reason}")
             return EXIT_OK
         if outcome.stopped_by_us or (self._stopping and code in _signal_codes(self._stop_signal)):
-            _discard_served_stop(self.layout)
+            discard_served_stop(self.layout)
             self._set(state="stopped")
             self._publish_event("stopped", "the line stopped on request")
             return EXIT_OK
         if code == EXIT_LINE_ERROR:
-            message = _last_error_line(self.layout.run_log) or "the trainer refused to run the line"
+            message = last_error_line(self.layout.run_log) or "the trainer refused to run the line"
             self._event("failed", message)
             self._set(state="failed")
             return EXIT_FAILED
         if code == EXIT_DISK_FULL:
             # A relaunch would stop again at once: the operator frees space, then runs the line.
-            message = _last_error_line(self.layout.run_log) or "the disk is full"
+            message = last_error_line(self.layout.run_log) or "the disk is full"
             self._event("disk_full", message)
             self._set(state="disk-full")
             return EXIT_FAILED
@@ -615,9 +630,9 @@ class Supervisor:
     def _judge_pause(self) -> int | None:
         """The trainer stopped for paused work: None (the work runs, then a relaunch), unless a stop
         came meanwhile (the trainer stopped on it too): then the line is stopped."""
-        reason = (_read_json(self.layout.heartbeat) or {}).get("reason")
-        if self._stopping or reason == STOP_FILE_REASON or _pending_stop_now(self.layout):
-            _discard_served_stop(self.layout)
+        reason = (read_json(self.layout.heartbeat) or {}).get("reason")
+        if self._stopping or reason == STOP_FILE_REASON or pending_stop_now(self.layout):
+            discard_served_stop(self.layout)
             self._set(state="stopped")
             self._publish_event("stopped", "the line stopped on request")
             return EXIT_OK
@@ -740,14 +755,14 @@ class Supervisor:
         while time.monotonic() < deadline:
             self._pump()
             self._do_paused_work(gpu_ready=False)
-            if self._stopping or _pending_stop_now(self.layout):
+            if self._stopping or pending_stop_now(self.layout):
                 return False
             time.sleep(min(self.settings.poll_seconds, max(0.0, deadline - time.monotonic())))
         return True
 
     def _end_without_trainer(self) -> int:
         """A stop arrived while no trainer ran: the line is already at a checkpoint."""
-        _discard_served_stop(self.layout)
+        discard_served_stop(self.layout)
         self._set(state="stopped")
         self._say("stopped (no trainer was running)")
         self._publish_event("stopped", "the line stopped on request")
@@ -770,7 +785,7 @@ class Supervisor:
             raw = None
         if raw is not None and raw != self._heartbeat_seen:
             self._heartbeat_seen = raw
-            heartbeat = _parse_json(raw)
+            heartbeat = parse_json(raw)
             if heartbeat is not None and server is not None:
                 server.publish("heartbeat", heartbeat)
         self.forks.poll()
@@ -779,7 +794,7 @@ class Supervisor:
             self._echo_run_log()
 
     def _echo_run_log(self) -> None:
-        size = _size(self.layout.run_log)
+        size = file_size(self.layout.run_log)
         if size < self._echo_offset:
             self._echo_offset = 0  # rotated
         if size == self._echo_offset:
@@ -807,7 +822,7 @@ class Supervisor:
         """An event the operator is told about: run.log, subscribers, supervisor.json, notify."""
         assert kind in EVENT_KINDS
         self._say(f"{kind}: {message}")
-        event = make_event(kind, str(self.layout.root), message, update=_heartbeat_update(self.layout))
+        event = make_event(kind, str(self.layout.root), message, update=heartbeat_update(self.layout))
         if self._server is not None:
             self._server.publish("event", event)
         self._set(last_event=event)
@@ -840,124 +855,6 @@ class Supervisor:
 # ---- helpers ------------------------------------------------------------------------------------
 
 
-def _lock_line(layout: LineLayout) -> int:
-    """An exclusive flock on the line directory for the supervisor's life: one supervisor per line."""
-    fd = os.open(layout.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        other = (_read_json(layout.supervisor_json) or {}).get("pid", "?")
-        raise LineError(f"{layout.root}: a supervisor already runs this line (pid {other})") from None
-    return fd
-
-
-def _processes_on_gpu(index: int, exclude: Sequence[int]) -> list[int]:
-    """Pids of the compute processes on GPU `index` but those in `exclude` (none without NVML)."""
-    snapshot = gpu_snapshot()
-    if not snapshot.available or index >= len(snapshot.devices):
-        return []
-    return sorted(process.pid for process in snapshot.devices[index].processes if process.pid not in exclude)
-
-
-def _memory_of_others_on_gpu(index: int) -> int | None:
-    """Bytes the compute processes on GPU `index` hold together (the supervisor holds none); None
-    where the driver does not say (then they are not taken to fit anything)."""
-    snapshot = gpu_snapshot()
-    if not snapshot.available or index >= len(snapshot.devices):
-        return 0
-    used = [process.used_memory for process in snapshot.devices[index].processes]
-    return None if any(value is None for value in used) else sum(used)
-
-
-def _gpu_index(device: str) -> int | None:
-    """The GPU a run.json `device` trains on (None: the CPU), without initialising CUDA here."""
-    if device == "cpu":
-        return None
-    if device == "auto":
-        return 0 if gpu_snapshot().available else None
-    return int(device.split(":", 1)[1]) if ":" in device else 0
-
-
-def _supervisor_config(layout: LineLayout) -> RunConfig:
-    """run.json, type-checked: what the supervisor reads of it (device, guards) has its types.
-
-    Its values are the trainer's to validate: that imports the model code, and torch, for seconds.
-    """
-    try:
-        document = json.loads(layout.run_json.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as error:
-        raise ConfigError(f"{layout.run_json}: cannot be read as JSON ({error})") from None
-    return RunConfig.from_dict(document, source=str(layout.run_json))
-
-
-def _reload(layout: LineLayout, previous: RunConfig | None) -> RunConfig | None:
-    # run.json may have been edited between launches; the trainer refuses what is wrong with it.
-    try:
-        return _supervisor_config(layout)
-    except LineError:
-        return previous
-
-
-def _latest_update(layout: LineLayout) -> int | None:
-    try:
-        return checkpoint_update(layout.latest.read_text(encoding="utf-8").strip())
-    except (OSError, UnicodeDecodeError):
-        return None
-
-
-def _beat_time(heartbeat: dict[str, Any]) -> float:
-    """When a heartbeat was written (0 when its time is unreadable: it counts as old)."""
-    beat = heartbeat.get("time")
-    return float(beat) if isinstance(beat, (int, float)) and not isinstance(beat, bool) else 0.0
-
-
-def _heartbeat_update(layout: LineLayout) -> int | None:
-    heartbeat = _read_json(layout.heartbeat)
-    return None if heartbeat is None else heartbeat.get("update")
-
-
-def _pending_stop(layout: LineLayout) -> ops.StopRequest | None:
-    try:
-        return ops.read_stop(layout)
-    except LineError:
-        return None
-
-
-def _pending_stop_now(layout: LineLayout) -> bool:
-    request = _pending_stop(layout)
-    return request is not None and request.at_cycle_end is None
-
-
-def _discard_served_stop(layout: LineLayout) -> None:
-    """The line has stopped: a stop-at-the-next-update request still there (one that came as it
-    stopped) is served, and must not stop the next run at once. One for a cycle end is kept."""
-    if _pending_stop_now(layout):
-        layout.stop.unlink(missing_ok=True)
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        return _parse_json(path.read_bytes())
-    except OSError:
-        return None
-
-
-def _parse_json(raw: bytes) -> dict[str, Any] | None:
-    try:
-        document = json.loads(raw)
-    except ValueError:
-        return None
-    return document if isinstance(document, dict) else None
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except FileNotFoundError:
-        return 0
-
-
 def _signal_codes(number: int | None) -> tuple[int, ...]:
     """The exit statuses of a process ended by signal `number`: the trainer's 128 + n, or -n."""
     return () if number is None else (128 + number, -number)
@@ -969,18 +866,6 @@ def _describe_code(code: int) -> str:
     if code > 128 and code - 128 in signal.valid_signals():
         return f"{code} (stopped on {signal.Signals(code - 128).name})"
     return str(code)
-
-
-def _last_error_line(run_log: Path) -> str | None:
-    """The trainer's one-line error (`nsconsole: ...`) near the end of run.log."""
-    try:
-        with open(run_log, "rb") as handle:
-            handle.seek(max(0, _size(run_log) - 16384))
-            tail = handle.read().decode("utf-8", errors="replace")
-    except OSError:
-        return None
-    errors = [line[len("nsconsole: "):] for line in tail.splitlines() if line.startswith("nsconsole: ")]
-    return errors[-1] if errors else None
 
 
 # ---- the command --------------------------------------------------------------------------------
@@ -1000,7 +885,7 @@ def start_detached(line: Path, settings: SupervisorSettings, answer_timeout: flo
     if refusal is not None:
         raise LineError(refusal)
     rotate_if_needed(layout.supervisor_out)
-    started_at = _size(layout.supervisor_out)
+    started_at = file_size(layout.supervisor_out)
     argv = [sys.executable, "-m", "engine.supervise", str(layout.root), "--detached-child", *options]
     pid = spawn_detached(argv, layout.supervisor_out)
     deadline = time.monotonic() + answer_timeout

@@ -1,0 +1,122 @@
+"""What the supervisor reads of its line's files (run.json, `latest`, the heartbeat, STOP, run.log), and its lock.
+
+Every reader tolerates a file being rewritten under it (the trainer writes them atomically, but a
+read may still find one missing or, for logs, cut): it returns None or the previous value rather
+than raising, except where the supervisor must refuse to run (run.json, a second supervisor).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from engine import ops
+from engine.config import RunConfig
+from engine.errors import ConfigError, LineError
+from engine.layout import LineLayout, checkpoint_update
+
+
+def lock_line(layout: LineLayout) -> int:
+    """An exclusive flock on the line directory for the supervisor's life: one supervisor per line."""
+    fd = os.open(layout.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        other = (read_json(layout.supervisor_json) or {}).get("pid", "?")
+        raise LineError(f"{layout.root}: a supervisor already runs this line (pid {other})") from None
+    return fd
+
+
+def supervisor_config(layout: LineLayout) -> RunConfig:
+    """run.json, type-checked: what the supervisor reads of it (device, guards) has its types.
+
+    Its values are the trainer's to validate: that imports the model code, and torch, for seconds.
+    """
+    try:
+        document = json.loads(layout.run_json.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise ConfigError(f"{layout.run_json}: cannot be read as JSON ({error})") from None
+    return RunConfig.from_dict(document, source=str(layout.run_json))
+
+
+def reload_config(layout: LineLayout, previous: RunConfig | None) -> RunConfig | None:
+    # run.json may have been edited between launches; the trainer refuses what is wrong with it.
+    try:
+        return supervisor_config(layout)
+    except LineError:
+        return previous
+
+
+def latest_update(layout: LineLayout) -> int | None:
+    try:
+        return checkpoint_update(layout.latest.read_text(encoding="utf-8").strip())
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def beat_time(heartbeat: dict[str, Any]) -> float:
+    """When a heartbeat was written (0 when its time is unreadable: it counts as old)."""
+    beat = heartbeat.get("time")
+    return float(beat) if isinstance(beat, (int, float)) and not isinstance(beat, bool) else 0.0
+
+
+def heartbeat_update(layout: LineLayout) -> int | None:
+    heartbeat = read_json(layout.heartbeat)
+    return None if heartbeat is None else heartbeat.get("update")
+
+
+def pending_stop(layout: LineLayout) -> ops.StopRequest | None:
+    try:
+        return ops.read_stop(layout)
+    except LineError:
+        return None
+
+
+def pending_stop_now(layout: LineLayout) -> bool:
+    request = pending_stop(layout)
+    return request is not None and request.at_cycle_end is None
+
+
+def discard_served_stop(layout: LineLayout) -> None:
+    """The line has stopped: a stop-at-the-next-update request still there (one that came as it
+    stopped) is served, and must not stop the next run at once. One for a cycle end is kept."""
+    if pending_stop_now(layout):
+        layout.stop.unlink(missing_ok=True)
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return parse_json(path.read_bytes())
+    except OSError:
+        return None
+
+
+def parse_json(raw: bytes) -> dict[str, Any] | None:
+    try:
+        document = json.loads(raw)
+    except ValueError:
+        return None
+    return document if isinstance(document, dict) else None
+
+
+def file_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def last_error_line(run_log: Path) -> str | None:
+    """The trainer's one-line error (`nsconsole: ...`) near the end of run.log."""
+    try:
+        with open(run_log, "rb") as handle:
+            handle.seek(max(0, file_size(run_log) - 16384))
+            tail = handle.read().decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    errors = [line[len("nsconsole: "):] for line in tail.splitlines() if line.startswith("nsconsole: ")]
+    return errors[-1] if errors else None
