@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU work no CI machine can do, in one script for a lent H200 (see bench/RESULTS.md).
-# Usage: bash bench/gpu_suite.sh kernel-tests|tests|bench|sharing [more stages]; logs go to $OUT (or ./gpu-out).
+# Usage: bash bench/gpu_suite.sh kernel-tests|tests|bench|sharing|scan-variants [more stages]; logs go to $OUT (or ./gpu-out).
 set -u -o pipefail
 out=${OUT:-gpu-out}
 mkdir -p "$out"
@@ -34,6 +34,10 @@ for stage in "$@"; do
     sharing)
       timeout 420 python3 bench/gpu_sharing.py --work /tmp/gpu-sharing 2>&1 | grep '^{' | tee "$out/sharing.log"
       for phase in shared alone; do cp /tmp/gpu-sharing/$phase/run.log "$out/${phase}_run.log" 2>/dev/null; done
+      ;;
+    scan-variants)
+      # Issue 5: the selective scan's forward as a pipelined step loop, against the kernel in use.
+      timeout 300 python3 bench/scan_variants.py 2>&1 | tee "$out/scan_variants.log"
       ;;
     *) echo "unknown stage $stage" >&2; exit 2 ;;
   esac

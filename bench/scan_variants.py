@@ -1,0 +1,197 @@
+"""An experiment for issue 5: the selective scan's forward as one time step per loop iteration.
+
+What made the PLIF scan 3x faster (bench/RESULTS.md): a step loop whose loads run `num_stages`
+steps ahead (`tl.range(..., num_stages=S)`), in place of a chunk tile scanned with
+`tl.associative_scan`. Here the same for the selective scan's forward: a program holds a
+(BLOCK_D, N) state in registers; per step it loads x and delta (BLOCK_D), B and C (N), takes one
+exp2 per state, updates the state with one FMA (the only dependent chain) and reduces over N
+for y. It stores the chunk-start states the existing backward recomputes from, so the backward
+of kernels/selective_scan.py runs unchanged after it.
+
+Checks each variant against kernels.selective_scan on odd sizes (y, h_last and the gradients
+through the unchanged backward), then times the forward and forward + backward against it.
+
+    python bench/scan_variants.py              (CUDA; under TRITON_INTERPRET=1 it only checks, on a CPU)
+
+Not yet run on a GPU (written in session 3 after the device time was spent).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kernels._dispatch import new_buffer  # noqa: E402
+
+# The module, not the function of the same name that kernels/__init__.py exports.
+scan_module = importlib.import_module("kernels.selective_scan")
+
+LOG2_E = 1.0 / math.log(2.0)
+
+
+@triton.jit
+def _forward_steps(
+    x_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, h0_ptr, y_ptr, h_last_ptr, chunk_start_ptr,
+    seq_len, channels, groups, per_group, state_size, chunks, log2_e,
+    HAS_D: tl.constexpr, HAS_H0: tl.constexpr,
+    BLOCK_D: tl.constexpr, N_PAD: tl.constexpr, CHUNK_T: tl.constexpr, STAGES: tl.constexpr,
+):
+    batch = tl.program_id(0)
+    group = tl.program_id(1)
+    within = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
+    channel = group * per_group + within  # (BLOCK_D,)
+    channel_ok = within < per_group
+    n = tl.arange(0, N_PAD)
+    n_ok = n < state_size
+    state_mask = channel_ok[:, None] & n_ok[None, :]
+    state_offsets = channel[:, None] * state_size + n[None, :]  # (BLOCK_D, N_PAD)
+    # exp(delta A) as exp2(delta A log2 e): one multiply folded into A once.
+    A2 = tl.load(A_ptr + state_offsets, mask=state_mask, other=0.0).to(tl.float32) * log2_e
+    batch_state = batch.to(tl.int64) * channels * state_size
+    if HAS_H0:
+        h = tl.load(h0_ptr + batch_state + state_offsets, mask=state_mask, other=0.0)
+    else:
+        h = tl.zeros([BLOCK_D, N_PAD], dtype=tl.float32)
+    if HAS_D:
+        D_vec = tl.load(D_ptr + channel, mask=channel_ok, other=0.0).to(tl.float32)
+    first_row = batch.to(tl.int64) * seq_len
+    for t in tl.range(0, seq_len, num_stages=STAGES):
+        row = first_row + t
+        x_t = tl.load(x_ptr + row * channels + channel, mask=channel_ok, other=0.0).to(tl.float32)
+        delta_t = tl.load(delta_ptr + row * channels + channel, mask=channel_ok, other=0.0).to(tl.float32)
+        bc = (row * groups + group) * state_size + n  # (N_PAD,)
+        B_t = tl.load(B_ptr + bc, mask=n_ok, other=0.0).to(tl.float32)
+        C_t = tl.load(C_ptr + bc, mask=n_ok, other=0.0).to(tl.float32)
+        # The state entering each chunk, for the backward's recomputation.
+        at_chunk_start = (within < tl.where(t % CHUNK_T == 0, per_group, 0))[:, None] & n_ok[None, :]
+        chunk_state = (batch.to(tl.int64) * chunks + t // CHUNK_T) * channels * state_size
+        tl.store(chunk_start_ptr + chunk_state + state_offsets, h, mask=at_chunk_start)
+        decay = tl.exp2(delta_t[:, None] * A2)  # (BLOCK_D, N_PAD)
+        h = decay * h + (delta_t * x_t)[:, None] * B_t[None, :]
+        y_t = tl.sum(h * C_t[None, :], axis=1)  # (BLOCK_D,)
+        if HAS_D:
+            y_t += D_vec * x_t
+        tl.store(y_ptr + row * channels + channel, y_t.to(y_ptr.dtype.element_ty), mask=channel_ok)
+    tl.store(h_last_ptr + batch_state + state_offsets, h, mask=state_mask)
+
+
+def step_scan_class(block_d: int, warps: int, stages: int) -> type[torch.autograd.Function]:
+    """kernels.selective_scan's autograd function with this forward (its backward unchanged)."""
+
+    class StepScan(scan_module._SelectiveScan):
+        @staticmethod
+        def forward(ctx, x, delta, A, B, C, D, h0):
+            batch, seq_len, channels = x.shape
+            groups, state_size = B.shape[2], B.shape[3]
+            per_group = channels // groups
+            chunks = triton.cdiv(seq_len, scan_module._CHUNK_T)
+            x, delta, A, B, C = (t.contiguous() for t in (x, delta, A, B, C))
+            D = D.contiguous() if D is not None else None
+            h0 = h0.contiguous().float() if h0 is not None else None
+            y = new_buffer(x.shape, x.dtype, x.device)
+            h_last = new_buffer((batch, channels, state_size), torch.float32, x.device)
+            chunk_start = new_buffer((batch, chunks, channels, state_size), torch.float32, x.device)
+            _forward_steps[(batch, groups, triton.cdiv(per_group, block_d))](
+                x, delta, A, B, C, D if D is not None else x, h0 if h0 is not None else h_last,
+                y, h_last, chunk_start,
+                seq_len, channels, groups, per_group, state_size, chunks, LOG2_E,
+                HAS_D=D is not None, HAS_H0=h0 is not None,
+                BLOCK_D=block_d, N_PAD=triton.next_power_of_2(state_size), CHUNK_T=scan_module._CHUNK_T,
+                STAGES=stages, num_warps=warps,
+            )
+            ctx.save_for_backward(x, delta, A, B, C, D, chunk_start)
+            ctx.has_h0 = h0 is not None
+            ctx.set_materialize_grads(False)
+            return y, h_last
+
+    return StepScan
+
+
+def case(batch: int, steps: int, channels: int, state: int, device: str, seed: int) -> list[torch.Tensor]:
+    """x, delta, A, B, C, D, h0 as PSSA draws them (delta > 0, A < 0), one group."""
+    generator = torch.Generator().manual_seed(seed)
+
+    def draw(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator).to(device)
+
+    return [draw(batch, steps, channels), torch.nn.functional.softplus(draw(batch, steps, channels)),
+            -torch.exp(draw(channels, state) * 0.5), draw(batch, steps, 1, state), draw(batch, steps, 1, state),
+            draw(channels), draw(batch, channels, state)]
+
+
+def outputs_and_grads(apply, inputs: list[torch.Tensor], grads: list[torch.Tensor]) -> list[torch.Tensor]:
+    leaves = [t.clone().requires_grad_() for t in inputs]
+    y, h_last = apply(*leaves)
+    torch.autograd.backward([y, h_last], grads)
+    return [y.detach(), h_last.detach()] + [leaf.grad for leaf in leaves]
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got.double() - want.double()).norm() / want.double().norm().clamp_min(1e-30))
+
+
+def main() -> int:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
+    device = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
+    variants = [(16, 4, 4), (16, 4, 8), (16, 2, 8), (32, 4, 8), (8, 1, 8), (32, 8, 12)]
+    check = case(2, 37, 48, 16, device, seed=1)
+    check_grads = [torch.randn_like(check[0]), torch.randn_like(check[6])]
+    want = outputs_and_grads(lambda *a: scan_module.selective_scan(*a, use_triton=True), check, check_grads)
+    checked = []
+    for variant in variants:
+        try:
+            got = outputs_and_grads(step_scan_class(*variant).apply, check, check_grads)
+            error = max(relative_error(a, b) for a, b in zip(got, want))
+            print(json.dumps({"variant": variant, "check_rel_err": error}), flush=True)
+            if error < 1e-5:
+                checked.append(variant)
+        except Exception as failure:  # noqa: BLE001 - report and go on with the others
+            print(json.dumps({"variant": variant, "error": str(failure)[:300]}), flush=True)
+    if device == "cpu":
+        return 0
+    spec = importlib.util.spec_from_file_location("bench_kernels", Path(__file__).with_name("kernels.py"))
+    bench_kernels = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_kernels)
+    copy_gbs = bench_kernels.copy_bandwidth()
+    for batch, steps in [(8, 4096), (1, 32768)]:
+        time_size(batch, steps, checked, bench_kernels.time_ms, copy_gbs)
+    return 0
+
+
+def time_size(batch: int, steps: int, variants: list, time_ms, copy_gbs: float) -> None:
+    inputs = case(batch, steps, 1024, 16, "cuda", seed=2)[:6]  # no h0, as in training
+    grads = [torch.randn_like(inputs[0]), torch.zeros(batch, 1024, 16, device="cuda")]
+    io = batch * steps * (3 * 1024 + 32) * 4  # x, delta in, y out, B and C in (fp32)
+    size = f"Bt {batch} T {steps} Dm 1024 N 16 fp32"
+
+    def timings(apply) -> tuple[float, float]:
+        with torch.no_grad():
+            forward = time_ms(lambda: apply(*inputs))
+        both = time_ms(lambda: outputs_and_grads(apply, inputs, grads))
+        return forward, both
+
+    base_forward, base_both = timings(lambda *a: scan_module.selective_scan(*a, use_triton=True))
+    print(json.dumps({"size": size, "impl": "kernels.selective_scan", "fwd_ms": round(base_forward, 4),
+                      "fwd_of_copy": round(io / base_forward / 1e6 / copy_gbs, 3),
+                      "fwd_bwd_ms": round(base_both, 4)}), flush=True)
+    for variant in variants:
+        forward, both = timings(step_scan_class(*variant).apply)
+        print(json.dumps({"size": size, "impl": f"steps block {variant[0]} warps {variant[1]} stages {variant[2]}",
+                          "fwd_ms": round(forward, 4), "fwd_of_copy": round(io / forward / 1e6 / copy_gbs, 3),
+                          "fwd_bwd_ms": round(both, 4), "speedup_fwd": round(base_forward / forward, 2),
+                          "speedup_fwd_bwd": round(base_both / both, 2)}), flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
