@@ -33,6 +33,7 @@ from datalines.errors import DataLineError
 from engine.errors import LineError
 from engine.layout import LineLayout, checkpoint_update
 from engine.ops import inspect_data_line
+from engine.supervise_reads import latest_update
 
 if TYPE_CHECKING:
     from engine.lineops import BranchRequest, BranchResult
@@ -104,14 +105,6 @@ def checkpoint_directories(layout: LineLayout) -> list[tuple[int, Path]]:
         return []
     found = [(checkpoint_update(entry.name), entry) for entry in entries if entry.is_dir()]
     return sorted((update, entry) for update, entry in found if update is not None)
-
-
-def latest_update(layout: LineLayout) -> int | None:
-    """The update of the checkpoint `latest` names (None: none yet)."""
-    try:
-        return checkpoint_update(layout.latest.read_text(encoding="utf-8").strip())
-    except (OSError, UnicodeDecodeError):
-        return None
 
 
 def cycle_end_checkpoint(layout: LineLayout, cycle: int) -> Path | None:

@@ -52,6 +52,7 @@ def reload_config(layout: LineLayout, previous: RunConfig | None) -> RunConfig |
 
 
 def latest_update(layout: LineLayout) -> int | None:
+    """The update of the checkpoint `latest` names (None: none yet, or unreadable)."""
     try:
         return checkpoint_update(layout.latest.read_text(encoding="utf-8").strip())
     except (OSError, UnicodeDecodeError):

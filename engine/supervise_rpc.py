@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import os
 import subprocess
 import sys
@@ -41,7 +40,8 @@ from engine.errors import LineError
 from engine.gpu import gpu_snapshot, lease_holder
 from engine.host import HostSettings
 from engine.layout import LineLayout
-from engine.supervise_forks import ForkQueue, latest_update, new_fork
+from engine.supervise_forks import ForkQueue, new_fork
+from engine.supervise_reads import latest_update, parse_json
 
 REPLY_BUDGET_BYTES = protocol.MAX_LINE_BYTES - 4096
 """What the rows of one reply may take, leaving room for the envelope."""
@@ -88,7 +88,7 @@ class RowsTail:
                 self._offsets.append(offset)
                 self._digests.append(_digest(line))
                 offset += len(line)
-                row = _parse_row(line)
+                row = parse_json(line)
                 if row is not None:
                     rows.append(row)
             self._end = offset
@@ -132,7 +132,7 @@ class RowsTail:
             cost = len(line) + 1
             if rows and used + cost > REPLY_BUDGET_BYTES:
                 break
-            row = _parse_row(line)
+            row = parse_json(line)
             if cost > REPLY_BUDGET_BYTES:
                 row = {"index": since + len(rows), "omitted": f"row of {cost} bytes is past the reply cap"}
             rows.append(row if row is not None else {"index": since + len(rows), "omitted": "unparsable"})
@@ -142,14 +142,6 @@ class RowsTail:
 
 def _digest(line: bytes) -> int:
     return int.from_bytes(hashlib.blake2b(line, digest_size=8).digest(), "little", signed=True)
-
-
-def _parse_row(line: bytes) -> dict[str, Any] | None:
-    try:
-        row = json.loads(line)
-    except ValueError:
-        return None
-    return row if isinstance(row, dict) else None
 
 
 def is_validation_row(row: dict[str, Any]) -> bool:

@@ -78,14 +78,19 @@ def test_no_room_for_a_checkpoint_writes_none(
     assert verify_line_checkpoints(line) == []
 
 
+def _checkpointed_at_update_2_with_no_floor(tmp_path: Path, data_template: Path) -> Path:
+    line = make_line(tmp_path, copy_data_line(data_template, tmp_path))
+    _set_disk_floor(line, 0.0)
+    assert Trainer(line, stop_at=2, echo=None).run() == 0
+    return line
+
+
 def test_a_checkpoint_larger_than_the_free_disk_is_not_started(
     tmp_path: Path, data_template: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The guard's floor (0 here) is below the checkpoint's size: the trainer must not begin a
     # write the disk cannot hold, whatever the floor says.
-    line = make_line(tmp_path, copy_data_line(data_template, tmp_path))
-    _set_disk_floor(line, 0.0)
-    assert Trainer(line, stop_at=2, echo=None).run() == 0
+    line = _checkpointed_at_update_2_with_no_floor(tmp_path, data_template)
     newest = line / "checkpoints" / "u00000002"
     size = sum(path.stat().st_size for path in newest.iterdir())
     monkeypatch.setattr(
@@ -107,9 +112,7 @@ def test_a_write_that_fills_the_disk_is_removed_and_stops_the_line(
 ) -> None:
     # Another process fills the disk while a checkpoint is written: the half-written directory
     # goes at once, `latest` stays, and the line stops for the operator (DiskFull, not a crash).
-    line = make_line(tmp_path, copy_data_line(data_template, tmp_path))
-    _set_disk_floor(line, 0.0)
-    assert Trainer(line, stop_at=2, echo=None).run() == 0
+    line = _checkpointed_at_update_2_with_no_floor(tmp_path, data_template)
     real_usage, real_save = shutil.disk_usage, ckpt_module.save_file
     filled = []
 
