@@ -86,8 +86,101 @@ def _forward_steps(
     tl.store(h_last_ptr + batch_state + state_offsets, h, mask=state_mask)
 
 
-def step_scan_class(block_d: int, warps: int, stages: int) -> type[torch.autograd.Function]:
-    """kernels.selective_scan's autograd function with this forward (its backward unchanged)."""
+@triton.jit
+def _backward_steps(
+    x_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, chunk_start_ptr, grad_y_ptr, grad_h_last_ptr,
+    grad_x_ptr, grad_delta_ptr, grad_A_ptr, grad_B_ptr, grad_C_ptr, grad_D_ptr, grad_h0_ptr, scratch_ptr,
+    batches, seq_len, channels, groups, per_group, state_size, chunks, log2_e,
+    HAS_D: tl.constexpr, HAS_GRAD_H_LAST: tl.constexpr,
+    BLOCK_D: tl.constexpr, N_PAD: tl.constexpr, CHUNK_T: tl.constexpr, STAGES: tl.constexpr,
+):
+    """Chunk by chunk from the end: the chunk's states recomputed from its saved start into a
+    scratch tile of this program (L2-resident), then a reverse step loop over them. The adjoint
+    g_t = dL/dh_t = C_t gy_t + exp(delta_{t+1} A) g_{t+1} is the only chain; decay_t h_{t-1} is
+    h_t - drive_t, so the reverse loop needs no state before the step."""
+    batch = tl.program_id(0)
+    group = tl.program_id(1)
+    block = tl.program_id(2)
+    within = block * BLOCK_D + tl.arange(0, BLOCK_D)
+    channel = group * per_group + within  # (BLOCK_D,)
+    channel_ok = within < per_group
+    n = tl.arange(0, N_PAD)
+    n_ok = n < state_size
+    state_mask = channel_ok[:, None] & n_ok[None, :]
+    state_offsets = channel[:, None] * state_size + n[None, :]  # (BLOCK_D, N_PAD)
+    A = tl.load(A_ptr + state_offsets, mask=state_mask, other=0.0).to(tl.float32)
+    A2 = A * log2_e
+    batch_state = batch.to(tl.int64) * channels * state_size
+    if HAS_GRAD_H_LAST:
+        carry = tl.load(grad_h_last_ptr + batch_state + state_offsets, mask=state_mask, other=0.0)
+    else:
+        carry = tl.zeros([BLOCK_D, N_PAD], dtype=tl.float32)
+    if HAS_D:
+        D_vec = tl.load(D_ptr + channel, mask=channel_ok, other=0.0).to(tl.float32)
+    grad_A = tl.zeros([BLOCK_D, N_PAD], dtype=tl.float32)
+    grad_D = tl.zeros([BLOCK_D], dtype=tl.float32)
+    program = (batch * groups + group) * tl.num_programs(2) + block
+    scratch = scratch_ptr + program.to(tl.int64) * CHUNK_T * BLOCK_D * N_PAD
+    tile = tl.arange(0, BLOCK_D)[:, None] * N_PAD + n[None, :]  # (BLOCK_D, N_PAD) in the scratch
+    first_row = batch.to(tl.int64) * seq_len
+    partials = block.to(tl.int64) * batches * seq_len * groups * state_size
+    for chunk_back in range(0, chunks):
+        chunk = chunks - 1 - chunk_back
+        t0 = chunk * CHUNK_T
+        chunk_state = (batch.to(tl.int64) * chunks + chunk) * channels * state_size
+        h = tl.load(chunk_start_ptr + chunk_state + state_offsets, mask=state_mask, other=0.0)
+        for i in tl.range(0, CHUNK_T, num_stages=STAGES):
+            t = t0 + i
+            live = within < tl.where(t < seq_len, per_group, 0)  # rows past the end: delta 0, h kept
+            row = first_row + t
+            x_t = tl.load(x_ptr + row * channels + channel, mask=live, other=0.0).to(tl.float32)
+            delta_t = tl.load(delta_ptr + row * channels + channel, mask=live, other=0.0).to(tl.float32)
+            B_t = tl.load(B_ptr + (row * groups + group) * state_size + n,
+                          mask=n < tl.where(t < seq_len, state_size, 0), other=0.0).to(tl.float32)
+            h = tl.exp2(delta_t[:, None] * A2) * h + (delta_t * x_t)[:, None] * B_t[None, :]
+            tl.store(scratch + i * BLOCK_D * N_PAD + tile, h)
+        tl.debug_barrier()
+        for back in tl.range(0, CHUNK_T, num_stages=STAGES):
+            i = CHUNK_T - 1 - back
+            t = t0 + i
+            live = within < tl.where(t < seq_len, per_group, 0)
+            n_live = n < tl.where(t < seq_len, state_size, 0)
+            row = first_row + t
+            x_t = tl.load(x_ptr + row * channels + channel, mask=live, other=0.0).to(tl.float32)
+            delta_t = tl.load(delta_ptr + row * channels + channel, mask=live, other=0.0).to(tl.float32)
+            grad_y_t = tl.load(grad_y_ptr + row * channels + channel, mask=live, other=0.0).to(tl.float32)
+            bc = (row * groups + group) * state_size + n
+            B_t = tl.load(B_ptr + bc, mask=n_live, other=0.0).to(tl.float32)
+            C_t = tl.load(C_ptr + bc, mask=n_live, other=0.0).to(tl.float32)
+            h_t = tl.load(scratch + i * BLOCK_D * N_PAD + tile)
+            adjoint = grad_y_t[:, None] * C_t[None, :] + carry  # (BLOCK_D, N_PAD): dL/dh_t
+            drive = (delta_t * x_t)[:, None] * B_t[None, :]
+            carried = h_t - drive  # decay_t h_{t-1}
+            grad_delta_t = tl.sum(adjoint * (A * carried + x_t[:, None] * B_t[None, :]), axis=1)
+            grad_x_t = tl.sum(adjoint * B_t[None, :], axis=1) * delta_t
+            if HAS_D:
+                grad_x_t += D_vec * grad_y_t
+                grad_D += grad_y_t * x_t
+            tl.store(grad_x_ptr + row * channels + channel, grad_x_t.to(grad_x_ptr.dtype.element_ty), mask=live)
+            tl.store(grad_delta_ptr + row * channels + channel, grad_delta_t.to(grad_delta_ptr.dtype.element_ty),
+                     mask=live)
+            grad_A += adjoint * delta_t[:, None] * carried
+            # This block's share of dB and dC (summed over blocks afterwards, in a fixed order).
+            tl.store(grad_B_ptr + partials + bc, tl.sum(adjoint * (delta_t * x_t)[:, None], axis=0), mask=n_live)
+            tl.store(grad_C_ptr + partials + bc, tl.sum(grad_y_t[:, None] * h_t, axis=0), mask=n_live)
+            carry = tl.exp2(delta_t[:, None] * A2) * adjoint
+        tl.debug_barrier()  # the next chunk rewrites the scratch
+    tl.store(grad_h0_ptr + batch_state + state_offsets, carry, mask=state_mask)
+    tl.store(grad_A_ptr + batch_state + state_offsets, grad_A, mask=state_mask)
+    if HAS_D:
+        tl.store(grad_D_ptr + batch.to(tl.int64) * channels + channel, grad_D, mask=channel_ok)
+
+
+def step_scan_class(
+    block_d: int, warps: int, stages: int, step_backward: bool = False
+) -> type[torch.autograd.Function]:
+    """kernels.selective_scan's autograd function with this forward (and, with step_backward,
+    this backward; else its own)."""
 
     class StepScan(scan_module._SelectiveScan):
         @staticmethod
@@ -114,6 +207,42 @@ def step_scan_class(block_d: int, warps: int, stages: int) -> type[torch.autogra
             ctx.has_h0 = h0 is not None
             ctx.set_materialize_grads(False)
             return y, h_last
+
+        @staticmethod
+        def backward(ctx, grad_y, grad_h_last):
+            if not step_backward:
+                return scan_module._SelectiveScan.backward(ctx, grad_y, grad_h_last)
+            x, delta, A, B, C, D, chunk_start = ctx.saved_tensors
+            batch, seq_len, channels = x.shape
+            groups, state_size = B.shape[2], B.shape[3]
+            per_group, chunks, n_pad = channels // groups, chunk_start.shape[1], triton.next_power_of_2(state_size)
+            blocks = triton.cdiv(per_group, block_d)
+            grad_y = grad_y.contiguous() if grad_y is not None else torch.zeros_like(x)
+            grad_x = new_buffer(x.shape, x.dtype, x.device)
+            grad_delta = new_buffer(delta.shape, delta.dtype, delta.device)
+            grad_A = new_buffer((batch, channels, state_size), torch.float32, x.device)
+            grad_B = new_buffer((blocks, *B.shape), torch.float32, x.device)
+            grad_C = new_buffer((blocks, *C.shape), torch.float32, x.device)
+            grad_D = new_buffer((batch, channels), torch.float32, x.device)
+            grad_h0 = new_buffer((batch, channels, state_size), torch.float32, x.device)
+            scratch = torch.empty(batch * groups * blocks * scan_module._CHUNK_T * block_d * n_pad, device=x.device)
+            _backward_steps[(batch, groups, blocks)](
+                x, delta, A, B, C, D if D is not None else x, chunk_start, grad_y,
+                grad_h_last.contiguous() if grad_h_last is not None else x,
+                grad_x, grad_delta, grad_A, grad_B, grad_C, grad_D, grad_h0, scratch,
+                batch, seq_len, channels, groups, per_group, state_size, chunks, LOG2_E,
+                HAS_D=D is not None, HAS_GRAD_H_LAST=grad_h_last is not None,
+                BLOCK_D=block_d, N_PAD=n_pad, CHUNK_T=scan_module._CHUNK_T, STAGES=stages, num_warps=warps,
+            )
+            return (
+                grad_x,
+                grad_delta,
+                grad_A.sum(0).to(A.dtype),
+                grad_B.sum(0).to(B.dtype),
+                grad_C.sum(0).to(C.dtype),
+                grad_D.sum(0).to(D.dtype) if D is not None else None,
+                grad_h0 if ctx.has_h0 else None,
+            )
 
     return StepScan
 
@@ -144,7 +273,9 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
 def main() -> int:
     argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     device = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
-    variants = [(16, 4, 4), (16, 4, 8), (16, 2, 8), (32, 4, 8), (8, 1, 8), (32, 8, 12)]
+    # (channels per program, warps, stages, step backward too)
+    variants = [(16, 4, 4, False), (16, 4, 8, False), (16, 2, 8, False), (32, 4, 8, False), (8, 1, 8, False),
+                (16, 4, 4, True), (16, 4, 8, True), (16, 2, 8, True), (32, 4, 8, True), (8, 1, 4, True)]
     check = case(2, 37, 48, 16, device, seed=1)
     check_grads = [torch.randn_like(check[0]), torch.randn_like(check[6])]
     want = outputs_and_grads(lambda *a: scan_module.selective_scan(*a, use_triton=True), check, check_grads)
@@ -187,7 +318,8 @@ def time_size(batch: int, steps: int, variants: list, time_ms, copy_gbs: float) 
                       "fwd_bwd_ms": round(base_both, 4)}), flush=True)
     for variant in variants:
         forward, both = timings(step_scan_class(*variant).apply)
-        print(json.dumps({"size": size, "impl": f"steps block {variant[0]} warps {variant[1]} stages {variant[2]}",
+        backward = "step backward" if variant[3] else "kernel backward"
+        print(json.dumps({"size": size, "impl": f"steps block {variant[0]} warps {variant[1]} stages {variant[2]}, {backward}",
                           "fwd_ms": round(forward, 4), "fwd_of_copy": round(io / forward / 1e6 / copy_gbs, 3),
                           "fwd_bwd_ms": round(both, 4), "speedup_fwd": round(base_forward / forward, 2),
                           "speedup_fwd_bwd": round(base_both / both, 2)}), flush=True)
