@@ -49,21 +49,25 @@ class Arena:
                 del block
             self.stream.synchronize()
 
-    def hold(self, nbytes: int) -> None:
+    def hold(self, nbytes: int) -> bool:
         """Hold `nbytes` more of the device in a pool of their own that nothing allocates from.
 
         Beside other processes the free memory should be what they may still take (the reserve
         less what they use): what they free past that is held again here, so they cannot grow
         past their reserve. Given back by `release_held` before a capture, which needs its room
-        outside the pool, and by `close`.
+        outside the pool, and by `close`. False (nothing held) when the memory went meanwhile.
         """
         if self._hold_pool is None:
             self._hold_pool = torch.cuda.MemPool()
-        with torch.cuda.stream(self.stream), self.allocating(self._hold_pool):
-            block = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
-            del block  # cached in the hold pool, which nothing else allocates from
+        try:
+            with torch.cuda.stream(self.stream), self.allocating(self._hold_pool):
+                block = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+                del block  # cached in the hold pool, which nothing else allocates from
+        except torch.OutOfMemoryError:
+            return False  # another process took it between the reading and now
         self.stream.synchronize()
         self.extra_held_bytes += nbytes
+        return True
 
     def release_held(self) -> int:
         """Give back what `hold` took; the bytes the device got back."""

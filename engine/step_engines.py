@@ -135,8 +135,7 @@ class StepEngines:
         excess = free - room
         if self.arena is None or excess < HOLD_AT_LEAST_BYTES:
             return 0
-        self.arena.hold(excess)
-        return excess
+        return excess if self.arena.hold(excess) else 0
 
     def drop(self) -> None:
         """Close every engine and the arena; ArenaNotReleased when the arena's memory stays held."""

@@ -119,7 +119,7 @@ def test_an_arena_holds_more_for_as_long_as_asked(arena: Arena) -> None:
     gib = 1 << 30
     torch.cuda.synchronize()
     free_before = torch.cuda.mem_get_info()[0]
-    arena.hold(2 * gib)
+    assert arena.hold(2 * gib)
     torch.cuda.empty_cache()
     assert free_before - torch.cuda.mem_get_info()[0] >= 2 * gib - (64 << 20)
     assert arena.extra_held_bytes == 2 * gib
@@ -128,6 +128,8 @@ def test_an_arena_holds_more_for_as_long_as_asked(arena: Arena) -> None:
     del block
     assert arena.release_held() >= 2 * gib - (64 << 20)
     assert arena.extra_held_bytes == 0 and arena.release_held() == 0
+    assert not arena.hold(torch.cuda.mem_get_info()[1] * 2)  # more than the card: nothing held
+    assert arena.extra_held_bytes == 0
 
 
 def test_a_line_trains_and_resumes_in_graph_mode(tmp_path: Path) -> None:
