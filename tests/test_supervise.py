@@ -104,6 +104,7 @@ beat("stopped", reason="the plan is complete")
 RUNNER = r'''
 import json, os, sys
 import engine.supervise
+import engine.supervise_gpu
 from engine.gpu import GpuDevice, GpuProcess, GpuSnapshot
 
 def snapshot_from_file():
@@ -114,7 +115,7 @@ def snapshot_from_file():
     return GpuSnapshot(True, "", "fake", [device])
 
 if os.environ.get("FAKE_GPU_PIDS"):
-    engine.supervise.gpu_snapshot = snapshot_from_file
+    engine.supervise_gpu.gpu_snapshot = snapshot_from_file  # what the supervisor asks NVML
 settings = engine.supervise.SupervisorSettings(**json.loads(sys.argv[2]))
 raise SystemExit(engine.supervise.Supervisor(sys.argv[1], settings).run())
 '''
