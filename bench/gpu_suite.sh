@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU work no CI machine can do, in one script for a lent H200 (see bench/RESULTS.md).
-# Usage: bash bench/gpu_suite.sh kernel-tests|tests|bench|sharing|scan-variants [more stages]; logs go to $OUT (or ./gpu-out).
+# Usage: bash bench/gpu_suite.sh kernel-tests|tests|bench|sharing|scan-variants|profile [more stages]; logs go to $OUT (or ./gpu-out).
 set -u -o pipefail
 out=${OUT:-gpu-out}
 mkdir -p "$out"
@@ -38,6 +38,11 @@ for stage in "$@"; do
     scan-variants)
       # Issue 5: the selective scan's forward as a pipelined step loop, against the kernel in use.
       timeout 300 python3 bench/scan_variants.py 2>&1 | tee "$out/scan_variants.log"
+      ;;
+    profile)
+      # Where the main model's update goes (MFU 0.13 at 4K in session 3): the top kernels of one update.
+      timeout 240 python3 -m nsconsole bench --model ns-1p3b --seq-len 4096 --rows 4 --accum 2 \
+        --recompute dendritic --engine eager --profile 2>&1 | grep -E '^\{|Error' | tee "$out/profile_ns1p3b.log"
       ;;
     *) echo "unknown stage $stage" >&2; exit 2 ;;
   esac
