@@ -6,17 +6,20 @@ raised as a ConfigError, since nothing else can be checked without it.
 
 from __future__ import annotations
 
-import importlib
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from datalines import open_data_line
 from datalines.errors import DataLineError
+from engine.ckpt import CHECKPOINT_DISK_MARGIN, expected_checkpoint_bytes, verify_line_checkpoints
 from engine.config import RunConfig
 from engine.errors import LineError
 from engine.layout import LineLayout, checkpoint_update
 from engine.metrics import METRICS_VERSION
+from engine.models.presets import build_model
 from engine.ops import inspect_data_line, model_vocab_size, open_line, resolve_data_path, unaccepted_changes
 
 GIB = 1024**3
@@ -39,11 +42,12 @@ def check_line(root: Path | str) -> tuple[RunConfig, list[CheckResult]]:
     stages = ", ".join(f"{stage.name}@{stage.seq_len}" for stage in config.plan)
     results = [CheckResult(True, f"run.json: valid ({config.model.preset}; plan {stages})")]
     results += _check_data(layout, config)
-    results.append(_check_heldout_rows(layout, config))
+    model = _meta_model(config)
+    results.append(_check_heldout_rows(layout, config, model))
     results += _check_lifelong(layout, config)
     results.append(_check_metrics(config))
     results += _check_sharing(config)
-    results.append(_check_disk(layout, config))
+    results.append(_check_disk(layout, config, model))
     results += _check_checkpoints(layout)
     return config, results
 
@@ -83,20 +87,21 @@ def _check_data(layout: LineLayout, config: RunConfig) -> list[CheckResult]:
     return results
 
 
-def _check_heldout_rows(layout: LineLayout, config: RunConfig) -> CheckResult:
-    """The rows every validation length reads exist (the trainer refuses to start without them)."""
-    import torch
+def _meta_model(config: RunConfig) -> torch.nn.Module:
+    """The line's model on the meta device: its shapes and size without its memory."""
+    with torch.device("meta"):
+        return build_model(config.model.preset, config.model.overrides)
 
-    from engine.models.presets import build_model
+
+def _check_heldout_rows(layout: LineLayout, config: RunConfig, model: torch.nn.Module) -> CheckResult:
+    """The rows every validation length reads exist (the trainer refuses to start without them)."""
     from engine.validate import heldout_line_path, missing_rows_problem, validation_lengths
 
     try:
         heldout = open_data_line(heldout_line_path(layout, config))
     except (LineError, DataLineError) as error:
         return CheckResult(False, f"held-out rows: {error}")
-    with torch.device("meta"):  # the model's longest context, without its memory
-        longest_context = build_model(config.model.preset, config.model.overrides).longest_context
-    lengths = validation_lengths(config, longest_context)
+    lengths = validation_lengths(config, model.longest_context)
     problem = missing_rows_problem(heldout, lengths)
     if problem is not None:
         return CheckResult(False, problem)
@@ -140,23 +145,32 @@ def _check_sharing(config: RunConfig) -> list[CheckResult]:
     return [CheckResult(True, "GPU sharing: every stage's length has a shared shape")]
 
 
-def _check_disk(layout: LineLayout, config: RunConfig) -> CheckResult:
+def _check_disk(layout: LineLayout, config: RunConfig, model: torch.nn.Module) -> CheckResult:
+    """Free disk above the guard and room for the next checkpoint (the trainer stops without)."""
     free_gb = shutil.disk_usage(layout.root).free / GIB
     minimum = config.guards.min_free_disk_gb
+    parameters = sum(parameter.numel() for parameter in model.parameters())
+    checkpoint_gb = expected_checkpoint_bytes(layout.checkpoints, parameters) / GIB
     if free_gb < minimum:
         return CheckResult(
             False, f"disk: {free_gb:.1f} GiB free at {layout.root}, below guards.min_free_disk_gb {minimum:g}"
         )
-    return CheckResult(True, f"disk: {free_gb:.1f} GiB free (minimum {minimum:g})")
+    if free_gb < CHECKPOINT_DISK_MARGIN * checkpoint_gb:
+        return CheckResult(
+            False,
+            f"disk: {free_gb:.1f} GiB free at {layout.root}, too little for a checkpoint of this line "
+            f"(about {checkpoint_gb:.2f} GiB, {CHECKPOINT_DISK_MARGIN:g}x needed): the trainer would stop "
+            "before its next one",
+        )
+    return CheckResult(
+        True, f"disk: {free_gb:.1f} GiB free (minimum {minimum:g}; a checkpoint about {checkpoint_gb:.2f} GiB)"
+    )
 
 
 def _check_checkpoints(layout: LineLayout) -> list[CheckResult]:
-    # The checkpoint module verifies hashes when it is there; this module must not need it.
-    verify = getattr(_optional_module("engine.ckpt"), "verify_line_checkpoints", None)
-    if verify is not None:
-        problems = verify(layout.root)
-        if problems:
-            return [CheckResult(False, f"checkpoints: {problem}") for problem in problems]
+    problems = verify_line_checkpoints(layout.root)
+    if problems:
+        return [CheckResult(False, f"checkpoints: {problem}") for problem in problems]
     present = sorted(
         entry.name
         for entry in (layout.checkpoints.iterdir() if layout.checkpoints.is_dir() else ())
@@ -164,14 +178,4 @@ def _check_checkpoints(layout: LineLayout) -> list[CheckResult]:
     )
     if not present:
         return [CheckResult(True, "checkpoints: none yet")]
-    verified = "verified" if verify is not None else "present, not verified (no checkpoint verifier)"
-    return [CheckResult(True, f"checkpoints: {len(present)} {verified}, newest {present[-1]}")]
-
-
-def _optional_module(name: str) -> object | None:
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as error:
-        if error.name != name:
-            raise
-        return None
+    return [CheckResult(True, f"checkpoints: {len(present)} verified, newest {present[-1]}")]

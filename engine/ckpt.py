@@ -169,6 +169,21 @@ def read_latest(checkpoints_dir: Path) -> str | None:
     return name if _DIR_PATTERN.match(name) else None
 
 
+CHECKPOINT_DISK_MARGIN = 1.5
+"""Free disk a checkpoint write needs, as a multiple of its expected size: the trainer does not
+start one with less (it would fail half-way), and `nsconsole check` says so before a start."""
+
+
+def expected_checkpoint_bytes(checkpoints_dir: Path, parameters: int) -> int:
+    """The next checkpoint's size on disk: the newest one's (the next is as large), or before any,
+    fp32 weights, two moments and an average (16 bytes a parameter)."""
+    name = read_latest(checkpoints_dir)
+    newest = checkpoints_dir / name if name is not None else None
+    if newest is None or not newest.is_dir():
+        return 16 * parameters
+    return sum(path.stat().st_size for path in newest.iterdir() if path.is_file())
+
+
 # ---------------------------------------------------------------------------------------------
 # writing
 

@@ -53,12 +53,13 @@ from datalines import open_data_line
 from datalines.cycle import Cycle
 from engine import ops
 from engine.ckpt import (
+    CHECKPOINT_DISK_MARGIN,
     Checkpoint,
     CheckpointSnapshot,
     CheckpointWriter,
     discard_partial_writes,
+    expected_checkpoint_bytes,
     find_resume_point,
-    read_latest,
 )
 from engine.config import RunConfig
 from engine.errors import CheckpointError, ConfigError, DiskFull, LineError, is_out_of_memory
@@ -81,8 +82,6 @@ WANDB_CLOSE_SECONDS = 30.0
 """How long an exiting trainer lets W&B take what is queued; the next start re-sends the rest."""
 
 EXIT_OK = 0
-DISK_MARGIN = 1.5
-"""A checkpoint is written on a nearly full disk only when 1.5x the newest one's size is free."""
 EXIT_SIGNAL_BASE = 128
 
 
@@ -345,7 +344,7 @@ class Trainer:
     def _checkpoint(self, kept: str | None = None, wait: bool = False) -> None:
         self.writer.wait()  # the write before this one has taken its space
         free, size = shutil.disk_usage(self.layout.checkpoints).free, self._checkpoint_bytes()
-        if free < DISK_MARGIN * size:
+        if free < CHECKPOINT_DISK_MARGIN * size:
             # Whatever the guard's threshold, a write that cannot fit would fail half-way.
             last = self._last_checkpoint_update
             newest = f"the newest is update {last}" if last is not None else "none written yet"
@@ -669,7 +668,7 @@ class Trainer:
         update = self.position.update
         if self._last_checkpoint_update == update:
             saved = f"update {update} is checkpointed"
-        elif free > DISK_MARGIN * self._checkpoint_bytes():
+        elif free > CHECKPOINT_DISK_MARGIN * self._checkpoint_bytes():
             self._checkpoint(wait=True)
             saved = f"checkpointed update {update}"
         else:
@@ -688,12 +687,7 @@ class Trainer:
         raise DiskFull(message)
 
     def _checkpoint_bytes(self) -> int:
-        """The newest checkpoint's size on disk (the next one is as large)."""
-        newest = self.layout.checkpoints / (read_latest(self.layout.checkpoints) or "")
-        if not newest.is_dir() or newest == self.layout.checkpoints:
-            # Weights, two moments and an average in fp32 bound a first checkpoint.
-            return 16 * sum(p.numel() for p in self.model.parameters())
-        return sum(path.stat().st_size for path in newest.iterdir() if path.is_file())
+        return expected_checkpoint_bytes(self.layout.checkpoints, sum(p.numel() for p in self.model.parameters()))
 
     def _rolling_checkpoint_due(self) -> bool:
         every = self.config.checkpoints.every_updates

@@ -5,14 +5,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 import datalines
-import engine.ckpt
 from engine import checks
 from engine.config import RunConfig
 from engine.errors import ConfigError
@@ -58,7 +59,11 @@ def environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         datalines, "open_data_line", lambda path: FakeDataLine(DATA_VOCAB["vocab"], 0), raising=False
     )
     # Held-out rows need the real model registry and data line: tests/test_ops_real.py checks them.
-    monkeypatch.setattr(checks, "_check_heldout_rows", lambda layout, config: checks.CheckResult(True, "held-out rows"))
+    # The model the checks size (a checkpoint's disk): 8 x 8 + 8 parameters stand in for tiny-test's.
+    monkeypatch.setattr(checks, "_meta_model", lambda config: torch.nn.Linear(8, 8))
+    monkeypatch.setattr(
+        checks, "_check_heldout_rows", lambda layout, config, model: checks.CheckResult(True, "held-out rows")
+    )
     monkeypatch.delenv("NSCONSOLE_HOST", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.chdir(tmp_path)
@@ -239,17 +244,24 @@ def test_check_malformed_run_json_is_status_2(line: Path, capsys: pytest.Capture
     assert lines == [f"nsconsole: {line / 'run.json'}: malformed JSON at line 1 column 11: Expecting value"]
 
 
-def test_check_uses_the_checkpoint_verifier(
+def test_check_verifies_the_checkpoints(line: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (line / "checkpoints" / "u00000010").mkdir()  # a checkpoint with none of its files
+    status, lines = check_output(line, capsys)
+    assert status == 1
+    assert any(text.startswith("FAIL: checkpoints: ") and "u00000010" in text for text in lines), lines
+
+
+def test_check_wants_room_for_a_checkpoint(
     line: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    (line / "checkpoints" / "u00000010").mkdir()
-    monkeypatch.setattr(engine.ckpt, "verify_line_checkpoints", lambda root: ["u00000010/meta.json: missing"])
+    # Above the guard's floor but below 1.5x the first checkpoint (16 bytes a parameter): the
+    # trainer would stop at its first checkpoint, so the check fails now.
+    edit_run_json(line, lambda d: d["guards"].update(min_free_disk_gb=0))
+    full = shutil.disk_usage(line)._replace(free=1000)
+    monkeypatch.setattr(checks.shutil, "disk_usage", lambda path: full)
     status, lines = check_output(line, capsys)
-    assert status == 1 and "FAIL: checkpoints: u00000010/meta.json: missing" in lines
-    monkeypatch.delattr(engine.ckpt, "verify_line_checkpoints")
-    status, lines = check_output(line, capsys)
-    assert status == 0
-    assert "ok: checkpoints: 1 present, not verified (no checkpoint verifier), newest u00000010" in lines
+    assert status == 1
+    assert any("too little for a checkpoint of this line" in text for text in lines), lines
 
 
 def test_accept_refuses_then_records(line: Path) -> None:
