@@ -407,6 +407,13 @@ class LineState:
         return index if isinstance(index, int) else None
 
     @property
+    def sharing_gpu(self) -> bool:
+        """Training with its lengths' shared shapes beside other GPU processes (its newest row's
+        `gpu_mode`): slower on purpose, and back to its own shapes once they have gone."""
+        row = self.last_row
+        return row is not None and row.get("gpu_mode") == "shared"
+
+    @property
     def trainer_pid(self) -> int | None:
         pid = self.status.get("trainer_pid")
         return pid if isinstance(pid, int) else None

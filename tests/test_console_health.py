@@ -6,6 +6,7 @@ import math
 
 from nsconsole import health
 from nsconsole.state import LineFacts, LineState, Series, validation_loss
+from nsconsole.widgets.lines_table import gpu_cell
 
 
 def test_a_loss_spike_is_a_loss_above_one_and_a_half_times_the_mean_of_the_eight_rows_before() -> None:
@@ -113,3 +114,15 @@ def test_health_flags_become_events_once() -> None:
     assert [event.kind for event in line.events][-1] == "spike"
     line.apply_notification("heartbeat", {"time": 100.0, "stage": "waiting-data", "cycle": 2}, 101.0)
     assert [flag.kind for flag in line.refresh_health(102.0)] == ["data"]
+
+
+def test_a_line_sharing_its_gpu_says_so_while_its_rows_do() -> None:
+    line = LineState("k", "/runs/trunk")
+    line.apply_status({"state": "training", "gpu_index": 0})
+    line.apply_rows([row(1, gpu_mode="own")], 0)
+    assert not line.sharing_gpu and gpu_cell(line) == ("gpu0", "")
+    line.add_row(row(2, gpu_mode="shared"))
+    assert line.sharing_gpu and gpu_cell(line) == ("gpu0 shared", "warning")
+    line.add_row(row(3, gpu_mode="own"))  # the others left: its own shapes again
+    assert gpu_cell(line) == ("gpu0", "")
+    assert gpu_cell(LineState("c", "/runs/cpu")) == ("cpu", "")

@@ -45,6 +45,8 @@ def summary(line: LineState, now: float) -> Text:
         f"tokens {fmt.count(line.tokens)}  loss {fmt.number(line.loss)}  val {fmt.number(line.val_loss)}  "
         f"checkpoint {'—' if latest is None else latest}  beat {fmt.age(line.heartbeat_age(now))}"
     )
+    if line.sharing_gpu:
+        text.append("  ⇄ sharing its GPU (shared shapes)")
     if line.health:
         text.append("  " + " ".join(flag.label for flag in line.health))
     return text

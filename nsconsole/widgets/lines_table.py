@@ -100,7 +100,7 @@ class LinesTable(DataTable):
             "tokens_per_s": (fmt.count(line.tokens_per_s), ""),
             "beat": (f"{beat_glyph} {fmt.age(beat_age)}", beat_severity),
             "restarts": (str(line.restarts), "warning" if line.restarts else ""),
-            "gpu": ("cpu" if line.gpu_index is None else f"gpu{line.gpu_index}", ""),
+            "gpu": gpu_cell(line),
             "health": (" ".join(flag.label for flag in flags) or "✓ ok", worst),
         }
         cells = {}
@@ -111,3 +111,12 @@ class LinesTable(DataTable):
             justify = "right" if column in RIGHT_ALIGNED else "left"
             cells[column] = Text(text, style=style, justify=justify)
         return cells
+
+
+def gpu_cell(line: LineState) -> tuple[str, str]:
+    """Where the line trains, and a warning while it shares its GPU (shared shapes, slower)."""
+    if line.gpu_index is None:
+        return "cpu", ""
+    if line.sharing_gpu:
+        return f"gpu{line.gpu_index} shared", "warning"
+    return f"gpu{line.gpu_index}", ""
