@@ -135,3 +135,18 @@ def test_a_write_that_fills_the_disk_is_removed_and_stops_the_line(
     assert filled and not filled[0].parent.exists()  # the partial directory is gone
     assert read_latest(line / "checkpoints") == "u00000002"
     assert verify_line_checkpoints(line) == []
+
+
+def test_a_new_line_without_room_for_its_first_checkpoint_writes_nothing(
+    tmp_path: Path, data_template: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before any checkpoint the size is estimated: fp32 weights, two moments and an average.
+    line = make_line(tmp_path, copy_data_line(data_template, tmp_path))
+    _set_disk_floor(line, 0.0)
+    full = shutil.disk_usage(line)._replace(free=1000)
+    monkeypatch.setattr(trainer_module.shutil, "disk_usage", lambda path: full)
+    with pytest.raises(DiskFull, match=r"too little for the next checkpoint .*; none written yet"):
+        Trainer(line, stop_at=10, echo=None).run()
+    assert read_latest(line / "checkpoints") is None
+    assert not [path for path in (line / "checkpoints").iterdir() if path.is_dir()]
+    assert not (line / "rows.jsonl").exists() or (line / "rows.jsonl").read_text() == ""
