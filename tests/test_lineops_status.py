@@ -45,7 +45,7 @@ def test_status_shows_the_last_validation_and_the_wandb_run(tmp_path: Path) -> N
         {"update": 1, "loss": 5.0},
         {"update": 2, "loss": 4.9, "val_32/text": 4.8, "val_32/mix": 4.8, "val_32/mean": 4.8,
          "opt/decay/param_norm": 3.0},
-        {"update": 3, "loss": 4.7},
+        {"update": 3, "loss": 4.7, "gpu_mode": "shared"},
     ])  # fmt: skip
     state = WandbRunState(run_id="abc123", start="resume", acknowledged_step=2)
     state.pending = PendingStart(kind="rewind", at_update=1)
@@ -55,6 +55,8 @@ def test_status_shows_the_last_validation_and_the_wandb_run(tmp_path: Path) -> N
     assert status.wandb is not None and status.wandb.run_id == "abc123"
     text = "\n".join(format_status(status))
     assert "validation (update 2, 4 metrics):" in text
+    rows = [line for line in text.splitlines() if line.startswith("  update ")]
+    assert "GPU SHARED" in rows[-1] and not any("GPU SHARED" in line for line in rows[:-1])
     assert "  val_32/mix 4.8" in text and "  val_32/mean 4.8" in text
     assert "W&B: run abc123 (resume), acknowledged step 2; next start: rewind at update 1" in text
 

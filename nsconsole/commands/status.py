@@ -135,6 +135,8 @@ def _format_row(row: dict[str, Any]) -> str:
     if not keys:
         keys = [key for key in sorted(row) if isinstance(row[key], (int, float, str))][:FALLBACK_COLUMNS]
     text = "  ".join(f"{key} {_format_value(row[key])}" for key in keys)
+    if row.get("gpu_mode") == "shared":
+        text += "  GPU SHARED (shared shapes beside other processes)"
     return text + ("  SKIPPED (non-finite)" if row.get("skipped") is True else "")
 
 
