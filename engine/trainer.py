@@ -435,9 +435,15 @@ class Trainer:
         self.log.write(f"gpu: {why}; training with the lengths' {shapes} shapes from update {self.position.update}")
 
     def _leave_gpu(self, why: str) -> None:
-        """Checkpoint and stop: the supervisor relaunches the line once the GPU is free (or they fit)."""
+        """Checkpoint and stop: the supervisor relaunches the line once the GPU is free (or they fit).
+
+        The engines and the arena go as soon as the snapshot is on the host, before the write ends:
+        the others get that memory now, not after tens of seconds of a large line's write."""
         if self._last_checkpoint_update != self.position.update:
-            self._checkpoint(wait=True)
+            self._checkpoint()
+        with contextlib.suppress(ArenaNotReleased):
+            self.engines.drop()
+        self.writer.wait()
         message = (
             f"{self.layout.run_json}: {why}; checkpointed update "
             f"{self.position.update} and stopped until the GPU is free"

@@ -216,12 +216,25 @@ def test_others_past_the_reserve_checkpoint_the_line_and_raise_gpu_busy(
 ) -> None:
     line = sharing_line(tmp_path, data_template)
     trainer = Trainer(line, echo=None, gpu_watch=forced_watch(scripted([NOBODY, NOBODY, SMALL, LARGE])))
-    with pytest.raises(GpuBusy, match="more than guards.share_reserve_gb = 1"):
-        trainer.run()
+    dropped_before_stopping = []
+    real_drop = StepEngines.drop
+
+    def drop_and_note(engines: StepEngines) -> None:
+        real_drop(engines)
+        heartbeat = json.loads((line / "heartbeat").read_text())
+        dropped_before_stopping.append((trainer.position.update, heartbeat.get("reason") != "gpu busy"))
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(StepEngines, "drop", drop_and_note)
+        with pytest.raises(GpuBusy, match="more than guards.share_reserve_gb = 1"):
+            trainer.run()
     latest = load_checkpoint(line / "checkpoints" / str(read_latest(line / "checkpoints")))
     assert latest.update == 6  # the check at update 6 saw them past the reserve
     assert len(read_rows(line)) == 6
     assert "gpu busy" in (line / "heartbeat").read_text()
+    # The memory went to the others before the line said it stopped (not only at its exit); the
+    # switch to the shared shapes at update 4 dropped the engines too.
+    assert (6, True) in dropped_before_stopping
 
 
 def test_a_line_that_left_resumes_exactly_once_the_gpu_is_free(tmp_path: Path, data_template: Path) -> None:
