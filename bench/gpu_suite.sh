@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU work no CI machine can do, in one script for a lent H200 (see bench/RESULTS.md).
-# Usage: bash bench/gpu_suite.sh kernel-tests|tests|bench|sharing|scan-variants|profile [more stages]; logs go to $OUT (or ./gpu-out).
+# Usage: bash bench/gpu_suite.sh kernel-tests|tests|bench|sharing|sharing-alone|scan-variants|profile [...]; logs go to $OUT (or ./gpu-out).
 set -u -o pipefail
 out=${OUT:-gpu-out}
 mkdir -p "$out"
@@ -31,9 +31,12 @@ for stage in "$@"; do
       timeout 240 python3 bench/kernels.py --out "$out/kernels.jsonl" > "$out/kernels.log" 2>&1
       tail -30 "$out/kernels.log"
       ;;
-    sharing)
-      timeout 420 python3 bench/gpu_sharing.py --work /tmp/gpu-sharing 2>&1 | grep '^{' | tee "$out/sharing.log"
-      for phase in shared alone; do cp /tmp/gpu-sharing/$phase/run.log "$out/${phase}_run.log" 2>/dev/null; done
+    sharing|sharing-alone)
+      # One phase a stage (each takes minutes): `sharing` with a reserve, `sharing-alone` without.
+      phase=$([ "$stage" = sharing ] && echo shared || echo alone)
+      timeout 450 python3 bench/gpu_sharing.py --work /tmp/gpu-sharing --phases $phase 2>&1 | grep '^{' \
+        | tee "$out/sharing_$phase.log"
+      cp /tmp/gpu-sharing/$phase/run.log "$out/${phase}_run.log" 2>/dev/null
       ;;
     scan-variants)
       # Issue 5: the selective scan's forward as a pipelined step loop, against the kernel in use.
