@@ -370,8 +370,6 @@ class Trainer:
         if others == 0 and self.engines.gpu_mode == GpuMode.OWN:
             return
         first_line = (str(error).splitlines() or [type(error).__name__])[0][:160]
-        with contextlib.suppress(ArenaNotReleased):  # leaving anyway
-            self.engines.drop()
         self._leave_gpu(f"out of memory {doing} beside {reading.others} other process(es) "
                         f"holding {reading.others_bytes / GIB:.2f} GiB ({first_line})")  # fmt: skip
 
