@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU work no CI machine can do, in one script for a lent H200 (see bench/RESULTS.md).
-# Usage: bash bench/gpu_suite.sh kernel-tests|tests|bench|sharing|sharing-alone|scan-variants|plif-variants|profile [...]; logs go to $OUT (or ./gpu-out).
+# Usage: bash bench/gpu_suite.sh kernel-tests|tests|bench|sharing|sharing-alone|sweep|profile [...]; logs go to $OUT (or ./gpu-out).
 set -u -o pipefail
 out=${OUT:-gpu-out}
 mkdir -p "$out"
@@ -38,13 +38,10 @@ for stage in "$@"; do
         | tee "$out/sharing_$phase.log"
       cp /tmp/gpu-sharing/$phase/run.log "$out/${phase}_run.log" 2>/dev/null
       ;;
-    scan-variants)
-      # Issue 5: the selective scan's forward as pipelined step loops, against the kernel in use.
-      timeout 300 python3 bench/scan_variants.py 2>&1 | tee "$out/scan_variants.log"
-      ;;
-    plif-variants)
-      # Issue 5: the PLIF scan with several steps an iteration, against the kernel in use.
-      timeout 240 python3 bench/plif_variants.py 2>&1 | tee "$out/plif_variants.log"
+    sweep)
+      # Issue 5: the scans' block, chunk and pipeline-depth variants side by side, each checked first.
+      timeout 400 python3 bench/kernels.py --sweep --only scan plif --out "$out/sweep.jsonl" 2>&1 | grep '^{' \
+        | tee "$out/sweep.log"
       ;;
     profile)
       # Where the main model's update goes (MFU 0.13 at 4K in session 3): the top kernels of one update.

@@ -153,6 +153,8 @@ def bench_selective_scan(batch: int, steps: int, channels: int, state: int, copy
     with torch.no_grad():
         emit("selective_scan_fwd", size, "triton", time_ms(lambda: selective_scan(x, delta, A, B, C, D)), io,
              copy_gbs)
+    # The forward as in training: it also saves the state entering each chunk for the backward.
+    emit("selective_scan_fwd", size, "triton_saving", time_ms(lambda: selective_scan(*leaves)), io, copy_gbs)
     emit("selective_scan_fwd_bwd", size, "triton", time_ms(forward_backward(selective_scan)), io_backward, copy_gbs)
     if references:
         with torch.no_grad():
@@ -282,12 +284,15 @@ def sweep_selective_scan(copy_gbs: float) -> None:
     big = _scan_case(8, 4096, 1024, 16, seed=2)
     big_grad = torch.randn(8, 4096, 1024, device="cuda")
     io = 8 * 4096 * (3 * 1024 + 32) * 4
-    for chunk, fwd_block, fwd_warps, bwd_block, bwd_warps in [
-        (16, 16, 4, 16, 4), (16, 32, 4, 8, 4), (16, 16, 8, 16, 8), (16, 8, 2, 8, 2), (8, 32, 4, 16, 4),
+    # (steps a chunk, forward channels a program, forward stages, backward channels, backward stages);
+    # the first is the kernel's own choice at this size.
+    for chunk, fwd_block, fwd_stages, bwd_block, bwd_stages in [
+        (8, 16, 5, 8, 3), (8, 8, 4, 8, 3), (8, 16, 6, 8, 4), (8, 16, 4, 8, 2), (16, 8, 5, 8, 2),
     ]:
-        scan_module._CHUNK_T, scan_module._FORWARD_BLOCK_D, scan_module._FORWARD_WARPS = chunk, fwd_block, fwd_warps
-        scan_module._BACKWARD_BLOCK_D, scan_module._BACKWARD_WARPS = bwd_block, bwd_warps
-        config = f"chunk {chunk} fwd {fwd_block}x{fwd_warps}w bwd {bwd_block}x{bwd_warps}w"
+        scan_module._CHUNK_T, scan_module._FORWARD_STAGES = chunk, fwd_stages
+        scan_module._forward_block_d = lambda _batch, _channels, block=fwd_block: block
+        scan_module._BACKWARD_BLOCK_D, scan_module._BACKWARD_STAGES = bwd_block, bwd_stages
+        config = f"chunk {chunk} fwd {fwd_block} ch {fwd_stages} stages, bwd {bwd_block} ch {bwd_stages} stages"
         try:
             got = _grads_of(selective_scan, check, check_grad)
             error = max(relative_error(a, b) for a, b in zip(got, want))
@@ -315,10 +320,12 @@ def sweep_plif(copy_gbs: float) -> None:
         return [spikes, v_pre, v_last] + [leaf.grad for leaf in leaves]
 
     want_plif = plif_outputs_and_grads(plif_scan_reference)
-    for block, stages in [(32, 8), (32, 12), (64, 8), (64, 12), (64, 16), (128, 12)]:
+    # (channels a program, forward steps an iteration, forward stages); the backward keeps its own.
+    # (64, 1, 12) and (32, 1, 12) are the kernel before the unrolled forward.
+    for block, unroll, stages in [(64, 1, 12), (64, 4, 8), (32, 8, 4), (64, 8, 4), (32, 1, 12), (64, 2, 12)]:
         plif_module._channels_per_program = lambda _batch, _channels, block=block: block
-        plif_module._STAGES = stages
-        config = f"block {block} stages {stages}"
+        plif_module._forward_unroll_and_stages = lambda _batch, _channels, pair=(unroll, stages): pair
+        config = f"block {block} unroll {unroll} stages {stages}"
         try:
             got = plif_outputs_and_grads(plif_scan)
             error = max(relative_error(a, b) for a, b in zip(got, want_plif))

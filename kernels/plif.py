@@ -17,17 +17,32 @@ import triton.language as tl
 
 from kernels._dispatch import compute_dtype, new_buffer, wants_triton
 
-_STAGES = 12
-"""Time steps in flight: the loads of the next steps issue while this one computes (a channel is
-a sequential chain, so hiding the memory latency is the whole game). Measured on the H200 (Bt 8,
-T 4096, D 2560, fp32; bench/RESULTS.md): 1 stage 0.44x the tiled kernel this replaced, 4 stages
-0.94x, 8 stages 1.5x, 12 stages 1.7x; 16 no better."""
+_BACKWARD_STAGES = 12
+"""Time steps in flight in the backward: the loads of the next steps issue while this one computes
+(a channel is a sequential chain, so hiding the memory latency is the whole game). Measured on the
+H200 when both directions walked one step an iteration with it (Bt 8, T 4096, D 2560, fp32;
+bench/RESULTS.md): 1 stage 0.44x the tiled kernel this replaced, 4 stages 0.94x, 8 stages 1.5x,
+12 stages 1.7x; 16 no better. Unrolling the backward's steps as the forward's
+(`_forward_unroll_and_stages`) was slower at Bt 8 x T 4096 (bench/plif_variants.py of commit
+bee4480, 2026-11-29), so the backward keeps one step an iteration."""
 
 
 def _channels_per_program(batch: int, channels: int) -> int:
     """One warp a program: 32 channels (one a thread) when rows are few, so that more programs share
     the SMs (Bt 1 x D 2560: 80 programs); 64 (two a thread) when they are many (Bt 8: 10 % faster)."""
     return 64 if batch * channels >= 8192 else 32
+
+
+def _forward_unroll_and_stages(batch: int, channels: int) -> tuple[int, int]:
+    """The forward's (UNROLL, STAGES): UNROLL steps a loop iteration, the loads of STAGES iterations
+    in flight. The loads do not depend on the membrane, so a thread has about UNROLL x (STAGES - 1)
+    steps' loads in flight ahead of its chain (one step an iteration at 12 stages: 11), and hiding
+    the memory latency is the whole game. Measured side by side on the H200 (2026-11-29,
+    `python bench/kernels.py --sweep --only plif`), D 2560, fp32, forward: Bt 8 x T 4096, 64
+    channels a program: one step x 12 stages 0.534 ms (44 % of copy), (4, 8) 0.340 ms (69 %),
+    (8, 4) 0.343 ms; Bt 1 x T 32768, 32 channels a program: one step x 12 stages 3.89 ms,
+    (8, 4) 1.76 ms, (4, 8) with 64 channels 2.37 ms. The threshold is `_channels_per_program`'s."""
+    return (4, 8) if batch * channels >= 8192 else (8, 4)
 
 
 def spike_with_surrogate(v_minus_threshold: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -73,7 +88,8 @@ def plif_scan_reference(
 def _plif_forward_kernel(
     x_ptr, beta_ptr, threshold_ptr, v0_ptr, spikes_ptr, v_pre_ptr, v_pre_f32_ptr, v_last_ptr,
     seq_len, channels,
-    HAS_V0: tl.constexpr, SAVE_F32: tl.constexpr, BLOCK_D: tl.constexpr, STAGES: tl.constexpr,
+    HAS_V0: tl.constexpr, SAVE_F32: tl.constexpr, BLOCK_D: tl.constexpr, UNROLL: tl.constexpr,
+    STAGES: tl.constexpr,
 ):
     batch = tl.program_id(0)
     channel = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)  # (BLOCK_D,): one per thread
@@ -85,18 +101,23 @@ def _plif_forward_kernel(
     else:
         v = tl.zeros([BLOCK_D], dtype=tl.float32)
     base = batch.to(tl.int64) * seq_len * channels + channel  # (BLOCK_D,) int64
-    # One step an iteration; the loads do not depend on v, so the pipeliner keeps STAGES of them
-    # in flight ahead of the chain.
-    for t in tl.range(0, seq_len, num_stages=STAGES):
-        offsets = base + t * channels
-        x_t = tl.load(x_ptr + offsets, mask=channel_ok, other=0.0).to(tl.float32)
-        v_pre = beta * v + (1.0 - beta) * x_t
-        spike = (v_pre - threshold > 0).to(tl.float32)
-        v = v_pre - threshold * spike
-        tl.store(spikes_ptr + offsets, spike.to(spikes_ptr.dtype.element_ty), mask=channel_ok)
-        tl.store(v_pre_ptr + offsets, v_pre.to(v_pre_ptr.dtype.element_ty), mask=channel_ok)
-        if SAVE_F32:
-            tl.store(v_pre_f32_ptr + offsets, v_pre, mask=channel_ok)
+    # UNROLL steps an iteration; the loads do not depend on v, so the pipeliner keeps STAGES
+    # iterations' loads in flight ahead of the chain (see _forward_unroll_and_stages).
+    for t0 in tl.range(0, seq_len, UNROLL, num_stages=STAGES):
+        for i in tl.static_range(UNROLL):
+            # The last iteration of a ragged T runs past the end: those steps load and store
+            # nothing and leave v as it is.
+            t = t0 + i
+            live = channel < tl.where(t < seq_len, channels, 0)  # (BLOCK_D,)
+            offsets = base + t * channels
+            x_t = tl.load(x_ptr + offsets, mask=live, other=0.0).to(tl.float32)
+            v_pre = beta * v + (1.0 - beta) * x_t
+            spike = (v_pre - threshold > 0).to(tl.float32)
+            tl.store(spikes_ptr + offsets, spike.to(spikes_ptr.dtype.element_ty), mask=live)
+            tl.store(v_pre_ptr + offsets, v_pre.to(v_pre_ptr.dtype.element_ty), mask=live)
+            if SAVE_F32:
+                tl.store(v_pre_f32_ptr + offsets, v_pre, mask=live)
+            v = tl.where(t < seq_len, v_pre - threshold * spike, v)
     tl.store(v_last_ptr + batch * channels + channel, v, mask=channel_ok)
 
 
@@ -178,11 +199,13 @@ class _PlifScan(torch.autograd.Function):
         v_last = new_buffer((batch, channels), torch.float32, x.device)
         v0_arg = v0.contiguous() if v0 is not None else v_last
         block = _channels_per_program(batch, channels)
+        unroll, stages = _forward_unroll_and_stages(batch, channels)
         grid = (batch, triton.cdiv(channels, block))
         _plif_forward_kernel[grid](
             x, beta.contiguous(), v_th.contiguous(), v0_arg, spikes, v_pre, v_pre_f32, v_last,
             seq_len, channels,
-            HAS_V0=v0 is not None, SAVE_F32=save_f32, BLOCK_D=block, STAGES=_STAGES, num_warps=1,
+            HAS_V0=v0 is not None, SAVE_F32=save_f32, BLOCK_D=block, UNROLL=unroll, STAGES=stages,
+            num_warps=1,
         )
         ctx.save_for_backward(x, beta, v_th, v0, v_pre_f32)
         ctx.alpha = alpha
@@ -210,7 +233,7 @@ class _PlifScan(torch.autograd.Function):
             seq_len, channels, float(ctx.alpha),
             HAS_V0=v0 is not None, HAS_GRAD_SPIKES=grad_spikes is not None,
             HAS_GRAD_V_PRE=grad_v_pre is not None, HAS_GRAD_V_LAST=grad_v_last is not None,
-            BLOCK_D=block, STAGES=_STAGES, num_warps=1,
+            BLOCK_D=block, STAGES=_BACKWARD_STAGES, num_warps=1,
         )
         # Per-row partials summed here in a fixed order (no atomics: deterministic).
         return (

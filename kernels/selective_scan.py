@@ -6,9 +6,23 @@
 where channel d reads group g(d) = d // (Dm // G) of B and C. The state is kept in fp32
 whatever the input dtype; y comes back in x's dtype, h_last in fp32 so that TBPTT chunks chain
 (the scan of T equals the scan of T1 followed by the scan of T2 from the first's h_last).
+
+The kernels walk time in chunks of _CHUNK_T steps. A program owns a block of channels of one
+batch row; its tiles are (CHUNK_T, N, channels) with each thread holding the chunk's time steps
+and a few of one channel's N states in its registers, so the scan along time and most of the
+sum over N stay inside a thread (no shuffles), and every load and store in the loop runs along
+channels, the contiguous axis. That is why the state-shaped buffers inside (A, h0, h_last, the
+saved chunk starts) are (N, Dm)-major here. `tl.range(..., num_stages=S)` keeps the next
+chunks' loads in flight. The forward saves the state entering each chunk (only when a gradient
+is wanted); the backward recomputes each chunk's states from it and runs the adjoint's reverse
+scan. On the H200 (bench/RESULTS.md) this is 2x the forward and 2x the forward + backward of the
+(chunk, channel, N)-tiled kernels it replaced; the scan is still far from memory bound (a
+sequential chain per channel and state, 16 exponentials per 12 bytes).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import triton
@@ -16,15 +30,28 @@ import triton.language as tl
 
 from kernels._dispatch import compute_dtype, new_buffer, wants_triton
 
-_CHUNK_T = 16
-"""Time steps per chunk: the scan inside a chunk is a parallel (associative) scan; chunk-start
-states are saved by the forward so the backward recomputes each chunk's states."""
-_FORWARD_BLOCK_D = 16
-"""Channels per forward program (all of one group, so B and C load once per time step)."""
-_FORWARD_WARPS = 4
-_BACKWARD_BLOCK_D = 16
-"""Channels per backward program; dB and dC are summed over these blocks afterwards."""
-_BACKWARD_WARPS = 4
+_LOG2_E = 1.0 / math.log(2.0)
+
+_CHUNK_T = 8
+"""Time steps per chunk. Measured on the H200 (Bt 8, T 4096, Dm 1024, N 16, fp32;
+bench/scan_variants.py of commit bee4480; `python bench/kernels.py --sweep --only scan`): 16-step
+chunks make the forward a little faster but the backward's chunk tiles then spill registers (3.38
+against 2.98 ms forward + backward in the sweep)."""
+_FORWARD_STAGES = 5
+"""Chunks whose loads are in flight in the forward (one warp, 16 channels, the size above): 2
+stages 0.79 ms, 3 0.55, 4 0.53, 5 0.45 in the experiment; in the sweep 4, 5 and 6 stages are
+within 4 % of each other (0.355-0.370 ms)."""
+_BACKWARD_BLOCK_D = 8
+"""Channels per backward program (one warp; 4 threads a channel, 4 states each). dB and dC are
+summed over these blocks afterwards. 16 channels: twice as slow (register spills); 32 worse."""
+_BACKWARD_STAGES = 3
+
+
+def _forward_block_d(batch: int, channels: int) -> int:
+    """Channels per forward program (one warp): 16 (2 threads a channel, 8 states each) when there
+    are many rows; 8 (4 threads a channel) when few, to have enough programs (Bt 1, T 32768: 1.5
+    against 2.7 ms)."""
+    return 16 if batch * channels >= 8192 else 8
 
 
 
@@ -79,41 +106,32 @@ def _affine_combine(decay_left, drive_left, decay_right, drive_right):
 
 
 @triton.jit
-def _chunk_states(
-    x_ptr, delta_ptr, B_ptr, A_tile, h_start, batch, group, channel, channel_ok, n, n_ok, t0,
-    seq_len, channels, groups, state_size, CHUNK_T: tl.constexpr,
-):
-    """Loads a chunk's inputs and runs its scan from h_start.
+def _reverse_combine(later_decay, later_value, later_gain, decay, value, gain):
+    """The adjoint's reverse scan without a shifted decay. A segment of rows [t..u] is
+    (decay_t, V, G) with g_t = V + G (decay_{u+1} g_{u+1}): joined with the segment after it,
+    that segment's first decay carries what flows in. One row alone is (decay_t, local_t, 1)."""
+    through = gain * later_decay
+    return decay, value + through * later_value, through * later_gain
 
-    Returns times (CHUNK_T,), the mask of rows inside the sequence, x and delta (CHUNK_T, BLOCK_D)
-    in fp32, B (CHUNK_T, N_PAD), and the per-step decay, drive and states (CHUNK_T, BLOCK_D, N_PAD).
-    """
-    times = t0 + tl.arange(0, CHUNK_T)
-    time_ok = times < seq_len
-    row = (batch.to(tl.int64) * seq_len + times.to(tl.int64))  # (CHUNK_T,)
-    mask = time_ok[:, None] & channel_ok[None, :]
-    offsets = row[:, None] * channels + channel[None, :]  # (CHUNK_T, BLOCK_D)
-    xs = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-    deltas = tl.load(delta_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-    bc_offsets = (row[:, None] * groups + group) * state_size + n[None, :]  # (CHUNK_T, N_PAD)
-    bc_mask = time_ok[:, None] & n_ok[None, :]
-    Bs = tl.load(B_ptr + bc_offsets, mask=bc_mask, other=0.0).to(tl.float32)
-    # Rows past the end decay by 1 and add 0, so the state after them is the last real state.
-    decay = tl.exp(deltas[:, :, None] * A_tile[None, :, :])  # (CHUNK_T, BLOCK_D, N_PAD)
-    decay = tl.where(time_ok[:, None, None], decay, 1.0)
-    drive = (deltas * xs)[:, :, None] * Bs[:, None, :]
-    decay_to, drive_to = tl.associative_scan((decay, drive), 0, _affine_combine)
-    states = decay_to * h_start[None, :, :] + drive_to
-    return times, time_ok, offsets, bc_offsets, bc_mask, xs, deltas, Bs, decay, drive, states
+
+@triton.jit
+def _take_first(first, second):
+    return first
+
+
+@triton.jit
+def _take_last(first, second):
+    return second
 
 
 @triton.jit
 def _selective_scan_forward_kernel(
-    x_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, h0_ptr, y_ptr, h_last_ptr, chunk_start_ptr,
-    seq_len, channels, groups, per_group, state_size, chunks,
-    HAS_D: tl.constexpr, HAS_H0: tl.constexpr,
-    BLOCK_D: tl.constexpr, N_PAD: tl.constexpr, CHUNK_T: tl.constexpr,
+    x_ptr, delta_ptr, A_T_ptr, B_ptr, C_ptr, D_ptr, h0_T_ptr, y_ptr, h_last_T_ptr, chunk_start_ptr,
+    seq_len, chunks, log2_e, channels: tl.constexpr, groups: tl.constexpr, state_size: tl.constexpr,
+    HAS_D: tl.constexpr, HAS_H0: tl.constexpr, SAVE: tl.constexpr, EVEN: tl.constexpr,
+    BLOCK_D: tl.constexpr, N_PAD: tl.constexpr, CHUNK_T: tl.constexpr, STAGES: tl.constexpr,
 ):
+    per_group: tl.constexpr = channels // groups
     batch = tl.program_id(0)
     group = tl.program_id(1)
     within = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -121,42 +139,69 @@ def _selective_scan_forward_kernel(
     channel_ok = within < per_group
     n = tl.arange(0, N_PAD)
     n_ok = n < state_size
-    state_mask = channel_ok[:, None] & n_ok[None, :]
-    state_offsets = channel[:, None] * state_size + n[None, :]  # (BLOCK_D, N_PAD)
-    A_tile = tl.load(A_ptr + state_offsets, mask=state_mask, other=0.0).to(tl.float32)
+    state_mask = n_ok[:, None] & channel_ok[None, :]
+    state_offsets = n[:, None] * channels + channel[None, :]  # (N_PAD, BLOCK_D) in an (N, Dm) buffer
+    # exp(delta A) as exp2(delta A log2 e): the multiply folded into A once.
+    A2 = tl.load(A_T_ptr + state_offsets, mask=state_mask, other=0.0).to(tl.float32) * log2_e
     batch_state = batch.to(tl.int64) * channels * state_size
     if HAS_H0:
-        h = tl.load(h0_ptr + batch_state + state_offsets, mask=state_mask, other=0.0)
+        h = tl.load(h0_T_ptr + batch_state + state_offsets, mask=state_mask, other=0.0)
     else:
-        h = tl.zeros([BLOCK_D, N_PAD], dtype=tl.float32)
+        h = tl.zeros([N_PAD, BLOCK_D], dtype=tl.float32)
     if HAS_D:
         D_vec = tl.load(D_ptr + channel, mask=channel_ok, other=0.0).to(tl.float32)
     rows = tl.arange(0, CHUNK_T)
-    for chunk in range(0, chunks):
-        chunk_state = (batch.to(tl.int64) * chunks + chunk) * channels * state_size
-        tl.store(chunk_start_ptr + chunk_state + state_offsets, h, mask=state_mask)
-        times, time_ok, offsets, bc_offsets, bc_mask, xs, deltas, Bs, decay, drive, states = _chunk_states(
-            x_ptr, delta_ptr, B_ptr, A_tile, h, batch, group, channel, channel_ok, n, n_ok,
-            chunk * CHUNK_T, seq_len, channels, groups, state_size, CHUNK_T,
-        )
-        Cs = tl.load(C_ptr + bc_offsets, mask=bc_mask, other=0.0).to(tl.float32)  # (CHUNK_T, N_PAD)
-        ys = tl.sum(states * Cs[:, None, :], axis=2)  # (CHUNK_T, BLOCK_D)
+    first_row = batch.to(tl.int64) * seq_len
+    chunk_base = chunk_start_ptr + batch.to(tl.int64) * chunks * channels * state_size + state_offsets
+    for chunk in tl.range(0, chunks, num_stages=STAGES):
+        if SAVE:  # the state entering the chunk, for the backward
+            tl.store(chunk_base + chunk * channels * state_size, h, mask=state_mask)
+        times = chunk * CHUNK_T + rows  # (CHUNK_T,)
+        row = first_row + times
+        offsets = row[:, None] * channels + channel[None, :]  # (CHUNK_T, BLOCK_D)
+        bc = (row[:, None] * groups + group) * state_size + n[None, :]  # (CHUNK_T, N_PAD)
+        mask = (times < seq_len)[:, None] & channel_ok[None, :]
+        if EVEN:  # no ragged edge anywhere: no masks in the loop
+            xs = tl.load(x_ptr + offsets).to(tl.float32)
+            deltas = tl.load(delta_ptr + offsets).to(tl.float32)
+            Bs = tl.load(B_ptr + bc).to(tl.float32)
+            Cs = tl.load(C_ptr + bc).to(tl.float32)
+        else:
+            bc_mask = (times < seq_len)[:, None] & n_ok[None, :]
+            xs = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+            deltas = tl.load(delta_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+            Bs = tl.load(B_ptr + bc, mask=bc_mask, other=0.0).to(tl.float32)
+            Cs = tl.load(C_ptr + bc, mask=bc_mask, other=0.0).to(tl.float32)
+        # Rows past the end have delta 0: decay 1 and drive 0 keep the last real state.
+        decay = tl.exp2(deltas[:, None, :] * A2[None, :, :])  # (CHUNK_T, N_PAD, BLOCK_D)
+        drive = Bs[:, :, None] * (deltas * xs)[:, None, :]
+        # The chunk's start state enters through the first row's drive; the scan's decay
+        # products are then unused and the compiler drops them.
+        drive += tl.where(rows[:, None, None] == 0, decay * h[None, :, :], 0.0)
+        _, states = tl.associative_scan((decay, drive), 0, _affine_combine)
+        ys = tl.sum(states * Cs[:, :, None], axis=1)  # (CHUNK_T, BLOCK_D)
         if HAS_D:
             ys += D_vec[None, :] * xs
-        mask = time_ok[:, None] & channel_ok[None, :]
-        tl.store(y_ptr + offsets, ys.to(y_ptr.dtype.element_ty), mask=mask)
-        h = tl.sum(tl.where(rows[:, None, None] == CHUNK_T - 1, states, 0.0), axis=0)
-    tl.store(h_last_ptr + batch_state + state_offsets, h, mask=state_mask)
+        if EVEN:
+            tl.store(y_ptr + offsets, ys.to(y_ptr.dtype.element_ty))
+        else:
+            tl.store(y_ptr + offsets, ys.to(y_ptr.dtype.element_ty), mask=mask)
+        h = tl.reduce(states, 0, _take_last)  # the chunk's last row: a register, no arithmetic
+    tl.store(h_last_T_ptr + batch_state + state_offsets, h, mask=state_mask)
 
 
 @triton.jit
 def _selective_scan_backward_kernel(
-    x_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, D_ptr, chunk_start_ptr, grad_y_ptr, grad_h_last_ptr,
-    grad_x_ptr, grad_delta_ptr, grad_A_ptr, grad_B_ptr, grad_C_ptr, grad_D_ptr, grad_h0_ptr,
-    batches, seq_len, channels, groups, per_group, state_size, chunks,
-    HAS_D: tl.constexpr, HAS_GRAD_H_LAST: tl.constexpr,
-    BLOCK_D: tl.constexpr, N_PAD: tl.constexpr, CHUNK_T: tl.constexpr,
+    x_ptr, delta_ptr, A_T_ptr, B_ptr, C_ptr, D_ptr, chunk_start_ptr, grad_y_ptr, grad_h_last_T_ptr,
+    grad_x_ptr, grad_delta_ptr, grad_A_T_ptr, grad_B_ptr, grad_C_ptr, grad_D_ptr, grad_h0_T_ptr,
+    batches, seq_len, chunks, log2_e, channels: tl.constexpr, groups: tl.constexpr, state_size: tl.constexpr,
+    HAS_D: tl.constexpr, HAS_GRAD_H_LAST: tl.constexpr, EVEN: tl.constexpr,
+    BLOCK_D: tl.constexpr, N_PAD: tl.constexpr, CHUNK_T: tl.constexpr, STAGES: tl.constexpr,
 ):
+    """Chunk by chunk from the end: the chunk's states recomputed from its saved start (a scan),
+    the adjoint g_t = dL/dh_t = C_t gy_t + decay_{t+1} g_{t+1} by a reverse scan, then every
+    gradient from the two."""
+    per_group: tl.constexpr = channels // groups
     batch = tl.program_id(0)
     group = tl.program_id(1)
     block = tl.program_id(2)
@@ -165,143 +210,174 @@ def _selective_scan_backward_kernel(
     channel_ok = within < per_group
     n = tl.arange(0, N_PAD)
     n_ok = n < state_size
-    state_mask = channel_ok[:, None] & n_ok[None, :]
-    state_offsets = channel[:, None] * state_size + n[None, :]  # (BLOCK_D, N_PAD)
-    A_tile = tl.load(A_ptr + state_offsets, mask=state_mask, other=0.0).to(tl.float32)
+    state_mask = n_ok[:, None] & channel_ok[None, :]
+    state_offsets = n[:, None] * channels + channel[None, :]  # (N_PAD, BLOCK_D) in an (N, Dm) buffer
+    A = tl.load(A_T_ptr + state_offsets, mask=state_mask, other=0.0).to(tl.float32)
+    A2 = A * log2_e
     batch_state = batch.to(tl.int64) * channels * state_size
-    # carry: dL/dh at the last row of the chunk from everything after it.
+    # carry: dL/dh at the chunk's last row from everything after it.
     if HAS_GRAD_H_LAST:
-        carry = tl.load(grad_h_last_ptr + batch_state + state_offsets, mask=state_mask, other=0.0)
+        carry = tl.load(grad_h_last_T_ptr + batch_state + state_offsets, mask=state_mask, other=0.0)
     else:
-        carry = tl.zeros([BLOCK_D, N_PAD], dtype=tl.float32)
+        carry = tl.zeros([N_PAD, BLOCK_D], dtype=tl.float32)
     if HAS_D:
         D_vec = tl.load(D_ptr + channel, mask=channel_ok, other=0.0).to(tl.float32)
-    grad_A = tl.zeros([BLOCK_D, N_PAD], dtype=tl.float32)
+    grad_A = tl.zeros([N_PAD, BLOCK_D], dtype=tl.float32)
     grad_D = tl.zeros([BLOCK_D], dtype=tl.float32)
     rows = tl.arange(0, CHUNK_T)
-    for chunk_back in range(0, chunks):
+    first_row = batch.to(tl.int64) * seq_len
+    chunk_base = chunk_start_ptr + batch.to(tl.int64) * chunks * channels * state_size + state_offsets
+    partials = block.to(tl.int64) * batches * seq_len * groups * state_size
+    for chunk_back in tl.range(0, chunks, num_stages=STAGES):
         chunk = chunks - 1 - chunk_back
-        t0 = chunk * CHUNK_T
-        chunk_state = (batch.to(tl.int64) * chunks + chunk) * channels * state_size
-        h_start = tl.load(chunk_start_ptr + chunk_state + state_offsets, mask=state_mask, other=0.0)
-        times, time_ok, offsets, bc_offsets, bc_mask, xs, deltas, Bs, decay, drive, states = _chunk_states(
-            x_ptr, delta_ptr, B_ptr, A_tile, h_start, batch, group, channel, channel_ok, n, n_ok,
-            t0, seq_len, channels, groups, state_size, CHUNK_T,
-        )
-        mask = time_ok[:, None] & channel_ok[None, :]
-        Cs = tl.load(C_ptr + bc_offsets, mask=bc_mask, other=0.0).to(tl.float32)  # (CHUNK_T, N_PAD)
-        grad_ys = tl.load(grad_y_ptr + offsets, mask=mask, other=0.0).to(tl.float32)  # (CHUNK_T, BLOCK_D)
-        # The adjoint g_t = dL/dh_t runs backwards: g_t = C_t gy_t + decay_{t+1} g_{t+1}. Row t of
-        # the reverse scan pairs decay_{t+1} (1 past the chunk or the sequence) with C_t gy_t;
-        # the carry from the next chunk enters at the last row.
-        next_ok = (rows < CHUNK_T - 1) & (times + 1 < seq_len)
-        next_mask = next_ok[:, None] & channel_ok[None, :]
-        deltas_next = tl.load(delta_ptr + offsets + channels, mask=next_mask, other=0.0).to(tl.float32)
-        decay_next = tl.exp(deltas_next[:, :, None] * A_tile[None, :, :])
-        decay_next = tl.where(next_ok[:, None, None], decay_next, 1.0)
-        local = grad_ys[:, :, None] * Cs[:, None, :]  # (CHUNK_T, BLOCK_D, N_PAD)
-        local += tl.where(rows[:, None, None] == CHUNK_T - 1, carry[None, :, :], 0.0)
-        _, adjoint = tl.associative_scan((decay_next, local), 0, _affine_combine, reverse=True)
-        adjoint = tl.where(time_ok[:, None, None], adjoint, 0.0)
-        # decay_t h_{t-1} = h_t - drive_t: the state before each step without a shifted scan.
-        carried = states - drive
-        through_decay = A_tile[None, :, :] * carried
-        through_drive = xs[:, :, None] * Bs[:, None, :]
-        grad_deltas = tl.sum(adjoint * (through_decay + through_drive), axis=2)
-        grad_xs = tl.sum(adjoint * Bs[:, None, :], axis=2) * deltas
+        h_start = tl.load(chunk_base + chunk * channels * state_size, mask=state_mask, other=0.0)
+        times = chunk * CHUNK_T + rows  # (CHUNK_T,)
+        row = first_row + times
+        offsets = row[:, None] * channels + channel[None, :]  # (CHUNK_T, BLOCK_D)
+        bc = (row[:, None] * groups + group) * state_size + n[None, :]  # (CHUNK_T, N_PAD)
+        mask = (times < seq_len)[:, None] & channel_ok[None, :]
+        bc_mask = (times < seq_len)[:, None] & n_ok[None, :]
+        if EVEN:
+            xs = tl.load(x_ptr + offsets).to(tl.float32)
+            deltas = tl.load(delta_ptr + offsets).to(tl.float32)
+            grad_ys = tl.load(grad_y_ptr + offsets).to(tl.float32)
+            Bs = tl.load(B_ptr + bc).to(tl.float32)
+            Cs = tl.load(C_ptr + bc).to(tl.float32)
+        else:
+            xs = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+            deltas = tl.load(delta_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+            grad_ys = tl.load(grad_y_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+            Bs = tl.load(B_ptr + bc, mask=bc_mask, other=0.0).to(tl.float32)
+            Cs = tl.load(C_ptr + bc, mask=bc_mask, other=0.0).to(tl.float32)
+        # Rows past the end: delta 0 and gy 0, so decay 1, drive 0 and nothing added.
+        decay = tl.exp2(deltas[:, None, :] * A2[None, :, :])  # (CHUNK_T, N_PAD, BLOCK_D)
+        dx = deltas * xs  # (CHUNK_T, BLOCK_D)
+        drive = Bs[:, :, None] * dx[:, None, :]
+        first = tl.where(rows[:, None, None] == 0, decay * h_start[None, :, :], 0.0)
+        _, states = tl.associative_scan((decay, drive + first), 0, _affine_combine)
+        last = tl.where(rows[:, None, None] == CHUNK_T - 1, carry[None, :, :], 0.0)
+        local = Cs[:, :, None] * grad_ys[:, None, :] + last
+        ones = tl.full(local.shape, 1.0, tl.float32)
+        _, adjoint, _ = tl.associative_scan((decay, local, ones), 0, _reverse_combine, reverse=True)
+        carried = states - drive  # decay_t h_{t-1}, without a shifted state
+        grad_deltas = tl.sum(adjoint * (A[None, :, :] * carried + Bs[:, :, None] * xs[:, None, :]), axis=1)
+        grad_xs = tl.sum(adjoint * Bs[:, :, None], axis=1) * deltas  # (CHUNK_T, BLOCK_D)
         if HAS_D:
             grad_xs += D_vec[None, :] * grad_ys
             grad_D += tl.sum(grad_ys * xs, axis=0)
-        tl.store(grad_x_ptr + offsets, grad_xs.to(grad_x_ptr.dtype.element_ty), mask=mask)
-        tl.store(grad_delta_ptr + offsets, grad_deltas.to(grad_delta_ptr.dtype.element_ty), mask=mask)
-        grad_A += tl.sum(adjoint * deltas[:, :, None] * carried, axis=0)
-        # This block's share of dB and dC (summed over blocks on the host side, in a fixed order).
-        partial_offsets = block.to(tl.int64) * batches * seq_len * groups * state_size + bc_offsets
-        grad_Bs = tl.sum(adjoint * (deltas * xs)[:, :, None], axis=1)  # (CHUNK_T, N_PAD)
-        grad_Cs = tl.sum(grad_ys[:, :, None] * states, axis=1)
-        tl.store(grad_B_ptr + partial_offsets, grad_Bs, mask=bc_mask)
-        tl.store(grad_C_ptr + partial_offsets, grad_Cs, mask=bc_mask)
-        carry = tl.sum(tl.where(rows[:, None, None] == 0, decay * adjoint, 0.0), axis=0)
-    tl.store(grad_h0_ptr + batch_state + state_offsets, carry, mask=state_mask)
-    tl.store(grad_A_ptr + batch_state + state_offsets, grad_A, mask=state_mask)
+        grad_A += tl.sum(adjoint * deltas[:, None, :] * carried, axis=0)
+        # This block's share of dB and dC (summed over the blocks afterwards, in a fixed order).
+        grad_Bs = tl.sum(adjoint * dx[:, None, :], axis=2)  # (CHUNK_T, N_PAD)
+        grad_Cs = tl.sum(grad_ys[:, None, :] * states, axis=2)
+        if EVEN:
+            tl.store(grad_x_ptr + offsets, grad_xs.to(grad_x_ptr.dtype.element_ty))
+            tl.store(grad_delta_ptr + offsets, grad_deltas.to(grad_delta_ptr.dtype.element_ty))
+            tl.store(grad_B_ptr + partials + bc, grad_Bs)
+            tl.store(grad_C_ptr + partials + bc, grad_Cs)
+        else:
+            tl.store(grad_x_ptr + offsets, grad_xs.to(grad_x_ptr.dtype.element_ty), mask=mask)
+            tl.store(grad_delta_ptr + offsets, grad_deltas.to(grad_delta_ptr.dtype.element_ty), mask=mask)
+            tl.store(grad_B_ptr + partials + bc, grad_Bs, mask=bc_mask)
+            tl.store(grad_C_ptr + partials + bc, grad_Cs, mask=bc_mask)
+        carry = tl.reduce(decay * adjoint, 0, _take_first)  # decay_0 g_0 flows into the chunk before
+    tl.store(grad_h0_T_ptr + batch_state + state_offsets, carry, mask=state_mask)
+    tl.store(grad_A_T_ptr + batch_state + state_offsets, grad_A, mask=state_mask)
     if HAS_D:
         tl.store(grad_D_ptr + batch.to(tl.int64) * channels + channel, grad_D, mask=channel_ok)
 
 
-def _launch_grid(batch: int, groups: int, per_group: int, block_d: int) -> tuple[int, int, int]:
-    return (batch, groups, triton.cdiv(per_group, block_d))
+def _is_even(seq_len: int, per_group: int, block_d: int, state_size: int) -> bool:
+    """No ragged edge: whole chunks, whole channel blocks, N a power of two."""
+    return seq_len % _CHUNK_T == 0 and per_group % block_d == 0 and state_size == triton.next_power_of_2(state_size)
+
+
+def _scan_forward(
+    x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+    D: torch.Tensor | None, h0: torch.Tensor | None, save: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The forward kernel on contiguous x, delta, B, C: y, h_last (Bt, Dm, N) and, with save, the
+    state entering each chunk (Bt, chunks, N, Dm) for the backward (else an empty buffer)."""
+    batch, seq_len, channels = x.shape
+    groups, state_size = B.shape[2], B.shape[3]
+    per_group = channels // groups
+    chunks = triton.cdiv(seq_len, _CHUNK_T)
+    # The state-shaped buffers the kernels read and write are (N, Dm)-major (module docstring).
+    A_T = A.t().contiguous()
+    h0_T = h0.float().transpose(1, 2).contiguous() if h0 is not None else None
+    y = new_buffer(x.shape, x.dtype, x.device)
+    h_last_T = new_buffer((batch, state_size, channels), torch.float32, x.device)
+    chunk_start_T = new_buffer((batch, chunks if save else 0, state_size, channels), torch.float32, x.device)
+    if seq_len == 0:
+        h_last_T.copy_(h0_T if h0_T is not None else torch.zeros_like(h_last_T))
+    else:
+        block_d = _forward_block_d(batch, channels)
+        _selective_scan_forward_kernel[(batch, groups, triton.cdiv(per_group, block_d))](
+            x, delta, A_T, B, C, D if D is not None else x, h0_T if h0_T is not None else h_last_T,
+            y, h_last_T, chunk_start_T if save else h_last_T, seq_len, chunks, _LOG2_E,
+            channels=channels, groups=groups, state_size=state_size,
+            HAS_D=D is not None, HAS_H0=h0 is not None, SAVE=save,
+            EVEN=_is_even(seq_len, per_group, block_d, state_size),
+            BLOCK_D=block_d, N_PAD=triton.next_power_of_2(state_size), CHUNK_T=_CHUNK_T, STAGES=_FORWARD_STAGES,
+            num_warps=1,
+        )
+    return y, h_last_T.transpose(1, 2).contiguous(), chunk_start_T
 
 
 class _SelectiveScan(torch.autograd.Function):
-    """The Triton forward (saving chunk-start states) and backward (recomputing chunk states)."""
+    """The Triton forward (saving chunk-start states) and backward (recomputing each chunk's
+    states from them)."""
 
     @staticmethod
     def forward(ctx, x, delta, A, B, C, D, h0):
-        batch, seq_len, channels = x.shape
-        groups, state_size = B.shape[2], B.shape[3]
-        per_group = channels // groups
-        chunks = triton.cdiv(seq_len, _CHUNK_T)
-        x, delta, A, B, C = (t.contiguous() for t in (x, delta, A, B, C))
+        x, delta, B, C = (t.contiguous() for t in (x, delta, B, C))
         D = D.contiguous() if D is not None else None
-        h0 = h0.contiguous().float() if h0 is not None else None
-        y = new_buffer(x.shape, x.dtype, x.device)
-        h_last = new_buffer((batch, channels, state_size), torch.float32, x.device)
-        chunk_start = new_buffer((batch, chunks, channels, state_size), torch.float32, x.device)
-        if seq_len == 0:
-            h_last.copy_(h0 if h0 is not None else torch.zeros_like(h_last))
-        else:
-            _selective_scan_forward_kernel[_launch_grid(batch, groups, per_group, _FORWARD_BLOCK_D)](
-                x, delta, A, B, C, D if D is not None else x, h0 if h0 is not None else h_last,
-                y, h_last, chunk_start,
-                seq_len, channels, groups, per_group, state_size, chunks,
-                HAS_D=D is not None, HAS_H0=h0 is not None,
-                BLOCK_D=_FORWARD_BLOCK_D, N_PAD=triton.next_power_of_2(state_size), CHUNK_T=_CHUNK_T,
-                num_warps=_FORWARD_WARPS,
-            )
-        ctx.save_for_backward(x, delta, A, B, C, D, chunk_start)
+        y, h_last, chunk_start_T = _scan_forward(x, delta, A, B, C, D, h0, save=True)
+        ctx.save_for_backward(x, delta, A, B, C, D, chunk_start_T)
         ctx.has_h0 = h0 is not None
         ctx.set_materialize_grads(False)
         return y, h_last
 
     @staticmethod
     def backward(ctx, grad_y, grad_h_last):
-        x, delta, A, B, C, D, chunk_start = ctx.saved_tensors
+        x, delta, A, B, C, D, chunk_start_T = ctx.saved_tensors
         batch, seq_len, channels = x.shape
         groups, state_size = B.shape[2], B.shape[3]
         per_group = channels // groups
-        chunks = chunk_start.shape[1]
+        chunks = chunk_start_T.shape[1]
         blocks = triton.cdiv(per_group, _BACKWARD_BLOCK_D)
         grad_y = grad_y.contiguous() if grad_y is not None else torch.zeros_like(x)
+        grad_h_last_T = grad_h_last.transpose(1, 2).contiguous() if grad_h_last is not None else None
         grad_x = new_buffer(x.shape, x.dtype, x.device)
         grad_delta = new_buffer(delta.shape, delta.dtype, delta.device)
-        grad_A = new_buffer((batch, channels, state_size), torch.float32, x.device)
+        grad_A_T = new_buffer((batch, state_size, channels), torch.float32, x.device)
         grad_B = new_buffer((blocks, *B.shape), torch.float32, x.device)
         grad_C = new_buffer((blocks, *C.shape), torch.float32, x.device)
         grad_D = new_buffer((batch, channels), torch.float32, x.device)
-        grad_h0 = new_buffer((batch, channels, state_size), torch.float32, x.device)
+        grad_h0_T = new_buffer((batch, state_size, channels), torch.float32, x.device)
         if seq_len == 0:
-            grad_h0.copy_(grad_h_last if grad_h_last is not None else torch.zeros_like(grad_h0))
-            for partial in (grad_A, grad_B, grad_C, grad_D):
+            grad_h0_T.copy_(grad_h_last_T if grad_h_last_T is not None else torch.zeros_like(grad_h0_T))
+            for partial in (grad_A_T, grad_B, grad_C, grad_D):
                 partial.zero_()
         else:
-            _selective_scan_backward_kernel[_launch_grid(batch, groups, per_group, _BACKWARD_BLOCK_D)](
-                x, delta, A, B, C, D if D is not None else x, chunk_start, grad_y,
-                grad_h_last.contiguous() if grad_h_last is not None else x,
-                grad_x, grad_delta, grad_A, grad_B, grad_C, grad_D, grad_h0,
-                batch, seq_len, channels, groups, per_group, state_size, chunks,
+            _selective_scan_backward_kernel[(batch, groups, blocks)](
+                x, delta, A.t().contiguous(), B, C, D if D is not None else x, chunk_start_T, grad_y,
+                grad_h_last_T if grad_h_last_T is not None else x,
+                grad_x, grad_delta, grad_A_T, grad_B, grad_C, grad_D, grad_h0_T,
+                batch, seq_len, chunks, _LOG2_E, channels=channels, groups=groups, state_size=state_size,
                 HAS_D=D is not None, HAS_GRAD_H_LAST=grad_h_last is not None,
+                EVEN=_is_even(seq_len, per_group, _BACKWARD_BLOCK_D, state_size),
                 BLOCK_D=_BACKWARD_BLOCK_D, N_PAD=triton.next_power_of_2(state_size), CHUNK_T=_CHUNK_T,
-                num_warps=_BACKWARD_WARPS,
+                STAGES=_BACKWARD_STAGES, num_warps=1,
             )
         # Partials over batch rows and channel blocks are summed here in a fixed order (no atomics).
         return (
             grad_x,
             grad_delta,
-            grad_A.sum(0).to(A.dtype),
+            grad_A_T.sum(0).t().to(A.dtype),
             grad_B.sum(0).to(B.dtype),
             grad_C.sum(0).to(C.dtype),
             grad_D.sum(0).to(D.dtype) if D is not None else None,
-            grad_h0 if ctx.has_h0 else None,
+            grad_h0_T.transpose(1, 2).contiguous() if ctx.has_h0 else None,
         )
 
 
@@ -324,5 +400,11 @@ def selective_scan(
     if wants_triton(x, use_triton):
         if x.shape[2] % B.shape[2]:
             raise ValueError(f"selective_scan: Dm={x.shape[2]} is not a multiple of G={B.shape[2]}")
-        return _SelectiveScan.apply(x, delta, A, B, C, D, h0)
+        inputs = (x, delta, A, B, C, D, h0)
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs):
+            return _SelectiveScan.apply(*inputs)
+        # No gradient wanted (validation, generation): no chunk starts to save.
+        y, h_last, _ = _scan_forward(x.contiguous(), delta.contiguous(), A, B.contiguous(), C.contiguous(),
+                                     D.contiguous() if D is not None else None, h0, save=False)
+        return y, h_last
     return selective_scan_reference(x, delta, A, B, C, D, h0)

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from kernels import plif
 from kernels._dispatch import poison
 from kernels.plif import plif_scan, plif_scan_reference, spike_with_surrogate
 
@@ -82,8 +83,8 @@ def test_reference_backward_matches_hand_written_adjoint() -> None:
         np.testing.assert_allclose(mine.cpu().numpy(), want, rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize(("batch", "steps", "channels"), [(2, 45, 37), (1, 1, 3), (3, 32, 33), (2, 7, 4099)])
-def test_kernel_matches_reference(batch: int, steps: int, channels: int) -> None:
+def _check_kernel_against_reference(batch: int, steps: int, channels: int) -> None:
+    """Every output and gradient of the Triton path against the reference, with v0."""
     inputs = _inputs(batch, steps, channels, seed=steps)
     generator = torch.Generator().manual_seed(7)
     grads = [torch.randn(batch, steps, channels, generator=generator).to(DEVICE) for _ in range(2)]
@@ -97,6 +98,39 @@ def test_kernel_matches_reference(batch: int, steps: int, channels: int) -> None
     for got, want in zip(kernel_outputs[1:] + kernel_grads, reference_outputs[1:] + reference_grads):
         assert not got.isnan().any()
         assert _relative_error(got, want) < 1e-5
+
+
+@pytest.mark.parametrize(("batch", "steps", "channels"), [(2, 45, 37), (1, 1, 3), (3, 32, 33), (2, 7, 4099)])
+def test_kernel_matches_reference(batch: int, steps: int, channels: int) -> None:
+    _check_kernel_against_reference(batch, steps, channels)
+
+
+def test_forward_unroll_and_stages_by_shape() -> None:
+    """(4, 8) for many programs (Bt 8 x D 2560), (8, 4) for few (Bt 1 x D 2560), switching where
+    the block does (batch x channels 8192)."""
+    assert plif._forward_unroll_and_stages(8, 2560) == (4, 8)
+    assert plif._forward_unroll_and_stages(1, 2560) == (8, 4)
+    assert plif._forward_unroll_and_stages(2, 4096) == (4, 8)
+    assert plif._forward_unroll_and_stages(1, 8191) == (8, 4)
+
+
+@pytest.mark.parametrize("unroll_and_stages", [(4, 8), (8, 4)])
+@pytest.mark.parametrize("steps", [3, 13, 16])
+def test_kernel_matches_reference_for_each_unroll(
+    monkeypatch: pytest.MonkeyPatch, unroll_and_stages: tuple[int, int], steps: int
+) -> None:
+    """Both forward loop shapes on a small size (the big one's shape would be slow here): T shorter
+    than the unroll, ragged (13 = 3 x 4 + 1 = 8 + 5) and whole. Steps past the end must neither
+    write (the outputs start as NaN) nor move the membrane (v_last)."""
+    chosen = []
+
+    def choice(batch: int, channels: int) -> tuple[int, int]:
+        chosen.append((batch, channels))
+        return unroll_and_stages
+
+    monkeypatch.setattr(plif, "_forward_unroll_and_stages", choice)
+    _check_kernel_against_reference(2, steps, 37)
+    assert chosen == [(2, 37)]
 
 
 def test_kernel_without_v0_and_with_unused_outputs() -> None:

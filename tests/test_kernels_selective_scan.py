@@ -3,11 +3,15 @@
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 
 from kernels._dispatch import poison
 from kernels.selective_scan import selective_scan, selective_scan_reference
+
+scan_module = importlib.import_module("kernels.selective_scan")  # not the function kernels/ exports
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -52,9 +56,31 @@ def test_reference_gradcheck() -> None:
 
 @pytest.mark.parametrize(
     ("batch", "steps", "channels", "groups", "state", "with_d", "with_h0"),
-    [(2, 21, 6, 2, 5, True, True), (1, 3, 3, 1, 3, False, False), (1, 33, 19, 1, 16, True, False)],
+    [(2, 21, 6, 2, 5, True, True), (1, 3, 3, 1, 3, False, False), (1, 33, 19, 1, 16, True, False),
+     (2, 32, 32, 2, 8, True, True)],  # the last: whole chunks and channel blocks (the unmasked loop)
 )
 def test_kernel_matches_reference(batch, steps, channels, groups, state, with_d, with_h0) -> None:
+    _check_against_reference(batch, steps, channels, groups, state, with_d, with_h0)
+
+
+@pytest.mark.parametrize(("steps", "channels"), [(24, 32), (19, 20)])
+def test_wide_forward_blocks_match_reference(monkeypatch, steps, channels) -> None:
+    """The 16-channel forward programs (taken when Bt x Dm is large), whole and ragged."""
+    monkeypatch.setattr(scan_module, "_forward_block_d", lambda batch, channels: 16)
+    _check_against_reference(1, steps, channels, 1, 16, True, True)
+
+
+def test_forward_without_gradients_matches() -> None:
+    """Under no_grad the forward saves no chunk starts; its outputs are the same bits."""
+    inputs = _inputs(2, 27, 12, 3, 4, seed=3)
+    leaves = [t.clone().requires_grad_() for t in inputs]
+    y, h_last = selective_scan(*leaves, use_triton=True)
+    with torch.no_grad():
+        y_plain, h_plain = selective_scan(*inputs, use_triton=True)
+    assert torch.equal(y.detach(), y_plain) and torch.equal(h_last.detach(), h_plain)
+
+
+def _check_against_reference(batch, steps, channels, groups, state, with_d, with_h0) -> None:
     inputs = _inputs(batch, steps, channels, groups, state, seed=steps, with_d=with_d, with_h0=with_h0)
     generator = torch.Generator().manual_seed(1)
     grad_y = torch.randn(batch, steps, channels, generator=generator).to(DEVICE)

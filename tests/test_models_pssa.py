@@ -381,8 +381,12 @@ def test_cuda_matches_cpu_and_trains_under_bf16_autocast() -> None:
     tokens = torch.randint(0, 256, (4, 41), generator=torch.Generator().manual_seed(12))
     loss_cpu, carry_cpu = cpu(tokens[:, :-1], tokens[:, 1:])
     loss_gpu, carry_gpu = gpu(tokens[:, :-1].cuda(), tokens[:, 1:].cuda())
-    assert torch.allclose(loss_gpu.cpu(), loss_cpu, rtol=0, atol=1e-4)
-    assert torch.allclose(carry_gpu.cpu(), carry_cpu, rtol=1e-4, atol=1e-4)
+    # Two fp32 orders of the same sums, each off the fp64 model by its own rounding. Measured on the
+    # H200 (2026-11-29) against the fp64 model: row losses within 6.0e-5 (CPU) and 7.0e-5 (GPU;
+    # 8.3e-5 with the reference scan in place of the kernel); the carried states (values up to 18)
+    # within 2.0e-4 (CPU), 2.1e-4 (GPU) and 4.1e-4 (GPU, reference scan).
+    assert torch.allclose(loss_gpu.cpu(), loss_cpu, rtol=0, atol=2e-4)
+    assert torch.allclose(carry_gpu.cpu(), carry_cpu, rtol=1e-4, atol=1e-3)
     for a, b in zip(cpu.blocks, gpu.blocks):
         assert a.bank.count == b.bank.count and b.bank.keys.is_cuda
         # Values near 10 in magnitude: a few ulps of cancellation in one element reach 1e-4.
