@@ -284,15 +284,20 @@ def sweep_selective_scan(copy_gbs: float) -> None:
     big = _scan_case(8, 4096, 1024, 16, seed=2)
     big_grad = torch.randn(8, 4096, 1024, device="cuda")
     io = 8 * 4096 * (3 * 1024 + 32) * 4
-    # (steps a chunk, forward channels a program, forward stages, backward channels, backward stages);
-    # the first is the kernel's own choice at this size.
-    for chunk, fwd_block, fwd_stages, bwd_block, bwd_stages in [
-        (8, 16, 5, 8, 3), (8, 8, 4, 8, 3), (8, 16, 6, 8, 4), (8, 16, 4, 8, 2), (16, 8, 5, 8, 2),
+    default_segments = scan_module._backward_segment_chunks
+    # (steps a chunk, forward channels a program, forward stages, backward channels, backward stages,
+    # backward chunks a segment or None for the kernel's choice); the first is the kernel's own.
+    for chunk, fwd_block, fwd_stages, bwd_block, bwd_stages, segment in [
+        (8, 16, 5, 8, 3, None), (8, 16, 5, 8, 3, 8), (8, 16, 5, 8, 2, None), (8, 16, 4, 8, 3, None),
+        (8, 8, 4, 8, 3, None), (16, 8, 5, 8, 2, None),
     ]:
         scan_module._CHUNK_T, scan_module._FORWARD_STAGES = chunk, fwd_stages
         scan_module._forward_block_d = lambda _batch, _channels, block=fwd_block: block
         scan_module._BACKWARD_BLOCK_D, scan_module._BACKWARD_STAGES = bwd_block, bwd_stages
-        config = f"chunk {chunk} fwd {fwd_block} ch {fwd_stages} stages, bwd {bwd_block} ch {bwd_stages} stages"
+        scan_module._backward_segment_chunks = (
+            default_segments if segment is None else lambda _batch, _channels, _chunks, segment=segment: segment)
+        config = (f"chunk {chunk} fwd {fwd_block} ch {fwd_stages} stages, bwd {bwd_block} ch {bwd_stages} stages"
+                  f", {segment or 'auto'} chunks a segment")
         try:
             got = _grads_of(selective_scan, check, check_grad)
             error = max(relative_error(a, b) for a, b in zip(got, want))

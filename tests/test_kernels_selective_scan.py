@@ -70,6 +70,17 @@ def test_wide_forward_blocks_match_reference(monkeypatch, steps, channels) -> No
     _check_against_reference(1, steps, channels, 1, 16, True, True)
 
 
+@pytest.mark.parametrize("segment_chunks", [1, 2, None])
+def test_backward_segments_match_reference(monkeypatch, segment_chunks) -> None:
+    """The backward split along time (segments run at once, chained through their carries) and not
+    (None: one segment, as for many rows): 37 steps are 5 chunks, so 5 segments of one chunk or 3 of
+    two (the last half empty)."""
+    monkeypatch.setattr(scan_module, "_backward_segment_chunks",
+                        lambda batch, channels, chunks: segment_chunks or max(chunks, 1))
+    _check_against_reference(2, 37, 6, 2, 4, True, True)
+    _check_against_reference(1, 32, 16, 1, 8, True, True)  # whole segments: the unmasked loop
+
+
 def test_forward_without_gradients_matches() -> None:
     """Under no_grad the forward saves no chunk starts; its outputs are the same bits."""
     inputs = _inputs(2, 27, 12, 3, 4, seed=3)
