@@ -141,6 +141,22 @@ def _take_last(first, second):
 
 
 @triton.jit
+def _state_tile(group, block, per_group, channels: tl.constexpr, state_size: tl.constexpr,
+                BLOCK_D: tl.constexpr, N_PAD: tl.constexpr):
+    """A program's channels (block `block` of group `group`) and the (N_PAD, BLOCK_D) offsets of
+    their states in an (N, Dm) buffer: within, channel, channel_ok (BLOCK_D,); n, n_ok (N_PAD,);
+    state_mask, state_offsets (N_PAD, BLOCK_D)."""
+    within = block * BLOCK_D + tl.arange(0, BLOCK_D)
+    channel = group * per_group + within
+    channel_ok = within < per_group
+    n = tl.arange(0, N_PAD)
+    n_ok = n < state_size
+    state_mask = n_ok[:, None] & channel_ok[None, :]
+    state_offsets = n[:, None] * channels + channel[None, :]
+    return within, channel, channel_ok, n, n_ok, state_mask, state_offsets
+
+
+@triton.jit
 def _selective_scan_forward_kernel(
     x_ptr, delta_ptr, A_T_ptr, B_ptr, C_ptr, D_ptr, h0_T_ptr, y_ptr, h_last_T_ptr, chunk_start_ptr,
     seq_len, chunks, log2_e, channels: tl.constexpr, groups: tl.constexpr, state_size: tl.constexpr,
@@ -150,13 +166,8 @@ def _selective_scan_forward_kernel(
     per_group: tl.constexpr = channels // groups
     batch = tl.program_id(0)
     group = tl.program_id(1)
-    within = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
-    channel = group * per_group + within  # (BLOCK_D,)
-    channel_ok = within < per_group
-    n = tl.arange(0, N_PAD)
-    n_ok = n < state_size
-    state_mask = n_ok[:, None] & channel_ok[None, :]
-    state_offsets = n[:, None] * channels + channel[None, :]  # (N_PAD, BLOCK_D) in an (N, Dm) buffer
+    within, channel, channel_ok, n, n_ok, state_mask, state_offsets = _state_tile(
+        group, tl.program_id(2), per_group, channels, state_size, BLOCK_D, N_PAD)
     # exp(delta A) as exp2(delta A log2 e): the multiply folded into A once.
     A2 = tl.load(A_T_ptr + state_offsets, mask=state_mask, other=0.0).to(tl.float32) * log2_e
     batch_state = batch.to(tl.int64) * channels * state_size
@@ -220,14 +231,9 @@ def _segment_flow_kernel(
     blocks: tl.constexpr = (per_group + BLOCK_D - 1) // BLOCK_D
     batch = tl.program_id(0)
     group = tl.program_id(1) // blocks
-    within = (tl.program_id(1) % blocks) * BLOCK_D + tl.arange(0, BLOCK_D)
     segment = tl.program_id(2)
-    channel = group * per_group + within  # (BLOCK_D,)
-    channel_ok = within < per_group
-    n = tl.arange(0, N_PAD)
-    n_ok = n < state_size
-    state_mask = n_ok[:, None] & channel_ok[None, :]
-    state_offsets = n[:, None] * channels + channel[None, :]  # (N_PAD, BLOCK_D) in an (N, Dm) buffer
+    within, channel, channel_ok, n, n_ok, state_mask, state_offsets = _state_tile(
+        group, tl.program_id(1) % blocks, per_group, channels, state_size, BLOCK_D, N_PAD)
     A2 = tl.load(A_T_ptr + state_offsets, mask=state_mask, other=0.0).to(tl.float32) * log2_e
     rows = tl.arange(0, CHUNK_T)
     first_row = batch.to(tl.int64) * seq_len
@@ -301,13 +307,8 @@ def _selective_scan_backward_kernel(
     group = tl.program_id(1) // blocks
     block = tl.program_id(1) % blocks
     segment = tl.program_id(2)
-    within = block * BLOCK_D + tl.arange(0, BLOCK_D)
-    channel = group * per_group + within  # (BLOCK_D,)
-    channel_ok = within < per_group
-    n = tl.arange(0, N_PAD)
-    n_ok = n < state_size
-    state_mask = n_ok[:, None] & channel_ok[None, :]
-    state_offsets = n[:, None] * channels + channel[None, :]  # (N_PAD, BLOCK_D) in an (N, Dm) buffer
+    within, channel, channel_ok, n, n_ok, state_mask, state_offsets = _state_tile(
+        group, block, per_group, channels, state_size, BLOCK_D, N_PAD)
     A = tl.load(A_T_ptr + state_offsets, mask=state_mask, other=0.0).to(tl.float32)
     A2 = A * log2_e
     segment_state = (batch.to(tl.int64) * segments + segment) * channels * state_size + state_offsets
