@@ -15,9 +15,11 @@ channels, the contiguous axis. That is why the state-shaped buffers inside (A, h
 saved chunk starts) are (N, Dm)-major here. `tl.range(..., num_stages=S)` keeps the next
 chunks' loads in flight. The forward saves the state entering each chunk (only when a gradient
 is wanted); the backward recomputes each chunk's states from it and runs the adjoint's reverse
-scan. On the H200 (bench/RESULTS.md) this is 2x the forward and 2x the forward + backward of the
-(chunk, channel, N)-tiled kernels it replaced; the scan is still far from memory bound (a
-sequential chain per channel and state, 16 exponentials per 12 bytes).
+scan, for few rows in segments of time at once (_backward_segment_chunks). On the H200
+(bench/RESULTS.md) this is 2x the forward and 2x the forward + backward of the (chunk, channel,
+N)-tiled kernels it replaced (3.6x forward + backward for a single 32K row); the scan is still far
+from memory bound (a sequential chain per channel and state, 16 exponentials per 12 bytes of x,
+delta and y).
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ stages 0.79 ms, 3 0.55, 4 0.53, 5 0.45 in the experiment; in the sweep 4, 5 and 
 within 4 % of each other (0.355-0.370 ms)."""
 _BACKWARD_BLOCK_D = 8
 """Channels per backward program (one warp; 4 threads a channel, 4 states each). dB and dC are
-summed over these blocks afterwards. 16 channels: twice as slow (register spills); 32 worse."""
+summed over these blocks afterwards. Forward + backward in the experiment: 8 channels 3.4 ms, 16
+channels 4.5 (register spills), 32 channels 15.5."""
 _BACKWARD_STAGES = 3
 _SEGMENT_CHUNKS = 8
 """Chunks per backward segment when the backward is split along time (_backward_segment_chunks)."""
@@ -68,7 +71,6 @@ def _forward_block_d(batch: int, channels: int) -> int:
     are many rows; 8 (4 threads a channel) when few, to have enough programs (Bt 1, T 32768: 1.5
     against 2.7 ms)."""
     return 16 if batch * channels >= 8192 else 8
-
 
 
 def selective_scan_reference(
