@@ -289,7 +289,7 @@ def sweep_selective_scan(copy_gbs: float) -> None:
     # backward chunks a segment or None for the kernel's choice); the first is the kernel's own.
     for chunk, fwd_block, fwd_stages, bwd_block, bwd_stages, segment in [
         (8, 16, 5, 8, 3, None), (8, 16, 5, 8, 3, 8), (8, 16, 5, 8, 2, None), (8, 16, 4, 8, 3, None),
-        (8, 8, 4, 8, 3, None), (16, 8, 5, 8, 2, None),
+        (8, 8, 4, 8, 3, None), (16, 8, 5, 8, 2, None), (8, 16, 5, 4, 3, None), (8, 16, 5, 4, 3, 8),
     ]:
         scan_module._CHUNK_T, scan_module._FORWARD_STAGES = chunk, fwd_stages
         scan_module._forward_block_d = lambda _batch, _channels, block=fwd_block: block
@@ -325,12 +325,16 @@ def sweep_plif(copy_gbs: float) -> None:
         return [spikes, v_pre, v_last] + [leaf.grad for leaf in leaves]
 
     want_plif = plif_outputs_and_grads(plif_scan_reference)
-    # (channels a program, forward steps an iteration, forward stages); the backward keeps its own.
-    # (64, 1, 12) and (32, 1, 12) are the kernel before the unrolled forward.
-    for block, unroll, stages in [(64, 1, 12), (64, 4, 8), (32, 8, 4), (64, 8, 4), (32, 1, 12), (64, 2, 12)]:
+    # (channels a program, forward steps an iteration, forward stages, backward stages); (64, 1, 12)
+    # and (32, 1, 12) are the forward before it was unrolled.
+    for block, unroll, stages, backward_stages in [
+        (64, 1, 12, 12), (64, 4, 8, 12), (32, 8, 4, 12), (64, 8, 4, 12), (32, 1, 12, 12), (64, 2, 12, 12),
+        (64, 4, 8, 8), (64, 4, 8, 16), (64, 4, 8, 24),
+    ]:
         plif_module._channels_per_program = lambda _batch, _channels, block=block: block
         plif_module._forward_unroll_and_stages = lambda _batch, _channels, pair=(unroll, stages): pair
-        config = f"block {block} unroll {unroll} stages {stages}"
+        plif_module._BACKWARD_STAGES = backward_stages
+        config = f"block {block} unroll {unroll} stages {stages} backward stages {backward_stages}"
         try:
             got = plif_outputs_and_grads(plif_scan)
             error = max(relative_error(a, b) for a, b in zip(got, want_plif))
