@@ -275,27 +275,37 @@ def _grads_of(scan, inputs: list[torch.Tensor], grad_y: torch.Tensor) -> list[to
     return [y] + [leaf.grad for leaf in leaves]
 
 
+def patch(module, **values) -> None:
+    """Sets a kernel module's tuning knobs for a sweep; a name it does not have is an error (a
+    misspelt knob would otherwise sweep nothing)."""
+    for name, value in values.items():
+        if not hasattr(module, name):
+            raise AttributeError(f"{module.__name__} has no {name} to sweep")
+        setattr(module, name, value)
+
+
 def sweep_selective_scan(copy_gbs: float) -> None:
     """Times block-shape variants of the selective scan, each checked against the reference first."""
     scan_module = sys.modules["kernels.selective_scan"]
+    backward_module = sys.modules["kernels.selective_scan_backward"]
     check = _scan_case(2, 203, 96, 16, seed=1)
     check_grad = torch.randn(2, 203, 96, device="cuda")
     want = _grads_of(selective_scan_reference, check, check_grad)
     big = _scan_case(8, 4096, 1024, 16, seed=2)
     big_grad = torch.randn(8, 4096, 1024, device="cuda")
     io = 8 * 4096 * (3 * 1024 + 32) * 4
-    default_segments = scan_module._backward_segment_chunks
+    default_segments = backward_module._backward_segment_chunks
     # (steps a chunk, forward channels a program, forward stages, backward channels, backward stages,
     # backward chunks a segment or None for the kernel's choice); the first is the kernel's own.
     for chunk, fwd_block, fwd_stages, bwd_block, bwd_stages, segment in [
         (8, 16, 5, 8, 3, None), (8, 16, 5, 8, 3, 8), (8, 16, 5, 8, 2, None), (8, 16, 4, 8, 3, None),
         (8, 8, 4, 8, 3, None), (16, 8, 5, 8, 2, None), (8, 16, 5, 4, 3, None), (8, 16, 5, 4, 3, 8),
     ]:
-        scan_module._CHUNK_T, scan_module._FORWARD_STAGES = chunk, fwd_stages
-        scan_module._forward_block_d = lambda _batch, _channels, block=fwd_block: block
-        scan_module._BACKWARD_BLOCK_D, scan_module._BACKWARD_STAGES = bwd_block, bwd_stages
-        scan_module._backward_segment_chunks = (
-            default_segments if segment is None else lambda _batch, _channels, _chunks, segment=segment: segment)
+        patch(scan_module, _CHUNK_T=chunk, _FORWARD_STAGES=fwd_stages,
+              _forward_block_d=lambda _batch, _channels, block=fwd_block: block)
+        patch(backward_module, _BACKWARD_BLOCK_D=bwd_block, _BACKWARD_STAGES=bwd_stages,
+              _backward_segment_chunks=default_segments if segment is None
+              else lambda _batch, _channels, _chunks, segment=segment: segment)
         config = (f"chunk {chunk} fwd {fwd_block} ch {fwd_stages} stages, bwd {bwd_block} ch {bwd_stages} stages"
                   f", {segment or 'auto'} chunks a segment")
         try:
@@ -331,9 +341,9 @@ def sweep_plif(copy_gbs: float) -> None:
         (64, 1, 12, 12), (64, 4, 8, 12), (32, 8, 4, 12), (64, 8, 4, 12), (32, 1, 12, 12), (64, 2, 12, 12),
         (64, 4, 8, 8), (64, 4, 8, 16), (64, 4, 8, 24),
     ]:
-        plif_module._channels_per_program = lambda _batch, _channels, block=block: block
-        plif_module._forward_unroll_and_stages = lambda _batch, _channels, pair=(unroll, stages): pair
-        plif_module._BACKWARD_STAGES = backward_stages
+        patch(plif_module, _channels_per_program=lambda _batch, _channels, block=block: block,
+              _forward_unroll_and_stages=lambda _batch, _channels, pair=(unroll, stages): pair,
+              _BACKWARD_STAGES=backward_stages)
         config = f"block {block} unroll {unroll} stages {stages} backward stages {backward_stages}"
         try:
             got = plif_outputs_and_grads(plif_scan)

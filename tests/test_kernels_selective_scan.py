@@ -12,6 +12,7 @@ from kernels._dispatch import poison
 from kernels.selective_scan import selective_scan, selective_scan_reference
 
 scan_module = importlib.import_module("kernels.selective_scan")  # not the function kernels/ exports
+backward_module = importlib.import_module("kernels.selective_scan_backward")
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -75,7 +76,7 @@ def test_backward_segments_match_reference(monkeypatch, segment_chunks) -> None:
     """The backward split along time (segments run at once, chained through their carries) and not
     (None: one segment, as for many rows): 37 steps are 5 chunks, so 5 segments of one chunk or 3 of
     two (the last half empty)."""
-    monkeypatch.setattr(scan_module, "_backward_segment_chunks",
+    monkeypatch.setattr(backward_module, "_backward_segment_chunks",
                         lambda batch, channels, chunks: segment_chunks or max(chunks, 1))
     _check_against_reference(2, 37, 6, 2, 4, True, True)
     _check_against_reference(1, 32, 16, 1, 8, True, True)  # whole segments: the unmasked loop

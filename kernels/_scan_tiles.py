@@ -1,0 +1,59 @@
+"""Pieces the selective scan's forward and backward kernels share: the scans' combine functions,
+the last/first-row picks and a program's channel and state tile (kernels/selective_scan.py's
+docstring says how the tiles are laid out)."""
+
+from __future__ import annotations
+
+import math
+
+import triton
+import triton.language as tl
+
+LOG2_E = 1.0 / math.log(2.0)
+
+
+def is_even(seq_len: int, chunk_t: int, per_group: int, block_d: int, state_size: int) -> bool:
+    """No ragged edge: whole chunks, whole channel blocks, N a power of two (the loops drop their
+    masks)."""
+    return seq_len % chunk_t == 0 and per_group % block_d == 0 and state_size == triton.next_power_of_2(state_size)
+
+
+@triton.jit
+def affine_combine(decay_left, drive_left, decay_right, drive_right):
+    """Compose h -> decay h + drive maps: apply the left map first, then the right one."""
+    return decay_left * decay_right, decay_right * drive_left + drive_right
+
+
+@triton.jit
+def reverse_combine(later_decay, later_value, later_gain, decay, value, gain):
+    """The adjoint's reverse scan without a shifted decay. A segment of rows [t..u] is
+    (decay_t, V, G) with g_t = V + G (decay_{u+1} g_{u+1}): joined with the segment after it,
+    that segment's first decay carries what flows in. One row alone is (decay_t, local_t, 1)."""
+    through = gain * later_decay
+    return decay, value + through * later_value, through * later_gain
+
+
+@triton.jit
+def take_first(first, second):
+    return first
+
+
+@triton.jit
+def take_last(first, second):
+    return second
+
+
+@triton.jit
+def state_tile(group, block, per_group, channels: tl.constexpr, state_size: tl.constexpr,
+                BLOCK_D: tl.constexpr, N_PAD: tl.constexpr):
+    """A program's channels (block `block` of group `group`) and the (N_PAD, BLOCK_D) offsets of
+    their states in an (N, Dm) buffer: within, channel, channel_ok (BLOCK_D,); n, n_ok (N_PAD,);
+    state_mask, state_offsets (N_PAD, BLOCK_D)."""
+    within = block * BLOCK_D + tl.arange(0, BLOCK_D)
+    channel = group * per_group + within
+    channel_ok = within < per_group
+    n = tl.arange(0, N_PAD)
+    n_ok = n < state_size
+    state_mask = n_ok[:, None] & channel_ok[None, :]
+    state_offsets = n[:, None] * channels + channel[None, :]
+    return within, channel, channel_ok, n, n_ok, state_mask, state_offsets
