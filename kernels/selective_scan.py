@@ -36,7 +36,10 @@ _CHUNK_T = 8
 """Time steps per chunk. Measured on the H200 (Bt 8, T 4096, Dm 1024, N 16, fp32;
 bench/scan_variants.py of commit bee4480; `python bench/kernels.py --sweep --only scan`): 16-step
 chunks make the forward a little faster but the backward's chunk tiles then spill registers (3.38
-against 2.98 ms forward + backward in the sweep)."""
+against 2.98 ms forward + backward in the sweep). Tuned for N = 16 (every preset has N <= 16):
+at N = 32 the backward's tiles spill (280 bytes of stack in the sm_90 SASS), at N = 64 both
+directions do (2 KB backward); 4 and 2 steps a chunk would not, but would save 2x and 4x the
+chunk starts (T / CHUNK_T x N floats a channel and row). Not measured."""
 _FORWARD_STAGES = 5
 """Chunks whose loads are in flight in the forward (one warp, 16 channels, the size above): 2
 stages 0.79 ms, 3 0.55, 4 0.53, 5 0.45 in the experiment; in the sweep 4, 5 and 6 stages are
