@@ -1,8 +1,8 @@
 """`nsconsole` in a real terminal: tmux runs it, send-keys drives it, capture-pane reads it.
 
 The host has no line running (a private runtime directory), so the console says how to start
-one; `?` shows the keys with their ids; `q` quits with status 0. A private tmux server (`-L`)
-keeps the test away from any tmux the user runs.
+one; `?` shows the keys with their ids; `q` quits with status 0. A private tmux server (`-S`)
+keeps the test away from any tmux the user runs, its socket in the test's directory.
 """
 
 from __future__ import annotations
@@ -23,8 +23,10 @@ pytestmark = pytest.mark.skipif(
 
 
 class Tmux:
-    def __init__(self, name: str) -> None:
-        self.server = ["tmux", "-L", name, "-f", "/dev/null"]  # no user configuration
+    def __init__(self, socket: Path) -> None:
+        # A private server whose socket lives in the test's directory (so nothing is left in
+        # /tmp/tmux-UID), with no user configuration.
+        self.server = ["tmux", "-S", str(socket), "-f", "/dev/null"]
 
     def __call__(self, *args: str) -> str:
         return subprocess.run([*self.server, *args], capture_output=True, text=True, check=True).stdout
@@ -59,7 +61,7 @@ def test_the_console_in_a_real_terminal(tmp_path: Path) -> None:
     }
     assignments = " ".join(f"{key}={shlex.quote(value)}" for key, value in environment.items())
     command = f"env -u COLUMNS -u LINES {assignments} {shlex.quote(sys.executable)} -m nsconsole --theme light; echo EXITED $?; sleep 60"
-    tmux = Tmux(f"nsconsole-test-{os.getpid()}")
+    tmux = Tmux(tmp_path / "tmux.sock")
     # The size is the server's default before the session exists: a pane resized after the app
     # has started would race its first measurement.
     tmux("start-server", ";", "set-option", "-g", "default-size", "140x36", ";",
