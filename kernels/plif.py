@@ -89,7 +89,7 @@ def _plif_forward_kernel(
     x_ptr, beta_ptr, threshold_ptr, v0_ptr, spikes_ptr, v_pre_ptr, v_pre_f32_ptr, v_last_ptr,
     seq_len, channels,
     HAS_V0: tl.constexpr, SAVE_F32: tl.constexpr, BLOCK_D: tl.constexpr, UNROLL: tl.constexpr,
-    STAGES: tl.constexpr,
+    STAGES: tl.constexpr, EVEN: tl.constexpr,
 ):
     batch = tl.program_id(0)
     channel = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)  # (BLOCK_D,): one per thread
@@ -105,19 +105,29 @@ def _plif_forward_kernel(
     # iterations' loads in flight ahead of the chain (see _forward_unroll_and_stages).
     for t0 in tl.range(0, seq_len, UNROLL, num_stages=STAGES):
         for i in tl.static_range(UNROLL):
-            # The last iteration of a ragged T runs past the end: those steps load and store
-            # nothing and leave v as it is.
             t = t0 + i
-            live = channel < tl.where(t < seq_len, channels, 0)  # (BLOCK_D,)
             offsets = base + t * channels
-            x_t = tl.load(x_ptr + offsets, mask=live, other=0.0).to(tl.float32)
-            v_pre = beta * v + (1.0 - beta) * x_t
-            spike = (v_pre - threshold > 0).to(tl.float32)
-            tl.store(spikes_ptr + offsets, spike.to(spikes_ptr.dtype.element_ty), mask=live)
-            tl.store(v_pre_ptr + offsets, v_pre.to(v_pre_ptr.dtype.element_ty), mask=live)
-            if SAVE_F32:
-                tl.store(v_pre_f32_ptr + offsets, v_pre, mask=live)
-            v = tl.where(t < seq_len, v_pre - threshold * spike, v)
+            if EVEN:  # whole iterations and channel blocks: no masks (half the loop's instructions)
+                x_t = tl.load(x_ptr + offsets).to(tl.float32)
+                v_pre = beta * v + (1.0 - beta) * x_t
+                spike = (v_pre - threshold > 0).to(tl.float32)
+                tl.store(spikes_ptr + offsets, spike.to(spikes_ptr.dtype.element_ty))
+                tl.store(v_pre_ptr + offsets, v_pre.to(v_pre_ptr.dtype.element_ty))
+                if SAVE_F32:
+                    tl.store(v_pre_f32_ptr + offsets, v_pre)
+                v = v_pre - threshold * spike
+            else:
+                # The last iteration of a ragged T runs past the end: those steps load and store
+                # nothing and leave v as it is.
+                live = channel < tl.where(t < seq_len, channels, 0)  # (BLOCK_D,)
+                x_t = tl.load(x_ptr + offsets, mask=live, other=0.0).to(tl.float32)
+                v_pre = beta * v + (1.0 - beta) * x_t
+                spike = (v_pre - threshold > 0).to(tl.float32)
+                tl.store(spikes_ptr + offsets, spike.to(spikes_ptr.dtype.element_ty), mask=live)
+                tl.store(v_pre_ptr + offsets, v_pre.to(v_pre_ptr.dtype.element_ty), mask=live)
+                if SAVE_F32:
+                    tl.store(v_pre_f32_ptr + offsets, v_pre, mask=live)
+                v = tl.where(t < seq_len, v_pre - threshold * spike, v)
     tl.store(v_last_ptr + batch * channels + channel, v, mask=channel_ok)
 
 
@@ -205,7 +215,7 @@ class _PlifScan(torch.autograd.Function):
             x, beta.contiguous(), v_th.contiguous(), v0_arg, spikes, v_pre, v_pre_f32, v_last,
             seq_len, channels,
             HAS_V0=v0 is not None, SAVE_F32=save_f32, BLOCK_D=block, UNROLL=unroll, STAGES=stages,
-            num_warps=1,
+            EVEN=seq_len % unroll == 0 and channels % block == 0, num_warps=1,
         )
         ctx.save_for_backward(x, beta, v_th, v0, v_pre_f32)
         ctx.alpha = alpha

@@ -115,13 +115,14 @@ def test_forward_unroll_and_stages_by_shape() -> None:
 
 
 @pytest.mark.parametrize("unroll_and_stages", [(4, 8), (8, 4)])
-@pytest.mark.parametrize("steps", [3, 13, 16])
+@pytest.mark.parametrize(("steps", "channels"), [(3, 37), (13, 37), (16, 37), (16, 64)])
 def test_kernel_matches_reference_for_each_unroll(
-    monkeypatch: pytest.MonkeyPatch, unroll_and_stages: tuple[int, int], steps: int
+    monkeypatch: pytest.MonkeyPatch, unroll_and_stages: tuple[int, int], steps: int, channels: int
 ) -> None:
     """Both forward loop shapes on a small size (the big one's shape would be slow here): T shorter
-    than the unroll, ragged (13 = 3 x 4 + 1 = 8 + 5) and whole. Steps past the end must neither
-    write (the outputs start as NaN) nor move the membrane (v_last)."""
+    than the unroll, ragged (13 = 3 x 4 + 1 = 8 + 5) and whole; 64 channels are whole blocks, so
+    16 steps of them take the unmasked loop. Steps past the end must neither write (the outputs
+    start as NaN) nor move the membrane (v_last)."""
     chosen = []
 
     def choice(batch: int, channels: int) -> tuple[int, int]:
@@ -129,8 +130,8 @@ def test_kernel_matches_reference_for_each_unroll(
         return unroll_and_stages
 
     monkeypatch.setattr(plif, "_forward_unroll_and_stages", choice)
-    _check_kernel_against_reference(2, steps, 37)
-    assert chosen == [(2, 37)]
+    _check_kernel_against_reference(2, steps, channels)
+    assert chosen == [(2, channels)]
 
 
 def test_kernel_without_v0_and_with_unused_outputs() -> None:
