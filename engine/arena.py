@@ -15,7 +15,7 @@ hold their peak memory twice).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -73,11 +73,18 @@ class Arena:
         """Give back what `hold` took; the bytes the device got back."""
         if self._hold_pool is None:
             return 0
+        return self._bytes_back_after(self._drop_hold)
+
+    def _drop_hold(self) -> None:
+        self._hold_pool = None
+        self.extra_held_bytes = 0
+
+    def _bytes_back_after(self, drop: Callable[[], None]) -> int:
+        """Run `drop` (which lets go of pools) and empty the CUDA cache: the bytes the device got back."""
         torch.cuda.synchronize(self.device)
         free_before, _total = torch.cuda.mem_get_info(self.device)
-        self._hold_pool = None
+        drop()
         torch.cuda.empty_cache()
-        self.extra_held_bytes = 0
         free_after, _total = torch.cuda.mem_get_info(self.device)
         return free_after - free_before
 
@@ -106,14 +113,12 @@ class Arena:
         """Give the memory back to the driver (after every tensor and graph using it is gone); the
         bytes the device got back (less than `held_bytes` while anything still holds a block of
         the pool: a segment is returned only whole)."""
-        torch.cuda.synchronize(self.device)
-        free_before, _total = torch.cuda.mem_get_info(self.device)
-        del self.pool
-        self._hold_pool = None
-        self.extra_held_bytes = 0
-        torch.cuda.empty_cache()
-        free_after, _total = torch.cuda.mem_get_info(self.device)
-        return free_after - free_before
+
+        def drop_pools() -> None:
+            del self.pool
+            self._drop_hold()
+
+        return self._bytes_back_after(drop_pools)
 
 
 def release_step_caches(model: torch.nn.Module) -> None:

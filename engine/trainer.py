@@ -360,11 +360,14 @@ class Trainer:
     # the loop
 
     def _out_of_memory(self, doing: str, error: BaseException) -> None:
-        """The GPU ran out of memory before an update (a capture, its probe rows) or inside one (a
-        forward or backward: the weights, the moments and the position are as they were): beside
-        other processes -- seen now, or at the last check -- checkpoint and leave (`GpuBusy`; the
-        supervisor relaunches once they fit or the GPU is free). Alone, it returns and the caller
-        raises: the shapes do not fit this GPU, and that is the line's error."""
+        """If `error` is the GPU running out of memory before an update (a capture, its probe rows)
+        or inside one (a forward or backward: the weights, the moments and the position are as they
+        were): beside other processes -- seen now, or at the last check -- checkpoint and leave
+        (`GpuBusy`; the supervisor relaunches once they fit or the GPU is free). Otherwise, or
+        alone, it returns and the caller raises: alone, the shapes do not fit this GPU, and that is
+        the line's error."""
+        if not is_out_of_memory(error):
+            return
         reading = self.gpu_watch.reader() if self.gpu_watch.enabled else self.gpu_watch.last_reading
         others = max(reading.others, self.gpu_watch.last_reading.others)
         if others == 0 and self.engines.gpu_mode == GpuMode.OWN:
@@ -507,14 +510,12 @@ class Trainer:
         try:
             engine = self.engines.for_length(seq_len)
         except RuntimeError as error:
-            if is_out_of_memory(error):
-                self._out_of_memory(f"capturing seq_len {seq_len}", error)
+            self._out_of_memory(f"capturing seq_len {seq_len}", error)
             raise
         try:
             result = engine.run_update(windows, lr, weight_decay)
         except RuntimeError as error:
-            if is_out_of_memory(error):
-                self._out_of_memory(f"in update {self.position.update + 1}", error)
+            self._out_of_memory(f"in update {self.position.update + 1}", error)
             raise
         elapsed = time.perf_counter() - started
 

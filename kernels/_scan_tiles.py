@@ -57,3 +57,26 @@ def state_tile(group, block, per_group, channels: tl.constexpr, state_size: tl.c
     state_mask = n_ok[:, None] & channel_ok[None, :]
     state_offsets = n[:, None] * channels + channel[None, :]
     return within, channel, channel_ok, n, n_ok, state_mask, state_offsets
+
+
+@triton.jit
+def chunk_states(decay, drive, h_start, CHUNK_T: tl.constexpr):
+    """The chunk's states h_t (CHUNK_T, N_PAD, BLOCK_D) from its start h_start (N_PAD, BLOCK_D):
+    the start enters through the first row's drive, so the scan's decay products are unused and
+    the compiler drops them (a sequential chain inside each thread)."""
+    rows = tl.arange(0, CHUNK_T)
+    first = tl.where(rows[:, None, None] == 0, decay * h_start[None, :, :], 0.0)
+    _, states = tl.associative_scan((decay, drive + first), 0, affine_combine)
+    return states
+
+
+@triton.jit
+def chunk_adjoint(decay, local, carry, CHUNK_T: tl.constexpr):
+    """The adjoint g_t = local_t + decay_{t+1} g_{t+1} over the chunk (CHUNK_T, N_PAD, BLOCK_D),
+    with `carry` (decay g of the row after the chunk) arriving at its last row, and what flows out
+    of its first row into the chunk before (decay_0 g_0)."""
+    rows = tl.arange(0, CHUNK_T)
+    local += tl.where(rows[:, None, None] == CHUNK_T - 1, carry[None, :, :], 0.0)
+    ones = tl.full(local.shape, 1.0, tl.float32)
+    _, adjoint, _ = tl.associative_scan((decay, local, ones), 0, reverse_combine, reverse=True)
+    return adjoint, tl.reduce(decay * adjoint, 0, take_first)

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from kernels._dispatch import compute_dtype, new_buffer, wants_triton
-from kernels._scan_tiles import LOG2_E, affine_combine, is_even, state_tile, take_last
+from kernels._scan_tiles import LOG2_E, chunk_states, is_even, state_tile, take_last
 from kernels.selective_scan_backward import scan_backward
 
 _CHUNK_T = 8
@@ -142,11 +142,7 @@ def _selective_scan_forward_kernel(
             Cs = tl.load(C_ptr + bc, mask=bc_mask, other=0.0).to(tl.float32)
         # Rows past the end have delta 0: decay 1 and drive 0 keep the last real state.
         decay = tl.exp2(deltas[:, None, :] * A2[None, :, :])  # (CHUNK_T, N_PAD, BLOCK_D)
-        drive = Bs[:, :, None] * (deltas * xs)[:, None, :]
-        # The chunk's start state enters through the first row's drive; the scan's decay
-        # products are then unused and the compiler drops them.
-        drive += tl.where(rows[:, None, None] == 0, decay * h[None, :, :], 0.0)
-        _, states = tl.associative_scan((decay, drive), 0, affine_combine)
+        states = chunk_states(decay, Bs[:, :, None] * (deltas * xs)[:, None, :], h, CHUNK_T)
         ys = tl.sum(states * Cs[:, :, None], axis=1)  # (CHUNK_T, BLOCK_D)
         if HAS_D:
             ys += D_vec[None, :] * xs

@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from kernels._dispatch import new_buffer
-from kernels._scan_tiles import LOG2_E, affine_combine, is_even, reverse_combine, state_tile, take_first
+from kernels._scan_tiles import LOG2_E, chunk_adjoint, chunk_states, is_even, state_tile
 
 _BACKWARD_BLOCK_D = 8
 """Channels per backward program (one warp; 4 threads a channel, 4 states each). dB and dC are
@@ -73,11 +73,7 @@ def _segment_flow_kernel(
             grad_ys = tl.load(grad_y_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
             Cs = tl.load(C_ptr + bc, mask=(times < seq_len)[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
         decay = tl.exp2(deltas[:, None, :] * A2[None, :, :])  # (CHUNK_T, N_PAD, BLOCK_D)
-        last = tl.where(rows[:, None, None] == CHUNK_T - 1, flow[None, :, :], 0.0)
-        local = Cs[:, :, None] * grad_ys[:, None, :] + last
-        ones = tl.full(local.shape, 1.0, tl.float32)
-        _, adjoint, _ = tl.associative_scan((decay, local, ones), 0, reverse_combine, reverse=True)
-        flow = tl.reduce(decay * adjoint, 0, take_first)
+        _, flow = chunk_adjoint(decay, Cs[:, :, None] * grad_ys[:, None, :], flow, CHUNK_T)
         total_delta += tl.sum(deltas, axis=0)
     segment_state = (batch.to(tl.int64) * segments + segment) * channels * state_size + state_offsets
     tl.store(flow_ptr + segment_state, flow, mask=state_mask)
@@ -172,12 +168,9 @@ def _selective_scan_backward_kernel(
         decay = tl.exp2(deltas[:, None, :] * A2[None, :, :])  # (CHUNK_T, N_PAD, BLOCK_D)
         dx = deltas * xs  # (CHUNK_T, BLOCK_D)
         drive = Bs[:, :, None] * dx[:, None, :]
-        first = tl.where(rows[:, None, None] == 0, decay * h_start[None, :, :], 0.0)
-        _, states = tl.associative_scan((decay, drive + first), 0, affine_combine)
-        last = tl.where(rows[:, None, None] == CHUNK_T - 1, carry[None, :, :], 0.0)
-        local = Cs[:, :, None] * grad_ys[:, None, :] + last
-        ones = tl.full(local.shape, 1.0, tl.float32)
-        _, adjoint, _ = tl.associative_scan((decay, local, ones), 0, reverse_combine, reverse=True)
+        states = chunk_states(decay, drive, h_start, CHUNK_T)
+        # carry becomes decay_0 g_0, what flows into the chunk before.
+        adjoint, carry = chunk_adjoint(decay, Cs[:, :, None] * grad_ys[:, None, :], carry, CHUNK_T)
         carried = states - drive  # decay_t h_{t-1}, without a shifted state
         grad_deltas = tl.sum(adjoint * (A[None, :, :] * carried + Bs[:, :, None] * xs[:, None, :]), axis=1)
         grad_xs = tl.sum(adjoint * Bs[:, :, None], axis=1) * deltas  # (CHUNK_T, BLOCK_D)
@@ -198,7 +191,6 @@ def _selective_scan_backward_kernel(
             tl.store(grad_delta_ptr + offsets, grad_deltas.to(grad_delta_ptr.dtype.element_ty), mask=mask)
             tl.store(grad_B_ptr + partials + bc, grad_Bs, mask=bc_mask)
             tl.store(grad_C_ptr + partials + bc, grad_Cs, mask=bc_mask)
-        carry = tl.reduce(decay * adjoint, 0, take_first)  # decay_0 g_0 flows into the chunk before
     tl.store(flow_out_ptr + segment_state, carry, mask=state_mask)
     # This segment's share of dA and dD (summed over segments and rows afterwards).
     tl.store(grad_A_T_ptr + segment_state, grad_A, mask=state_mask)
