@@ -134,6 +134,33 @@ def test_kernel_matches_reference_for_each_unroll(
     assert chosen == [(2, channels)]
 
 
+@pytest.mark.parametrize("chunk", [4, 8, 16])
+@pytest.mark.parametrize(("steps", "channels"), [(5, 37), (19, 37), (32, 37), (24, 64)])
+def test_backward_chunks_match_reference(
+    monkeypatch: pytest.MonkeyPatch, chunk: int, steps: int, channels: int
+) -> None:
+    """The backward's chunked scan at every chunk length: T shorter than a chunk (all steps one at
+    a time), ragged (the last T % chunk steps one at a time, then whole chunks), whole; 37
+    channels take the masked loads, 64 whole blocks the unmasked ones."""
+    monkeypatch.setattr(plif, "_BACKWARD_CHUNK_T", chunk)
+    _check_kernel_against_reference(2, steps, channels)
+
+
+def test_leak_near_one_keeps_the_beta_gradient() -> None:
+    """dL/dbeta is summed as p (v_before - v_pre) / (1 - beta), without reading x: at the models'
+    largest leak (beta_max 0.99) the division must not cost the gradient its precision against
+    the reference's (v_before - x) (the same fp32 forward, so the same spikes)."""
+    x, _, th, v0 = _inputs(2, 40, 37, seed=11)
+    beta = torch.linspace(0.95, 0.99, 37, dtype=torch.float64).float().to(DEVICE)
+    leaves = [t.clone().requires_grad_() for t in (x, beta, th, v0)]
+    grads = [torch.randn(2, 40, 37, generator=torch.Generator().manual_seed(3)).to(DEVICE) for _ in range(2)]
+    spikes, v_pre, _ = plif_scan(*leaves, use_triton=True)
+    (grad_beta,) = torch.autograd.grad([spikes, v_pre], [leaves[1]], grads)
+    reference = [t.clone().requires_grad_() for t in (x, beta, th, v0)]
+    (want,) = torch.autograd.grad(list(plif_scan_reference(*reference)[:2]), [reference[1]], grads)
+    assert _relative_error(grad_beta, want) < 1e-5
+
+
 def test_kernel_without_v0_and_with_unused_outputs() -> None:
     x, beta, th, _ = _inputs(2, 19, 7, seed=4)
     leaves = [t.clone().requires_grad_() for t in (x, beta, th)]
