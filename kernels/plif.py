@@ -294,7 +294,7 @@ def _plif_backward_kernel(
             0, _adjoint_combine,
         )
         # Whole-chunk values sit in the first step's row; picked by a masked sum, which is right in
-        # any layout (a take-last reduction is not where time spans lanes: butterfly order).
+        # any layout (a take-last reduction is not once time spans lanes: warps reduce by butterfly).
         grad_threshold -= tl.sum(tl.where(first_step, threshold_sum, 0.0) + outer_spike * surrogate
                                  + tl.where(last_step, weight * grad_v[None, :], 0.0), 0)
         grad_beta_scaled += tl.sum(tl.where(first_step, beta_sum, 0.0) - grad_v_pres * v_pres
