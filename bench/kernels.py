@@ -357,11 +357,11 @@ def sweep_plif(copy_gbs: float) -> None:
 
     want_plif = [plif_outputs_and_grads(plif_scan_reference, *check) for check in checks]
     # (channels a program forward, its steps an iteration, its stages; backward channels a program,
-    # steps a chunk, stages); the kernel's own first, twice with a neighbour between (the spread
-    # between repeats is the noise).
+    # steps a chunk, stages); the kernel's own at Bt 8 first, at Bt 1 second, each again later (the
+    # spread between repeats is the noise).
     for block, unroll, stages, backward_block, backward_chunk, backward_stages in [
-        (64, 4, 8, 32, 8, 4), (64, 4, 8, 32, 8, 3), (64, 4, 8, 32, 8, 4), (64, 4, 8, 32, 8, 3),
-        (64, 4, 8, 32, 8, 6), (64, 4, 8, 64, 8, 3), (64, 4, 8, 64, 8, 4), (64, 4, 8, 32, 4, 6),
+        (64, 4, 8, 32, 8, 4), (32, 16, 4, 32, 8, 4), (64, 4, 8, 32, 8, 3), (32, 16, 6, 32, 8, 8),
+        (64, 4, 8, 32, 8, 4), (32, 16, 4, 32, 8, 4), (32, 8, 8, 32, 8, 6), (64, 4, 8, 64, 8, 4),
     ]:
         patch(plif_module, _channels_per_program=lambda _batch, _channels, block=block: block,
               _forward_unroll_and_stages=lambda _batch, _channels, pair=(unroll, stages): pair,

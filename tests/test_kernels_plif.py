@@ -106,23 +106,23 @@ def test_kernel_matches_reference(batch: int, steps: int, channels: int) -> None
 
 
 def test_forward_unroll_and_stages_by_shape() -> None:
-    """(4, 8) for many programs (Bt 8 x D 2560), (8, 4) for few (Bt 1 x D 2560), switching where
+    """(4, 8) for many programs (Bt 8 x D 2560), (16, 4) for few (Bt 1 x D 2560), switching where
     the block does (batch x channels 8192)."""
     assert plif._forward_unroll_and_stages(8, 2560) == (4, 8)
-    assert plif._forward_unroll_and_stages(1, 2560) == (8, 4)
+    assert plif._forward_unroll_and_stages(1, 2560) == (16, 4)
     assert plif._forward_unroll_and_stages(2, 4096) == (4, 8)
-    assert plif._forward_unroll_and_stages(1, 8191) == (8, 4)
+    assert plif._forward_unroll_and_stages(1, 8191) == (16, 4)
 
 
-@pytest.mark.parametrize("unroll_and_stages", [(4, 8), (8, 4)])
-@pytest.mark.parametrize(("steps", "channels"), [(3, 37), (13, 37), (16, 37), (16, 64)])
+@pytest.mark.parametrize("unroll_and_stages", [(4, 8), (8, 4), (16, 4)])
+@pytest.mark.parametrize(("steps", "channels"), [(3, 37), (13, 37), (16, 37), (16, 64), (35, 64)])
 def test_kernel_matches_reference_for_each_unroll(
     monkeypatch: pytest.MonkeyPatch, unroll_and_stages: tuple[int, int], steps: int, channels: int
 ) -> None:
-    """Both forward loop shapes on a small size (the big one's shape would be slow here): T shorter
-    than the unroll, ragged (13 = 3 x 4 + 1 = 8 + 5) and whole; 64 channels are whole blocks, so
-    16 steps of them take the unmasked loop. Steps past the end must neither write (the outputs
-    start as NaN) nor move the membrane (v_last)."""
+    """Each forward loop shape on a small size (the big one's shape would be slow here): T shorter
+    than the unroll, ragged (13 = 3 x 4 + 1 = 8 + 5; 35) and whole; 64 channels are whole blocks,
+    so 16 steps of them take the unmasked loop at every unroll, 35 steps the masked one. Steps
+    past the end must neither write (the outputs start as NaN) nor move the membrane (v_last)."""
     chosen = []
 
     def choice(batch: int, channels: int) -> tuple[int, int]:
