@@ -340,6 +340,35 @@ def sweep_selective_scan(copy_gbs: float) -> None:
             print(json.dumps({"kernel": "sweep_scan", "size": config, "error": str(failure)[:500]}), flush=True)
 
 
+def sweep_scan_segments(copy_gbs: float) -> None:
+    """The selective scan's forward split along time for few rows (`_forward_segment_chunks`):
+    one segment against several segment lengths, each checked against the reference first."""
+    scan_module = sys.modules["kernels.selective_scan"]
+    default_segments = scan_module._forward_segment_chunks
+    check = _scan_case(1, 203, 96, 16, seed=1)
+    check_grad = torch.randn(1, 203, 96, device="cuda")
+    want = _grads_of(selective_scan_reference, check, check_grad)
+    for batch, steps in [(1, 32768), (1, 8192), (2, 4096)]:
+        case = _scan_case(batch, steps, 1024, 16, seed=2)
+        grad = torch.randn(batch, steps, 1024, device="cuda")
+        io = batch * steps * (3 * 1024 + 32) * 4
+        for segment in [None, 8, 16, 32, 64, "auto"]:
+            patch(scan_module, _forward_segment_chunks=default_segments if segment == "auto"
+                  else lambda _batch, _channels, chunks, segment=segment: segment or max(chunks, 1))
+            config = f"Bt {batch} T {steps} Dm 1024 N 16, forward segments of {segment or 'all'} chunks"
+            try:
+                error = max(relative_error(a, b) for a, b in zip(_grads_of(selective_scan, check, check_grad), want))
+                with torch.no_grad():
+                    forward_ms = time_ms(lambda case=case: selective_scan(*case), budget_s=0.3)
+                both_ms = time_ms(lambda case=case, grad=grad: _grads_of(selective_scan, case, grad), budget_s=0.3)
+                emit("sweep_scan_segments", config, "triton_fwd", forward_ms, io, copy_gbs, rel_err=error)
+                emit("sweep_scan_segments", config, "triton_fwd_bwd", both_ms, 2 * io, copy_gbs)
+            except Exception as failure:
+                print(json.dumps({"kernel": "sweep_scan_segments", "size": config, "error": str(failure)[:500]}),
+                      flush=True)
+    patch(scan_module, _forward_segment_chunks=default_segments)
+
+
 def sweep_plif(copy_gbs: float) -> None:
     """Times block and pipeline-depth variants of the PLIF scan, each checked against the reference first."""
     plif_module = sys.modules["kernels.plif"]
@@ -400,7 +429,8 @@ def main() -> int:
     parser.add_argument("--out", type=Path, help="also write the rows here as JSON lines")
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
     parser.add_argument("--sweep", action="store_true", help="time block-shape variants of the scans instead")
-    parser.add_argument("--only", nargs="*", default=None, help="kernels to run (adamw grad_norms scan plif poincare)")
+    parser.add_argument("--only", nargs="*", default=None,
+                        help="kernels to run (adamw grad_norms scan plif poincare; with --sweep also scan_segments)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("bench/kernels.py needs a CUDA GPU", file=sys.stderr)
@@ -412,6 +442,8 @@ def main() -> int:
     if args.sweep:
         if "scan" in wanted:
             sweep_selective_scan(copy_gbs)
+        if "scan" in wanted or "scan_segments" in wanted:
+            sweep_scan_segments(copy_gbs)
         if "plif" in wanted:
             sweep_plif(copy_gbs)
         if args.out:

@@ -1,6 +1,6 @@
 """Pieces the selective scan's forward and backward kernels share: the scans' combine functions,
-the last/first-row picks and a program's channel and state tile (kernels/selective_scan.py's
-docstring says how the tiles are laid out)."""
+the last/first-row picks, a program's channel and state tile (kernels/selective_scan.py's
+docstring says how the tiles are laid out) and the pass that chains time segments."""
 
 from __future__ import annotations
 
@@ -80,3 +80,29 @@ def chunk_adjoint(decay, local, carry, CHUNK_T: tl.constexpr):
     ones = tl.full(local.shape, 1.0, tl.float32)
     _, adjoint, _ = tl.associative_scan((decay, local, ones), 0, reverse_combine, reverse=True)
     return adjoint, tl.reduce(decay * adjoint, 0, take_first)
+
+
+@triton.jit
+def segment_carries_kernel(
+    flow_ptr, gain_ptr, initial_ptr, carry_ptr, segments, state_elements,
+    HAS_INITIAL: tl.constexpr, FORWARD: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """What enters each time segment when segments run at once, sequential over segments (few of
+    them): carry_next = flow_s + gain_s carry_s, where flow_s is what segment s sends on from a
+    zero start and gain_s how what enters it reaches the next one. FORWARD (the forward's state)
+    goes from the first segment, starting at initial (h0); otherwise (the backward's adjoint) from
+    the last, starting at initial (dL/dh_last). Buffers (Bt, segments, N, Dm); initial (Bt, N, Dm)."""
+    batch = tl.program_id(0)
+    index = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = index < state_elements
+    state = batch.to(tl.int64) * state_elements + index
+    if HAS_INITIAL:
+        carry = tl.load(initial_ptr + state, mask=ok, other=0.0)
+    else:
+        carry = tl.zeros([BLOCK], dtype=tl.float32)
+    first_segment = batch.to(tl.int64) * segments * state_elements + index
+    for step in tl.range(0, segments - 1):
+        segment = first_segment + (step if FORWARD else segments - 1 - step) * state_elements
+        tl.store(carry_ptr + segment, carry, mask=ok)
+        carry = tl.load(flow_ptr + segment, mask=ok, other=0.0) + tl.load(gain_ptr + segment, mask=ok, other=0.0) * carry
+    tl.store(carry_ptr + first_segment + (segments - 1 if FORWARD else 0) * state_elements, carry, mask=ok)

@@ -15,11 +15,11 @@ channels, the contiguous axis. That is why the state-shaped buffers inside (A, h
 saved chunk starts) are (N, Dm)-major here. `tl.range(..., num_stages=S)` keeps the next
 chunks' loads in flight. The forward saves the state entering each chunk (only when a gradient
 is wanted); the backward recomputes each chunk's states from it and runs the adjoint's reverse
-scan, for few rows in segments of time at once (kernels/selective_scan_backward.py). On the H200
-(bench/RESULTS.md) this is 2x the forward and 2x the forward + backward of the (chunk, channel,
-N)-tiled kernels it replaced (3.6x forward + backward for a single 32K row); the scan is still far
-from memory bound (a sequential chain per channel and state, 16 exponentials per 12 bytes of x,
-delta and y).
+scan. For few rows both directions run segments of time at once (`_forward_segment_chunks`,
+kernels/selective_scan_backward.py). On the H200 (bench/RESULTS.md) this is 2x the forward and 2x
+the forward + backward of the (chunk, channel, N)-tiled kernels it replaced (a single 32K row:
+4x forward + backward); the scan is not memory bound: 16 exponentials per 12 bytes of x, delta
+and y put its floor on the exp units (0.128 ms at Bt 8 x T 4096 x Dm 1024 x N 16).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from kernels._dispatch import compute_dtype, new_buffer, wants_triton
-from kernels._scan_tiles import LOG2_E, chunk_states, is_even, state_tile, take_last
+from kernels._scan_tiles import LOG2_E, chunk_states, is_even, segment_carries_kernel, state_tile, take_last
 from kernels.selective_scan_backward import scan_backward
 
 _CHUNK_T = 8
@@ -46,11 +46,30 @@ stages 0.79 ms, 3 0.55, 4 0.53, 5 0.45 in the experiment; in the sweep 4, 5 and 
 within 4 % of each other (0.355-0.370 ms)."""
 
 
+_FORWARD_SEGMENT_CHUNKS = 32
+"""Chunks per forward segment when the forward is split along time (`_forward_segment_chunks`)."""
+
+
 def _forward_block_d(batch: int, channels: int) -> int:
     """Channels per forward program (one warp): 16 (2 threads a channel, 8 states each) when there
     are many rows; 8 (4 threads a channel) when few, to have enough programs (Bt 1, T 32768: 1.5
     against 2.7 ms)."""
     return 16 if batch * channels >= 8192 else 8
+
+
+def _forward_segment_chunks(batch: int, channels: int, chunks: int) -> int:
+    """Chunks per forward segment. With few rows one program a channel block walking all of T
+    leaves too few programs to hide their latency (Bt 1 x Dm 1024: 128 programs), so a long
+    sequence then runs in segments of _FORWARD_SEGMENT_CHUNKS chunks at once, for twice the
+    exponentials. Measured side by side on the H200 (N 16, 2026-11-29, `python bench/kernels.py
+    --sweep --only scan_segments`), one segment against 8 / 16 / 32 / 64 chunks a segment:
+    Bt 1 x T 32768 forward 1.70 against 1.14 / 0.92 / 0.86 / 0.83 ms, forward + backward 5.84
+    against 4.83 / 4.72 / 4.69 / 4.67; Bt 1 x T 8192 forward 0.48 against 0.34-0.39 but forward +
+    backward 1.81 against 1.85-2.00; Bt 2 x T 4096 no gain. So segments from 2048 chunks (T 16384)
+    when Bt x Dm <= 2048, one segment otherwise."""
+    if batch * channels <= 2048 and chunks >= 2048:
+        return _FORWARD_SEGMENT_CHUNKS
+    return max(chunks, 1)
 
 
 def selective_scan_reference(
@@ -99,59 +118,79 @@ def selective_scan_reference(
 
 @triton.jit
 def _selective_scan_forward_kernel(
-    x_ptr, delta_ptr, A_T_ptr, B_ptr, C_ptr, D_ptr, h0_T_ptr, y_ptr, h_last_T_ptr, chunk_start_ptr,
-    seq_len, chunks, log2_e, channels: tl.constexpr, groups: tl.constexpr, state_size: tl.constexpr,
-    HAS_D: tl.constexpr, HAS_H0: tl.constexpr, SAVE: tl.constexpr, EVEN: tl.constexpr,
+    x_ptr, delta_ptr, A_T_ptr, B_ptr, C_ptr, D_ptr, h_start_ptr, y_ptr, h_end_ptr, gain_ptr, chunk_start_ptr,
+    seq_len, chunks, segments, segment_chunks, log2_e,
+    channels: tl.constexpr, groups: tl.constexpr, state_size: tl.constexpr,
+    HAS_D: tl.constexpr, HAS_START: tl.constexpr, SAVE: tl.constexpr, FLOW: tl.constexpr, EVEN: tl.constexpr,
     BLOCK_D: tl.constexpr, N_PAD: tl.constexpr, CHUNK_T: tl.constexpr, STAGES: tl.constexpr,
 ):
+    """One time segment of segment_chunks chunks (all of T when there is one segment) for a block of
+    channels, from the state entering it (h_start, (Bt, segments, N, Dm); zero without HAS_START)
+    to the state leaving it (h_end, the same shape). FLOW: the pass that chains segments; it writes
+    no y, only the segment's end state from a zero start and its decays' product (gain)."""
     per_group: tl.constexpr = channels // groups
+    blocks: tl.constexpr = (per_group + BLOCK_D - 1) // BLOCK_D
     batch = tl.program_id(0)
-    group = tl.program_id(1)
+    group = tl.program_id(1) // blocks
+    segment = tl.program_id(2)
     within, channel, channel_ok, n, n_ok, state_mask, state_offsets = state_tile(
-        group, tl.program_id(2), per_group, channels, state_size, BLOCK_D, N_PAD)
+        group, tl.program_id(1) % blocks, per_group, channels, state_size, BLOCK_D, N_PAD)
     # exp(delta A) as exp2(delta A log2 e): the multiply folded into A once.
     A2 = tl.load(A_T_ptr + state_offsets, mask=state_mask, other=0.0).to(tl.float32) * log2_e
-    batch_state = batch.to(tl.int64) * channels * state_size
-    if HAS_H0:
-        h = tl.load(h0_T_ptr + batch_state + state_offsets, mask=state_mask, other=0.0)
+    segment_state = (batch.to(tl.int64) * segments + segment) * channels * state_size + state_offsets
+    if HAS_START:
+        h = tl.load(h_start_ptr + segment_state, mask=state_mask, other=0.0)
     else:
         h = tl.zeros([N_PAD, BLOCK_D], dtype=tl.float32)
     if HAS_D:
         D_vec = tl.load(D_ptr + channel, mask=channel_ok, other=0.0).to(tl.float32)
+    total_delta = tl.zeros([BLOCK_D], dtype=tl.float32)
     rows = tl.arange(0, CHUNK_T)
     first_row = batch.to(tl.int64) * seq_len
     chunk_base = chunk_start_ptr + batch.to(tl.int64) * chunks * channels * state_size + state_offsets
-    for chunk in tl.range(0, chunks, num_stages=STAGES):
-        if SAVE:  # the state entering the chunk, for the backward
-            tl.store(chunk_base + chunk * channels * state_size, h, mask=state_mask)
+    for local in tl.range(0, segment_chunks, num_stages=STAGES):
+        chunk = segment * segment_chunks + local
+        if SAVE:  # the state entering the chunk, for the backward (none past the last chunk)
+            if EVEN:
+                tl.store(chunk_base + chunk * channels * state_size, h)
+            else:
+                saved = n_ok[:, None] & (within < tl.where(chunk < chunks, per_group, 0))[None, :]
+                tl.store(chunk_base + chunk * channels * state_size, h, mask=saved)
         times = chunk * CHUNK_T + rows  # (CHUNK_T,)
         row = first_row + times
         offsets = row[:, None] * channels + channel[None, :]  # (CHUNK_T, BLOCK_D)
         bc = (row[:, None] * groups + group) * state_size + n[None, :]  # (CHUNK_T, N_PAD)
         mask = (times < seq_len)[:, None] & channel_ok[None, :]
+        bc_mask = (times < seq_len)[:, None] & n_ok[None, :]
         if EVEN:  # no ragged edge anywhere: no masks in the loop
             xs = tl.load(x_ptr + offsets).to(tl.float32)
             deltas = tl.load(delta_ptr + offsets).to(tl.float32)
             Bs = tl.load(B_ptr + bc).to(tl.float32)
-            Cs = tl.load(C_ptr + bc).to(tl.float32)
         else:
-            bc_mask = (times < seq_len)[:, None] & n_ok[None, :]
             xs = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
             deltas = tl.load(delta_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
             Bs = tl.load(B_ptr + bc, mask=bc_mask, other=0.0).to(tl.float32)
-            Cs = tl.load(C_ptr + bc, mask=bc_mask, other=0.0).to(tl.float32)
         # Rows past the end have delta 0: decay 1 and drive 0 keep the last real state.
         decay = tl.exp2(deltas[:, None, :] * A2[None, :, :])  # (CHUNK_T, N_PAD, BLOCK_D)
         states = chunk_states(decay, Bs[:, :, None] * (deltas * xs)[:, None, :], h, CHUNK_T)
-        ys = tl.sum(states * Cs[:, :, None], axis=1)  # (CHUNK_T, BLOCK_D)
-        if HAS_D:
-            ys += D_vec[None, :] * xs
-        if EVEN:
-            tl.store(y_ptr + offsets, ys.to(y_ptr.dtype.element_ty))
+        if FLOW:
+            total_delta += tl.sum(deltas, axis=0)
         else:
-            tl.store(y_ptr + offsets, ys.to(y_ptr.dtype.element_ty), mask=mask)
+            if EVEN:
+                Cs = tl.load(C_ptr + bc).to(tl.float32)
+            else:
+                Cs = tl.load(C_ptr + bc, mask=bc_mask, other=0.0).to(tl.float32)
+            ys = tl.sum(states * Cs[:, :, None], axis=1)  # (CHUNK_T, BLOCK_D)
+            if HAS_D:
+                ys += D_vec[None, :] * xs
+            if EVEN:
+                tl.store(y_ptr + offsets, ys.to(y_ptr.dtype.element_ty))
+            else:
+                tl.store(y_ptr + offsets, ys.to(y_ptr.dtype.element_ty), mask=mask)
         h = tl.reduce(states, 0, take_last)  # the chunk's last row: a register, no arithmetic
-    tl.store(h_last_T_ptr + batch_state + state_offsets, h, mask=state_mask)
+    tl.store(h_end_ptr + segment_state, h, mask=state_mask)
+    if FLOW:  # exp(A x the segment's summed deltas): how its entering state reaches its end
+        tl.store(gain_ptr + segment_state, tl.exp2(total_delta[None, :] * A2), mask=state_mask)
 
 
 def _scan_forward(
@@ -159,7 +198,11 @@ def _scan_forward(
     D: torch.Tensor | None, h0: torch.Tensor | None, save: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The forward kernel on contiguous x, delta, B, C: y, h_last (Bt, Dm, N) and, with save, the
-    state entering each chunk (Bt, chunks, N, Dm) for the backward (else an empty buffer)."""
+    state entering each chunk (Bt, chunks, N, Dm) for the backward (else an empty buffer). With
+    few rows, time runs in segments at once (`_forward_segment_chunks`): a flow pass finds each
+    segment's end state from a zero start and its decays' product, a short sequential pass over
+    segments turns those into each segment's entering state, and the main pass runs every segment
+    from its own."""
     batch, seq_len, channels = x.shape
     groups, state_size = B.shape[2], B.shape[3]
     per_group = channels // groups
@@ -168,22 +211,43 @@ def _scan_forward(
     A_T = A.t().contiguous()
     h0_T = h0.float().transpose(1, 2).contiguous() if h0 is not None else None
     y = new_buffer(x.shape, x.dtype, x.device)
-    h_last_T = new_buffer((batch, state_size, channels), torch.float32, x.device)
     chunk_start_T = new_buffer((batch, chunks if save else 0, state_size, channels), torch.float32, x.device)
     if seq_len == 0:
-        h_last_T.copy_(h0_T if h0_T is not None else torch.zeros_like(h_last_T))
-    else:
-        block_d = _forward_block_d(batch, channels)
-        _selective_scan_forward_kernel[(batch, groups, triton.cdiv(per_group, block_d))](
-            x, delta, A_T, B, C, D if D is not None else x, h0_T if h0_T is not None else h_last_T,
-            y, h_last_T, chunk_start_T if save else h_last_T, seq_len, chunks, LOG2_E,
-            channels=channels, groups=groups, state_size=state_size,
-            HAS_D=D is not None, HAS_H0=h0 is not None, SAVE=save,
-            EVEN=is_even(seq_len, _CHUNK_T, per_group, block_d, state_size),
-            BLOCK_D=block_d, N_PAD=triton.next_power_of_2(state_size), CHUNK_T=_CHUNK_T, STAGES=_FORWARD_STAGES,
-            num_warps=1,
+        h_last_T = h0_T if h0_T is not None else torch.zeros(batch, state_size, channels, device=x.device)
+        return y, h_last_T.transpose(1, 2).contiguous(), chunk_start_T
+    block_d = _forward_block_d(batch, channels)
+    blocks = triton.cdiv(per_group, block_d)
+    segment_chunks = _forward_segment_chunks(batch, channels, chunks)
+    segments = triton.cdiv(chunks, segment_chunks)
+    h_end_T = new_buffer((batch, segments, state_size, channels), torch.float32, x.device)
+    h_start_T = h0_T  # (Bt, N, Dm) is the one segment's (Bt, 1, N, Dm)
+    shape = dict(channels=channels, groups=groups, state_size=state_size, HAS_D=D is not None,
+                 EVEN=chunks % segment_chunks == 0 and is_even(seq_len, _CHUNK_T, per_group, block_d, state_size),
+                 BLOCK_D=block_d, N_PAD=triton.next_power_of_2(state_size), CHUNK_T=_CHUNK_T,
+                 STAGES=_FORWARD_STAGES, num_warps=1)
+    D_arg = D if D is not None else x
+    if segments > 1:
+        # 1. Each segment but the last from a zero start: its end state and its decays' product.
+        flow = new_buffer((batch, segments, state_size, channels), torch.float32, x.device)
+        gain = new_buffer((batch, segments, state_size, channels), torch.float32, x.device)
+        _selective_scan_forward_kernel[(batch, groups * blocks, segments - 1)](
+            x, delta, A_T, B, C, D_arg, flow, y, flow, gain, flow, seq_len, chunks, segments, segment_chunks,
+            LOG2_E, HAS_START=False, SAVE=False, FLOW=True, **shape,
         )
-    return y, h_last_T.transpose(1, 2).contiguous(), chunk_start_T
+        # 2. The state entering each segment (sequential over segments, short).
+        h_start_T = new_buffer((batch, segments, state_size, channels), torch.float32, x.device)
+        state_elements = state_size * channels
+        segment_carries_kernel[(batch, triton.cdiv(state_elements, 1024))](
+            flow, gain, h0_T if h0_T is not None else flow, h_start_T, segments, state_elements,
+            HAS_INITIAL=h0_T is not None, FORWARD=True, BLOCK=1024, num_warps=4,
+        )
+    # 3. Every segment at once from its entering state.
+    _selective_scan_forward_kernel[(batch, groups * blocks, segments)](
+        x, delta, A_T, B, C, D_arg, h_start_T if h_start_T is not None else h_end_T, y, h_end_T, h_end_T,
+        chunk_start_T if save else h_end_T, seq_len, chunks, segments, segment_chunks, LOG2_E,
+        HAS_START=h_start_T is not None, SAVE=save, FLOW=False, **shape,
+    )
+    return y, h_end_T[:, -1].transpose(1, 2).contiguous(), chunk_start_T
 
 
 class _SelectiveScan(torch.autograd.Function):

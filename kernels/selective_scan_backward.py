@@ -10,7 +10,14 @@ import triton
 import triton.language as tl
 
 from kernels._dispatch import new_buffer
-from kernels._scan_tiles import LOG2_E, chunk_adjoint, chunk_states, is_even, state_tile
+from kernels._scan_tiles import (
+    LOG2_E,
+    chunk_adjoint,
+    chunk_states,
+    is_even,
+    segment_carries_kernel,
+    state_tile,
+)
 
 _BACKWARD_BLOCK_D = 8
 """Channels per backward program (one warp; 4 threads a channel, 4 states each). dB and dC are
@@ -78,29 +85,6 @@ def _segment_flow_kernel(
     segment_state = (batch.to(tl.int64) * segments + segment) * channels * state_size + state_offsets
     tl.store(flow_ptr + segment_state, flow, mask=state_mask)
     tl.store(gain_ptr + segment_state, tl.exp2(total_delta[None, :] * A2), mask=state_mask)
-
-
-@triton.jit
-def _segment_carries_kernel(
-    flow_ptr, gain_ptr, grad_h_last_T_ptr, carry_ptr, segments, state_elements,
-    HAS_GRAD_H_LAST: tl.constexpr, BLOCK: tl.constexpr,
-):
-    """From the last segment back, the adjoint arriving at each segment's end:
-    carry_{s-1} = flow_s + gain_s carry_s, from carry_last = dL/dh_last."""
-    batch = tl.program_id(0)
-    index = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    ok = index < state_elements
-    state = batch.to(tl.int64) * state_elements + index
-    if HAS_GRAD_H_LAST:
-        carry = tl.load(grad_h_last_T_ptr + state, mask=ok, other=0.0)
-    else:
-        carry = tl.zeros([BLOCK], dtype=tl.float32)
-    first_segment = batch.to(tl.int64) * segments * state_elements + index
-    for back in tl.range(0, segments - 1):
-        segment = first_segment + (segments - 1 - back) * state_elements
-        tl.store(carry_ptr + segment, carry, mask=ok)
-        carry = tl.load(flow_ptr + segment, mask=ok, other=0.0) + tl.load(gain_ptr + segment, mask=ok, other=0.0) * carry
-    tl.store(carry_ptr + first_segment, carry, mask=ok)
 
 
 @triton.jit
@@ -246,9 +230,10 @@ def scan_backward(
             # 2. The adjoint arriving at each segment's end (sequential over segments, short).
             carry = new_buffer((batch, segments, state_size, channels), torch.float32, x.device)
             state_elements = state_size * channels
-            _segment_carries_kernel[(batch, triton.cdiv(state_elements, 1024))](
+            segment_carries_kernel[(batch, triton.cdiv(state_elements, 1024))](
                 flow, gain, grad_h_last_T if grad_h_last_T is not None else flow, carry,
-                segments, state_elements, HAS_GRAD_H_LAST=grad_h_last is not None, BLOCK=1024, num_warps=4,
+                segments, state_elements, HAS_INITIAL=grad_h_last is not None, FORWARD=False, BLOCK=1024,
+                num_warps=4,
             )
         # 3. Every segment's gradients at once.
         _selective_scan_backward_kernel[grid](

@@ -82,6 +82,34 @@ def test_backward_segments_match_reference(monkeypatch, segment_chunks) -> None:
     _check_against_reference(1, 32, 16, 1, 8, True, True)  # whole segments: the unmasked loop
 
 
+@pytest.mark.parametrize("segment_chunks", [1, 2, None])
+@pytest.mark.parametrize("with_h0", [True, False])
+def test_forward_segments_match_reference(monkeypatch, segment_chunks, with_h0) -> None:
+    """The forward split along time (a flow pass, the segments' entering states chained from h0,
+    then every segment at once) and not (None): 37 steps are 5 chunks, so 5 segments of one chunk
+    or 3 of two (the last half empty: no chunk start may be saved past the last chunk); the saved
+    chunk starts feed the backward, so its gradients check them. Without gradients too."""
+    monkeypatch.setattr(scan_module, "_forward_segment_chunks",
+                        lambda batch, channels, chunks: segment_chunks or max(chunks, 1))
+    _check_against_reference(2, 37, 6, 2, 4, True, with_h0)
+    _check_against_reference(1, 32, 16, 1, 8, True, with_h0)  # whole segments: the unmasked loop
+    inputs = _inputs(2, 37, 6, 2, 4, seed=5, with_h0=with_h0)
+    with torch.no_grad():
+        got = selective_scan(*inputs, use_triton=True)
+    want = selective_scan_reference(*[t.double() if t is not None else None for t in inputs])
+    for mine, theirs in zip(got, want):
+        assert _relative_error(mine, theirs) < 2e-5
+
+
+def test_forward_segments_only_for_long_sequences_of_few_rows() -> None:
+    """Segments where they were measured to pay (Bt 1 x T 32768 x Dm 1024), one segment where
+    they did not (T 8192, or many rows)."""
+    long_chunks, short_chunks = 32768 // scan_module._CHUNK_T, 8192 // scan_module._CHUNK_T
+    assert scan_module._forward_segment_chunks(1, 1024, long_chunks) == scan_module._FORWARD_SEGMENT_CHUNKS
+    assert scan_module._forward_segment_chunks(1, 1024, short_chunks) == short_chunks
+    assert scan_module._forward_segment_chunks(8, 1024, long_chunks) == long_chunks
+
+
 def test_forward_without_gradients_matches() -> None:
     """Under no_grad the forward saves no chunk starts; its outputs are the same bits."""
     inputs = _inputs(2, 27, 12, 3, 4, seed=3)
