@@ -370,8 +370,8 @@ def sweep_scan_segments(copy_gbs: float) -> None:
 
 
 def sweep_plif(copy_gbs: float) -> None:
-    """Times block and pipeline-depth variants of the PLIF scan, each checked against the reference first."""
-    plif_module = sys.modules["kernels.plif"]
+    """Times variants of the PLIF scan's backward, each checked against the reference first."""
+    plif_backward_module = sys.modules["kernels.plif_backward"]
     # A ragged shape (masked loops) and a whole one (unmasked: whole chunks and channel blocks).
     checks = []
     for batch, steps, channels in [(2, 203, 300), (2, 256, 256)]:
@@ -385,19 +385,20 @@ def sweep_plif(copy_gbs: float) -> None:
         return [spikes, v_pre, v_last, *torch.autograd.grad([spikes, v_pre], leaves, grads)]
 
     want_plif = [plif_outputs_and_grads(plif_scan_reference, *check) for check in checks]
-    # (channels a program forward, its steps an iteration, its stages; backward channels a program,
-    # steps a chunk, stages); the kernel's own at Bt 8 first, at Bt 1 second, each again later (the
-    # spread between repeats is the noise).
-    for block, unroll, stages, backward_block, backward_chunk, backward_stages in [
-        (64, 4, 8, 32, 8, 4), (32, 16, 4, 32, 8, 4), (64, 4, 8, 32, 8, 3), (32, 16, 6, 32, 8, 8),
-        (64, 4, 8, 32, 8, 4), (32, 16, 4, 32, 8, 4), (32, 8, 8, 32, 8, 6), (64, 4, 8, 64, 8, 4),
+    # The backward's (channels a program, steps a chunk, stages, chunks a segment: None for the
+    # kernel's choice, 0 for one segment); the forward as the kernel picks it. The kernel's own
+    # first and again later (the spread between repeats is the noise).
+    default_segments = plif_backward_module._backward_segment_chunks
+    for backward_block, backward_chunk, backward_stages, segment in [
+        (32, 8, 4, None), (32, 8, 4, 0), (32, 8, 4, 16), (32, 8, 4, 64), (32, 8, 4, None), (32, 8, 6, None),
+        (64, 8, 4, None),
     ]:
-        patch(plif_module, _channels_per_program=lambda _batch, _channels, block=block: block,
-              _forward_unroll_and_stages=lambda _batch, _channels, pair=(unroll, stages): pair,
-              _BACKWARD_CHANNELS=backward_block, _BACKWARD_CHUNK_T=backward_chunk,
-              _BACKWARD_STAGES=backward_stages)
-        config = (f"block {block} unroll {unroll} stages {stages}; backward block {backward_block} chunk"
-                  f" {backward_chunk} stages {backward_stages}")
+        patch(plif_backward_module, _BACKWARD_CHANNELS=backward_block, _BACKWARD_CHUNK_T=backward_chunk,
+              _BACKWARD_STAGES=backward_stages,
+              _backward_segment_chunks=default_segments if segment is None
+              else lambda _batch, _channels, steps, segment=segment, chunk=backward_chunk: segment or max(steps // chunk, 1))
+        config = (f"backward block {backward_block} chunk {backward_chunk} stages {backward_stages},"
+                  f" {'auto' if segment is None else segment or 'all'} chunks a segment")
         try:
             error = max(relative_error(a, b) for check, want in zip(checks, want_plif)
                         for a, b in zip(plif_outputs_and_grads(plif_scan, *check), want))

@@ -16,22 +16,7 @@ import triton
 import triton.language as tl
 
 from kernels._dispatch import compute_dtype, new_buffer, wants_triton
-
-_BACKWARD_CHUNK_T = 8
-"""Steps a backward chunk (see `_plif_backward_kernel`): 8 a thread's registers hold with room
-for the loads in flight; 16 spills (sm_90 SASS) and was slower, 4 slower (bench/RESULTS.md,
-session 5)."""
-
-_BACKWARD_CHANNELS = 32
-"""Channels a backward program: one warp, one channel a thread, the chunk's steps in its registers.
-Measured on the H200 (fwd + bwd, Bt 8 x T 4096 x D 2560): 32 and 64 channels about the same,
-128 (four a thread) 1.5x slower; Bt 1 x T 32768: 32 channels 1.3-1.5x faster than 64."""
-
-_BACKWARD_STAGES = 4
-"""Chunks whose loads are in flight in the backward (the pipeliner's stages): hiding the memory
-latency is the whole game for a chain of steps. Measured side by side (bench/RESULTS.md, session
-5): Bt 8 x T 4096, 3 and 4 stages alike (0.84-0.95 ms fwd + bwd, repeats included); Bt 1 x T
-32768, 4 stages 2.83-2.86 ms against 3.46-3.47 with 3 (6: 2.75)."""
+from kernels.plif_backward import plif_backward
 
 
 def _channels_per_program(batch: int, channels: int) -> int:
@@ -139,181 +124,6 @@ def _plif_forward_kernel(
     tl.store(v_last_ptr + batch * channels + channel, v, mask=channel_ok)
 
 
-@triton.jit
-def _backward_step(
-    t, offsets, channels, channel_ok, v_pre, grad_v, grad_beta_scaled, grad_threshold,
-    v_initial, beta, threshold, alpha,
-    v_pre_ptr, grad_spikes_ptr, grad_v_pre_ptr, grad_x_ptr,
-    HAS_GRAD_SPIKES: tl.constexpr, HAS_GRAD_V_PRE: tl.constexpr, MASKED: tl.constexpr,
-):
-    """One step t of the adjoint, given v_pre_t (carried from the step after) and dL/dv_t.
-    Returns v_pre_{t-1} (the next step's v_pre) and the updated sums."""
-    outer_spike = tl.zeros_like(grad_v)
-    outer_v_pre = tl.zeros_like(grad_v)
-    # At t = 0 the step before is v0: the load reads this step's own row (a valid address) and
-    # its value is not used, so no step needs a mask for it.
-    before = offsets - tl.where(t > 0, channels, 0)
-    if MASKED:
-        if HAS_GRAD_SPIKES:
-            outer_spike = tl.load(grad_spikes_ptr + offsets, mask=channel_ok, other=0.0).to(tl.float32)
-        if HAS_GRAD_V_PRE:
-            outer_v_pre = tl.load(grad_v_pre_ptr + offsets, mask=channel_ok, other=0.0).to(tl.float32)
-        v_pre_before = tl.load(v_pre_ptr + before, mask=channel_ok, other=0.0)
-    else:
-        if HAS_GRAD_SPIKES:
-            outer_spike = tl.load(grad_spikes_ptr + offsets).to(tl.float32)
-        if HAS_GRAD_V_PRE:
-            outer_v_pre = tl.load(grad_v_pre_ptr + offsets).to(tl.float32)
-        v_pre_before = tl.load(v_pre_ptr + before)
-    # The membrane before this step, rebuilt from the step before's v_pre (soft reset).
-    v_before = v_pre_before - threshold * (v_pre_before - threshold > 0).to(tl.float32)
-    v_before = tl.where(t > 0, v_before, v_initial)
-    above = v_pre - threshold
-    spike = (above > 0).to(tl.float32)
-    sig = tl.sigmoid(alpha * above)
-    surrogate = alpha * sig * (1.0 - sig)
-    # Everything that reaches s_t: its own output gradient and the reset in v_t.
-    grad_spike = outer_spike - threshold * grad_v
-    grad_v_pre = outer_v_pre + grad_v + grad_spike * surrogate
-    grad_threshold += -grad_v * spike - grad_spike * surrogate
-    # dv_pre/dbeta = v_before - x_t = (v_before - v_pre) / (1 - beta): x is not read at all (a
-    # fifth of the backward's traffic); the division happens once, after the loop.
-    grad_beta_scaled += grad_v_pre * (v_before - v_pre)
-    grad_x = grad_v_pre * (1.0 - beta)
-    if MASKED:
-        tl.store(grad_x_ptr + offsets, grad_x.to(grad_x_ptr.dtype.element_ty), mask=channel_ok)
-    else:
-        tl.store(grad_x_ptr + offsets, grad_x.to(grad_x_ptr.dtype.element_ty))
-    return v_pre_before, grad_v_pre * beta, grad_beta_scaled, grad_threshold
-
-
-@triton.jit
-def _adjoint_combine(later_decay, later_value, later_weight_a, later_sum_a, later_weight_b, later_sum_b,
-                     decay, value, weight_a, sum_a, weight_b, sum_b):
-    """The backward's scan, from a chunk's last step back. A run of steps [t..u] maps p_{u+1}
-    (dL/dv_pre of the step after it) to p_t = value + decay p_{u+1}, and to two sums over its steps s
-    of m_s p_{s+1} (weights m_s: one per sum) = weight p_{u+1} + sum. One step alone is
-    (beta (1 - v_th sg_t), e_t, m_t, 0, m'_t, 0); joined with the run after it in time (`later`):"""
-    return (decay * later_decay, value + decay * later_value,
-            later_weight_a + weight_a * later_decay, later_sum_a + sum_a + weight_a * later_value,
-            later_weight_b + weight_b * later_decay, later_sum_b + sum_b + weight_b * later_value)
-
-
-@triton.jit(do_not_specialize=["channels"])
-def _plif_backward_kernel(
-    beta_ptr, threshold_ptr, v0_ptr, v_pre_ptr,
-    grad_spikes_ptr, grad_v_pre_ptr, grad_v_last_ptr,
-    grad_x_ptr, grad_beta_ptr, grad_threshold_ptr, grad_v0_ptr,
-    seq_len, channels, alpha,
-    HAS_V0: tl.constexpr, HAS_GRAD_SPIKES: tl.constexpr, HAS_GRAD_V_PRE: tl.constexpr,
-    HAS_GRAD_V_LAST: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK_T: tl.constexpr,
-    STAGES: tl.constexpr, MASKED: tl.constexpr,
-):
-    """The adjoint from the last step back. Its recursion is linear in dL/dv_pre (v_pre is known),
-    p_t = e_t + beta (1 - v_th sg_t) p_{t+1} with e_t = dL/dv_pre_t + dL/ds_t sg_t (sg the
-    surrogate), so whole chunks of CHUNK_T steps go at once: (CHUNK_T, BLOCK_D) tiles, time in each
-    thread's registers, one scan a chunk (about 52 sm_90 instructions a step against 131 for the
-    one-step loop it replaced). The last seq_len % CHUNK_T steps go first, one at a time
-    (_backward_step).
-
-    `channels` is not specialised: told that it divides by 16, Triton vectorises 4 channels a
-    thread and spreads a chunk's steps over 4 lanes (shuffles in every scan step; and a take-last
-    reduction then returns the wrong step, butterfly order, which cost a debugging run)."""
-    batch = tl.program_id(0)
-    channel = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)  # (BLOCK_D,)
-    channel_ok = channel < channels
-    state_offsets = batch * channels + channel
-    beta = tl.load(beta_ptr + channel, mask=channel_ok, other=0.5).to(tl.float32)
-    threshold = tl.load(threshold_ptr + channel, mask=channel_ok, other=1.0).to(tl.float32)
-    if HAS_V0:
-        v_initial = tl.load(v0_ptr + state_offsets, mask=channel_ok, other=0.0).to(tl.float32)
-    else:
-        v_initial = tl.zeros([BLOCK_D], dtype=tl.float32)
-    # grad_v: dL/dv_t through everything after step t; starts at dL/dv_last.
-    if HAS_GRAD_V_LAST:
-        grad_v = tl.load(grad_v_last_ptr + state_offsets, mask=channel_ok, other=0.0).to(tl.float32)
-    else:
-        grad_v = tl.zeros([BLOCK_D], dtype=tl.float32)
-    grad_beta_scaled = tl.zeros([BLOCK_D], dtype=tl.float32)  # grad_beta x (1 - beta)
-    grad_threshold = tl.zeros([BLOCK_D], dtype=tl.float32)
-    base = batch.to(tl.int64) * seq_len * channels + channel
-    has_last = channel < tl.where(seq_len > 0, channels, 0)
-    v_pre = tl.load(v_pre_ptr + base + (seq_len - 1) * channels, mask=has_last, other=0.0)
-    whole = seq_len - seq_len % CHUNK_T
-    for back in tl.range(0, seq_len - whole):
-        t = seq_len - 1 - back
-        v_pre, grad_v, grad_beta_scaled, grad_threshold = _backward_step(
-            t, base + t * channels, channels, channel_ok, v_pre, grad_v, grad_beta_scaled,
-            grad_threshold, v_initial, beta, threshold, alpha,
-            v_pre_ptr, grad_spikes_ptr, grad_v_pre_ptr, grad_x_ptr,
-            HAS_GRAD_SPIKES, HAS_GRAD_V_PRE, MASKED,
-        )
-    # A chunk's rows run backwards in time (row 0 its last step), so the reverse-time recursion is
-    # a forward scan (Triton lowers reverse=True with a lane-reversing shuffle a value).
-    rows = tl.arange(0, CHUNK_T)
-    last_step = (rows == 0)[:, None]  # (CHUNK_T, 1)
-    first_step = (rows == CHUNK_T - 1)[:, None]
-    tile_ok = (rows >= 0)[:, None] & channel_ok[None, :]  # (CHUNK_T, BLOCK_D)
-    # A chunk's elements relative to its last step's: loop-invariant int32, so each chunk's
-    # addresses are one scalar added (not a 64-bit product an element).
-    tile = channel[None, :] - rows[:, None] * channels  # (CHUNK_T, BLOCK_D)
-    row_last = batch.to(tl.int64) * seq_len + whole - 1  # the first chunk's last step's row
-    p_after = tl.zeros([BLOCK_D], dtype=tl.float32)  # p at the step after the chunk (0: none)
-    for back in tl.range(0, whole, CHUNK_T, num_stages=STAGES):
-        shift = (row_last - back) * channels
-        zeros = tl.zeros([CHUNK_T, BLOCK_D], dtype=tl.float32)
-        outer_spike = zeros
-        outer_v_pre = zeros
-        if MASKED:
-            v_pres = tl.load(v_pre_ptr + shift + tile, mask=tile_ok, other=0.0)
-            if HAS_GRAD_SPIKES:
-                outer_spike = tl.load(grad_spikes_ptr + shift + tile, mask=tile_ok, other=0.0).to(tl.float32)
-            if HAS_GRAD_V_PRE:
-                outer_v_pre = tl.load(grad_v_pre_ptr + shift + tile, mask=tile_ok, other=0.0).to(tl.float32)
-        else:
-            v_pres = tl.load(v_pre_ptr + shift + tile)
-            if HAS_GRAD_SPIKES:
-                outer_spike = tl.load(grad_spikes_ptr + shift + tile).to(tl.float32)
-            if HAS_GRAD_V_PRE:
-                outer_v_pre = tl.load(grad_v_pre_ptr + shift + tile).to(tl.float32)
-        above = v_pres - threshold[None, :]
-        spike = (above > 0).to(tl.float32)
-        sig = tl.sigmoid(alpha * above)
-        surrogate = alpha * sig * (1.0 - sig)
-        # p_t = e_t + (1 - v_th sg_t) g_t with g_t = dL/dv_t = beta p_{t+1}; the chunk's last step
-        # takes the arriving grad_v as its g directly.
-        through = 1.0 - threshold[None, :] * surrogate
-        local = outer_v_pre + outer_spike * surrogate + tl.where(last_step, through * grad_v[None, :], 0.0)
-        # dL/dv_th = -sum_t (dL/ds_t sg_t + g_t w_t); dL/dbeta (1 - beta) = sum_t p_t (v_{t-1} - v_pre_t),
-        # and sum_t p_t v_{t-1} pairs each step's reset membrane v_s with p_{s+1}: both sums of
-        # weights times the next step's p, taken in the scan (no step-before load).
-        weight = spike - threshold[None, :] * surrogate
-        v_after = v_pres - threshold[None, :] * spike
-        _, grad_v_pres, _, threshold_sum, _, beta_sum = tl.associative_scan(
-            (beta[None, :] * through, local, tl.where(last_step, 0.0, beta[None, :] * weight), zeros,
-             tl.where(last_step, 0.0, v_after), zeros),
-            0, _adjoint_combine,
-        )
-        # Whole-chunk values sit in the first step's row; picked by a masked sum, which is right in
-        # any layout (a take-last reduction is not once time spans lanes: warps reduce by butterfly).
-        grad_threshold -= tl.sum(tl.where(first_step, threshold_sum, 0.0) + outer_spike * surrogate
-                                 + tl.where(last_step, weight * grad_v[None, :], 0.0), 0)
-        grad_beta_scaled += tl.sum(tl.where(first_step, beta_sum, 0.0) - grad_v_pres * v_pres
-                                   + tl.where(last_step, v_after * p_after[None, :], 0.0), 0)
-        grad_x = grad_v_pres * (1.0 - beta)[None, :]
-        if MASKED:
-            tl.store(grad_x_ptr + shift + tile, grad_x.to(grad_x_ptr.dtype.element_ty), mask=tile_ok)
-        else:
-            tl.store(grad_x_ptr + shift + tile, grad_x.to(grad_x_ptr.dtype.element_ty))
-        p_after = tl.sum(tl.where(first_step, grad_v_pres, 0.0), 0)
-        grad_v = beta * p_after
-    # The first step's p pairs with v0 (when the chunks reached it; a short T did it step by step).
-    grad_beta_scaled += tl.where(whole > 0, p_after * v_initial, 0.0)
-    tl.store(grad_v0_ptr + state_offsets, grad_v, mask=channel_ok)
-    tl.store(grad_beta_ptr + state_offsets, grad_beta_scaled / (1.0 - beta), mask=channel_ok)
-    tl.store(grad_threshold_ptr + state_offsets, grad_threshold, mask=channel_ok)
-
-
 class _PlifScan(torch.autograd.Function):
     """The Triton forward and surrogate backward, one pass over the sequence each."""
 
@@ -347,33 +157,12 @@ class _PlifScan(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_spikes, grad_v_pre, grad_v_last):
         beta, v_th, v0, v_pre_f32 = ctx.saved_tensors
-        batch, seq_len, channels = v_pre_f32.shape
-        device = v_pre_f32.device
-        grad_x = new_buffer(v_pre_f32.shape, ctx.x_dtype, device)
-        grad_v0 = new_buffer((batch, channels), torch.float32, device)
-        grad_beta = new_buffer((batch, channels), torch.float32, device)
-        grad_threshold = new_buffer((batch, channels), torch.float32, device)
-
-        def pointer(grad: torch.Tensor | None) -> torch.Tensor:
-            return grad.contiguous() if grad is not None else v_pre_f32
-
-        block = _BACKWARD_CHANNELS
-        grid = (batch, triton.cdiv(channels, block))
-        _plif_backward_kernel[grid](
-            beta.contiguous(), v_th.contiguous(), v0.contiguous() if v0 is not None else v_pre_f32, v_pre_f32,
-            pointer(grad_spikes), pointer(grad_v_pre), pointer(grad_v_last),
-            grad_x, grad_beta, grad_threshold, grad_v0,
-            seq_len, channels, float(ctx.alpha),
-            HAS_V0=v0 is not None, HAS_GRAD_SPIKES=grad_spikes is not None,
-            HAS_GRAD_V_PRE=grad_v_pre is not None, HAS_GRAD_V_LAST=grad_v_last is not None,
-            BLOCK_D=block, CHUNK_T=_BACKWARD_CHUNK_T, STAGES=_BACKWARD_STAGES,
-            MASKED=channels % block != 0, num_warps=1,
-        )
-        # Per-row partials summed here in a fixed order (no atomics: deterministic).
+        grad_x, grad_beta, grad_threshold, grad_v0 = plif_backward(
+            beta, v_th, v0, v_pre_f32, grad_spikes, grad_v_pre, grad_v_last, ctx.alpha, ctx.x_dtype)
         return (
             grad_x,
-            grad_beta.sum(0).to(beta.dtype),
-            grad_threshold.sum(0).to(v_th.dtype),
+            grad_beta.to(beta.dtype),
+            grad_threshold.to(v_th.dtype),
             grad_v0.to(v0.dtype) if v0 is not None else None,
             None,
         )

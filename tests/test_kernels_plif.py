@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from kernels import plif
+from kernels import plif, plif_backward
 from kernels._dispatch import poison
 from kernels.plif import plif_scan, plif_scan_reference, spike_with_surrogate
 
@@ -142,8 +142,32 @@ def test_backward_chunks_match_reference(
     """The backward's chunked scan at every chunk length: T shorter than a chunk (all steps one at
     a time), ragged (the last T % chunk steps one at a time, then whole chunks), whole; 37
     channels take the masked loads, 64 whole blocks the unmasked ones."""
-    monkeypatch.setattr(plif, "_BACKWARD_CHUNK_T", chunk)
+    monkeypatch.setattr(plif_backward, "_BACKWARD_CHUNK_T", chunk)
     _check_kernel_against_reference(2, steps, channels)
+
+
+@pytest.mark.parametrize("segment_chunks", [1, 2, 3])
+@pytest.mark.parametrize(("steps", "channels"), [(48, 37), (48, 64), (37, 37)])
+def test_backward_segments_match_reference(
+    monkeypatch: pytest.MonkeyPatch, segment_chunks: int, steps: int, channels: int
+) -> None:
+    """The backward split along time (flow pass, carries, every segment at once): 48 steps are 6
+    chunks, so 6 segments of one chunk, 3 of two or 2 of three; 37 steps are not whole chunks, so
+    one segment (the step-by-step tail must not be split). 37 channels masked, 64 not."""
+    monkeypatch.setattr(plif_backward, "_backward_segment_chunks", lambda batch, channels, steps: segment_chunks)
+    _check_kernel_against_reference(2, steps, channels)
+    x, beta, th, _ = _inputs(2, steps, channels, seed=9)
+    leaves = [t.clone().requires_grad_() for t in (x, beta, th)]
+    plif_scan(*leaves, use_triton=True)[0].sum().backward()  # no v0, no v_pre or v_last gradient
+    reference_leaves = [t.clone().requires_grad_() for t in (x, beta, th)]
+    plif_scan_reference(*reference_leaves)[0].sum().backward()
+    for got, want in zip(leaves, reference_leaves):
+        assert _relative_error(got.grad, want.grad) < 1e-5
+
+
+def test_backward_segments_only_for_few_rows() -> None:
+    assert plif_backward._backward_segment_chunks(1, 2560, 32768) == plif_backward._SEGMENT_CHUNKS
+    assert plif_backward._backward_segment_chunks(8, 2560, 4096) == 4096 // plif_backward._BACKWARD_CHUNK_T
 
 
 def test_leak_near_one_keeps_the_beta_gradient() -> None:
