@@ -27,7 +27,8 @@ session 5)."""
 _BACKWARD_CHANNELS = 32
 """Channels a backward program: one warp, one channel a thread, the chunk's steps in its registers.
 Measured on the H200 (fwd + bwd, Bt 8 x T 4096 x D 2560): 32 and 64 channels about the same,
-128 (four a thread) 1.5x slower; Bt 1 x T 32768: 32 channels 1.3-1.5x faster than 64."""
+128 (four a thread) 1.5x slower; Bt 1 x T 32768 in one segment: 32 channels 1.3-1.5x faster than
+64 (with segments, `_SEGMENTED_CHANNELS`)."""
 
 _BACKWARD_STAGES = 4
 """Chunks whose loads are in flight in the backward (the pipeliner's stages): hiding the memory
