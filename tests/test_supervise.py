@@ -195,9 +195,12 @@ class Rig:
         return self.process
 
     def finish(self, timeout: float = 60) -> int:
+        """The supervisor's exit code; its output is printed (pytest shows it when a test fails)."""
         assert self.process is not None
         try:
-            return self.process.wait(timeout=timeout)
+            code = self.process.wait(timeout=timeout)
+            print(self.process.stdout.read())
+            return code
         finally:
             if self.process.poll() is None:
                 self.process.kill()
@@ -377,19 +380,28 @@ def wait_until(predicate, timeout: float = 30) -> None:
         time.sleep(0.05)
 
 
+def set_gpu_pids(path: Path, pids: list[int]) -> None:
+    """What the stand-in NVML reports, replaced at once: the supervisor polls the file every 50 ms,
+    and a write in place can be read half done (empty: the rig's snapshot then raises, as NVML never
+    does)."""
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps(pids))
+    os.replace(partial, path)
+
+
 def test_crashes_beside_other_gpu_processes_are_not_failures(
     rig: Rig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     rig.set_device("cuda")
     gpu_pids = rig.root / "gpu-pids.json"
-    gpu_pids.write_text("[4242]")  # another job on the GPU
+    set_gpu_pids(gpu_pids, [4242])  # another job on the GPU
     monkeypatch.setenv("FAKE_GPU_PIDS", str(gpu_pids))
     rig.start(["crash", "crash", "crash", "finish"], max_failures=2)
     run_log = rig.line / "run.log"
     wait_until(lambda: run_log.exists() and "waiting for GPU 0 to be free" in run_log.read_text())
     assert rig.launches() == ["crash", "crash", "crash"]  # not 2 failures: 3 crashes beside another job
     assert rig.state()["failures_in_a_row"] == 0 and rig.state()["state"] == "waiting-gpu"
-    gpu_pids.write_text("[]")  # the other job left
+    set_gpu_pids(gpu_pids, [])  # the other job left
     assert rig.finish() == 0
     assert rig.launches() == ["crash", "crash", "crash", "finish"]
     assert "not counted as a failure" in (rig.line / "run.log").read_text()
@@ -400,12 +412,12 @@ def test_a_trainer_that_leaves_the_gpu_to_others_is_relaunched_once_it_is_free(
 ) -> None:
     rig.set_device("cuda")
     gpu_pids = rig.root / "gpu-pids.json"
-    gpu_pids.write_text("[4242]")
+    set_gpu_pids(gpu_pids, [4242])
     monkeypatch.setenv("FAKE_GPU_PIDS", str(gpu_pids))
     rig.start(["gpu-busy", "finish"], watchdog_seconds=0.5)
     assert [event["event"] for event in rig.notified("gpu_wait")] == ["gpu_wait"]
     assert rig.launches() == ["gpu-busy"]
-    gpu_pids.write_text("[]")
+    set_gpu_pids(gpu_pids, [])
     assert rig.finish() == 0
     assert rig.launches() == ["gpu-busy", "finish"] and rig.state()["failures_in_a_row"] == 0
 
@@ -418,17 +430,17 @@ def test_a_trainer_that_trained_then_left_is_relaunched_beside_others_that_fit_t
     document["guards"]["share_reserve_gb"] = 1.5  # the fake NVML gives each other process 1 GiB
     (rig.line / "run.json").write_text(json.dumps(document))
     gpu_pids = rig.root / "gpu-pids.json"
-    gpu_pids.write_text("[4242]")
+    set_gpu_pids(gpu_pids, [4242])
     monkeypatch.setenv("FAKE_GPU_PIDS", str(gpu_pids))
     # Trained on and left: relaunched at once beside the one that fits. Left at once: it waits.
     rig.start(["progress-gpu-busy", "gpu-busy", "finish"], watchdog_seconds=0.5)
     run_log = rig.line / "run.log"
     wait_until(lambda: run_log.exists() and "waiting for GPU 0 to be free" in run_log.read_text())
     assert rig.launches() == ["progress-gpu-busy", "gpu-busy"]
-    gpu_pids.write_text("[4242, 4343]")  # 2 GiB: past the reserve, so nothing changes
+    set_gpu_pids(gpu_pids, [4242, 4343])  # 2 GiB: past the reserve, so nothing changes
     time.sleep(0.5)
     assert rig.launches() == ["progress-gpu-busy", "gpu-busy"]
-    gpu_pids.write_text("[]")
+    set_gpu_pids(gpu_pids, [])
     assert rig.finish() == 0
     assert rig.launches() == ["progress-gpu-busy", "gpu-busy", "finish"]
 
