@@ -170,16 +170,6 @@ def test_backward_segments_only_for_few_rows() -> None:
     assert plif_backward._backward_segment_chunks(8, 2560, 4096) == 4096 // plif_backward._BACKWARD_CHUNK_T
 
 
-def test_backward_kernels_leave_channels_unspecialised() -> None:
-    """A guard the interpreter cannot give: specialised on a channel count divisible by 16, Triton
-    spreads a chunk's steps over lanes and the kernels' chunk layout (steps in registers) is lost;
-    that layout is what the H200 figures are of (plif_backward's docstrings)."""
-    for kernel in (plif_backward._plif_backward_kernel, plif_backward._segment_flow_kernel):
-        # A JITFunction keeps the option as an attribute; the interpreter's stand-in in its kwargs.
-        options = getattr(kernel, "do_not_specialize", None) or kernel.kwargs.get("do_not_specialize", [])
-        assert "channels" in options
-
-
 def test_leak_near_one_keeps_the_beta_gradient() -> None:
     """dL/dbeta is summed as p (v_before - v_pre) / (1 - beta), without reading x: at the models'
     largest leak (beta_max 0.99) the division must not cost the gradient its precision against

@@ -1,0 +1,54 @@
+"""bench/sass_report.py compiles kernels for the H200's sm_90 on this CPU machine: the kernels' tiles
+are checked here as the GPU will run them (the interpreter the other kernel tests use has no
+layouts, no registers and no shuffles)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TOOLS = Path(__import__("triton").__file__).parent / "backends" / "nvidia" / "bin"
+
+pytestmark = pytest.mark.skipif(not (TOOLS / "cuobjdump").exists(), reason="Triton without its bundled CUDA tools")
+
+
+def _report(kernel: str, warps: int, floats: list[str], constants: dict[str, object]) -> str:
+    environment = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    command = [sys.executable, str(ROOT / "bench" / "sass_report.py"), kernel, "--warps", str(warps),
+               "--floats", *floats, "--const", *(f"{name}={value}" for name, value in constants.items())]
+    done = subprocess.run(command, capture_output=True, text=True, env=environment, cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def _largest_loop(report: str) -> str:
+    return max((line for line in report.splitlines() if line.strip().startswith("loop ")),
+               key=lambda line: int(re.search(r": (\d+) instructions", line).group(1)))
+
+
+def test_plif_backward_keeps_a_chunks_steps_in_registers() -> None:
+    """The chunk loop as shipped (whole blocks: what a width divisible by 16 compiles to): no
+    shuffle, no spill, every tile one channel a lane (bench/RESULTS.md, session 5: specialised on
+    such widths, Triton spread the steps over lanes and a reduction picked the wrong step)."""
+    report = _report("kernels.plif_backward:_plif_backward_kernel", 1, ["alpha"], dict(
+        HAS_V0=True, HAS_GRAD_SPIKES=True, HAS_GRAD_V_PRE=True, HAS_GRAD_V_LAST=True, HAS_CARRY=True,
+        BLOCK_D=32, CHUNK_T=8, STAGES=4, MASKED=False))
+    assert "stack 0 B" in report
+    assert "SHFL" not in _largest_loop(report)
+    two_d = [line for line in report.splitlines() if "layout" in line and "sizePerThread = [1, 1]" in line]
+    assert two_d and all("threadsPerWarp = [1, 32]" in line for line in two_d)
+
+
+def test_selective_scan_backward_does_not_spill() -> None:
+    """N 16 at 8-step chunks fits the registers (bench/RESULTS.md: N 32 would spill)."""
+    report = _report("kernels.selective_scan_backward:_selective_scan_backward_kernel", 1, ["log2_e"], dict(
+        channels=1024, groups=1, state_size=16, HAS_D=True, HAS_CARRY=False, EVEN=True, BLOCK_D=8, N_PAD=16,
+        CHUNK_T=8, STAGES=3))
+    assert "stack 0 B" in report
+    assert "MUFU" in _largest_loop(report)  # the chunk loop found: its exponentials
