@@ -372,9 +372,10 @@ def sweep_scan_segments(copy_gbs: float) -> None:
 def sweep_plif(copy_gbs: float) -> None:
     """Times variants of the PLIF scan's backward, each checked against the reference first."""
     plif_backward_module = sys.modules["kernels.plif_backward"]
-    # A ragged shape (masked loops) and a whole one (unmasked: whole chunks and channel blocks).
+    # A ragged shape (masked loops), a whole one (unmasked: whole chunks and channel blocks) and one
+    # in two time segments by the kernel's own choice (few rows, T two segments).
     checks = []
-    for batch, steps, channels in [(2, 203, 300), (2, 256, 256)]:
+    for batch, steps, channels in [(2, 203, 300), (2, 256, 256), (1, 512, 256)]:
         inputs = [torch.randn(batch, steps, channels, device="cuda"), torch.rand(channels, device="cuda") * 0.8 + 0.1,
                   torch.rand(channels, device="cuda") + 0.5]
         checks.append((inputs, [torch.randn(batch, steps, channels, device="cuda") for _ in range(2)]))
