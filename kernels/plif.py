@@ -125,7 +125,8 @@ def _plif_forward_kernel(
 
 
 class _PlifScan(torch.autograd.Function):
-    """The Triton forward and surrogate backward, one pass over the sequence each."""
+    """The Triton forward (one pass over the sequence) and surrogate backward (kernels/plif_backward.py:
+    one pass, or for few rows two over time segments and a short one between)."""
 
     @staticmethod
     def forward(ctx, x, beta, v_th, v0, alpha):
