@@ -60,6 +60,40 @@ def state_tile(group, block, per_group, channels: tl.constexpr, state_size: tl.c
 
 
 @triton.jit
+def program_tile(channels: tl.constexpr, groups: tl.constexpr, state_size: tl.constexpr,
+                 BLOCK_D: tl.constexpr, N_PAD: tl.constexpr):
+    """The tile of the program at (batch row, group x blocks + block, segment) in the scans' grids:
+    its group and block, then `state_tile`'s values for them."""
+    per_group: tl.constexpr = channels // groups
+    blocks: tl.constexpr = (per_group + BLOCK_D - 1) // BLOCK_D
+    group = tl.program_id(1) // blocks
+    block = tl.program_id(1) % blocks
+    within, channel, channel_ok, n, n_ok, state_mask, state_offsets = state_tile(
+        group, block, per_group, channels, state_size, BLOCK_D, N_PAD)
+    return group, block, within, channel, channel_ok, n, n_ok, state_mask, state_offsets
+
+
+@triton.jit
+def chunk_addresses(chunk, first_row, seq_len, channel, channel_ok, group, n, n_ok,
+                    channels: tl.constexpr, groups: tl.constexpr, state_size: tl.constexpr, CHUNK_T: tl.constexpr):
+    """A chunk's offsets into the (Bt, T, Dm) buffers (CHUNK_T, BLOCK_D) and into B and C
+    (CHUNK_T, N_PAD), each with its mask for rows past the end of T."""
+    times = chunk * CHUNK_T + tl.arange(0, CHUNK_T)  # (CHUNK_T,)
+    row = first_row + times
+    offsets = row[:, None] * channels + channel[None, :]
+    bc = (row[:, None] * groups + group) * state_size + n[None, :]
+    mask = (times < seq_len)[:, None] & channel_ok[None, :]
+    bc_mask = (times < seq_len)[:, None] & n_ok[None, :]
+    return offsets, bc, mask, bc_mask
+
+
+@triton.jit
+def chunk_start_mask(chunk, chunks, within, n_ok, per_group):
+    """The state tile's mask for a chunk's saved start state: nothing for a chunk past the last."""
+    return n_ok[:, None] & (within < tl.where(chunk < chunks, per_group, 0))[None, :]
+
+
+@triton.jit
 def chunk_states(decay, drive, h_start, CHUNK_T: tl.constexpr):
     """The chunk's states h_t (CHUNK_T, N_PAD, BLOCK_D) from its start h_start (N_PAD, BLOCK_D):
     the start enters through the first row's drive, so the scan's decay products are unused and

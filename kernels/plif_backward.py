@@ -167,6 +167,21 @@ def _chunk_loads(v_pre_ptr, grad_spikes_ptr, grad_v_pre_ptr, at, tile_ok,
 
 
 @triton.jit
+def _chunk_frame(batch, segment, channel, channel_ok, channels, seq_len, segment_steps, CHUNK_T: tl.constexpr):
+    """What a segment's chunk loop is laid out by (rows backwards in time, row 0 a chunk's last
+    step): the last and first steps' rows (CHUNK_T, 1), the tile's mask and its elements' offsets
+    relative to its last step (CHUNK_T, BLOCK_D; loop-invariant int32, so each chunk's addresses are
+    one scalar added, not a 64-bit product an element), and the segment's last step's row."""
+    rows = tl.arange(0, CHUNK_T)
+    last_step = (rows == 0)[:, None]
+    first_step = (rows == CHUNK_T - 1)[:, None]
+    tile_ok = (rows >= 0)[:, None] & channel_ok[None, :]
+    tile = channel[None, :] - rows[:, None] * channels
+    row_last = batch.to(tl.int64) * seq_len + (segment + 1) * segment_steps - 1
+    return last_step, first_step, tile_ok, tile, row_last
+
+
+@triton.jit
 def _first_step(tile, first_step):
     """The first step's row of a chunk tile (a masked sum: right in any layout, where a take-last
     reduction is not once steps span lanes, since warps reduce by butterfly)."""
@@ -230,14 +245,8 @@ def _plif_backward_kernel(
         )
     # A chunk's rows run backwards in time (row 0 its last step), so the reverse-time recursion is
     # a forward scan (Triton lowers reverse=True with a lane-reversing shuffle a value).
-    rows = tl.arange(0, CHUNK_T)
-    last_step = (rows == 0)[:, None]  # (CHUNK_T, 1)
-    first_step = (rows == CHUNK_T - 1)[:, None]
-    tile_ok = (rows >= 0)[:, None] & channel_ok[None, :]  # (CHUNK_T, BLOCK_D)
-    # A chunk's elements relative to its last step's: loop-invariant int32, so each chunk's
-    # addresses are one scalar added (not a 64-bit product an element).
-    tile = channel[None, :] - rows[:, None] * channels  # (CHUNK_T, BLOCK_D)
-    row_last = batch.to(tl.int64) * seq_len + (segment + 1) * segment_steps - 1  # the segment's last step
+    last_step, first_step, tile_ok, tile, row_last = _chunk_frame(
+        batch, segment, channel, channel_ok, channels, seq_len, segment_steps, CHUNK_T)
     for back in tl.range(0, segment_steps, CHUNK_T, num_stages=STAGES):
         shift = (row_last - back) * channels
         v_pres, outer_spike, outer_v_pre = _chunk_loads(
@@ -276,12 +285,8 @@ def _segment_flow_kernel(
     channel_ok = channel < channels
     beta = tl.load(beta_ptr + channel, mask=channel_ok, other=0.5).to(tl.float32)
     threshold = tl.load(threshold_ptr + channel, mask=channel_ok, other=1.0).to(tl.float32)
-    rows = tl.arange(0, CHUNK_T)
-    last_step = (rows == 0)[:, None]
-    first_step = (rows == CHUNK_T - 1)[:, None]
-    tile_ok = (rows >= 0)[:, None] & channel_ok[None, :]
-    tile = channel[None, :] - rows[:, None] * channels
-    row_last = batch.to(tl.int64) * seq_len + (segment + 1) * segment_steps - 1
+    last_step, first_step, tile_ok, tile, row_last = _chunk_frame(
+        batch, segment, channel, channel_ok, channels, seq_len, segment_steps, CHUNK_T)
     # What arrives at the current chunk's end = offset + gain x what arrives at the segment's end.
     offset = tl.zeros([BLOCK_D], dtype=tl.float32)
     gain = tl.full([BLOCK_D], 1.0, tl.float32)

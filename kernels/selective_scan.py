@@ -29,7 +29,16 @@ import triton
 import triton.language as tl
 
 from kernels._dispatch import compute_dtype, new_buffer, wants_triton
-from kernels._scan_tiles import LOG2_E, chunk_states, is_even, segment_carries_kernel, state_tile, take_last
+from kernels._scan_tiles import (
+    LOG2_E,
+    chunk_addresses,
+    chunk_start_mask,
+    chunk_states,
+    is_even,
+    program_tile,
+    segment_carries_kernel,
+    take_last,
+)
 from kernels.selective_scan_backward import scan_backward
 
 _CHUNK_T = 8
@@ -128,13 +137,10 @@ def _selective_scan_forward_kernel(
     channels, from the state entering it (h_start, (Bt, segments, N, Dm); zero without HAS_START)
     to the state leaving it (h_end, the same shape). FLOW: the pass that chains segments; it writes
     no y, only the segment's end state from a zero start and its decays' product (gain)."""
-    per_group: tl.constexpr = channels // groups
-    blocks: tl.constexpr = (per_group + BLOCK_D - 1) // BLOCK_D
     batch = tl.program_id(0)
-    group = tl.program_id(1) // blocks
     segment = tl.program_id(2)
-    within, channel, channel_ok, n, n_ok, state_mask, state_offsets = state_tile(
-        group, tl.program_id(1) % blocks, per_group, channels, state_size, BLOCK_D, N_PAD)
+    group, block, within, channel, channel_ok, n, n_ok, state_mask, state_offsets = program_tile(
+        channels, groups, state_size, BLOCK_D, N_PAD)
     # exp(delta A) as exp2(delta A log2 e): the multiply folded into A once.
     A2 = tl.load(A_T_ptr + state_offsets, mask=state_mask, other=0.0).to(tl.float32) * log2_e
     segment_state = (batch.to(tl.int64) * segments + segment) * channels * state_size + state_offsets
@@ -145,7 +151,6 @@ def _selective_scan_forward_kernel(
     if HAS_D:
         D_vec = tl.load(D_ptr + channel, mask=channel_ok, other=0.0).to(tl.float32)
     total_delta = tl.zeros([BLOCK_D], dtype=tl.float32)
-    rows = tl.arange(0, CHUNK_T)
     first_row = batch.to(tl.int64) * seq_len
     chunk_base = chunk_start_ptr + batch.to(tl.int64) * chunks * channels * state_size + state_offsets
     for local in tl.range(0, segment_chunks, num_stages=STAGES):
@@ -154,14 +159,10 @@ def _selective_scan_forward_kernel(
             if EVEN:
                 tl.store(chunk_base + chunk * channels * state_size, h)
             else:
-                saved = n_ok[:, None] & (within < tl.where(chunk < chunks, per_group, 0))[None, :]
+                saved = chunk_start_mask(chunk, chunks, within, n_ok, channels // groups)
                 tl.store(chunk_base + chunk * channels * state_size, h, mask=saved)
-        times = chunk * CHUNK_T + rows  # (CHUNK_T,)
-        row = first_row + times
-        offsets = row[:, None] * channels + channel[None, :]  # (CHUNK_T, BLOCK_D)
-        bc = (row[:, None] * groups + group) * state_size + n[None, :]  # (CHUNK_T, N_PAD)
-        mask = (times < seq_len)[:, None] & channel_ok[None, :]
-        bc_mask = (times < seq_len)[:, None] & n_ok[None, :]
+        offsets, bc, mask, bc_mask = chunk_addresses(
+            chunk, first_row, seq_len, channel, channel_ok, group, n, n_ok, channels, groups, state_size, CHUNK_T)
         if EVEN:  # no ragged edge anywhere: no masks in the loop
             xs = tl.load(x_ptr + offsets).to(tl.float32)
             deltas = tl.load(delta_ptr + offsets).to(tl.float32)

@@ -12,11 +12,13 @@ import triton.language as tl
 from kernels._dispatch import new_buffer
 from kernels._scan_tiles import (
     LOG2_E,
+    chunk_addresses,
     chunk_adjoint,
+    chunk_start_mask,
     chunk_states,
     is_even,
+    program_tile,
     segment_carries_kernel,
-    state_tile,
 )
 
 _BACKWARD_BLOCK_D = 8
@@ -52,33 +54,26 @@ def _segment_flow_kernel(
     """For one segment: flow = decay_a g_a at its first row a with nothing arriving at its end (what
     it sends to the segment before), and gain = the product of its decays (how what arrives at its
     end reaches the segment before: exp(A * the sum of its deltas))."""
-    per_group: tl.constexpr = channels // groups
-    blocks: tl.constexpr = (per_group + BLOCK_D - 1) // BLOCK_D
     batch = tl.program_id(0)
-    group = tl.program_id(1) // blocks
     segment = tl.program_id(2)
-    within, channel, channel_ok, n, n_ok, state_mask, state_offsets = state_tile(
-        group, tl.program_id(1) % blocks, per_group, channels, state_size, BLOCK_D, N_PAD)
+    group, block, within, channel, channel_ok, n, n_ok, state_mask, state_offsets = program_tile(
+        channels, groups, state_size, BLOCK_D, N_PAD)
     A2 = tl.load(A_T_ptr + state_offsets, mask=state_mask, other=0.0).to(tl.float32) * log2_e
-    rows = tl.arange(0, CHUNK_T)
     first_row = batch.to(tl.int64) * seq_len
     flow = tl.zeros([N_PAD, BLOCK_D], dtype=tl.float32)
     total_delta = tl.zeros([BLOCK_D], dtype=tl.float32)
     for back in tl.range(0, segment_chunks, num_stages=STAGES):
         chunk = (segment + 1) * segment_chunks - 1 - back
-        times = chunk * CHUNK_T + rows  # (CHUNK_T,)
-        row = first_row + times
-        offsets = row[:, None] * channels + channel[None, :]  # (CHUNK_T, BLOCK_D)
-        bc = (row[:, None] * groups + group) * state_size + n[None, :]  # (CHUNK_T, N_PAD)
+        offsets, bc, mask, bc_mask = chunk_addresses(
+            chunk, first_row, seq_len, channel, channel_ok, group, n, n_ok, channels, groups, state_size, CHUNK_T)
         if EVEN:
             deltas = tl.load(delta_ptr + offsets).to(tl.float32)
             grad_ys = tl.load(grad_y_ptr + offsets).to(tl.float32)
             Cs = tl.load(C_ptr + bc).to(tl.float32)
         else:  # rows past the end (or chunks past the last) add nothing and pass the flow on
-            mask = (times < seq_len)[:, None] & channel_ok[None, :]
             deltas = tl.load(delta_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
             grad_ys = tl.load(grad_y_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-            Cs = tl.load(C_ptr + bc, mask=(times < seq_len)[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
+            Cs = tl.load(C_ptr + bc, mask=bc_mask, other=0.0).to(tl.float32)
         decay = tl.exp2(deltas[:, None, :] * A2[None, :, :])  # (CHUNK_T, N_PAD, BLOCK_D)
         _, flow = chunk_adjoint(decay, Cs[:, :, None] * grad_ys[:, None, :], flow, CHUNK_T)
         total_delta += tl.sum(deltas, axis=0)
@@ -99,14 +94,10 @@ def _selective_scan_backward_kernel(
     chunk's states recomputed from its saved start (a scan), the adjoint g_t = dL/dh_t = C_t gy_t +
     decay_{t+1} g_{t+1} by a reverse scan, then every gradient from the two. What flows out of the
     segment's first row goes to flow_out (for the first segment: dL/dh0)."""
-    per_group: tl.constexpr = channels // groups
-    blocks: tl.constexpr = (per_group + BLOCK_D - 1) // BLOCK_D
     batch = tl.program_id(0)
-    group = tl.program_id(1) // blocks
-    block = tl.program_id(1) % blocks
     segment = tl.program_id(2)
-    within, channel, channel_ok, n, n_ok, state_mask, state_offsets = state_tile(
-        group, block, per_group, channels, state_size, BLOCK_D, N_PAD)
+    group, block, within, channel, channel_ok, n, n_ok, state_mask, state_offsets = program_tile(
+        channels, groups, state_size, BLOCK_D, N_PAD)
     A = tl.load(A_T_ptr + state_offsets, mask=state_mask, other=0.0).to(tl.float32)
     A2 = A * log2_e
     segment_state = (batch.to(tl.int64) * segments + segment) * channels * state_size + state_offsets
@@ -119,7 +110,6 @@ def _selective_scan_backward_kernel(
         D_vec = tl.load(D_ptr + channel, mask=channel_ok, other=0.0).to(tl.float32)
     grad_A = tl.zeros([N_PAD, BLOCK_D], dtype=tl.float32)
     grad_D = tl.zeros([BLOCK_D], dtype=tl.float32)
-    rows = tl.arange(0, CHUNK_T)
     first_row = batch.to(tl.int64) * seq_len
     chunk_base = chunk_start_ptr + batch.to(tl.int64) * chunks * channels * state_size + state_offsets
     partials = block.to(tl.int64) * batches * seq_len * groups * state_size
@@ -128,14 +118,10 @@ def _selective_scan_backward_kernel(
         if EVEN:
             h_start = tl.load(chunk_base + chunk * channels * state_size)
         else:  # a chunk past the last one: every row masked, the carry passes through
-            chunk_mask = n_ok[:, None] & (within < tl.where(chunk < chunks, per_group, 0))[None, :]
+            chunk_mask = chunk_start_mask(chunk, chunks, within, n_ok, channels // groups)
             h_start = tl.load(chunk_base + chunk * channels * state_size, mask=chunk_mask, other=0.0)
-        times = chunk * CHUNK_T + rows  # (CHUNK_T,)
-        row = first_row + times
-        offsets = row[:, None] * channels + channel[None, :]  # (CHUNK_T, BLOCK_D)
-        bc = (row[:, None] * groups + group) * state_size + n[None, :]  # (CHUNK_T, N_PAD)
-        mask = (times < seq_len)[:, None] & channel_ok[None, :]
-        bc_mask = (times < seq_len)[:, None] & n_ok[None, :]
+        offsets, bc, mask, bc_mask = chunk_addresses(
+            chunk, first_row, seq_len, channel, channel_ok, group, n, n_ok, channels, groups, state_size, CHUNK_T)
         if EVEN:
             xs = tl.load(x_ptr + offsets).to(tl.float32)
             deltas = tl.load(delta_ptr + offsets).to(tl.float32)
