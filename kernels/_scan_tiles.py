@@ -88,6 +88,25 @@ def chunk_addresses(chunk, first_row, seq_len, channel, channel_ok, group, n, n_
 
 
 @triton.jit
+def load_f32(pointers, mask, EVEN: tl.constexpr):
+    """fp32 values at `pointers`; masked (0 where off) unless nothing is ragged anywhere (EVEN)."""
+    if EVEN:
+        values = tl.load(pointers)
+    else:
+        values = tl.load(pointers, mask=mask, other=0.0)
+    return values.to(tl.float32)
+
+
+@triton.jit
+def store_masked(pointers, values, mask, EVEN: tl.constexpr):
+    """Stores `values` at `pointers` in their element type; masked unless nothing is ragged (EVEN)."""
+    if EVEN:
+        tl.store(pointers, values.to(pointers.dtype.element_ty))
+    else:
+        tl.store(pointers, values.to(pointers.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def chunk_start_mask(chunk, chunks, within, n_ok, per_group):
     """The state tile's mask for a chunk's saved start state: nothing for a chunk past the last."""
     return n_ok[:, None] & (within < tl.where(chunk < chunks, per_group, 0))[None, :]

@@ -35,8 +35,10 @@ from kernels._scan_tiles import (
     chunk_start_mask,
     chunk_states,
     is_even,
+    load_f32,
     program_tile,
     segment_carries_kernel,
+    store_masked,
     take_last,
 )
 from kernels.selective_scan_backward import scan_backward
@@ -163,31 +165,20 @@ def _selective_scan_forward_kernel(
                 tl.store(chunk_base + chunk * channels * state_size, h, mask=saved)
         offsets, bc, mask, bc_mask = chunk_addresses(
             chunk, first_row, seq_len, channel, channel_ok, group, n, n_ok, channels, groups, state_size, CHUNK_T)
-        if EVEN:  # no ragged edge anywhere: no masks in the loop
-            xs = tl.load(x_ptr + offsets).to(tl.float32)
-            deltas = tl.load(delta_ptr + offsets).to(tl.float32)
-            Bs = tl.load(B_ptr + bc).to(tl.float32)
-        else:
-            xs = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-            deltas = tl.load(delta_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-            Bs = tl.load(B_ptr + bc, mask=bc_mask, other=0.0).to(tl.float32)
+        xs = load_f32(x_ptr + offsets, mask, EVEN)  # EVEN: no ragged edge anywhere, no masks
+        deltas = load_f32(delta_ptr + offsets, mask, EVEN)
+        Bs = load_f32(B_ptr + bc, bc_mask, EVEN)
         # Rows past the end have delta 0: decay 1 and drive 0 keep the last real state.
         decay = tl.exp2(deltas[:, None, :] * A2[None, :, :])  # (CHUNK_T, N_PAD, BLOCK_D)
         states = chunk_states(decay, Bs[:, :, None] * (deltas * xs)[:, None, :], h, CHUNK_T)
         if FLOW:
             total_delta += tl.sum(deltas, axis=0)
         else:
-            if EVEN:
-                Cs = tl.load(C_ptr + bc).to(tl.float32)
-            else:
-                Cs = tl.load(C_ptr + bc, mask=bc_mask, other=0.0).to(tl.float32)
+            Cs = load_f32(C_ptr + bc, bc_mask, EVEN)
             ys = tl.sum(states * Cs[:, :, None], axis=1)  # (CHUNK_T, BLOCK_D)
             if HAS_D:
                 ys += D_vec[None, :] * xs
-            if EVEN:
-                tl.store(y_ptr + offsets, ys.to(y_ptr.dtype.element_ty))
-            else:
-                tl.store(y_ptr + offsets, ys.to(y_ptr.dtype.element_ty), mask=mask)
+            store_masked(y_ptr + offsets, ys, mask, EVEN)
         h = tl.reduce(states, 0, take_last)  # the chunk's last row: a register, no arithmetic
     tl.store(h_end_ptr + segment_state, h, mask=state_mask)
     if FLOW:  # exp(A x the segment's summed deltas): how its entering state reaches its end

@@ -17,8 +17,10 @@ from kernels._scan_tiles import (
     chunk_start_mask,
     chunk_states,
     is_even,
+    load_f32,
     program_tile,
     segment_carries_kernel,
+    store_masked,
 )
 
 _BACKWARD_BLOCK_D = 8
@@ -66,14 +68,10 @@ def _segment_flow_kernel(
         chunk = (segment + 1) * segment_chunks - 1 - back
         offsets, bc, mask, bc_mask = chunk_addresses(
             chunk, first_row, seq_len, channel, channel_ok, group, n, n_ok, channels, groups, state_size, CHUNK_T)
-        if EVEN:
-            deltas = tl.load(delta_ptr + offsets).to(tl.float32)
-            grad_ys = tl.load(grad_y_ptr + offsets).to(tl.float32)
-            Cs = tl.load(C_ptr + bc).to(tl.float32)
-        else:  # rows past the end (or chunks past the last) add nothing and pass the flow on
-            deltas = tl.load(delta_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-            grad_ys = tl.load(grad_y_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-            Cs = tl.load(C_ptr + bc, mask=bc_mask, other=0.0).to(tl.float32)
+        # Rows past the end (or chunks past the last) add nothing and pass the flow on.
+        deltas = load_f32(delta_ptr + offsets, mask, EVEN)
+        grad_ys = load_f32(grad_y_ptr + offsets, mask, EVEN)
+        Cs = load_f32(C_ptr + bc, bc_mask, EVEN)
         decay = tl.exp2(deltas[:, None, :] * A2[None, :, :])  # (CHUNK_T, N_PAD, BLOCK_D)
         _, flow = chunk_adjoint(decay, Cs[:, :, None] * grad_ys[:, None, :], flow, CHUNK_T)
         total_delta += tl.sum(deltas, axis=0)
@@ -122,18 +120,11 @@ def _selective_scan_backward_kernel(
             h_start = tl.load(chunk_base + chunk * channels * state_size, mask=chunk_mask, other=0.0)
         offsets, bc, mask, bc_mask = chunk_addresses(
             chunk, first_row, seq_len, channel, channel_ok, group, n, n_ok, channels, groups, state_size, CHUNK_T)
-        if EVEN:
-            xs = tl.load(x_ptr + offsets).to(tl.float32)
-            deltas = tl.load(delta_ptr + offsets).to(tl.float32)
-            grad_ys = tl.load(grad_y_ptr + offsets).to(tl.float32)
-            Bs = tl.load(B_ptr + bc).to(tl.float32)
-            Cs = tl.load(C_ptr + bc).to(tl.float32)
-        else:
-            xs = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-            deltas = tl.load(delta_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-            grad_ys = tl.load(grad_y_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-            Bs = tl.load(B_ptr + bc, mask=bc_mask, other=0.0).to(tl.float32)
-            Cs = tl.load(C_ptr + bc, mask=bc_mask, other=0.0).to(tl.float32)
+        xs = load_f32(x_ptr + offsets, mask, EVEN)
+        deltas = load_f32(delta_ptr + offsets, mask, EVEN)
+        grad_ys = load_f32(grad_y_ptr + offsets, mask, EVEN)
+        Bs = load_f32(B_ptr + bc, bc_mask, EVEN)
+        Cs = load_f32(C_ptr + bc, bc_mask, EVEN)
         # Rows past the end: delta 0 and gy 0, so decay 1, drive 0 and nothing added.
         decay = tl.exp2(deltas[:, None, :] * A2[None, :, :])  # (CHUNK_T, N_PAD, BLOCK_D)
         dx = deltas * xs  # (CHUNK_T, BLOCK_D)
@@ -151,16 +142,10 @@ def _selective_scan_backward_kernel(
         # This block's share of dB and dC (summed over the blocks afterwards, in a fixed order).
         grad_Bs = tl.sum(adjoint * dx[:, None, :], axis=2)  # (CHUNK_T, N_PAD)
         grad_Cs = tl.sum(grad_ys[:, None, :] * states, axis=2)
-        if EVEN:
-            tl.store(grad_x_ptr + offsets, grad_xs.to(grad_x_ptr.dtype.element_ty))
-            tl.store(grad_delta_ptr + offsets, grad_deltas.to(grad_delta_ptr.dtype.element_ty))
-            tl.store(grad_B_ptr + partials + bc, grad_Bs)
-            tl.store(grad_C_ptr + partials + bc, grad_Cs)
-        else:
-            tl.store(grad_x_ptr + offsets, grad_xs.to(grad_x_ptr.dtype.element_ty), mask=mask)
-            tl.store(grad_delta_ptr + offsets, grad_deltas.to(grad_delta_ptr.dtype.element_ty), mask=mask)
-            tl.store(grad_B_ptr + partials + bc, grad_Bs, mask=bc_mask)
-            tl.store(grad_C_ptr + partials + bc, grad_Cs, mask=bc_mask)
+        store_masked(grad_x_ptr + offsets, grad_xs, mask, EVEN)
+        store_masked(grad_delta_ptr + offsets, grad_deltas, mask, EVEN)
+        store_masked(grad_B_ptr + partials + bc, grad_Bs, bc_mask, EVEN)
+        store_masked(grad_C_ptr + partials + bc, grad_Cs, bc_mask, EVEN)
     tl.store(flow_out_ptr + segment_state, carry, mask=state_mask)
     # This segment's share of dA and dD (summed over segments and rows afterwards).
     tl.store(grad_A_T_ptr + segment_state, grad_A, mask=state_mask)
