@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU work no CI machine can do, in one script for a lent H200 (see bench/RESULTS.md).
-# Usage: bash bench/gpu_suite.sh kernel-tests|tests|bench|sharing|sharing-alone|sweep|profile [...]; logs go to $OUT (or ./gpu-out).
+# Usage: bash bench/gpu_suite.sh kernel-tests|tests|bench|sharing|sharing-alone|sweep|profile|ncu|pattern [...]; logs go to $OUT (or ./gpu-out).
 set -u -o pipefail
 out=${OUT:-gpu-out}
 mkdir -p "$out"
@@ -47,6 +47,18 @@ for stage in "$@"; do
       # Where the main model's update goes (MFU 0.13 at 4K in session 3): the top kernels of one update.
       timeout 240 python3 -m nsconsole bench --model ns-1p3b --seq-len 4096 --rows 4 --accum 2 \
         --recompute dendritic --engine eager --profile 2>&1 | grep -E '^\{|Error' | tee "$out/profile_ns1p3b.log"
+      ;;
+    ncu)
+      # Issue 5: the scans' hardware counters (Nsight Compute; works on the Firecracker H200).
+      timeout 300 ncu --clock-control none -k 'regex:plif|selective_scan' --section SpeedOfLight \
+        --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy \
+        --section LaunchStats --metrics 'dram__bytes_read.sum,dram__bytes_write.sum,regex:^smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$' \
+        python3 bench/profile_scans.py > "$out/ncu_scans.txt" 2>&1
+      grep -E '^  [_a-z].*\(|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Issued Warp|No Eligible|Registers Per|Warp Cycles Per Issued|dram__bytes|stalled_(long|short|wait|barrier|math|mio|lg_|no_inst|not_sel|selected|drain|branch|dispatch|membar|sleep|tex|imc)' "$out/ncu_scans.txt" | head -200
+      ;;
+    pattern)
+      # Issue 5: the scans' access pattern with no arithmetic (the ceiling it sets).
+      timeout 200 python3 bench/stream_pattern.py 2>&1 | tee "$out/pattern.log"
       ;;
     *) echo "unknown stage $stage" >&2; exit 2 ;;
   esac

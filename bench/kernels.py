@@ -31,19 +31,27 @@ ROWS: list[dict] = []
 
 
 def time_ms(fn: Callable[[], object], budget_s: float = 0.6, most: int = 50) -> float:
-    """Median of CUDA-event timings after one warm-up; repeats until the budget or `most` runs."""
+    """Median device time of one call, in ms: after a warm-up, the calls are queued back to back,
+    each between two CUDA events, with no host synchronisation until the last. The host's work for
+    a call (tens of microseconds for a Triton launch, more through autograd) then overlaps the
+    device work queued before it, as in a training step, instead of being timed as an idle device:
+    synchronising after every call added 40-70 us to sub-millisecond kernels (bench/RESULTS.md,
+    session 6, against Nsight Compute's durations). The count is what fits the budget by the
+    second warm-up's time (the first compiles), at least 3 and at most `most`."""
     fn()
     torch.cuda.synchronize()
-    timings: list[float] = []
     started = time.perf_counter()
-    while len(timings) < 3 or (len(timings) < most and time.perf_counter() - started < budget_s):
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    fn()
+    torch.cuda.synchronize()
+    warm_up_s = time.perf_counter() - started
+    count = max(3, min(most, int(budget_s / max(warm_up_s, 1e-6))))
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(count)]
+    for begin, end in events:
         begin.record()
         fn()
         end.record()
-        end.synchronize()
-        timings.append(begin.elapsed_time(end))
-    return statistics.median(timings)
+    torch.cuda.synchronize()
+    return statistics.median(begin.elapsed_time(end) for begin, end in events)
 
 
 def emit(kernel: str, size: str, impl: str, ms: float, nbytes: float, copy_gbs: float, **extra) -> dict:
@@ -386,20 +394,28 @@ def sweep_plif(copy_gbs: float) -> None:
         return [spikes, v_pre, v_last, *torch.autograd.grad([spikes, v_pre], leaves, grads)]
 
     want_plif = [plif_outputs_and_grads(plif_scan_reference, *check) for check in checks]
-    # The backward's (channels a program, steps a chunk, stages, chunks a segment: None for the
-    # kernel's choice, 0 for one segment); the forward as the kernel picks it. The kernel's own
-    # first and again later (the spread between repeats is the noise).
+    # The forward's (channels a program, steps an iteration, stages) and the backward's (channels a
+    # program, steps a chunk, stages, chunks a segment: None for the kernel's choice, 0 for one
+    # segment). The kernel's own first and again later (the spread between repeats is the noise).
+    plif_module = sys.modules["kernels.plif"]
+    default_forward = (plif_module._channels_per_program, plif_module._forward_unroll_and_stages)
     default_segments = plif_backward_module._backward_segment_chunks
-    for backward_block, backward_chunk, backward_stages, segment in [
-        (32, 8, 4, None), (32, 8, 4, 0), (32, 8, 4, 16), (32, 8, 4, 64), (32, 8, 4, None), (32, 8, 6, None),
-        (64, 8, 4, None),
+    for forward, (backward_block, backward_chunk, backward_stages, segment) in [
+        (None, (32, 8, 4, None)), (None, (64, 8, 4, None)), (None, (64, 8, 3, None)), (None, (64, 8, 6, None)),
+        ((64, 4, 12), (64, 8, 4, None)), ((64, 8, 6), (64, 8, 4, None)), ((32, 8, 8), (64, 8, 4, None)),
+        (None, (32, 8, 4, None)), (None, (64, 8, 4, None)),
     ]:
+        if forward is None:
+            patch(plif_module, _channels_per_program=default_forward[0], _forward_unroll_and_stages=default_forward[1])
+        else:
+            patch(plif_module, _channels_per_program=lambda _batch, _channels, block=forward[0]: block,
+                  _forward_unroll_and_stages=lambda _batch, _channels, shape=forward[1:]: shape)
         patch(plif_backward_module, _BACKWARD_CHANNELS=backward_block, _BACKWARD_CHUNK_T=backward_chunk,
               _BACKWARD_STAGES=backward_stages,
               _backward_segment_chunks=default_segments if segment is None
               else lambda _batch, _channels, steps, segment=segment, chunk=backward_chunk: segment or max(steps // chunk, 1))
-        config = (f"backward block {backward_block} chunk {backward_chunk} stages {backward_stages},"
-                  f" {'auto' if segment is None else segment or 'all'} chunks a segment")
+        config = (f"forward {forward or 'auto'}, backward block {backward_block} chunk {backward_chunk}"
+                  f" stages {backward_stages}, {'auto' if segment is None else segment or 'all'} chunks a segment")
         try:
             error = max(relative_error(a, b) for check, want in zip(checks, want_plif)
                         for a, b in zip(plif_outputs_and_grads(plif_scan, *check), want))
