@@ -400,21 +400,23 @@ def sweep_plif(copy_gbs: float) -> None:
     plif_module = sys.modules["kernels.plif"]
     default_forward = (plif_module._channels_per_program, plif_module._forward_unroll_and_stages)
     default_segments = plif_backward_module._backward_segment_chunks
+    default_channels = plif_backward_module._backward_channels
     for forward, (backward_block, backward_chunk, backward_stages, segment) in [
-        (None, (32, 8, 4, None)), (None, (64, 8, 4, None)), (None, (64, 8, 3, None)), (None, (64, 8, 6, None)),
-        ((64, 4, 12), (64, 8, 4, None)), ((64, 8, 6), (64, 8, 4, None)), ((32, 8, 8), (64, 8, 4, None)),
-        (None, (32, 8, 4, None)), (None, (64, 8, 4, None)),
+        (None, (None, 8, 4, None)), (None, (32, 8, 4, None)), (None, (64, 8, 3, None)),
+        ((64, 8, 6), (None, 8, 4, None)), ((64, 8, 8), (None, 8, 4, None)), ((64, 4, 8), (None, 8, 4, None)),
+        (None, (None, 8, 4, None)),
     ]:
         if forward is None:
             patch(plif_module, _channels_per_program=default_forward[0], _forward_unroll_and_stages=default_forward[1])
         else:
             patch(plif_module, _channels_per_program=lambda _batch, _channels, block=forward[0]: block,
                   _forward_unroll_and_stages=lambda _batch, _channels, shape=forward[1:]: shape)
-        patch(plif_backward_module, _BACKWARD_CHANNELS=backward_block, _BACKWARD_CHUNK_T=backward_chunk,
+        patch(plif_backward_module, _backward_channels=default_channels if backward_block is None
+              else lambda _batch, _channels, _segments, block=backward_block: block, _BACKWARD_CHUNK_T=backward_chunk,
               _BACKWARD_STAGES=backward_stages,
               _backward_segment_chunks=default_segments if segment is None
               else lambda _batch, _channels, steps, segment=segment, chunk=backward_chunk: segment or max(steps // chunk, 1))
-        config = (f"forward {forward or 'auto'}, backward block {backward_block} chunk {backward_chunk}"
+        config = (f"forward {forward or 'auto'}, backward block {backward_block or 'auto'} chunk {backward_chunk}"
                   f" stages {backward_stages}, {'auto' if segment is None else segment or 'all'} chunks a segment")
         try:
             error = max(relative_error(a, b) for check, want in zip(checks, want_plif)

@@ -24,12 +24,6 @@ _BACKWARD_CHUNK_T = 8
 for the loads in flight; 16 spills (sm_90 SASS) and was slower, 4 slower (bench/RESULTS.md,
 session 5)."""
 
-_BACKWARD_CHANNELS = 32
-"""Channels a backward program: one warp, one channel a thread, the chunk's steps in its registers.
-Measured on the H200 (fwd + bwd, Bt 8 x T 4096 x D 2560): 32 and 64 channels about the same,
-128 (four a thread) 1.5x slower; Bt 1 x T 32768 in one segment: 32 channels 1.3-1.5x faster than
-64 (with segments, `_SEGMENTED_CHANNELS`)."""
-
 _BACKWARD_STAGES = 4
 """Chunks whose loads are in flight in the backward (the pipeliner's stages): hiding the memory
 latency is the whole game for a chain of steps. Measured side by side (bench/RESULTS.md, session
@@ -41,9 +35,16 @@ _SEGMENT_CHUNKS = 32
 Measured on the H200 (fwd + bwd, Bt 1 x T 32768 x D 2560, one run): one segment 2.40 ms; 16
 chunks a segment 2.09, 32 chunks 1.89 and 1.93, 64 chunks 1.83."""
 
-_SEGMENTED_CHANNELS = 64
-"""Channels a backward program when segments run at once (parallelism is then plentiful, and a
-program's rows are twice as wide): 1.62 against 1.89-1.93 ms for 32 in the run above."""
+
+def _backward_channels(batch: int, channels: int, segments: int) -> int:
+    """Channels a backward program (one warp, one or two channels a thread, a chunk's steps in its
+    registers): 64 when rows are many (Bt x D >= 8192, the forward's threshold) or segments run at
+    once, 32 for one segment of few rows. Measured on the H200 (bench/RESULTS.md, sessions 5 and
+    6): the scan's access pattern alone, with no arithmetic (bench/stream_pattern.py), reaches 87 %
+    of copy with 64-channel rows and 66 % with 32 at Bt 8 x T 4096 x D 2560, and the backward
+    follows (fwd + bwd 0.745-0.755 against 0.773 ms, runtime `channels`); a segmented 32K row
+    1.62 against 1.89-1.93 ms; one segment of a 32K row 1.3-1.5x faster with 32."""
+    return 64 if segments > 1 or batch * channels >= 8192 else 32
 
 
 def _backward_segment_chunks(batch: int, channels: int, seq_len: int) -> int:
@@ -188,12 +189,12 @@ def _first_step(tile, first_step):
     return tl.sum(tl.where(first_step, tile, 0.0), 0)
 
 
-@triton.jit(do_not_specialize=["channels"])
+@triton.jit
 def _plif_backward_kernel(
     beta_ptr, threshold_ptr, v0_ptr, v_pre_ptr,
     grad_spikes_ptr, grad_v_pre_ptr, grad_v_last_ptr, carry_ptr, p_after_ptr,
     grad_x_ptr, grad_beta_ptr, grad_threshold_ptr, grad_v0_ptr,
-    seq_len, channels, segments, segment_steps, alpha,
+    seq_len, segments, segment_steps, alpha, channels: tl.constexpr,
     HAS_V0: tl.constexpr, HAS_GRAD_SPIKES: tl.constexpr, HAS_GRAD_V_PRE: tl.constexpr,
     HAS_GRAD_V_LAST: tl.constexpr, HAS_CARRY: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK_T: tl.constexpr,
     STAGES: tl.constexpr, MASKED: tl.constexpr,
@@ -205,11 +206,15 @@ def _plif_backward_kernel(
     segment's shares of dL/dbeta and dL/dv_th, and dL/dv leaving its first step (dL/dv0 for the
     first segment). sm_90: about 52 instructions a step (131 for the one-step loop it replaced).
 
-    `channels` is not specialised: told that it divides by 16, Triton vectorises 4 channels a
-    thread and spreads a chunk's steps over 4 lanes (shuffles in every scan step; and a take-last
-    reduction then returns the wrong step, butterfly order, which cost a debugging run)."""
+    `channels` is a constant: each row of a chunk is then an immediate offset from one address, not
+    a 64-bit add an element (sm_90: 42 instructions a step with 64 channels, against 52 with
+    `channels` a run-time argument). Its contiguity is capped at the channels a thread holds
+    (BLOCK_D / 32): told more, Triton vectorises 4 channels a thread and spreads a chunk's steps
+    over lanes (shuffles in every scan step; a take-last reduction then returns the wrong step,
+    butterfly order, which cost a debugging run in session 5)."""
     batch = tl.program_id(0)
-    channel = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)  # (BLOCK_D,)
+    PER_THREAD: tl.constexpr = max(BLOCK_D // 32, 1)  # one warp a program
+    channel = tl.max_contiguous(tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D), PER_THREAD)  # (BLOCK_D,)
     segment = tl.program_id(2)
     channel_ok = channel < channels
     state_offsets = batch * channels + channel
@@ -358,7 +363,7 @@ def plif_backward(
 
     beta, v_th = beta.contiguous(), v_th.contiguous()
     outer = dict(HAS_GRAD_SPIKES=grad_spikes is not None, HAS_GRAD_V_PRE=grad_v_pre is not None)
-    block = _SEGMENTED_CHANNELS if segments > 1 else _BACKWARD_CHANNELS
+    block = _backward_channels(batch, channels, segments)
     tiles = dict(BLOCK_D=block, CHUNK_T=_BACKWARD_CHUNK_T, STAGES=_BACKWARD_STAGES, MASKED=channels % block != 0,
                  num_warps=1)
     blocks = triton.cdiv(channels, block)
@@ -384,7 +389,7 @@ def plif_backward(
         pointer(grad_spikes), pointer(grad_v_pre), pointer(grad_v_last),
         carry if carry is not None else v_pre_f32, p_after if p_after is not None else v_pre_f32,
         grad_x, grad_beta, grad_threshold, grad_v0,
-        seq_len, channels, segments, segment_steps, float(alpha),
+        seq_len, segments, segment_steps, float(alpha), channels=channels,
         HAS_V0=v0 is not None, HAS_GRAD_V_LAST=grad_v_last is not None, HAS_CARRY=carry is not None,
         **outer, **tiles,
     )
