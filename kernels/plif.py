@@ -29,13 +29,16 @@ def _forward_unroll_and_stages(batch: int, channels: int) -> tuple[int, int]:
     """The forward's (UNROLL, STAGES): UNROLL steps a loop iteration, the loads of STAGES iterations
     in flight. The loads do not depend on the membrane, so a thread has about UNROLL x (STAGES - 1)
     steps' loads in flight ahead of its chain (one step an iteration at 12 stages: 11), and hiding
-    the memory latency is the whole game. Measured side by side on the H200 (2026-11-29,
-    `python bench/kernels.py --sweep --only plif`), D 2560, fp32, forward: Bt 8 x T 4096, 64
-    channels a program: one step x 12 stages 0.534 ms (44 % of copy), (4, 8) 0.340 ms (69 %),
-    (8, 4) 0.343 ms; Bt 1 x T 32768, 32 channels a program (80 programs: bytes in flight are all
-    there is): one step x 12 stages 3.89 ms, (8, 4) 1.76 ms, then in session 5 (8, 4) 1.15-1.18 ms,
-    (8, 8) 1.07, (8, 12) 1.37, (16, 6) 0.92, (16, 4) 0.82. The threshold is `_channels_per_program`'s."""
-    return (4, 8) if batch * channels >= 8192 else (16, 4)
+    the memory latency is the whole game. Measured side by side on the H200 (`python
+    bench/kernels.py --sweep --only plif`), D 2560, fp32, forward: Bt 8 x T 4096, 64 channels a
+    program: one step x 12 stages 0.534 ms (44 % of copy), (4, 8) 0.340 ms, (8, 4) 0.343 ms
+    (session 4, timed with the host's launch in); timed back to back (session 6): (4, 8) 0.275-0.278
+    ms (85 %), (8, 6) 0.264-0.266 ms (89 %; the access pattern alone, bench/stream_pattern.py: 0.265),
+    (8, 8) 0.276, (4, 12) 0.279; Bt 1 x T 32768, 32 channels a program (80 programs: bytes in
+    flight are all there is): one step x 12 stages 3.89 ms, (8, 4) 1.76 ms, then in session 5 (8, 4)
+    1.15-1.18 ms, (8, 8) 1.07, (8, 12) 1.37, (16, 6) 0.92, (16, 4) 0.82 (0.735 back to back). The
+    threshold is `_channels_per_program`'s."""
+    return (8, 6) if batch * channels >= 8192 else (16, 4)
 
 
 def spike_with_surrogate(v_minus_threshold: torch.Tensor, alpha: float) -> torch.Tensor:

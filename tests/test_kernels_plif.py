@@ -106,15 +106,24 @@ def test_kernel_matches_reference(batch: int, steps: int, channels: int) -> None
 
 
 def test_forward_unroll_and_stages_by_shape() -> None:
-    """(4, 8) for many programs (Bt 8 x D 2560), (16, 4) for few (Bt 1 x D 2560), switching where
+    """(8, 6) for many programs (Bt 8 x D 2560), (16, 4) for few (Bt 1 x D 2560), switching where
     the block does (batch x channels 8192)."""
-    assert plif._forward_unroll_and_stages(8, 2560) == (4, 8)
+    assert plif._forward_unroll_and_stages(8, 2560) == (8, 6)
     assert plif._forward_unroll_and_stages(1, 2560) == (16, 4)
-    assert plif._forward_unroll_and_stages(2, 4096) == (4, 8)
+    assert plif._forward_unroll_and_stages(2, 4096) == (8, 6)
     assert plif._forward_unroll_and_stages(1, 8191) == (16, 4)
 
 
-@pytest.mark.parametrize("unroll_and_stages", [(4, 8), (8, 4), (16, 4)])
+def test_backward_channels_by_shape() -> None:
+    """64 channels a backward program for many rows or in segments, 32 for one segment of few rows
+    (kernels/plif_backward.py `_backward_channels`)."""
+    assert plif_backward._backward_channels(8, 2560, 1) == 64
+    assert plif_backward._backward_channels(1, 2560, 1) == 32
+    assert plif_backward._backward_channels(1, 2560, 32) == 64
+    assert plif_backward._backward_channels(2, 4096, 1) == 64
+
+
+@pytest.mark.parametrize("unroll_and_stages", [(4, 8), (8, 6), (16, 4)])
 @pytest.mark.parametrize(("steps", "channels"), [(3, 37), (13, 37), (16, 37), (16, 64), (35, 64)])
 def test_kernel_matches_reference_for_each_unroll(
     monkeypatch: pytest.MonkeyPatch, unroll_and_stages: tuple[int, int], steps: int, channels: int
@@ -144,6 +153,24 @@ def test_backward_chunks_match_reference(
     channels take the masked loads, 64 whole blocks the unmasked ones."""
     monkeypatch.setattr(plif_backward, "_BACKWARD_CHUNK_T", chunk)
     _check_kernel_against_reference(2, steps, channels)
+
+
+@pytest.mark.parametrize(("steps", "channels"), [(19, 37), (32, 101), (24, 64), (24, 128)])
+def test_backward_with_two_channels_a_thread_matches_reference(
+    monkeypatch: pytest.MonkeyPatch, steps: int, channels: int
+) -> None:
+    """64 channels a program in one segment (many rows; two channels a thread, contiguous where
+    the width allows 8-byte loads): masked (37, and 101, odd, where no two channels are 8-byte
+    aligned) and whole blocks (64, 128), ragged and whole T."""
+    chosen = []
+
+    def choice(batch: int, channels: int, segments: int) -> int:
+        chosen.append(segments)
+        return 64
+
+    monkeypatch.setattr(plif_backward, "_backward_channels", choice)
+    _check_kernel_against_reference(2, steps, channels)
+    assert chosen and set(chosen) == {1}
 
 
 @pytest.mark.parametrize("segment_chunks", [1, 2, 3])

@@ -32,16 +32,18 @@ def _largest_loop(report: str) -> str:
                key=lambda line: int(re.search(r": (\d+) instructions", line).group(1)))
 
 
-def test_plif_backward_keeps_a_chunks_steps_in_registers() -> None:
-    """The chunk loop as shipped (whole blocks: what a width divisible by 16 compiles to): no
-    shuffle, no spill, every tile one channel a lane (bench/RESULTS.md, session 5: specialised on
-    such widths, Triton spread the steps over lanes and a reduction picked the wrong step)."""
+@pytest.mark.parametrize("block", [32, 64])
+def test_plif_backward_keeps_a_chunks_steps_in_registers(block: int) -> None:
+    """The chunk loop as shipped, at a width divisible by 16 (whole blocks): no shuffle, no spill,
+    every 2-D tile's rows in a thread's registers with the warp's 32 lanes along channels
+    (bench/RESULTS.md, session 5: told such a width's contiguity, Triton spread the steps over
+    lanes and a reduction picked the wrong step; the kernel caps the contiguity it is told)."""
     report = _report("kernels.plif_backward:_plif_backward_kernel", 1, ["alpha"], dict(
-        HAS_V0=True, HAS_GRAD_SPIKES=True, HAS_GRAD_V_PRE=True, HAS_GRAD_V_LAST=True, HAS_CARRY=True,
-        BLOCK_D=32, CHUNK_T=8, STAGES=4, MASKED=False))
+        channels=2560, HAS_V0=True, HAS_GRAD_SPIKES=True, HAS_GRAD_V_PRE=True, HAS_GRAD_V_LAST=True,
+        HAS_CARRY=True, BLOCK_D=block, CHUNK_T=8, STAGES=4, MASKED=False))
     assert "stack 0 B" in report
     assert "SHFL" not in _largest_loop(report)
-    two_d = [line for line in report.splitlines() if "layout" in line and "sizePerThread = [1, 1]" in line]
+    two_d = [line for line in report.splitlines() if "layout" in line and "sizePerThread = [1, " in line]
     assert two_d and all("threadsPerWarp = [1, 32]" in line for line in two_d)
 
 
