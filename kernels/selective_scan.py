@@ -72,13 +72,15 @@ def _forward_segment_chunks(batch: int, channels: int, chunks: int) -> int:
     """Chunks per forward segment. With few rows one program a channel block walking all of T
     leaves too few programs to hide their latency (Bt 1 x Dm 1024: 128 programs), so a long
     sequence then runs in segments of _FORWARD_SEGMENT_CHUNKS chunks at once, for twice the
-    exponentials. Measured side by side on the H200 (N 16, 2026-11-29, `python bench/kernels.py
-    --sweep --only scan_segments`), one segment against 8 / 16 / 32 / 64 chunks a segment:
-    Bt 1 x T 32768 forward 1.70 against 1.14 / 0.92 / 0.86 / 0.83 ms, forward + backward 5.84
-    against 4.83 / 4.72 / 4.69 / 4.67; Bt 1 x T 8192 forward 0.48 against 0.34-0.39 but forward +
-    backward 1.81 against 1.85-2.00; Bt 2 x T 4096 no gain. So segments from 2048 chunks (T 16384)
-    when Bt x Dm <= 2048, one segment otherwise."""
-    if batch * channels <= 2048 and chunks >= 2048:
+    exponentials. Measured side by side on the H200 (N 16, `python bench/kernels.py --sweep --only
+    scan_segments`), one segment against 8 / 16 / 32 / 64 chunks a segment, timed back to back
+    (session 6): Bt 1 x T 32768 forward 2.19 against 0.73 / 0.58 / 0.50 / 0.47 ms, forward +
+    backward 6.82 against 4.84 / 4.69 / 4.61 / 4.58; Bt 1 x T 8192 forward 0.55 against 0.18-0.19,
+    forward + backward 1.74 against 1.21-1.29; Bt 2 x T 4096 forward 0.28 against 0.24-0.30,
+    forward + backward 1.36 against 1.26 / 1.16 / 1.14 / 1.44. (Session 5, timed with the host's
+    launch in, found no gain below T 16384.) So segments from 512 chunks (T 4096) when
+    Bt x Dm <= 2048, one segment otherwise."""
+    if batch * channels <= 2048 and chunks >= 512:
         return _FORWARD_SEGMENT_CHUNKS
     return max(chunks, 1)
 

@@ -102,10 +102,11 @@ def test_forward_segments_match_reference(monkeypatch, segment_chunks, with_h0) 
 
 
 def test_forward_segments_only_for_long_sequences_of_few_rows() -> None:
-    """Segments where they were measured to pay (Bt 1 x T 32768 x Dm 1024), one segment where
-    they did not (T 8192, or many rows)."""
-    long_chunks, short_chunks = 32768 // scan_module._CHUNK_T, 8192 // scan_module._CHUNK_T
+    """Segments where they were measured to pay (Bt 1 x T 32768 or 8192, Bt 2 x T 4096, Dm 1024),
+    one segment where they were not tried (T 2048) or do not pay (many rows)."""
+    long_chunks, short_chunks = 32768 // scan_module._CHUNK_T, 2048 // scan_module._CHUNK_T
     assert scan_module._forward_segment_chunks(1, 1024, long_chunks) == scan_module._FORWARD_SEGMENT_CHUNKS
+    assert scan_module._forward_segment_chunks(2, 1024, 4096 // scan_module._CHUNK_T) == 32
     assert scan_module._forward_segment_chunks(1, 1024, short_chunks) == short_chunks
     assert scan_module._forward_segment_chunks(8, 1024, long_chunks) == long_chunks
 
