@@ -189,12 +189,12 @@ def _first_step(tile, first_step):
     return tl.sum(tl.where(first_step, tile, 0.0), 0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["channels_arg"])
 def _plif_backward_kernel(
     beta_ptr, threshold_ptr, v0_ptr, v_pre_ptr,
     grad_spikes_ptr, grad_v_pre_ptr, grad_v_last_ptr, carry_ptr, p_after_ptr,
     grad_x_ptr, grad_beta_ptr, grad_threshold_ptr, grad_v0_ptr,
-    seq_len, segments, segment_steps, alpha, channels: tl.constexpr,
+    seq_len, channels_arg, segments, segment_steps, alpha, CHANNELS: tl.constexpr,
     HAS_V0: tl.constexpr, HAS_GRAD_SPIKES: tl.constexpr, HAS_GRAD_V_PRE: tl.constexpr,
     HAS_GRAD_V_LAST: tl.constexpr, HAS_CARRY: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK_T: tl.constexpr,
     STAGES: tl.constexpr, MASKED: tl.constexpr,
@@ -204,17 +204,26 @@ def _plif_backward_kernel(
     the step after it; with one segment, dL/dv_last and none). With one segment the last
     seq_len % CHUNK_T steps go first, one at a time (_backward_step). Writes dL/dx and the
     segment's shares of dL/dbeta and dL/dv_th, and dL/dv leaving its first step (dL/dv0 for the
-    first segment). sm_90: about 52 instructions a step (131 for the one-step loop it replaced).
+    first segment). sm_90: 42-52 instructions a step (131 for the one-step loop it replaced).
 
-    `channels` is a constant: each row of a chunk is then an immediate offset from one address, not
-    a 64-bit add an element (sm_90: 42 instructions a step with 64 channels, against 52 with
-    `channels` a run-time argument). Its contiguity is capped at the channels a thread holds
-    (BLOCK_D / 32): told more, Triton vectorises 4 channels a thread and spreads a chunk's steps
-    over lanes (shuffles in every scan step; a take-last reduction then returns the wrong step,
-    butterfly order, which cost a debugging run in session 5)."""
+    The row width is a compile-time constant when CHANNELS > 0 (else `channels_arg`, unspecialised):
+    each row of a chunk is then an immediate offset from one address, not a 64-bit add an element
+    (sm_90: 42 instructions a step with 64 channels a program, against 52). Only with two channels
+    a thread (BLOCK_D 64): its contiguity is capped at them, and both Triton 3.6 and 3.9 then keep a
+    chunk's steps in each thread's registers. With one channel a thread, Triton 3.6 spread the steps
+    over 8 lanes even so (224 shuffles a chunk, 2x slower on the H200, bench/RESULTS.md session 6),
+    and told the width's divisibility, Triton vectorises 4 channels a thread and spreads them over 4
+    lanes (session 5); so BLOCK_D 32 takes the width at run time, unspecialised, where every
+    version keeps the steps in registers. A take-last reduction would return the wrong step in any
+    of those spread layouts (warps reduce by butterfly), so values are picked by masked sums."""
     batch = tl.program_id(0)
-    PER_THREAD: tl.constexpr = max(BLOCK_D // 32, 1)  # one warp a program
-    channel = tl.max_contiguous(tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D), PER_THREAD)  # (BLOCK_D,)
+    channel = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)  # (BLOCK_D,)
+    if CHANNELS > 0:
+        tl.static_assert(BLOCK_D >= 64, "a constant row width needs two channels a thread or more")
+        channels = CHANNELS
+        channel = tl.max_contiguous(channel, BLOCK_D // 32)  # the channels a thread holds (one warp)
+    else:
+        channels = channels_arg
     segment = tl.program_id(2)
     channel_ok = channel < channels
     state_offsets = batch * channels + channel
@@ -389,7 +398,7 @@ def plif_backward(
         pointer(grad_spikes), pointer(grad_v_pre), pointer(grad_v_last),
         carry if carry is not None else v_pre_f32, p_after if p_after is not None else v_pre_f32,
         grad_x, grad_beta, grad_threshold, grad_v0,
-        seq_len, segments, segment_steps, float(alpha), channels=channels,
+        seq_len, channels, segments, segment_steps, float(alpha), CHANNELS=channels if block == 64 else 0,
         HAS_V0=v0 is not None, HAS_GRAD_V_LAST=grad_v_last is not None, HAS_CARRY=carry is not None,
         **outer, **tiles,
     )
