@@ -35,9 +35,10 @@ def time_ms(fn: Callable[[], object], budget_s: float = 0.6, most: int = 50) -> 
     each between two CUDA events, with no host synchronisation until the last. The host's work for
     a call (tens of microseconds for a Triton launch, more through autograd) then overlaps the
     device work queued before it, as in a training step, instead of being timed as an idle device:
-    synchronising after every call added 40-70 us to sub-millisecond kernels (bench/RESULTS.md,
-    session 6, against Nsight Compute's durations). The count is what fits the budget by the
-    second warm-up's time (the first compiles), at least 3 and at most `most`."""
+    synchronising after every call added 0.09-0.23 ms to the scans' sub-millisecond timings
+    (bench/RESULTS.md, session 6; the queued ones agree with Nsight Compute's durations). The
+    count is what fits the budget by the second warm-up's time (the first compiles), at least 3
+    and at most `most`."""
     fn()
     torch.cuda.synchronize()
     started = time.perf_counter()

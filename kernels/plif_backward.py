@@ -42,8 +42,10 @@ def _backward_channels(batch: int, channels: int, segments: int) -> int:
     once, 32 for one segment of few rows. Measured on the H200 (bench/RESULTS.md, sessions 5 and
     6): the scan's access pattern alone, with no arithmetic (bench/stream_pattern.py), reaches 87 %
     of copy with 64-channel rows and 66 % with 32 at Bt 8 x T 4096 x D 2560, and the backward
-    follows (fwd + bwd 0.745-0.755 against 0.773 ms, runtime `channels`); a segmented 32K row
-    1.62 against 1.89-1.93 ms; one segment of a 32K row 1.3-1.5x faster with 32."""
+    follows (fwd + bwd 0.725 against 0.778-0.781 ms for session 5's 32, side by side); a
+    segmented 32K row 1.62 against 1.89-1.93 ms (session 5); one segment of a 32K row (T 32760)
+    3.34 against 3.85 ms with 32. Bt 2 x T 4000 was 0.49-0.54 against 0.59-0.65 for 64, one run:
+    the threshold may belong lower, not measured further."""
     return 64 if segments > 1 or batch * channels >= 8192 else 32
 
 
