@@ -1,7 +1,7 @@
 """The selective scan's backward (kernels/selective_scan.py has the forward, the reference and
 the layout): per chunk from the end, the chunk's states recomputed from the state the forward saved
-at its start, the adjoint by a reverse scan, every gradient from the two; for few rows, in segments
-of time at once."""
+at its start, the adjoint by a scan backwards in time (forward over the chunk's rows flipped),
+every gradient from the two; for few rows, in segments of time at once."""
 
 from __future__ import annotations
 
