@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from functools import partial
 from pathlib import Path
@@ -33,6 +32,7 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.kernels import copy_bandwidth, time_ms  # noqa: E402
+from kernels._scan_tiles import LOG2_E  # noqa: E402
 
 
 @triton.jit(do_not_specialize=["channels"])
@@ -84,7 +84,7 @@ def exp_walk(x: torch.Tensor, delta: torch.Tensor, A_T: torch.Tensor, B: torch.T
              block_d: int, chunk_t: int, stages: int) -> None:
     batch, seq_len, channels = x.shape
     _exp_walk_kernel[(batch, channels // block_d)](
-        x, delta, A_T, B, y, seq_len, 1.0 / math.log(2.0), channels=channels, state_size=A_T.shape[0],
+        x, delta, A_T, B, y, seq_len, LOG2_E, channels=channels, state_size=A_T.shape[0],
         BLOCK_D=block_d, CHUNK_T=chunk_t, STAGES=stages, num_warps=1,
     )
 
@@ -96,7 +96,7 @@ def walk(inputs: list[torch.Tensor], outputs: list[torch.Tensor], reverse: bool,
     outs = outputs + [outputs[0]] * (2 - len(outputs))
     _walk_kernel[(batch, channels // block_d)](
         *ins, *outs, seq_len, channels, READS=len(inputs), WRITES=len(outputs), REVERSE=reverse,
-        BLOCK_D=block_d, CHUNK_T=chunk_t, STAGES=stages, num_warps=max(block_d // 32, 1) if block_d > 64 else 1,
+        BLOCK_D=block_d, CHUNK_T=chunk_t, STAGES=stages, num_warps=1 if block_d <= 64 else block_d // 32,
     )
 
 

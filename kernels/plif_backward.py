@@ -400,7 +400,7 @@ def plif_backward(
         pointer(grad_spikes), pointer(grad_v_pre), pointer(grad_v_last),
         carry if carry is not None else v_pre_f32, p_after if p_after is not None else v_pre_f32,
         grad_x, grad_beta, grad_threshold, grad_v0,
-        seq_len, channels, segments, segment_steps, float(alpha), CHANNELS=channels if block == 64 else 0,
+        seq_len, channels, segments, segment_steps, float(alpha), CHANNELS=channels if block >= 64 else 0,
         HAS_V0=v0 is not None, HAS_GRAD_V_LAST=grad_v_last is not None, HAS_CARRY=carry is not None,
         **outer, **tiles,
     )
