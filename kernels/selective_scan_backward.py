@@ -21,6 +21,7 @@ from kernels._scan_tiles import (
     program_tile,
     segment_carries_kernel,
     store_masked,
+    sum_pair_over_channels,
 )
 
 _BACKWARD_BLOCK_D = 8
@@ -140,8 +141,7 @@ def _selective_scan_backward_kernel(
             grad_D += tl.sum(grad_ys * xs, axis=0)
         grad_A += tl.sum(adjoint * deltas[:, None, :] * carried, axis=0)
         # This block's share of dB and dC (summed over the blocks afterwards, in a fixed order).
-        grad_Bs = tl.sum(adjoint * dx[:, None, :], axis=2)  # (CHUNK_T, N_PAD)
-        grad_Cs = tl.sum(grad_ys[:, None, :] * states, axis=2)
+        grad_Bs, grad_Cs = sum_pair_over_channels(adjoint * dx[:, None, :], grad_ys[:, None, :] * states, BLOCK_D)
         store_masked(grad_x_ptr + offsets, grad_xs, mask, EVEN)
         store_masked(grad_delta_ptr + offsets, grad_deltas, mask, EVEN)
         store_masked(grad_B_ptr + partials + bc, grad_Bs, bc_mask, EVEN)
