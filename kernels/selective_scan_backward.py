@@ -133,13 +133,17 @@ def _selective_scan_backward_kernel(
         states = chunk_states(decay, drive, h_start, CHUNK_T)
         # carry becomes decay_0 g_0, what flows into the chunk before.
         adjoint, carry = chunk_adjoint(decay, Cs[:, :, None] * grad_ys[:, None, :], carry, CHUNK_T)
-        carried = states - drive  # decay_t h_{t-1}, without a shifted state
-        grad_deltas = tl.sum(adjoint * (A[None, :, :] * carried + Bs[:, :, None] * xs[:, None, :]), axis=1)
-        grad_xs = tl.sum(adjoint * Bs[:, :, None], axis=1) * deltas  # (CHUNK_T, BLOCK_D)
+        # dL/d(decay_t) h_{t-1} = g_t decay_t h_{t-1}; decay_t h_{t-1} is the state without its drive.
+        through_decay = adjoint * (states - drive)  # (CHUNK_T, N_PAD, BLOCK_D)
+        # sum_n g B, shared by dx (times delta) and ddelta (times x): with the decay's share
+        # ddelta = sum_n A g decay h_{t-1} + x sum_n g B, one multiply-add an element each.
+        through_drive = tl.sum(adjoint * Bs[:, :, None], axis=1)  # (CHUNK_T, BLOCK_D)
+        grad_deltas = tl.sum(A[None, :, :] * through_decay, axis=1) + xs * through_drive
+        grad_xs = through_drive * deltas
         if HAS_D:
             grad_xs += D_vec[None, :] * grad_ys
             grad_D += tl.sum(grad_ys * xs, axis=0)
-        grad_A += tl.sum(adjoint * deltas[:, None, :] * carried, axis=0)
+        grad_A += tl.sum(deltas[:, None, :] * through_decay, axis=0)
         # This block's share of dB and dC (summed over the blocks afterwards, in a fixed order).
         grad_Bs, grad_Cs = sum_pair_over_channels(adjoint * dx[:, None, :], grad_ys[:, None, :] * states, BLOCK_D)
         store_masked(grad_x_ptr + offsets, grad_xs, mask, EVEN)
