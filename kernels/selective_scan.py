@@ -57,8 +57,9 @@ stages 0.79 ms, 3 0.55, 4 0.53, 5 0.45 in the experiment; in the sweep 4, 5 and 
 within 4 % of each other (0.355-0.370 ms)."""
 
 
-_FORWARD_SEGMENT_CHUNKS = 32
-"""Chunks per forward segment when the forward is split along time (`_forward_segment_chunks`)."""
+_FORWARD_SEGMENT_CHUNKS = (8, 64)
+"""The fewest and the most chunks a forward segment when the forward is split along time: a
+quarter of the row between the two (`_forward_segment_chunks`)."""
 
 
 def _forward_block_d(batch: int, channels: int) -> int:
@@ -70,19 +71,21 @@ def _forward_block_d(batch: int, channels: int) -> int:
 
 def _forward_segment_chunks(batch: int, channels: int, chunks: int) -> int:
     """Chunks per forward segment. With few rows one program a channel block walking all of T
-    leaves too few programs to hide their latency (Bt 1 x Dm 1024: 128 programs), so a long
-    sequence then runs in segments of _FORWARD_SEGMENT_CHUNKS chunks at once, for twice the
-    exponentials. Measured side by side on the H200 (N 16, `python bench/kernels.py --sweep --only
-    scan_segments`), one segment against 8 / 16 / 32 / 64 chunks a segment, timed back to back
-    (session 6): Bt 1 x T 32768 forward 2.19 against 0.73 / 0.58 / 0.50 / 0.47 ms, forward +
-    backward 6.82 against 4.84 / 4.69 / 4.61 / 4.58; Bt 1 x T 8192 forward 0.55 against 0.18-0.19,
-    forward + backward 1.74 against 1.21-1.29; Bt 2 x T 4096 forward 0.28 against 0.24-0.30,
-    forward + backward 1.36 against 1.26 / 1.16 / 1.14 / 1.44. (Session 5, timed with the host's
-    launch in, found no gain below T 16384.) So segments from 512 chunks (T 4096) when
-    Bt x Dm <= 2048, one segment otherwise."""
-    if batch * channels <= 2048 and chunks >= 512:
-        return _FORWARD_SEGMENT_CHUNKS
-    return max(chunks, 1)
+    leaves too few programs to hide their latency (Bt 1 x Dm 1024: 128 programs), so a sequence of
+    32 chunks or more then runs in segments of a quarter of it (within _FORWARD_SEGMENT_CHUNKS'
+    bounds) at once, for twice the exponentials. Measured side by side on the H200 (N 16, forward +
+    backward replayed from a CUDA graph, `python bench/kernels.py --sweep --only scan_segments`,
+    session 7), one segment against 8 / 16 / 32 / 64 chunks a segment: Bt 1 x T 8192 x Dm 1024
+    0.855 against 0.609 / 0.569 / 0.545 / 0.538 ms; Bt 2 x T 4096 0.616 against 0.571 / 0.548 /
+    0.534 / 0.528; Bt 1 x T 4096 0.452 against 0.322 / 0.305 / 0.299 / 0.295; Bt 1 x T 2048 x Dm
+    2048 0.336 against 0.313 / 0.300 / - / 0.294; Bt 2 x T 256 x Dm 1024 (32 chunks) 0.0673
+    against 0.0655 / 0.0673 / - / 0.0839 (a segment longer than the row walks masked chunks). Session
+    6 (forward alone, queued): Bt 1 x T 32768 2.19 against 0.73 / 0.58 / 0.50 / 0.47 ms. So
+    segments when Bt x Dm <= 2048, one segment otherwise."""
+    if batch * channels > 2048 or chunks < 32:
+        return max(chunks, 1)
+    shortest, longest = _FORWARD_SEGMENT_CHUNKS
+    return min(longest, max(shortest, chunks // 4))
 
 
 def selective_scan_reference(

@@ -29,22 +29,34 @@ _BACKWARD_BLOCK_D = 8
 summed over these blocks afterwards. Forward + backward in the experiment: 8 channels 3.4 ms, 16
 channels 4.5 (register spills), 32 channels 15.5."""
 _BACKWARD_STAGES = 3
-_SEGMENT_CHUNKS = 8
-"""Chunks per backward segment when the backward is split along time (_backward_segment_chunks)."""
+_SEGMENT_CHUNKS = (8, 64)
+"""The fewest and the most chunks a backward segment when the backward is split along time: an
+eighth of the row between the two (`_backward_segment_chunks`). A segment's loop runs all its
+chunks, masked past the end of T, so a short row must not get long segments. Measured side by
+side on the H200 (forward + backward replayed from a CUDA graph, N 16, session 7), 8 / 16 / 32 /
+64 chunks a segment: Bt 1 x T 8192 x Dm 1024 0.639 / 0.582 / 0.558 / 0.544 ms; Bt 2 x T 4096
+0.590 / 0.556 / 0.547 / 0.534; Bt 1 x T 32768 2.47 / 2.22 / 2.10 / 2.07; Bt 1 x T 4096 0.335 /
+0.313 / 0.298 / 0.299; Bt 1 x T 2048 x Dm 2048 0.360 / 0.345 / 0.337 / 0.339. (Session 5 chose 8
+for every row with a timer that counted the host's launches.)"""
 
 
 def _backward_segment_chunks(batch: int, channels: int, chunks: int) -> int:
     """Chunks per backward segment. With few rows one program a channel block walking all of T
-    leaves too few programs to hide their latency, so the backward runs segments of
-    _SEGMENT_CHUNKS chunks at once: a first pass finds what each segment's adjoint sends to the
-    segment before it (from zero at its end) and the product of its decays, a short sequential pass
-    over segments turns those into each segment's incoming adjoint, and the main pass walks every
-    segment from its end in parallel. Measured on the H200 (forward + backward, N 16, 2026-11-29),
-    segmented against one segment: Bt 1 x T 32768 x Dm 1024 5.6 against 10.5 ms; Bt 1 x T 8192 x
-    Dm 1024 1.66 against 2.90; Bt 2 x T 4096 x Dm 1024 1.51 against 1.82; Bt 4 x T 4096 x Dm 768
-    1.89 against 1.83; Bt 8 x T 4096 x Dm 1024 4.1 against 3.1 (the first pass's cost is then not
-    repaid). So segments up to Bt x Dm = 2048, one segment above."""
-    return _SEGMENT_CHUNKS if batch * channels <= 2048 else max(chunks, 1)
+    leaves too few programs to hide their latency, so the backward runs segments of time at once
+    (each an eighth of the row, within _SEGMENT_CHUNKS' bounds): a first pass finds what each
+    segment's adjoint sends to the segment before it (from zero at its end) and the product of its
+    decays, a short sequential pass over segments turns those into each segment's incoming
+    adjoint, and the main pass walks every segment from its end in parallel. Measured on the H200 (forward + backward replayed from a CUDA
+    graph, N 16, session 7), segmented against one segment: Bt 1 x T 32768 x Dm 1024 2.07 (64-chunk
+    segments) against 4.13 ms; Bt 1 x T 8192 0.544 against 1.056; Bt 2 x T 4096 0.534 against
+    0.658; Bt 2 x T 4096 x Dm 768 0.420 against 0.609; but Bt 4 x T 4096 x Dm 1024 0.993 (16-chunk
+    segments) against 0.893, Bt 4 x T 4096 x Dm 768 0.840 against 0.814 and Bt 8 x T 4096 x Dm 1024
+    1.73 against 1.41 (the first pass's cost is then not repaid). So segments up to Bt x Dm = 2048,
+    one segment above."""
+    if batch * channels > 2048:
+        return max(chunks, 1)
+    shortest, longest = _SEGMENT_CHUNKS
+    return min(longest, max(shortest, chunks // 8), max(chunks, 1))
 
 
 @triton.jit

@@ -101,14 +101,22 @@ def test_forward_segments_match_reference(monkeypatch, segment_chunks, with_h0) 
         assert _relative_error(mine, theirs) < 2e-5
 
 
-def test_forward_segments_only_for_long_sequences_of_few_rows() -> None:
-    """Segments where they were measured to pay (Bt 1 x T 32768 or 8192, Bt 2 x T 4096, Dm 1024),
-    one segment where they were not tried (T 2048) or do not pay (many rows)."""
-    long_chunks, short_chunks = 32768 // scan_module._CHUNK_T, 2048 // scan_module._CHUNK_T
-    assert scan_module._forward_segment_chunks(1, 1024, long_chunks) == scan_module._FORWARD_SEGMENT_CHUNKS
-    assert scan_module._forward_segment_chunks(2, 1024, 4096 // scan_module._CHUNK_T) == 32
-    assert scan_module._forward_segment_chunks(1, 1024, short_chunks) == short_chunks
-    assert scan_module._forward_segment_chunks(8, 1024, long_chunks) == long_chunks
+def test_segments_only_for_few_rows_and_no_longer_than_the_row_needs() -> None:
+    """Time segments where they were measured to pay (Bt x Dm <= 2048), their length growing with
+    the row up to 64 chunks; one segment for many rows. A backward segment walks all its chunks, so
+    a short row's must stay short (a 3-chunk row would otherwise walk 64)."""
+    forward, backward = scan_module._forward_segment_chunks, backward_module._backward_segment_chunks
+    assert forward(1, 1024, 4096) == 64  # T 32768
+    assert forward(2, 1024, 512) == 64  # T 4096
+    assert forward(2, 1024, 32) == 8  # T 256: four segments
+    assert forward(1, 1024, 16) == 16  # too short: one segment
+    assert forward(8, 1024, 4096) == 4096  # many rows: one segment
+    assert backward(1, 1024, 4096) == 64
+    assert backward(1, 2048, 256) == 32
+    assert backward(2, 1024, 32) == 8
+    assert backward(1, 96, 20) == 8  # three segments, the last one ragged
+    assert backward(1, 96, 4) == 4  # one segment, its loop no longer than the row
+    assert backward(8, 1024, 512) == 512
 
 
 def test_forward_without_gradients_matches() -> None:
