@@ -83,7 +83,7 @@ def plif_scan_reference(
 @triton.jit
 def _plif_forward_kernel(
     x_ptr, beta_ptr, threshold_ptr, v0_ptr, spikes_ptr, v_pre_ptr, v_pre_f32_ptr, v_last_ptr,
-    seq_len, channels,
+    seq_len, channels, row_stride,
     HAS_V0: tl.constexpr, SAVE_F32: tl.constexpr, BLOCK_D: tl.constexpr, UNROLL: tl.constexpr,
     STAGES: tl.constexpr, EVEN: tl.constexpr,
 ):
@@ -96,7 +96,9 @@ def _plif_forward_kernel(
         v = tl.load(v0_ptr + batch * channels + channel, mask=channel_ok, other=0.0).to(tl.float32)
     else:
         v = tl.zeros([BLOCK_D], dtype=tl.float32)
-    base = batch.to(tl.int64) * seq_len * channels + channel  # (BLOCK_D,) int64
+    # row_stride: elements between batch rows (the whole buffer's T x D; a launch may walk a slice
+    # of T starting at the pointers given).
+    base = batch.to(tl.int64) * row_stride + channel  # (BLOCK_D,) int64
     # UNROLL steps an iteration; the loads do not depend on v, so the pipeliner keeps STAGES
     # iterations' loads in flight ahead of the chain (see _forward_unroll_and_stages).
     for t0 in tl.range(0, seq_len, UNROLL, num_stages=STAGES):
@@ -141,21 +143,30 @@ class _PlifScan(torch.autograd.Function):
         save_f32 = x.dtype != torch.float32
         v_pre_f32 = new_buffer(x.shape, torch.float32, x.device) if save_f32 else v_pre
         v_last = new_buffer((batch, channels), torch.float32, x.device)
-        v0_arg = v0.contiguous() if v0 is not None else v_last
         block = _channels_per_program(batch, channels)
         unroll, stages = _forward_unroll_and_stages(batch, channels)
         grid = (batch, triton.cdiv(channels, block))
-        _plif_forward_kernel[grid](
-            x, beta.contiguous(), v_th.contiguous(), v0_arg, spikes, v_pre, v_pre_f32, v_last,
-            seq_len, channels,
-            HAS_V0=v0 is not None, SAVE_F32=save_f32, BLOCK_D=block, UNROLL=unroll, STAGES=stages,
-            EVEN=seq_len % unroll == 0 and channels % block == 0, num_warps=1,
-            # beta v + (1 - beta) x rounded as the reference rounds it (two products, then the sum),
-            # not fused into an FMA: a membrane one rounding apart can cross the threshold the
-            # other way and send the channel on another spike train (measured: a relative error
-            # of 8e-5 in v_pre at Bt 8 x T 4096 x D 2560 with fusion).
-            enable_fp_fusion=False,
-        )
+        beta_arg, v_th_arg = beta.contiguous(), v_th.contiguous()
+        # A ragged T runs as two launches: its whole iterations unmasked, then the last few steps
+        # masked from the first launch's v_last. One masked loop over all of T (every step's
+        # loads, stores and reset behind a mask) took a 32K row's forward + backward from 1.47 to
+        # 2.45 ms on the H200 (T 32760 against 32768, session 7).
+        whole = seq_len - seq_len % unroll
+        pieces = [(0, whole), (whole, seq_len - whole)] if 0 < whole < seq_len else [(0, seq_len)]
+        for start, steps in pieces:
+            initial = v0 if start == 0 else v_last
+            _plif_forward_kernel[grid](
+                x[:, start:], beta_arg, v_th_arg, initial.contiguous() if initial is not None else v_last,
+                spikes[:, start:], v_pre[:, start:], v_pre_f32[:, start:], v_last,
+                steps, channels, seq_len * channels,
+                HAS_V0=initial is not None, SAVE_F32=save_f32, BLOCK_D=block, UNROLL=unroll, STAGES=stages,
+                EVEN=steps % unroll == 0 and channels % block == 0, num_warps=1,
+                # beta v + (1 - beta) x rounded as the reference rounds it (two products, then the
+                # sum), not fused into an FMA: a membrane one rounding apart can cross the threshold
+                # the other way and send the channel on another spike train (measured: a relative
+                # error of 8e-5 in v_pre at Bt 8 x T 4096 x D 2560 with fusion).
+                enable_fp_fusion=False,
+            )
         # x is not kept: the backward needs only v_pre (see _backward_step).
         ctx.save_for_backward(beta, v_th, v0, v_pre_f32)
         ctx.x_dtype = x.dtype

@@ -13,6 +13,8 @@ main pass runs every segment from its own.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -31,9 +33,10 @@ latency is the whole game for a chain of steps. Measured side by side (bench/RES
 32768, 4 stages 2.83-2.86 ms against 3.46-3.47 with 3 (6: 2.75)."""
 
 _SEGMENT_CHUNKS = 32
-"""Chunks a backward segment when the backward is split along time (`_backward_segment_chunks`).
-Measured on the H200 (fwd + bwd, Bt 1 x T 32768 x D 2560, one run): one segment 2.40 ms; 16
-chunks a segment 2.09, 32 chunks 1.89 and 1.93, 64 chunks 1.83."""
+"""The fewest chunks a backward segment when the backward is split along time
+(`_backward_segment_chunks`); long rows take longer ones, _SEGMENTS of them."""
+_SEGMENTS = 32
+"""Segments a long row is split into (`_backward_segment_chunks`)."""
 
 
 def _backward_channels(batch: int, channels: int, segments: int) -> int:
@@ -44,16 +47,33 @@ def _backward_channels(batch: int, channels: int, segments: int) -> int:
     of copy with 64-channel rows and 66 % with 32 at Bt 8 x T 4096 x D 2560, and the backward
     follows (fwd + bwd 0.725 against 0.778-0.781 ms for session 5's 32, side by side); a
     segmented 32K row 1.62 against 1.89-1.93 ms (session 5); one segment of a 32K row (T 32760)
-    3.34 against 3.85 ms with 32. Bt 2 x T 4000 was 0.49-0.54 against 0.59-0.65 for 64, one run:
-    the threshold may belong lower, not measured further."""
+    3.34 against 3.85 ms with 32. Side by side in session 7 (graph replay, 32 / 64 channels),
+    one segment of few rows: Bt 3 x T 4096 x D 2560 0.364 / 0.396 ms, Bt 2 x T 4000 x D 2560 0.333
+    / 0.370, Bt 1 x T 32760 x D 2560 3.32 / 3.85, Bt 1 x T 4000 x D 1024 0.293 / 0.362, Bt 4 x T
+    4096 x D 1536 0.351 / 0.387; segments or many rows: Bt 2 x T 4096 x D 2560 0.359 / 0.300, a
+    32K row 1.68 / 1.47, Bt 8 x T 4096 x D 2560 0.760 / 0.698; the gradients bitwise equal."""
     return 64 if segments > 1 or batch * channels >= 8192 else 32
 
 
+@functools.cache
 def _backward_segment_chunks(batch: int, channels: int, seq_len: int) -> int:
-    """Chunks a backward segment: _SEGMENT_CHUNKS for few rows (Bt x D below 8192: the forward's
-    threshold), else all of them (one segment). `plif_backward` keeps one segment unless T is
-    whole segments."""
-    return _SEGMENT_CHUNKS if batch * channels < 8192 else max(seq_len // _BACKWARD_CHUNK_T, 1)
+    """Chunks a backward segment for few rows (Bt x D below 6144): _SEGMENTS segments of a long
+    row, at least _SEGMENT_CHUNKS chunks each; else all of them (one segment). `plif_backward`
+    keeps one segment unless T is whole segments. Measured side by side on the H200 (forward +
+    backward replayed from a CUDA graph, session 7), 16 / 32 / 64 / 128 chunks a segment and one
+    segment: Bt 1 x T 32768 x D 2560 1.667 / 1.547 / 1.475 / 1.471 / 2.339 ms; Bt 1 x T 32768 x
+    D 1024 1.283 / 1.196 / 1.092 / 1.086 / 2.305; Bt 1 x T 8192 x D 2560 0.440 / 0.401 / 0.408 /
+    0.413 / 0.596; Bt 2 x T 4096 x D 2560 0.321 / 0.300 / 0.310 / 0.308 / 0.342; Bt 1 x T 4096 x
+    D 1024 0.171 / 0.165 / 0.192 / 0.260 / 0.300; but Bt 3 x T 4096 x D 2560 (7680 channels of
+    rows) 0.418 / 0.422 / 0.387 / 0.381 / 0.365. When T is whole chunks but not whole segments of
+    that length, the segment is the divisor of T's chunks nearest to it (T 32760 is 4095 chunks:
+    35 segments of 117), one segment if no divisor of at least _SEGMENT_CHUNKS leaves two."""
+    chunks = max(seq_len // _BACKWARD_CHUNK_T, 1)
+    if batch * channels >= 6144:
+        return chunks
+    target = max(_SEGMENT_CHUNKS, chunks // _SEGMENTS)
+    divisors = [size for size in range(_SEGMENT_CHUNKS, chunks // 2 + 1) if chunks % size == 0]
+    return min(divisors, key=lambda size: (abs(size - target), size)) if divisors else chunks
 
 
 @triton.jit

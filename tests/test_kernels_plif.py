@@ -192,9 +192,19 @@ def test_backward_segments_match_reference(
         assert _relative_error(got.grad, want.grad) < 1e-5
 
 
-def test_backward_segments_only_for_few_rows() -> None:
-    assert plif_backward._backward_segment_chunks(1, 2560, 32768) == plif_backward._SEGMENT_CHUNKS
-    assert plif_backward._backward_segment_chunks(8, 2560, 4096) == 4096 // plif_backward._BACKWARD_CHUNK_T
+def test_backward_segments_only_for_few_rows_and_longer_for_long_rows() -> None:
+    chunks = 4096 // plif_backward._BACKWARD_CHUNK_T
+    assert plif_backward._backward_segment_chunks(1, 2560, 4096) == plif_backward._SEGMENT_CHUNKS
+    assert plif_backward._backward_segment_chunks(2, 2560, 4096) == plif_backward._SEGMENT_CHUNKS
+    # A 32K row: _SEGMENTS segments, each longer than the shortest.
+    assert plif_backward._backward_segment_chunks(1, 2560, 32768) == 8 * chunks // plif_backward._SEGMENTS
+    assert plif_backward._backward_segment_chunks(3, 2560, 4096) == chunks  # 7680 channels of rows: one
+    assert plif_backward._backward_segment_chunks(8, 2560, 4096) == chunks
+    # T whole chunks but not whole segments: the nearest divisor of its chunks, or one segment.
+    assert plif_backward._backward_segment_chunks(1, 2560, 32760) == 117  # 4095 = 35 x 117
+    assert plif_backward._backward_segment_chunks(2, 2560, 4000) == 50  # 500 chunks
+    assert plif_backward._backward_segment_chunks(1, 2560, 8 * 509) == 509  # prime: one segment
+    assert plif_backward._backward_segment_chunks(1, 2560, 8 * 40) == 40  # too short to split
 
 
 def test_leak_near_one_keeps_the_beta_gradient() -> None:
