@@ -55,6 +55,25 @@ def time_ms(fn: Callable[[], object], budget_s: float = 0.6, most: int = 50) -> 
     return statistics.median(begin.elapsed_time(end) for begin, end in events)
 
 
+def graph_ms(fn: Callable[[], object]) -> float:
+    """Median device time of one call replayed from a CUDA graph, in ms: `fn` warmed up on a side
+    stream, captured once, and the replays timed by `time_ms`. This is how the trainer's graph
+    engine runs a step. At small shapes `time_ms` of the eager call holds the host's work
+    (autograd, a dozen launches) with the device idle, and the replay does not (bench/RESULTS.md,
+    session 7: a selective-scan forward + backward at Bt 4 x T 256 x Dm 1024 is 0.92-1.02 ms
+    eagerly and 0.087 ms replayed)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return time_ms(graph.replay)
+
+
 def emit(kernel: str, size: str, impl: str, ms: float, nbytes: float, copy_gbs: float, **extra) -> dict:
     gbs = nbytes / ms / 1e6
     row = {"kernel": kernel, "size": size, "impl": impl, "ms": round(ms, 4), "min_bytes": int(nbytes),
@@ -350,32 +369,91 @@ def sweep_selective_scan(copy_gbs: float) -> None:
 
 
 def sweep_scan_segments(copy_gbs: float) -> None:
-    """The selective scan's forward split along time for few rows (`_forward_segment_chunks`):
-    one segment against several segment lengths, each checked against the reference first."""
+    """The selective scan split along time for few rows (`_forward_segment_chunks`,
+    `_backward_segment_chunks`): the kernels' own choice against forced segment lengths (0: one
+    segment), forward + backward replayed from a CUDA graph (`graph_ms`), each checked against
+    the reference first."""
     scan_module = sys.modules["kernels.selective_scan"]
-    default_segments = scan_module._forward_segment_chunks
+    backward_module = sys.modules["kernels.selective_scan_backward"]
+    defaults = (scan_module._forward_segment_chunks, backward_module._backward_segment_chunks)
     check = _scan_case(1, 203, 96, 16, seed=1)
     check_grad = torch.randn(1, 203, 96, device="cuda")
     want = _grads_of(selective_scan_reference, check, check_grad)
-    for batch, steps in [(1, 32768), (1, 8192), (2, 4096)]:
-        case = _scan_case(batch, steps, 1024, 16, seed=2)
-        grad = torch.randn(batch, steps, 1024, device="cuda")
-        io = batch * steps * (3 * 1024 + 32) * 4
-        for segment in [None, 8, 16, 32, 64, "auto"]:
-            patch(scan_module, _forward_segment_chunks=default_segments if segment == "auto"
-                  else lambda _batch, _channels, chunks, segment=segment: segment or max(chunks, 1))
-            config = f"Bt {batch} T {steps} Dm 1024 N 16, forward segments of {segment or 'all'} chunks"
+    # (forward chunks a segment, backward chunks a segment); None: the kernel's own choice.
+    variants = [(None, None), (None, 8), (None, 16), (None, 32), (None, 64), (None, 0), (0, None), (8, None),
+                (16, None), (64, None)]
+    for batch, steps, channels in [(1, 32768, 1024), (1, 8192, 1024), (2, 4096, 1024), (1, 4096, 1024),
+                                   (1, 2048, 2048), (2, 256, 1024)]:
+        case = _scan_case(batch, steps, channels, 16, seed=2)
+        grad = torch.randn(batch, steps, channels, device="cuda")
+        io = batch * steps * (3 * channels + 32) * 4
+        for forward, backward in variants:
+            patch(scan_module, _forward_segment_chunks=defaults[0] if forward is None
+                  else lambda _batch, _channels, chunks, segment=forward: segment or max(chunks, 1))
+            patch(backward_module, _backward_segment_chunks=defaults[1] if backward is None
+                  else lambda _batch, _channels, chunks, segment=backward: segment or max(chunks, 1))
+            config = (f"Bt {batch} T {steps} Dm {channels} N 16, segments of {_segment_name(forward)} chunks forward,"
+                      f" {_segment_name(backward)} backward")
             try:
                 error = max(relative_error(a, b) for a, b in zip(_grads_of(selective_scan, check, check_grad), want))
-                with torch.no_grad():
-                    forward_ms = time_ms(lambda case=case: selective_scan(*case), budget_s=0.3)
-                both_ms = time_ms(lambda case=case, grad=grad: _grads_of(selective_scan, case, grad), budget_s=0.3)
-                emit("sweep_scan_segments", config, "triton_fwd", forward_ms, io, copy_gbs, rel_err=error)
-                emit("sweep_scan_segments", config, "triton_fwd_bwd", both_ms, 2 * io, copy_gbs)
+                both_ms = graph_ms(lambda case=case, grad=grad: _grads_of(selective_scan, case, grad))
+                emit("sweep_scan_segments", config, "triton_fwd_bwd_graph", both_ms, 2 * io, copy_gbs, rel_err=error)
             except Exception as failure:
                 print(json.dumps({"kernel": "sweep_scan_segments", "size": config, "error": str(failure)[:500]}),
                       flush=True)
-    patch(scan_module, _forward_segment_chunks=default_segments)
+    patch(scan_module, _forward_segment_chunks=defaults[0])
+    patch(backward_module, _backward_segment_chunks=defaults[1])
+
+
+def _segment_name(segment: int | None) -> str:
+    return "auto" if segment is None else str(segment or "all")
+
+
+def sweep_plif_segments(copy_gbs: float) -> None:
+    """The PLIF backward for few rows: its own segments and channels a program against forced ones
+    (segments: chunks a segment, 0 one segment), forward + backward replayed from a CUDA graph
+    (`graph_ms`), each checked against the reference first; ragged rows included."""
+    module = sys.modules["kernels.plif_backward"]
+    defaults = (module._backward_segment_chunks, module._backward_channels)
+    # 128 chunks and ragged channel blocks: every forced length below splits it into segments.
+    check = [torch.randn(1, 1024, 300, device="cuda"), torch.rand(300, device="cuda") * 0.8 + 0.1,
+             torch.rand(300, device="cuda") + 0.5]
+    check_grads = [torch.randn(1, 1024, 300, device="cuda") for _ in range(2)]
+
+    def outputs_and_grads(scan, inputs, grads) -> list[torch.Tensor]:
+        leaves = [t.clone().requires_grad_() for t in inputs]
+        spikes, v_pre, v_last = scan(*leaves)
+        return [spikes, v_pre, v_last, *torch.autograd.grad([spikes, v_pre], leaves, grads)]
+
+    want = outputs_and_grads(plif_scan_reference, check, check_grads)
+    # (chunks a segment, channels a program); None: the kernel's own choice.
+    variants = [(None, None), (16, None), (32, None), (64, None), (128, None), (0, None), (None, 32), (None, 64)]
+    for batch, steps, channels in [(1, 32768, 2560), (1, 32760, 2560), (1, 8192, 2560), (2, 4096, 2560),
+                                   (2, 4000, 2560), (3, 4096, 2560), (1, 4096, 1024)]:
+        inputs = [torch.randn(batch, steps, channels, device="cuda"), torch.rand(channels, device="cuda") * 0.8 + 0.1,
+                  torch.rand(channels, device="cuda") + 0.5]
+        leaves = [t.requires_grad_() for t in inputs]
+        grads = [torch.randn(batch, steps, channels, device="cuda") for _ in range(2)]
+        io = batch * steps * channels * 4 * 7  # fwd: x in, spikes and v_pre out; bwd: v_pre, 2 grads in, dx out
+        for segment, block in variants:
+            patch(module, _backward_segment_chunks=defaults[0] if segment is None
+                  else lambda _batch, _channels, t, segment=segment: segment or max(t // module._BACKWARD_CHUNK_T, 1),
+                  _backward_channels=defaults[1] if block is None
+                  else lambda _batch, _channels, _segments, block=block: block)
+            config = (f"Bt {batch} T {steps} D {channels}, {_segment_name(segment)} chunks a segment,"
+                      f" {block or 'auto'} channels a program")
+            try:
+                error = max(relative_error(a, b) for a, b in zip(outputs_and_grads(plif_scan, check, check_grads), want))
+
+                def both(leaves=leaves, grads=grads):
+                    spikes, v_pre, _ = plif_scan(*leaves)
+                    return torch.autograd.grad([spikes, v_pre], leaves, grads)
+
+                emit("sweep_plif_segments", config, "triton_fwd_bwd_graph", graph_ms(both), io, copy_gbs, rel_err=error)
+            except Exception as failure:
+                print(json.dumps({"kernel": "sweep_plif_segments", "size": config, "error": str(failure)[:500]}),
+                      flush=True)
+    patch(module, _backward_segment_chunks=defaults[0], _backward_channels=defaults[1])
 
 
 def sweep_plif(copy_gbs: float) -> None:
@@ -451,7 +529,8 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
     parser.add_argument("--sweep", action="store_true", help="time block-shape variants of the scans instead")
     parser.add_argument("--only", nargs="*", default=None,
-                        help="kernels to run (adamw grad_norms scan plif poincare; with --sweep also scan_segments)")
+                        help="kernels to run (adamw grad_norms scan plif poincare; with --sweep also scan_segments "
+                        "plif_segments)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("bench/kernels.py needs a CUDA GPU", file=sys.stderr)
@@ -467,6 +546,8 @@ def main() -> int:
             sweep_scan_segments(copy_gbs)
         if "plif" in wanted:
             sweep_plif(copy_gbs)
+        if "plif" in wanted or "plif_segments" in wanted:
+            sweep_plif_segments(copy_gbs)
         if args.out:
             args.out.write_text("".join(json.dumps(row) + "\n" for row in ROWS))
         return 0
