@@ -46,13 +46,13 @@ def _backward_segment_chunks(batch: int, channels: int, chunks: int) -> int:
     (each an eighth of the row, within _SEGMENT_CHUNKS' bounds): a first pass finds what each
     segment's adjoint sends to the segment before it (from zero at its end) and the product of its
     decays, a short sequential pass over segments turns those into each segment's incoming
-    adjoint, and the main pass walks every segment from its end in parallel. Measured on the H200 (forward + backward replayed from a CUDA
-    graph, N 16, session 7), segmented against one segment: Bt 1 x T 32768 x Dm 1024 2.07 (64-chunk
-    segments) against 4.13 ms; Bt 1 x T 8192 0.544 against 1.056; Bt 2 x T 4096 0.534 against
-    0.658; Bt 2 x T 4096 x Dm 768 0.420 against 0.609; but Bt 4 x T 4096 x Dm 1024 0.993 (16-chunk
-    segments) against 0.893, Bt 4 x T 4096 x Dm 768 0.840 against 0.814 and Bt 8 x T 4096 x Dm 1024
-    1.73 against 1.41 (the first pass's cost is then not repaid). So segments up to Bt x Dm = 2048,
-    one segment above."""
+    adjoint, and the main pass walks every segment from its end in parallel. Measured on the H200
+    (forward + backward replayed from a CUDA graph, N 16, session 7), segmented against one
+    segment: Bt 1 x T 32768 x Dm 1024 2.07 (64-chunk segments) against 4.13 ms; Bt 1 x T 8192
+    0.544 against 1.056; Bt 2 x T 4096 0.534 against 0.658; Bt 2 x T 4096 x Dm 768 0.420 against
+    0.609; but Bt 4 x T 4096 x Dm 1024 0.993 (16-chunk segments) against 0.893, Bt 4 x T 4096 x Dm
+    768 0.840 against 0.814 and Bt 8 x T 4096 x Dm 1024 1.73 against 1.41 (the first pass's cost
+    is then not repaid). So segments up to Bt x Dm = 2048, one segment above."""
     if batch * channels > 2048:
         return max(chunks, 1)
     shortest, longest = _SEGMENT_CHUNKS
