@@ -83,3 +83,28 @@ def one_thread() -> Iterator[None]:
 
     with one_torch_thread():
         yield
+
+
+@pytest.fixture
+def record_launches(monkeypatch: pytest.MonkeyPatch):
+    """`record(module, name)` puts a recorder in place of a module's Triton kernel and returns the
+    list its launches go to: each launch's keyword arguments plus `args`, the positional ones; the
+    kernel still runs. For tests of which variant a shape takes (unmasked loops, launches)."""
+
+    def record(module, name: str) -> list[dict]:
+        kernel, launches = getattr(module, name), []
+
+        class Recorder:
+            def __getitem__(self, grid):
+                launch = kernel[grid]
+
+                def recorded(*args, **kwargs):
+                    launches.append(kwargs | {"args": args})
+                    return launch(*args, **kwargs)
+
+                return recorded
+
+        monkeypatch.setattr(module, name, Recorder())
+        return launches
+
+    return record

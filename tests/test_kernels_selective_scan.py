@@ -119,6 +119,17 @@ def test_segments_only_for_few_rows_and_no_longer_than_the_row_needs() -> None:
     assert backward(8, 1024, 512) == 512
 
 
+def test_whole_rows_run_the_unmasked_loops(record_launches) -> None:
+    """Whole chunks, channel blocks and segments (test_kernel_matches_reference's last case): both
+    directions' chunk loops carry no masks. Until session 7 the backward walked this row's 4 chunks
+    as one 8-chunk segment, ragged, so that case ran the masked loop."""
+    forward = record_launches(scan_module, "_selective_scan_forward_kernel")
+    backward = record_launches(backward_module, "_selective_scan_backward_kernel")
+    _check_against_reference(2, 32, 32, 2, 8, True, True)
+    assert forward and backward
+    assert all(launch["EVEN"] for launch in forward + backward)
+
+
 def test_forward_without_gradients_matches() -> None:
     """Under no_grad the forward saves no chunk starts; its outputs are the same bits."""
     inputs = _inputs(2, 27, 12, 3, 4, seed=3)
