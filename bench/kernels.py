@@ -231,23 +231,15 @@ def bench_selective_scan(batch: int, steps: int, channels: int, state: int, copy
 
 def bench_plif(batch: int, steps: int, channels: int, copy_gbs: float, references: bool) -> None:
     size = f"Bt {batch} T {steps} D {channels} fp32"
-    x = torch.randn(batch, steps, channels, device="cuda")
-    beta = torch.rand(channels, device="cuda") * 0.8 + 0.1
-    threshold = torch.rand(channels, device="cuda") + 0.5
+    x, beta, threshold = _plif_case(batch, steps, channels)
     io = batch * steps * channels * 4 * 3  # read x; write spikes, v_pre
     io_backward = io + batch * steps * channels * 4 * 4  # + read v_pre, gs, gv_pre; write gx
     grads = [torch.randn_like(x), torch.randn_like(x)]
     leaves = [t.clone().requires_grad_() for t in (x, beta, threshold)]
 
-    def forward_backward(scan):
-        def run():
-            spikes, v_pre, _ = scan(*leaves)
-            torch.autograd.grad([spikes, v_pre], leaves, grads)  # no .grad accumulation
-        return run
-
     with torch.no_grad():
         emit("plif_fwd", size, "triton", time_ms(lambda: plif_scan(x, beta, threshold)), io, copy_gbs)
-    emit("plif_fwd_bwd", size, "triton", time_ms(forward_backward(plif_scan)), io_backward, copy_gbs)
+    emit("plif_fwd_bwd", size, "triton", time_ms(_plif_training_call(plif_scan, leaves, grads)), io_backward, copy_gbs)
     if references:
         with torch.no_grad():
             error = relative_error(plif_scan(x, beta, threshold)[1], plif_scan_reference(x, beta, threshold)[1])
@@ -270,7 +262,7 @@ def bench_plif(batch: int, steps: int, channels: int, copy_gbs: float, reference
                 return torch.stack(spikes, 1), torch.stack(potentials, 1), v
 
             emit("plif_fwd", size, "torch_compile_step", time_ms(compiled_scan, budget_s=0), io, copy_gbs)
-        emit("plif_fwd_bwd", size, "torch_eager", time_ms(forward_backward(plif_scan_reference), budget_s=0),
+        emit("plif_fwd_bwd", size, "torch_eager", time_ms(_plif_training_call(plif_scan_reference, leaves, grads), budget_s=0),
              io_backward, copy_gbs)
     speedups("plif_fwd", size)
     speedups("plif_fwd_bwd", size)
@@ -321,6 +313,30 @@ def _grads_of(scan, leaves: list[torch.Tensor], grad_y: torch.Tensor) -> list[to
     """The output and the gradients of every leaf (returned, not accumulated into .grad)."""
     y, _ = scan(*leaves)
     return [y, *torch.autograd.grad(y, leaves, grad_y)]
+
+
+def _plif_case(batch: int, steps: int, channels: int) -> list[torch.Tensor]:
+    """x, beta in (0.1, 0.9) and a threshold in (0.5, 1.5), on the GPU."""
+    return [torch.randn(batch, steps, channels, device="cuda"), torch.rand(channels, device="cuda") * 0.8 + 0.1,
+            torch.rand(channels, device="cuda") + 0.5]
+
+
+def _plif_training_call(scan, leaves: list[torch.Tensor], grads: list[torch.Tensor]) -> Callable[[], object]:
+    """A call of the scan as a training step makes it: forward, then the gradients of the leaves
+    from dL/dspikes and dL/dv_pre (returned, not accumulated into .grad)."""
+
+    def run():
+        spikes, v_pre, _ = scan(*leaves)
+        return torch.autograd.grad([spikes, v_pre], leaves, grads)
+
+    return run
+
+
+def _plif_grads_of(scan, inputs: list[torch.Tensor], grads: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Spikes, v_pre, v_last and the gradients of x, beta and threshold (on fresh leaves)."""
+    leaves = [t.clone().requires_grad_() for t in inputs]
+    spikes, v_pre, v_last = scan(*leaves)
+    return [spikes, v_pre, v_last, *torch.autograd.grad([spikes, v_pre], leaves, grads)]
 
 
 def patch(module, **values) -> None:
@@ -416,23 +432,14 @@ def sweep_plif_segments(copy_gbs: float) -> None:
     module = sys.modules["kernels.plif_backward"]
     defaults = (module._backward_segment_chunks, module._backward_channels)
     # 128 chunks and ragged channel blocks: every forced length below splits it into segments.
-    check = [torch.randn(1, 1024, 300, device="cuda"), torch.rand(300, device="cuda") * 0.8 + 0.1,
-             torch.rand(300, device="cuda") + 0.5]
+    check = _plif_case(1, 1024, 300)
     check_grads = [torch.randn(1, 1024, 300, device="cuda") for _ in range(2)]
-
-    def outputs_and_grads(scan, inputs, grads) -> list[torch.Tensor]:
-        leaves = [t.clone().requires_grad_() for t in inputs]
-        spikes, v_pre, v_last = scan(*leaves)
-        return [spikes, v_pre, v_last, *torch.autograd.grad([spikes, v_pre], leaves, grads)]
-
-    want = outputs_and_grads(plif_scan_reference, check, check_grads)
+    want = _plif_grads_of(plif_scan_reference, check, check_grads)
     # (chunks a segment, channels a program); None: the kernel's own choice.
     variants = [(None, None), (16, None), (32, None), (64, None), (128, None), (0, None), (None, 32), (None, 64)]
     for batch, steps, channels in [(1, 32768, 2560), (1, 32760, 2560), (1, 8192, 2560), (2, 4096, 2560),
                                    (2, 4000, 2560), (3, 4096, 2560), (1, 4096, 1024)]:
-        inputs = [torch.randn(batch, steps, channels, device="cuda"), torch.rand(channels, device="cuda") * 0.8 + 0.1,
-                  torch.rand(channels, device="cuda") + 0.5]
-        leaves = [t.requires_grad_() for t in inputs]
+        leaves = [t.requires_grad_() for t in _plif_case(batch, steps, channels)]
         grads = [torch.randn(batch, steps, channels, device="cuda") for _ in range(2)]
         io = batch * steps * channels * 4 * 7  # fwd: x in, spikes and v_pre out; bwd: v_pre, 2 grads in, dx out
         for segment, block in variants:
@@ -443,13 +450,9 @@ def sweep_plif_segments(copy_gbs: float) -> None:
             config = (f"Bt {batch} T {steps} D {channels}, {_segment_name(segment)} chunks a segment,"
                       f" {block or 'auto'} channels a program")
             try:
-                error = max(relative_error(a, b) for a, b in zip(outputs_and_grads(plif_scan, check, check_grads), want))
-
-                def both(leaves=leaves, grads=grads):
-                    spikes, v_pre, _ = plif_scan(*leaves)
-                    return torch.autograd.grad([spikes, v_pre], leaves, grads)
-
-                emit("sweep_plif_segments", config, "triton_fwd_bwd_graph", graph_ms(both), io, copy_gbs, rel_err=error)
+                error = max(relative_error(a, b) for a, b in zip(_plif_grads_of(plif_scan, check, check_grads), want))
+                emit("sweep_plif_segments", config, "triton_fwd_bwd_graph",
+                     graph_ms(_plif_training_call(plif_scan, leaves, grads)), io, copy_gbs, rel_err=error)
             except Exception as failure:
                 print(json.dumps({"kernel": "sweep_plif_segments", "size": config, "error": str(failure)[:500]}),
                       flush=True)
@@ -463,16 +466,9 @@ def sweep_plif(copy_gbs: float) -> None:
     # in two time segments by the kernel's own choice (few rows, T two segments).
     checks = []
     for batch, steps, channels in [(2, 203, 300), (2, 256, 256), (1, 512, 256)]:
-        inputs = [torch.randn(batch, steps, channels, device="cuda"), torch.rand(channels, device="cuda") * 0.8 + 0.1,
-                  torch.rand(channels, device="cuda") + 0.5]
-        checks.append((inputs, [torch.randn(batch, steps, channels, device="cuda") for _ in range(2)]))
-
-    def plif_outputs_and_grads(scan, inputs, grads) -> list[torch.Tensor]:
-        leaves = [t.clone().requires_grad_() for t in inputs]
-        spikes, v_pre, v_last = scan(*leaves)
-        return [spikes, v_pre, v_last, *torch.autograd.grad([spikes, v_pre], leaves, grads)]
-
-    want_plif = [plif_outputs_and_grads(plif_scan_reference, *check) for check in checks]
+        checks.append((_plif_case(batch, steps, channels),
+                       [torch.randn(batch, steps, channels, device="cuda") for _ in range(2)]))
+    want_plif = [_plif_grads_of(plif_scan_reference, *check) for check in checks]
     # The forward's (channels a program, steps an iteration, stages) and the backward's (channels a
     # program, steps a chunk, stages, chunks a segment: None for the kernel's choice, 0 for one
     # segment). The kernel's own first and again later (the spread between repeats is the noise).
@@ -499,21 +495,13 @@ def sweep_plif(copy_gbs: float) -> None:
                   f" stages {backward_stages}, {'auto' if segment is None else segment or 'all'} chunks a segment")
         try:
             error = max(relative_error(a, b) for check, want in zip(checks, want_plif)
-                        for a, b in zip(plif_outputs_and_grads(plif_scan, *check), want))
+                        for a, b in zip(_plif_grads_of(plif_scan, *check), want))
             for batch, steps in [(8, 4096), (1, 32768)]:
-                x = torch.randn(batch, steps, 2560, device="cuda")
-                b2 = torch.rand(2560, device="cuda") * 0.8 + 0.1
-                t2 = torch.rand(2560, device="cuda") + 0.5
-                leaves = [x.requires_grad_(), b2.requires_grad_(), t2.requires_grad_()]
+                x, b2, t2 = leaves = [t.requires_grad_() for t in _plif_case(batch, steps, 2560)]
                 grads = [torch.randn_like(x), torch.randn_like(x)]
-
-                def both(leaves=leaves, grads=grads):
-                    spikes, v_pre, _ = plif_scan(*leaves)
-                    torch.autograd.grad([spikes, v_pre], leaves, grads)
-
                 with torch.no_grad():
                     forward_ms = time_ms(lambda x=x, b2=b2, t2=t2: plif_scan(x, b2, t2), budget_s=0.3)
-                both_ms = time_ms(both, budget_s=0.3)
+                both_ms = time_ms(_plif_training_call(plif_scan, leaves, grads), budget_s=0.3)
                 io = batch * steps * 2560 * 4 * 3
                 emit("sweep_plif", f"{config} Bt {batch} T {steps}", "triton_fwd", forward_ms, io, copy_gbs,
                      rel_err=error)

@@ -153,13 +153,13 @@ class _PlifScan(torch.autograd.Function):
         # 2.45 ms on the H200 (T 32760 against 32768, session 7).
         whole = seq_len - seq_len % unroll
         pieces = [(0, whole), (whole, seq_len - whole)] if 0 < whole < seq_len else [(0, seq_len)]
+        v0_arg = v0.contiguous() if v0 is not None else v_last
         for start, steps in pieces:
-            initial = v0 if start == 0 else v_last
             _plif_forward_kernel[grid](
-                x[:, start:], beta_arg, v_th_arg, initial.contiguous() if initial is not None else v_last,
+                x[:, start:], beta_arg, v_th_arg, v0_arg if start == 0 else v_last,
                 spikes[:, start:], v_pre[:, start:], v_pre_f32[:, start:], v_last,
                 steps, channels, seq_len * channels,
-                HAS_V0=initial is not None, SAVE_F32=save_f32, BLOCK_D=block, UNROLL=unroll, STAGES=stages,
+                HAS_V0=start > 0 or v0 is not None, SAVE_F32=save_f32, BLOCK_D=block, UNROLL=unroll, STAGES=stages,
                 EVEN=steps % unroll == 0 and channels % block == 0, num_warps=1,
                 # beta v + (1 - beta) x rounded as the reference rounds it (two products, then the
                 # sum), not fused into an FMA: a membrane one rounding apart can cross the threshold
