@@ -9,6 +9,7 @@ each reference. Run on a CUDA machine: `python bench/kernels.py [--out rows.json
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -269,6 +270,43 @@ def bench_plif(batch: int, steps: int, channels: int, copy_gbs: float, reference
     torch.cuda.empty_cache()
 
 
+def bench_plif_bf16(copy_gbs: float) -> None:
+    """The PLIF scan as the NS models run it under bf16 autocast (bf16 x from a linear map, bf16
+    gradients), replayed from a CUDA graph, at the models' shapes: a hippocampal layer's write gate
+    (20 or 16 heads) and FFN neurons, a dendritic soma. Side by side with session 7's channel rule,
+    one channel a thread for few rows, which loaded 2-byte values one step at a time (kernels/plif.py
+    `_channels_per_program`)."""
+    plif_module, backward_module = sys.modules["kernels.plif"], sys.modules["kernels.plif_backward"]
+    rules = (plif_module._channels_per_program, backward_module._backward_channels)
+    session7 = (lambda batch, channels, _size: 64 if batch * channels >= 8192 else 32,
+                lambda batch, channels, segments, _size: 64 if segments > 1 or batch * channels >= 8192 else 32)
+    for batch, steps, channels in [(1, 4096, 20), (4, 4096, 16), (1, 4096, 2560), (1, 4096, 7680), (4, 4096, 6144),
+                                   (8, 4096, 2560)]:
+        x, beta, threshold = _plif_case(batch, steps, channels)
+        x = x.bfloat16()
+        size = f"Bt {batch} T {steps} D {channels} bf16"
+        elements = batch * steps * channels
+        io = elements * 2 * 3  # read x; write spikes, v_pre (the fp32 copy of v_pre is the kernel's own)
+        io_backward = io + elements * 2 * 3  # + read the two gradients, write dx (v_pre_f32 not counted)
+        grads = [torch.randn_like(x), torch.randn_like(x)]
+        leaves = [t.clone().requires_grad_() for t in (x, beta, threshold)]
+        want = _plif_grads_of(plif_scan_reference, [x, beta, threshold], grads)
+        for name, (forward_rule, backward_rule) in (("triton", rules), ("triton_session7_rule", session7)):
+            patch(plif_module, _channels_per_program=forward_rule)
+            patch(backward_module, _backward_channels=backward_rule)
+            error = relative_error(_plif_grads_of(plif_scan, [x, beta, threshold], grads)[3], want[3])
+            with torch.no_grad():
+                emit("plif_bf16_fwd", size, name, graph_ms(functools.partial(plif_scan, x, beta, threshold)), io,
+                     copy_gbs)
+            emit("plif_bf16_fwd_bwd", size, name, graph_ms(_plif_training_call(plif_scan, leaves, grads)),
+                 io_backward, copy_gbs, rel_err_dx=error)
+        patch(plif_module, _channels_per_program=rules[0])
+        patch(backward_module, _backward_channels=rules[1])
+        speedups("plif_bf16_fwd", size)
+        speedups("plif_bf16_fwd_bwd", size)
+    torch.cuda.empty_cache()
+
+
 def bench_poincare(queries: int, slots: int, key_dim: int, value_dim: int, top_k: int, copy_gbs: float) -> None:
     size = f"Nq {queries} S {slots} Dk {key_dim} Dv {value_dim} top_k {top_k}"
     q = torch.randn(queries, key_dim, device="cuda")
@@ -446,7 +484,7 @@ def sweep_plif_segments(copy_gbs: float) -> None:
             patch(module, _backward_segment_chunks=defaults[0] if segment is None
                   else lambda _batch, _channels, t, segment=segment: segment or max(t // module._BACKWARD_CHUNK_T, 1),
                   _backward_channels=defaults[1] if block is None
-                  else lambda _batch, _channels, _segments, block=block: block)
+                  else lambda _batch, _channels, _segments, _size, block=block: block)
             config = (f"Bt {batch} T {steps} D {channels}, {_segment_name(segment)} chunks a segment,"
                       f" {block or 'auto'} channels a program")
             try:
@@ -484,10 +522,10 @@ def sweep_plif(copy_gbs: float) -> None:
         if forward is None:
             patch(plif_module, _channels_per_program=default_forward[0], _forward_unroll_and_stages=default_forward[1])
         else:
-            patch(plif_module, _channels_per_program=lambda _batch, _channels, block=forward[0]: block,
+            patch(plif_module, _channels_per_program=lambda _batch, _channels, _size, block=forward[0]: block,
                   _forward_unroll_and_stages=lambda _batch, _channels, shape=forward[1:]: shape)
         patch(plif_backward_module, _backward_channels=default_channels if backward_block is None
-              else lambda _batch, _channels, _segments, block=backward_block: block, _BACKWARD_CHUNK_T=backward_chunk,
+              else lambda _batch, _channels, _segments, _size, block=backward_block: block, _BACKWARD_CHUNK_T=backward_chunk,
               _BACKWARD_STAGES=backward_stages,
               _backward_segment_chunks=default_segments if segment is None
               else lambda _batch, _channels, steps, segment=segment, chunk=backward_chunk: segment or max(steps // chunk, 1))
@@ -517,13 +555,13 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
     parser.add_argument("--sweep", action="store_true", help="time block-shape variants of the scans instead")
     parser.add_argument("--only", nargs="*", default=None,
-                        help="kernels to run (adamw grad_norms scan plif poincare; with --sweep also scan_segments "
-                        "plif_segments)")
+                        help="kernels to run (adamw grad_norms scan plif plif_bf16 poincare; with --sweep also "
+                        "scan_segments plif_segments)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("bench/kernels.py needs a CUDA GPU", file=sys.stderr)
         return 2
-    wanted = set(args.only) if args.only else {"adamw", "grad_norms", "scan", "plif", "poincare"}
+    wanted = set(args.only) if args.only else {"adamw", "grad_norms", "scan", "plif", "plif_bf16", "poincare"}
     print(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                       "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}), flush=True)
     copy_gbs = copy_bandwidth()
@@ -552,6 +590,8 @@ def main() -> int:
     for index, (batch, steps, channels) in enumerate(plif_sizes):
         runs.append(("plif", lambda b=batch, t=steps, c=channels, first=index == 0:
                      bench_plif(b, t, c, copy_gbs, references=first)))
+    if not args.quick:
+        runs.append(("plif_bf16", lambda: bench_plif_bf16(copy_gbs)))
     for top_k in (4, 0):
         runs.append(("poincare", lambda k=top_k: bench_poincare(512 if args.quick else 32768, 512, 32, 256, k,
                                                                 copy_gbs)))

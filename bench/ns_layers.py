@@ -1,14 +1,15 @@
 """GPU forward + backward time of the NS model's heavy parts at the ns-2b shapes, one JSON row each.
 
 - `chunked_scan`: the dendritic compartments' chunked scan (B 8, T 4096, 40 heads of 64, N 64,
-  bf16 autocast), eager and under torch.compile; DESIGN.md measured 22 ms eager and 6.3 ms
+  bf16 autocast), eager and as the model runs it on CUDA (`compiled_chunked_scan`); DESIGN.md measured 22 ms eager and 6.3 ms
   compiled for this shape.
 - `pool_read_flex`: the hippocampal read through flex_attention with the clock / tag bias as a
   score_mod (B 8, 20 heads, T 4096, d 128, bf16); DESIGN.md measured 14.9 ms (SDPA flash
   without the bias: 4.9 ms, also printed as `sdpa_flash`).
 - `dendritic_layer`, `hippocampal_layer`, `ns-2b_step`: whole layers and a whole ns-2b
-  micro-batch (B 1, T 4096), as the model runs them now (the PLIF scans through whatever
-  `kernels.plif` dispatches to).
+  micro-batch (B 1, T 4096), as the model runs them (the PLIF scans through whatever
+  `kernels.plif` dispatches to); the dendritic layer and the model with the chunked scan eager
+  and compiled (`compile_scan`) side by side.
 
     python bench/ns_layers.py [--iters 10] [--only NAME ...]
 """
@@ -16,6 +17,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Callable
@@ -31,7 +33,7 @@ from engine.models.ns import NSLM, PRESETS  # noqa: E402
 from engine.models.ns_dendritic import DendriticLayer  # noqa: E402
 from engine.models.ns_hippocampal import HippocampalLayer  # noqa: E402
 from engine.models.ns_pool_read import pool_read_flex  # noqa: E402
-from engine.models.ns_scan import chunked_scan  # noqa: E402
+from engine.models.ns_scan import chunked_scan, compiled_chunked_scan  # noqa: E402
 
 
 def time_ms(step: Callable[[], None], iters: int, warmup: int = 3) -> float:
@@ -59,7 +61,7 @@ def scan_rows(iters: int) -> list[dict]:
     B = torch.randn(batch, length, 1, state, device=device, dtype=torch.bfloat16, requires_grad=True)
     C = torch.randn(batch, length, 1, state, device=device, dtype=torch.bfloat16, requires_grad=True)
     rows = []
-    for name, scan in (("eager", chunked_scan), ("compiled", torch.compile(chunked_scan))):
+    for name, scan in (("eager", chunked_scan), ("compiled", compiled_chunked_scan())):
 
         def step(scan=scan):
             with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -98,10 +100,15 @@ def pool_read_rows(iters: int) -> list[dict]:
 
 
 def layer_rows(iters: int) -> list[dict]:
-    config = PRESETS["ns-2b"]
-    batch, length = 1, 4096
     rows = []
-    for name, layer_class in (("dendritic_layer", DendriticLayer), ("hippocampal_layer", HippocampalLayer)):
+    cases = (
+        ("dendritic_layer", DendriticLayer, False),
+        ("dendritic_layer", DendriticLayer, True),
+        ("hippocampal_layer", HippocampalLayer, True),
+    )
+    for name, layer_class, compile_scan in cases:
+        config = dataclasses.replace(PRESETS["ns-2b"], compile_scan=compile_scan)
+        batch, length = 1, 4096
         torch.manual_seed(0)
         layer = layer_class(config).cuda()
         x = torch.randn(batch, length, config.d_model, device="cuda", requires_grad=True)
@@ -112,24 +119,30 @@ def layer_rows(iters: int) -> list[dict]:
                 out, _, _ = layer(x, is_eos, None)
             out.float().square().mean().backward()
 
-        rows.append({"bench": name, "ms": time_ms(step, iters), "shape": "ns-2b B1 T4096 bf16 eager"})
+        rows.append({"bench": name, "compile_scan": compile_scan, "ms": time_ms(step, iters),
+                     "shape": "ns-2b B1 T4096 bf16 eager"})  # fmt: skip
     return rows
 
 
 def model_rows(iters: int) -> list[dict]:
-    torch.manual_seed(0)
-    model = NSLM(PRESETS["ns-2b"]).cuda()
-    tokens = torch.randint(0, model.config.vocab_size, (1, 4096), device="cuda")
+    rows = []
+    for compile_scan in (False, True):
+        torch.manual_seed(0)
+        model = NSLM(dataclasses.replace(PRESETS["ns-2b"], compile_scan=compile_scan)).cuda()
+        tokens = torch.randint(0, model.config.vocab_size, (1, 4096), device="cuda")
 
-    def step():
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss, _ = model(tokens, tokens)
-        loss.mean().backward()
+        def step(model=model, tokens=tokens):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss, _ = model(tokens, tokens)
+            loss.mean().backward()
 
-    ms = time_ms(step, iters, warmup=1)
-    return [{"bench": "ns-2b_step", "ms": ms, "tokens_per_s": 4096 / ms * 1e3,
-             "params": model.num_parameters(), "shape": "B1 T4096 bf16 eager",
-             "peak_gib": torch.cuda.max_memory_allocated() / 2**30}]  # fmt: skip
+        torch.cuda.reset_peak_memory_stats()
+        ms = time_ms(step, iters, warmup=2)
+        rows.append({"bench": "ns-2b_step", "compile_scan": compile_scan, "ms": ms, "tokens_per_s": 4096 / ms * 1e3,
+                     "params": model.num_parameters(), "shape": "B1 T4096 bf16 eager",
+                     "peak_gib": torch.cuda.max_memory_allocated() / 2**30})  # fmt: skip
+        del model
+    return rows
 
 
 BENCHES = {"scan": scan_rows, "pool_read": pool_read_rows, "layers": layer_rows, "model": model_rows}

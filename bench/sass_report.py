@@ -8,8 +8,8 @@ and spills, not latency-bound timings.
         --floats alpha --const HAS_V0=True HAS_GRAD_SPIKES=True HAS_GRAD_V_PRE=True \\
         HAS_GRAD_V_LAST=True HAS_CARRY=False BLOCK_D=32 CHUNK_T=8 STAGES=4 MASKED=False
 
-Arguments ending in `_ptr` are fp32 pointers, those named by --floats fp32 scalars, the others
-int32. As a launch with aligned buffers and sizes divisible by 16 does, every pointer and integer
+Arguments ending in `_ptr` are fp32 pointers unless --pointers names another element type
+(`--pointers x_ptr=bf16`), those named by --floats fp32 scalars, the others int32. As a launch with aligned buffers and sizes divisible by 16 does, every pointer and integer
 is specialised as a multiple of 16, except those the kernel lists in `do_not_specialize` (the
 layouts depend on it: bench/RESULTS.md, session 5). This machine's Triton may not be the GPU
 machine's; the report describes this one's compiler.
@@ -40,7 +40,9 @@ def _tool(name: str) -> str:
     return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
 
 
-def compile_for_sm90(kernel: Any, constexprs: dict[str, Any], warps: int, floats: set[str]) -> Any:
+def compile_for_sm90(
+    kernel: Any, constexprs: dict[str, Any], warps: int, floats: set[str], pointers: dict[str, str] | None = None
+) -> Any:
     """The kernel compiled for sm_90 (Triton's CompiledKernel), specialised as described above."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -55,11 +57,12 @@ def compile_for_sm90(kernel: Any, constexprs: dict[str, Any], warps: int, floats
         if name in constexprs:
             signature[name] = "constexpr"
         elif name.endswith("_ptr"):
-            signature[name] = "*fp32"
+            signature[name] = "*" + (pointers or {}).get(name, "fp32")
         else:
             signature[name] = "fp32" if name in floats else "i32"
     unspecialised = set(kernel.do_not_specialize)
-    divisible = [n for n, kind in signature.items() if kind in ("*fp32", "i32") and n not in unspecialised]
+    divisible = [n for n, kind in signature.items()
+                 if (kind.startswith("*") or kind == "i32") and n not in unspecialised]  # fmt: skip
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in divisible}
     source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
@@ -103,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("kernel", help="module:name of a @triton.jit kernel, e.g. kernels.plif:_plif_forward_kernel")
     parser.add_argument("--const", nargs="*", default=[], metavar="NAME=VALUE", help="the constexpr arguments")
     parser.add_argument("--floats", nargs="*", default=[], help="scalar arguments that are fp32 (others int32)")
+    parser.add_argument("--pointers", nargs="*", default=[], metavar="NAME=TYPE",
+                        help="pointer arguments of another element type than fp32 (e.g. x_ptr=bf16)")
     parser.add_argument("--warps", type=int, default=4)
     parser.add_argument("--save", type=Path, help="also write the .sass, .ptx and .ttgir here")
     args = parser.parse_args(argv)
@@ -112,7 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     module_name, _, kernel_name = args.kernel.partition(":")
     importlib.import_module(module_name)  # a package may shadow the module's name with a function
     kernel = getattr(sys.modules[module_name], kernel_name)
-    compiled = compile_for_sm90(kernel, dict(_constant(text) for text in args.const), args.warps, set(args.floats))
+    pointers = dict(text.partition("=")[::2] for text in args.pointers)
+    compiled = compile_for_sm90(kernel, dict(_constant(text) for text in args.const), args.warps, set(args.floats),
+                                pointers)
     sass, usage = sass_and_usage(compiled.asm["cubin"])
     if args.save:
         args.save.mkdir(parents=True, exist_ok=True)

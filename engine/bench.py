@@ -47,6 +47,8 @@ class BenchResult:
     """Micro-batches per update."""
     recompute: str
     """Activation recomputation (`none`, `all` or a layer kind)."""
+    overrides: dict[str, Any]
+    """The preset's config fields replaced for this run (`--override`)."""
     updates: int
     """Timed updates."""
     seconds_per_update: float
@@ -184,6 +186,7 @@ def bench_shape(
         seq_len=seq_len,
         rows=rows,
         recompute=recompute,
+        overrides=dict(overrides or {}),
         accum=accum,
         updates=updates,
         seconds_per_update=seconds,

@@ -19,10 +19,15 @@ from kernels._dispatch import compute_dtype, new_buffer, wants_triton
 from kernels.plif_backward import plif_backward
 
 
-def _channels_per_program(batch: int, channels: int) -> int:
+def _channels_per_program(batch: int, channels: int, element_size: int) -> int:
     """One warp a program: 32 channels (one a thread) when rows are few, so that more programs share
-    the SMs (Bt 1 x D 2560: 80 programs); 64 (two a thread) when they are many (Bt 8: 10 % faster)."""
-    return 64 if batch * channels >= 8192 else 32
+    the SMs (Bt 1 x D 2560: 80 programs); 64 (two a thread) when they are many (Bt 8: 10 % faster),
+    and always for 2-byte inputs. Triton's pipeliner keeps a load in flight ahead of its use only
+    through an asynchronous copy of 4 bytes or more a thread (sm_90 SASS: LDGSTS), so a bf16 input
+    with one channel a thread was loaded step by step, each step waiting out the memory's latency:
+    on the H200 (session 8) Bt 1 x T 4096 x D 7680 bf16 took 1.62 ms forward, D 20 (one program)
+    0.69 ms."""
+    return 64 if batch * channels >= 8192 or element_size < 4 else 32
 
 
 def _forward_unroll_and_stages(batch: int, channels: int) -> tuple[int, int]:
@@ -83,12 +88,22 @@ def plif_scan_reference(
 @triton.jit
 def _plif_forward_kernel(
     x_ptr, beta_ptr, threshold_ptr, v0_ptr, spikes_ptr, v_pre_ptr, v_pre_f32_ptr, v_last_ptr,
-    seq_len, channels, row_stride,
+    seq_len, channels_arg, row_stride,
     HAS_V0: tl.constexpr, SAVE_F32: tl.constexpr, BLOCK_D: tl.constexpr, UNROLL: tl.constexpr,
-    STAGES: tl.constexpr, EVEN: tl.constexpr,
+    STAGES: tl.constexpr, EVEN: tl.constexpr, CHANNELS: tl.constexpr,
 ):
+    """The row width is a compile-time constant when CHANNELS > 0 (two channels a thread or more,
+    `_channels_per_program`): a width that is not a multiple of 16 (an ns-2b layer's 20 write-gate
+    neurons) then still tells Triton that each thread's pair of channels is aligned, so that a
+    2-byte input is loaded 4 bytes at a time, which the pipeliner needs (see _PlifScan.forward)."""
     batch = tl.program_id(0)
-    channel = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)  # (BLOCK_D,): one per thread
+    channel = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)  # (BLOCK_D,): one or more a thread
+    if CHANNELS > 0:
+        tl.static_assert(BLOCK_D >= 64, "a constant row width needs two channels a thread or more")
+        channels = CHANNELS
+        channel = tl.max_contiguous(channel, BLOCK_D // 32)  # the channels a thread holds (one warp)
+    else:
+        channels = channels_arg
     channel_ok = channel < channels
     beta = tl.load(beta_ptr + channel, mask=channel_ok, other=0.5).to(tl.float32)
     threshold = tl.load(threshold_ptr + channel, mask=channel_ok, other=1.0).to(tl.float32)
@@ -143,7 +158,7 @@ class _PlifScan(torch.autograd.Function):
         save_f32 = x.dtype != torch.float32
         v_pre_f32 = new_buffer(x.shape, torch.float32, x.device) if save_f32 else v_pre
         v_last = new_buffer((batch, channels), torch.float32, x.device)
-        block = _channels_per_program(batch, channels)
+        block = _channels_per_program(batch, channels, x.element_size())
         unroll, stages = _forward_unroll_and_stages(batch, channels)
         grid = (batch, triton.cdiv(channels, block))
         beta_arg, v_th_arg = beta.contiguous(), v_th.contiguous()
@@ -160,7 +175,8 @@ class _PlifScan(torch.autograd.Function):
                 spikes[:, start:], v_pre[:, start:], v_pre_f32[:, start:], v_last,
                 steps, channels, seq_len * channels,
                 HAS_V0=start > 0 or v0 is not None, SAVE_F32=save_f32, BLOCK_D=block, UNROLL=unroll, STAGES=stages,
-                EVEN=steps % unroll == 0 and channels % block == 0, num_warps=1,
+                EVEN=steps % unroll == 0 and channels % block == 0, CHANNELS=channels if block >= 64 else 0,
+                num_warps=1,
                 # beta v + (1 - beta) x rounded as the reference rounds it (two products, then the
                 # sum), not fused into an FMA: a membrane one rounding apart can cross the threshold
                 # the other way and send the channel on another spike train (measured: a relative

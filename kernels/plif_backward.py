@@ -39,10 +39,12 @@ _SEGMENTS = 32
 """Segments a long row is split into (`_backward_segment_chunks`)."""
 
 
-def _backward_channels(batch: int, channels: int, segments: int) -> int:
+def _backward_channels(batch: int, channels: int, segments: int, element_size: int) -> int:
     """Channels a backward program (one warp, one or two channels a thread, a chunk's steps in its
     registers): 64 when rows are many (Bt x D >= 8192, the forward's threshold) or segments run at
-    once, 32 for one segment of few rows. Measured on the H200 (bench/RESULTS.md, sessions 5 and
+    once, or when the gradients are 2-byte (bf16 models: one channel a thread would load them 2
+    bytes at a time, which Triton's pipeliner does not keep in flight; kernels/plif.py
+    `_channels_per_program`), 32 for one segment of few fp32 rows. Measured on the H200 (bench/RESULTS.md, sessions 5 and
     6): the scan's access pattern alone, with no arithmetic (bench/stream_pattern.py), reaches 87 %
     of copy with 64-channel rows and 66 % with 32 at Bt 8 x T 4096 x D 2560, and the backward
     follows (fwd + bwd 0.725 against 0.778-0.781 ms for session 5's 32, side by side); a
@@ -52,7 +54,7 @@ def _backward_channels(batch: int, channels: int, segments: int) -> int:
     / 0.370, Bt 1 x T 32760 x D 2560 3.32 / 3.85, Bt 1 x T 4000 x D 1024 0.293 / 0.362, Bt 4 x T
     4096 x D 1536 0.351 / 0.387; segments or many rows: Bt 2 x T 4096 x D 2560 0.359 / 0.300, a
     32K row 1.68 / 1.47, Bt 8 x T 4096 x D 2560 0.760 / 0.698; the gradients bitwise equal."""
-    return 64 if segments > 1 or batch * channels >= 8192 else 32
+    return 64 if segments > 1 or batch * channels >= 8192 or element_size < 4 else 32
 
 
 @functools.cache
@@ -394,7 +396,8 @@ def plif_backward(
 
     beta, v_th = beta.contiguous(), v_th.contiguous()
     outer = dict(HAS_GRAD_SPIKES=grad_spikes is not None, HAS_GRAD_V_PRE=grad_v_pre is not None)
-    block = _backward_channels(batch, channels, segments)
+    gradients = [grad for grad in (grad_spikes, grad_v_pre) if grad is not None]
+    block = _backward_channels(batch, channels, segments, min([grad.element_size() for grad in gradients], default=4))
     tiles = dict(BLOCK_D=block, CHUNK_T=_BACKWARD_CHUNK_T, STAGES=_BACKWARD_STAGES, MASKED=channels % block != 0,
                  num_warps=1)
     blocks = triton.cdiv(channels, block)

@@ -115,12 +115,21 @@ def test_forward_unroll_and_stages_by_shape() -> None:
 
 
 def test_backward_channels_by_shape() -> None:
-    """64 channels a backward program for many rows or in segments, 32 for one segment of few rows
-    (kernels/plif_backward.py `_backward_channels`)."""
-    assert plif_backward._backward_channels(8, 2560, 1) == 64
-    assert plif_backward._backward_channels(1, 2560, 1) == 32
-    assert plif_backward._backward_channels(1, 2560, 32) == 64
-    assert plif_backward._backward_channels(2, 4096, 1) == 64
+    """64 channels a backward program for many rows, in segments or for 2-byte gradients, 32 for one
+    segment of few fp32 rows (kernels/plif_backward.py `_backward_channels`)."""
+    assert plif_backward._backward_channels(8, 2560, 1, 4) == 64
+    assert plif_backward._backward_channels(1, 2560, 1, 4) == 32
+    assert plif_backward._backward_channels(1, 2560, 32, 4) == 64
+    assert plif_backward._backward_channels(2, 4096, 1, 4) == 64
+    assert plif_backward._backward_channels(1, 2560, 1, 2) == 64
+
+
+def test_forward_channels_by_shape_and_input_size() -> None:
+    """64 channels a forward program for many rows or 2-byte inputs, else 32 (kernels/plif.py
+    `_channels_per_program`)."""
+    assert plif._channels_per_program(8, 2560, 4) == 64
+    assert plif._channels_per_program(1, 2560, 4) == 32
+    assert plif._channels_per_program(1, 20, 2) == 64
 
 
 @pytest.mark.parametrize("unroll_and_stages", [(4, 8), (8, 6), (16, 4)])
@@ -141,6 +150,17 @@ def test_kernel_matches_reference_for_each_unroll(
     monkeypatch.setattr(plif, "_forward_unroll_and_stages", choice)
     _check_kernel_against_reference(2, steps, channels)
     assert chosen == [(2, channels)]
+
+
+@pytest.mark.parametrize(("steps", "channels"), [(13, 20), (32, 37), (16, 64), (35, 128)])
+def test_forward_with_two_channels_a_thread_matches_reference(
+    monkeypatch: pytest.MonkeyPatch, steps: int, channels: int
+) -> None:
+    """The forward at 64 channels a program, where the row width is a compile-time constant (bf16
+    models and many rows): widths that are not a multiple of 16 (20, as an ns-2b layer's write
+    gate, and 37) and whole blocks, ragged and whole T."""
+    monkeypatch.setattr(plif, "_channels_per_program", lambda batch, channels, element_size: 64)
+    _check_kernel_against_reference(2, steps, channels)
 
 
 @pytest.mark.parametrize("chunk", [4, 8, 16])
@@ -164,7 +184,7 @@ def test_backward_with_two_channels_a_thread_matches_reference(
     aligned) and whole blocks (64, 128), ragged and whole T."""
     chosen = []
 
-    def choice(batch: int, channels: int, segments: int) -> int:
+    def choice(batch: int, channels: int, segments: int, element_size: int) -> int:
         chosen.append(segments)
         return 64
 
@@ -252,13 +272,24 @@ def test_carry_chains(use_triton: bool) -> None:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 kernels are checked on the GPU")
-def test_kernel_bf16_inputs() -> None:
-    x, beta, th, v0 = _inputs(2, 50, 40, seed=8)
-    spikes, v_pre, v_last = plif_scan(x.bfloat16(), beta, th, v0, use_triton=True)
-    _, want_v_pre, want_v_last = plif_scan_reference(x.bfloat16(), beta, th, v0)
+@pytest.mark.parametrize("channels", [20, 40, 64])
+def test_kernel_bf16_inputs(channels: int) -> None:
+    """bf16 inputs (two channels a program's thread, loaded 4 bytes at a time), widths that are and
+    are not multiples of 16: the forward and the gradients against the reference's on the same bf16
+    input."""
+    x, beta, th, v0 = _inputs(2, 50, channels, seed=8)
+    x = x.bfloat16()
+    spikes, v_pre, v_last = plif_scan(x, beta, th, v0, use_triton=True)
+    _, want_v_pre, want_v_last = plif_scan_reference(x, beta, th, v0)
     assert spikes.dtype == torch.bfloat16 and v_last.dtype == torch.float32
     assert _relative_error(v_pre, want_v_pre) < 1e-2
     assert _relative_error(v_last, want_v_last) < 1e-4
+    grads = [torch.randn(x.shape, device=x.device, dtype=torch.bfloat16) for _ in range(2)]
+    leaves = [t.detach().requires_grad_() for t in (x, beta, th, v0)]
+    mine = torch.autograd.grad(plif_scan(*leaves, use_triton=True)[:2], leaves, grads)
+    theirs = torch.autograd.grad(plif_scan_reference(*leaves)[:2], leaves, grads)
+    for got, want in zip(mine, theirs, strict=True):
+        assert _relative_error(got.float(), want.float()) < 2e-2
 
 
 @pytest.mark.parametrize(
@@ -294,7 +325,7 @@ def test_ragged_forward_runs_its_whole_iterations_unmasked(monkeypatch: pytest.M
     backward 1.7x slower on the H200), with the same values as the reference."""
     launches = record_launches(plif, "_plif_forward_kernel")
     monkeypatch.setattr(plif, "_forward_unroll_and_stages", lambda batch, channels: (16, 4))
-    monkeypatch.setattr(plif, "_channels_per_program", lambda batch, channels: 32)
+    monkeypatch.setattr(plif, "_channels_per_program", lambda batch, channels, element_size: 32)
     x, beta, th, v0 = _inputs(2, 37, 64, seed=11)
     got = plif_scan(x, beta, th, v0, use_triton=True)
     assert [(launch["args"][8], launch["EVEN"], launch["HAS_V0"]) for launch in launches] == [

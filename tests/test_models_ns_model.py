@@ -213,6 +213,8 @@ def test_invalid_shapes_are_refused_with_the_field_named():
         build(beta_max=1.0)
     with pytest.raises(ConfigError, match="eos_id must be in"):
         build(eos_id=13)
+    with pytest.raises(ConfigError, match="compile_scan must be true or false, got 'yes'"):
+        build(compile_scan="yes")
 
 
 def test_a_few_updates_lower_the_loss_on_a_repeated_row(one_thread):
@@ -248,3 +250,25 @@ def test_cuda_forward_backward_with_flex_matches_the_explicit_read(monkeypatch):
         bf16_loss, bf16_carry = model(tokens, tokens)
     assert torch.isfinite(bf16_loss).all()
     assert all(value.dtype == torch.float32 for value in bf16_carry.values())
+
+
+@pytest.mark.cuda
+def test_cuda_compiled_scan_matches_the_eager_one():
+    """The dendritic layers' chunked scan through torch.compile (the default on CUDA) gives the
+    eager scan's loss and gradients. (The model's gradients are not bitwise repeatable on CUDA
+    either way: flex_attention's backward adds the per-key bias's gradient with atomics; the
+    scan's own repeatability is tested in test_models_ns_scan.py.)"""
+    tokens = random_tokens(2, 200, vocab=PRESETS["ns-tiny"].vocab_size).cuda()
+
+    def loss_and_grads(compile_scan: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        model = build(PRESETS["ns-tiny"], compile_scan=compile_scan).cuda()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss, _ = model(tokens, tokens)
+        loss.mean().backward()
+        return loss.detach(), [p.grad for p in model.parameters()]
+
+    eager_loss, eager_grads = loss_and_grads(False)
+    compiled_loss, compiled_grads = loss_and_grads(True)
+    torch.testing.assert_close(compiled_loss, eager_loss, rtol=2e-2, atol=2e-2)
+    for compiled, eager in zip(compiled_grads, eager_grads):
+        torch.testing.assert_close(compiled, eager, rtol=5e-2, atol=1e-3)

@@ -33,6 +33,8 @@ def test_bench_prints_one_consistent_json_row(capsys: pytest.CaptureFixture[str]
         (["--model", "transformer-tiny", "--seq-len", "8", "--device", "tpu"], "--device must be"),
         (["--model", "ns-tiny", "--seq-len", "8", "--recompute", "most"], "--recompute must be one of"),
         (["--model", "transformer-tiny", "--seq-len", "8", "--recompute", "all"], "has no activation recomputation"),
+        (["--model", "ns-tiny", "--seq-len", "8", "--override", "width=3"], "unknown key 'width'"),
+        (["--model", "ns-tiny", "--seq-len", "8", "--override", "compile_scan=1"], "compile_scan must be true or false"),
     ],
 )
 def test_bench_refuses_bad_input_in_one_line(
@@ -46,6 +48,8 @@ def test_bench_refuses_bad_input_in_one_line(
 def test_bench_times_an_ns_model_with_recomputation(capsys: pytest.CaptureFixture[str]) -> None:
     with one_torch_thread():
         arguments = ["--model", "ns-tiny", "--seq-len", "16", "--rows", "2", "--updates", "1", "--recompute", "all"]
-        assert main(["bench", *arguments, "--device", "cpu"]) == 0
+        assert main(["bench", *arguments, "--device", "cpu", "--override", "n_layers=2"]) == 0
     row = json.loads(capsys.readouterr().out)
     assert row["model"] == "ns-tiny" and row["recompute"] == "all" and row["tokens_per_s"] > 0
+    assert row["overrides"] == {"n_layers": 2}
+    assert row["parameters"] == build_model("ns-tiny", {"n_layers": 2}).num_parameters()

@@ -35,6 +35,10 @@ class NSConfig:
     """Groups of heads sharing the input and output maps B and C (H must be a multiple)."""
     chunk_len: int = 64
     """Tokens per chunk of the chunked scan (within a chunk: a lower-triangular decay matrix)."""
+    compile_scan: bool = True
+    """Run the chunked scan through `torch.compile` on CUDA (fused kernels, compiled once per shape
+    when a line starts; `engine.models.ns_scan.compiled_chunked_scan`). False runs it eagerly there
+    too. On a CPU it always runs eagerly."""
     dt_init_min: float = 1e-3
     """Smallest initial step dt of a head (steps are log-spaced over the heads)."""
     dt_init_max: float = 1e-1
@@ -111,6 +115,8 @@ class NSConfig:
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"model.overrides: {name} must be positive, got {getattr(self, name)}")
+        if not isinstance(self.compile_scan, bool):
+            raise ConfigError(f"model.overrides: compile_scan must be true or false, got {self.compile_scan!r}")
         if self.hippocampal_every < 0:
             raise ConfigError(
                 f"model.overrides: hippocampal_every must be >= 0, got {self.hippocampal_every}"

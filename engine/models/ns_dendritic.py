@@ -35,7 +35,7 @@ from engine.models.base import recompute_saves_memory
 from engine.models.common import RMSNorm
 from engine.models.ns_config import NSConfig
 from engine.models.ns_neurons import PLIFNeurons, at_least_fp32
-from engine.models.ns_scan import chunked_scan
+from engine.models.ns_scan import chunked_scan, compiled_chunked_scan
 
 
 @dataclass
@@ -153,7 +153,8 @@ class DendriticLayer(nn.Module):
         dt = self.steps(dt_raw)  # (Bt, T, H)
         u = u.reshape(batch, length, heads, head_dim)
         groups_shape = (batch, length, config.dendritic_groups, config.dendritic_state)
-        y, compartments = chunked_scan(
+        scan = compiled_chunked_scan() if u.is_cuda and config.compile_scan else chunked_scan
+        y, compartments = scan(
             u,
             dt,
             self.decay(),

@@ -187,9 +187,13 @@ class HippocampalLayer(nn.Module):
         clock_step = F.softplus(at_least_fp32(self.clock_proj(h.read()))) + is_eos.unsqueeze(-1) * F.softplus(
             at_least_fp32(self.clock_eos_raw)
         )  # (Bt, T, Ha)
-        clock = clock_step.cumsum(dim=1)  # (Bt, T, Ha), relative to the window's start
+        # The clocks run along the last axis of a (Bt, Ha, T) copy: CUDA's cumsum along the middle
+        # axis of (Bt, T, Ha) walks T one step at a time (0.62 against 0.03 ms at T 4096, 20
+        # heads on the H200), and so does its backward, a reversed cumsum.
+        clock_step_bh = clock_step.transpose(1, 2).contiguous()  # (Bt, Ha, T)
+        clock_bh = clock_step_bh.cumsum(dim=-1)  # relative to the window's start
         clock_offset = (
-            clock.new_zeros(batch, heads) if state is None else state["clock"].to(clock.dtype)
+            clock_bh.new_zeros(batch, heads) if state is None else state["clock"].to(clock_bh.dtype)
         )  # (Bt, Ha)
 
         gate_spikes, gate_membrane, gate_last = self.write_gate(
@@ -199,7 +203,7 @@ class HippocampalLayer(nn.Module):
             config.surrogate_alpha * (at_least_fp32(gate_membrane) - self.write_gate.threshold())
         )  # (Bt, T, Ha)
         rate = self.rate()
-        clock_bh, log_tag_bh = clock.transpose(1, 2), log_tag.transpose(1, 2)  # (Bt, Ha, T)
+        log_tag_bh = log_tag.transpose(1, 2)  # (Bt, Ha, T)
         read = pool_read(q, k, v, log_tag_bh, clock_bh, rate)  # (Bt, Ha, T, d)
         read = read.transpose(1, 2).reshape(batch, length, heads * head_dim)
         x = x + centred(self.out_proj(read.to(x.dtype)))
@@ -213,7 +217,7 @@ class HippocampalLayer(nn.Module):
         x = x + centred(self.ffn_down(hidden.to(x.dtype)) + self.ffn_skip(f.read()))
 
         new_state = {
-            "clock": clock_offset + clock[:, -1],
+            "clock": clock_offset + clock_bh[..., -1],
             "write_gate": gate_last,
             "ffn_gate": ffn_gate_last,
             "ffn_up": ffn_up_last,
@@ -224,7 +228,7 @@ class HippocampalLayer(nn.Module):
                 q=q,
                 k=k,
                 clock=clock_bh,
-                clock_step=clock_step.transpose(1, 2),
+                clock_step=clock_step_bh,
                 rate=rate,
                 log_tag=log_tag_bh,
                 gate_spikes=gate_spikes,

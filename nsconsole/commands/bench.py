@@ -6,6 +6,7 @@ import argparse
 import json
 
 from engine.errors import ConfigError
+from nsconsole.commands.new import parse_override
 
 HELP = "--model P --seq-len T --rows R --accum A: throughput and MFU of one training shape"
 
@@ -29,6 +30,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
     parser.add_argument("--updates", type=int, default=5, help="timed updates (after 2 warm-up updates)")
     parser.add_argument("--profile", action="store_true", help="also list the top kernels of one update")
+    parser.add_argument("--override", action="append", default=[], type=parse_override, metavar="KEY=VALUE",
+                        help="replace a preset config field (VALUE as JSON, else a string); repeatable")
     parser.add_argument("--recompute", default="none", metavar="R",
                         help="activation recomputation: none, all, or a layer kind of NS models (dendritic, hippocampal)")
     parser.set_defaults(func=run)
@@ -43,7 +46,8 @@ def run(args: argparse.Namespace) -> int:
     from engine.models.ns import RECOMPUTE_CHOICES
     from engine.models.presets import preset_config
 
-    preset_config(args.model)  # an unknown preset is one clear line, before anything is built
+    overrides = dict(args.override)
+    preset_config(args.model, overrides).validate()  # a bad preset or override is one clear line, before anything is built
     if args.recompute not in RECOMPUTE_CHOICES:
         raise ConfigError(f"bench: --recompute must be one of {', '.join(RECOMPUTE_CHOICES)}, got {args.recompute!r}")
     result = bench_shape(
@@ -56,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
         updates=args.updates,
         profile=args.profile,
         recompute=args.recompute,
+        overrides=overrides,
     )
     print(json.dumps(result.to_json()), flush=True)
     return 0

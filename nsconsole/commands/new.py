@@ -58,7 +58,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--override",
         action="append",
         default=[],
-        type=_override,
+        type=parse_override,
         metavar="KEY=VALUE",
         help="replace a preset config field (VALUE as JSON, else a string); repeatable",
     )
@@ -76,7 +76,7 @@ def _whole_number(text: str) -> int:
     return int(value)
 
 
-def _override(text: str) -> tuple[str, Any]:
+def parse_override(text: str) -> tuple[str, Any]:
     """`--override KEY=VALUE`: VALUE read as JSON (`64`, `true`, `[1, 2]`), else taken as a string."""
     key, separator, value = text.partition("=")
     if not separator or not key:
