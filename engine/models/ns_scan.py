@@ -113,9 +113,9 @@ def chunked_scan(
 def compiled_chunked_scan() -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
     """`chunked_scan` through torch.compile, for CUDA tensors. Eagerly, every einsum, exp and mask
     above is its own kernel with its own (Bt, G, R, c, L, L) intermediate in device memory; compiled,
-    the elementwise work fuses into the matrix products' neighbours: 19.7 against 6.1 ms forward +
+    the elementwise work fuses into the matrix products' neighbours: 19.6 against 7.1 ms forward +
     backward on the H200 at B 8, T 4096, 40 heads of 64, N 64 (`python bench/ns_layers.py --only
-    scan`). Shapes are static (one compilation per training or validation shape, at the engine's
+    scan`), and ns-1p3b's update 1.42x faster (bench/RESULTS.md, session 8). Shapes are static (one compilation per training or validation shape, at the engine's
     warm-up, before any CUDA graph capture). Inductor's deterministic mode (where this torch has
     it) keeps it from choosing a reduction's kernel by timing it, so that a resumed line compiles
     the same kernels and reproduces the updates of an uninterrupted one."""
