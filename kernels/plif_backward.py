@@ -44,9 +44,10 @@ def _backward_channels(batch: int, channels: int, segments: int, element_size: i
     registers): 64 when rows are many (Bt x D >= 8192, the forward's threshold) or segments run at
     once, or when the gradients are 2-byte (bf16 models: one channel a thread would load them 2
     bytes at a time, which Triton's pipeliner does not keep in flight; kernels/plif.py
-    `_channels_per_program`), 32 for one segment of few fp32 rows. Measured on the H200 (bench/RESULTS.md, sessions 5 and
-    6): the scan's access pattern alone, with no arithmetic (bench/stream_pattern.py), reaches 87 %
-    of copy with 64-channel rows and 66 % with 32 at Bt 8 x T 4096 x D 2560, and the backward
+    `_channels_per_program`), 32 for one segment of few fp32 rows. Measured on the H200
+    (bench/RESULTS.md, sessions 5 and 6): the scan's access pattern alone, with no arithmetic
+    (bench/stream_pattern.py), reaches 87 % of copy with 64-channel rows and 66 % with 32 at Bt 8
+    x T 4096 x D 2560, and the backward
     follows (fwd + bwd 0.725 against 0.778-0.781 ms for session 5's 32, side by side); a
     segmented 32K row 1.62 against 1.89-1.93 ms (session 5); one segment of a 32K row (T 32760)
     3.34 against 3.85 ms with 32. Side by side in session 7 (graph replay, 32 / 64 channels),
@@ -396,8 +397,8 @@ def plif_backward(
 
     beta, v_th = beta.contiguous(), v_th.contiguous()
     outer = dict(HAS_GRAD_SPIKES=grad_spikes is not None, HAS_GRAD_V_PRE=grad_v_pre is not None)
-    gradients = [grad for grad in (grad_spikes, grad_v_pre) if grad is not None]
-    block = _backward_channels(batch, channels, segments, min([grad.element_size() for grad in gradients], default=4))
+    element_size = min([grad.element_size() for grad in (grad_spikes, grad_v_pre) if grad is not None], default=4)
+    block = _backward_channels(batch, channels, segments, element_size)
     tiles = dict(BLOCK_D=block, CHUNK_T=_BACKWARD_CHUNK_T, STAGES=_BACKWARD_STAGES, MASKED=channels % block != 0,
                  num_warps=1)
     blocks = triton.cdiv(channels, block)

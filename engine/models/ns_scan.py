@@ -115,10 +115,11 @@ def compiled_chunked_scan() -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
     above is its own kernel with its own (Bt, G, R, c, L, L) intermediate in device memory; compiled,
     the elementwise work fuses into the matrix products' neighbours: 19.6 against 7.1 ms forward +
     backward on the H200 at B 8, T 4096, 40 heads of 64, N 64 (`python bench/ns_layers.py --only
-    scan`), and ns-1p3b's update 1.42x faster (bench/RESULTS.md, session 8). Shapes are static (one compilation per training or validation shape, at the engine's
-    warm-up, before any CUDA graph capture). Inductor's deterministic mode (where this torch has
-    it) keeps it from choosing a reduction's kernel by timing it, so that a resumed line compiles
-    the same kernels and reproduces the updates of an uninterrupted one."""
+    scan`), and ns-1p3b's update 1.42x faster (bench/RESULTS.md, session 8). Shapes are static: one
+    compilation per training or validation shape, at the engine's warm-up, before any CUDA graph
+    capture (past torch._dynamo's recompile limit, 8 shapes, a new shape runs eagerly). Inductor's
+    deterministic mode (where this torch has it) keeps it from choosing a reduction's kernel by
+    timing it, so that a resumed line compiles the same kernels as the uninterrupted one did."""
     import torch._inductor.config as inductor_config
 
     options = {"deterministic": True} if hasattr(inductor_config, "deterministic") else {}

@@ -47,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
     from engine.models.presets import preset_config
 
     overrides = dict(args.override)
-    preset_config(args.model, overrides).validate()  # a bad preset or override is one clear line, before anything is built
+    # A bad preset or override is one clear line, before anything is built.
+    preset_config(args.model, overrides).validate()
     if args.recompute not in RECOMPUTE_CHOICES:
         raise ConfigError(f"bench: --recompute must be one of {', '.join(RECOMPUTE_CHOICES)}, got {args.recompute!r}")
     result = bench_shape(
