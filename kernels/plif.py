@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from kernels._dispatch import compute_dtype, new_buffer, wants_triton
-from kernels.plif_backward import plif_backward
+from kernels.plif_backward import channel_block, plif_backward
 
 
 def _channels_per_program(batch: int, channels: int, element_size: int) -> int:
@@ -97,13 +97,7 @@ def _plif_forward_kernel(
     neurons) then still tells Triton that each thread's pair of channels is aligned, so that a
     2-byte input is loaded 4 bytes at a time, which the pipeliner needs (see _PlifScan.forward)."""
     batch = tl.program_id(0)
-    channel = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)  # (BLOCK_D,): one or more a thread
-    if CHANNELS > 0:
-        tl.static_assert(BLOCK_D >= 64, "a constant row width needs two channels a thread or more")
-        channels = CHANNELS
-        channel = tl.max_contiguous(channel, BLOCK_D // 32)  # the channels a thread holds (one warp)
-    else:
-        channels = channels_arg
+    channel, channels = channel_block(channels_arg, CHANNELS, BLOCK_D)  # (BLOCK_D,): one or more a thread
     channel_ok = channel < channels
     beta = tl.load(beta_ptr + channel, mask=channel_ok, other=0.5).to(tl.float32)
     threshold = tl.load(threshold_ptr + channel, mask=channel_ok, other=1.0).to(tl.float32)

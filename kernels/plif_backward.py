@@ -80,6 +80,21 @@ def _backward_segment_chunks(batch: int, channels: int, seq_len: int) -> int:
 
 
 @triton.jit
+def channel_block(channels_arg, CHANNELS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The program's channels (BLOCK_D,) and the row width: the compile-time constant CHANNELS when
+    it is > 0 (two channels a thread or more; the channels a thread holds marked contiguous), else
+    channels_arg as given at run time. Shared by the PLIF kernels of both directions."""
+    channel = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    if CHANNELS > 0:
+        tl.static_assert(BLOCK_D >= 64, "a constant row width needs two channels a thread or more")
+        channels = CHANNELS
+        channel = tl.max_contiguous(channel, BLOCK_D // 32)  # one warp a program
+    else:
+        channels = channels_arg
+    return channel, channels
+
+
+@triton.jit
 def _backward_step(
     t, offsets, channels, channel_ok, v_pre, grad_v, grad_beta_scaled, grad_threshold,
     v_initial, beta, threshold, alpha,
@@ -242,13 +257,7 @@ def _plif_backward_kernel(
     version keeps the steps in registers. A take-last reduction would return the wrong step in any
     of those spread layouts (warps reduce by butterfly), so values are picked by masked sums."""
     batch = tl.program_id(0)
-    channel = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)  # (BLOCK_D,)
-    if CHANNELS > 0:
-        tl.static_assert(BLOCK_D >= 64, "a constant row width needs two channels a thread or more")
-        channels = CHANNELS
-        channel = tl.max_contiguous(channel, BLOCK_D // 32)  # the channels a thread holds (one warp)
-    else:
-        channels = channels_arg
+    channel, channels = channel_block(channels_arg, CHANNELS, BLOCK_D)  # (BLOCK_D,), the row width
     segment = tl.program_id(2)
     channel_ok = channel < channels
     state_offsets = batch * channels + channel
