@@ -100,9 +100,12 @@ def run_preparer(
     def publish(**changes: object) -> None:
         for key, value in changes.items():
             setattr(status, key, value)
-        write_status(line.path, status)
+        # Said on screen before the status file shows it: whoever reads the file (the supervisor,
+        # a test) and then stops the preparer finds the line already printed (the other order
+        # lost "waiting: disk: ..." to a SIGTERM right after the file changed, on a loaded machine).
         if on_status is not None:
             on_status(status)
+        write_status(line.path, status)
         if should_stop is not None and should_stop(status):
             raise _StopRequested
 
