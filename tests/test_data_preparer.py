@@ -109,6 +109,24 @@ def test_failures_are_retried_with_backoff_and_resume_the_same_cycle(
     assert cycle_bytes(line, 0) == cycle_bytes(reference, 0)
 
 
+def test_a_status_is_said_before_the_status_file_shows_it(inputs: dict[str, Path], tmp_path: Path) -> None:
+    """Whoever reads the status file and then stops the preparer (the supervisor; the test below)
+    must find the status already reported: each report comes before the file changes."""
+    line = new_line(inputs, tmp_path / "line")
+    file_when_said: list[str | None] = []
+
+    def report(status) -> None:
+        shown = read_status(line.path) if (line.path / "preparer.json").exists() else None
+        file_when_said.append(None if shown is None else shown["state"])
+
+    def stop_when_waiting(status) -> bool:
+        return status.state == "waiting"
+
+    status = run_preparer(line, ahead=1, min_free_bytes=10**21, on_status=report, should_stop=stop_when_waiting)
+    assert status.state == "waiting"
+    assert file_when_said and file_when_said[-1] != "waiting"  # said while the file still showed the state before
+
+
 def test_low_disk_makes_the_preparer_wait_and_say_so(inputs: dict[str, Path], tmp_path: Path) -> None:
     line = new_line(inputs, tmp_path / "line")
     environment = {**os.environ, MIN_FREE_ENV: "1e9"}  # a billion GB: never available
