@@ -12,6 +12,7 @@ import math
 import pytest
 
 from engine.gpu import GpuDevice, GpuProcess, GpuSnapshot, LeaseHolder
+from nsconsole import app as app_module
 from nsconsole.app import ConsoleApp
 from nsconsole.screens.branch_form import BranchForm
 from nsconsole.screens.confirm import ConfirmScreen
@@ -106,6 +107,15 @@ def gpu_reading(utilisation: int = 87) -> GpuReading:
 
 
 NO_GPU = GpuReading(GpuSnapshot(False, "no NVIDIA GPU: NVML Shared Library Not Found", "", []))
+
+
+@pytest.fixture(autouse=True)
+def only_the_first_readings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU and disks read once, at mount: a timed GPU reading (every 2 s) that landed while a
+    loaded machine drew a snapshot added a 31st sample to the frozen utilisation history (seen in a
+    CI run)."""
+    monkeypatch.setattr(app_module, "GPU_INTERVAL_S", 3600.0)
+    monkeypatch.setattr(app_module, "DISK_INTERVAL_S", 3600.0)
 
 
 def console(theme: str = "dark", book: LineBook | None = None, reading: GpuReading | None = None) -> ConsoleApp:
