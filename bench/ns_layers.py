@@ -1,8 +1,8 @@
 """GPU forward + backward time of the NS model's heavy parts at the ns-2b shapes, one JSON row each.
 
 - `chunked_scan`: the dendritic compartments' chunked scan (B 8, T 4096, 40 heads of 64, N 64,
-  bf16 autocast), eager and as the model runs it on CUDA (`compiled_chunked_scan`); DESIGN.md measured 22 ms eager and 6.3 ms
-  compiled for this shape.
+  bf16 autocast), eager and as the model runs it on CUDA (`compiled_chunked_scan`); DESIGN.md
+  measured 22 ms eager and 6.3 ms compiled for this shape.
 - `pool_read_flex`: the hippocampal read through flex_attention with the clock / tag bias as a
   score_mod (B 8, 20 heads, T 4096, d 128, bf16); DESIGN.md measured 14.9 ms (SDPA flash
   without the bias: 4.9 ms, also printed as `sdpa_flash`).
