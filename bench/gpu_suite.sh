@@ -29,6 +29,12 @@ for stage in "$@"; do
             --recompute $4 --engine $engine 2>&1 | grep -E '^\{|Error' | cut -c1-400
         done
       done 2>&1 | tee "$out/train_bench.log"
+      # The NS models' compiled dendritic scan against the eager one, and the 2B model (session 8).
+      for run in "ns-1p3b compile_scan=false" "ns-2b compile_scan=true"; do
+        set -- $run
+        timeout 200 python3 -m nsconsole bench --model $1 --seq-len 4096 --rows 4 --accum 2 \
+          --recompute dendritic --engine graph --override $2 2>&1 | grep -E '^\{|Error' | cut -c1-400
+      done 2>&1 | tee -a "$out/train_bench.log"
       timeout 120 python3 bench/ns_layers.py --only pool_read layers model 2>&1 | grep '^{' | tee "$out/ns_layers.log"
       timeout 240 python3 bench/kernels.py --out "$out/kernels.jsonl" > "$out/kernels.log" 2>&1
       tail -30 "$out/kernels.log"
