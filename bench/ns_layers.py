@@ -101,6 +101,7 @@ def pool_read_rows(iters: int) -> list[dict]:
 
 def layer_rows(iters: int) -> list[dict]:
     rows = []
+    batch, length = 1, 4096
     cases = (
         ("dendritic_layer", DendriticLayer, False),
         ("dendritic_layer", DendriticLayer, True),
@@ -108,7 +109,6 @@ def layer_rows(iters: int) -> list[dict]:
     )
     for name, layer_class, compile_scan in cases:
         config = dataclasses.replace(PRESETS["ns-2b"], compile_scan=compile_scan)
-        batch, length = 1, 4096
         torch.manual_seed(0)
         layer = layer_class(config).cuda()
         x = torch.randn(batch, length, config.d_model, device="cuda", requires_grad=True)

@@ -9,8 +9,8 @@ and spills, not latency-bound timings.
         HAS_GRAD_V_LAST=True HAS_CARRY=False BLOCK_D=32 CHUNK_T=8 STAGES=4 MASKED=False
 
 Arguments ending in `_ptr` are fp32 pointers unless --pointers names another element type
-(`--pointers x_ptr=bf16`), those named by --floats fp32 scalars, the others int32. As a launch with aligned buffers and sizes divisible by 16 does, every pointer and integer
-is specialised as a multiple of 16, except those the kernel lists in `do_not_specialize` (the
+(`--pointers x_ptr=bf16`), those named by --floats fp32 scalars, the others int32. As a launch
+with aligned buffers and sizes divisible by 16 does, every pointer and integer is specialised as a multiple of 16, except those the kernel lists in `do_not_specialize` (the
 layouts depend on it: bench/RESULTS.md, session 5). This machine's Triton may not be the GPU
 machine's; the report describes this one's compiler.
 """

@@ -116,7 +116,7 @@ def test_a_status_is_said_before_the_status_file_shows_it(inputs: dict[str, Path
     file_when_said: list[str | None] = []
 
     def report(status) -> None:
-        shown = read_status(line.path) if (line.path / "preparer.json").exists() else None
+        shown = read_status(line.path)  # None before the first write
         file_when_said.append(None if shown is None else shown["state"])
 
     def stop_when_waiting(status) -> bool:
@@ -135,7 +135,7 @@ def test_low_disk_makes_the_preparer_wait_and_say_so(inputs: dict[str, Path], tm
     deadline = time.monotonic() + 120
     status = None
     while time.monotonic() < deadline:
-        status = read_status(line.path) if (line.path / "preparer.json").exists() else None
+        status = read_status(line.path)
         if status and status["state"] == "waiting":
             break
         time.sleep(0.02)
