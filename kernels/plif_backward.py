@@ -48,9 +48,8 @@ def _backward_channels(batch: int, channels: int, segments: int, element_size: i
     (bench/RESULTS.md, sessions 5 and 6): the scan's access pattern alone, with no arithmetic
     (bench/stream_pattern.py), reaches 87 % of copy with 64-channel rows and 66 % with 32 at Bt 8
     x T 4096 x D 2560, and the backward follows (fwd + bwd 0.725 against 0.778-0.781 ms for
-    session 5's 32, side by side); a
-    segmented 32K row 1.62 against 1.89-1.93 ms (session 5); one segment of a 32K row (T 32760)
-    3.34 against 3.85 ms with 32. Side by side in session 7 (graph replay, 32 / 64 channels),
+    session 5's 32, side by side); a segmented 32K row 1.62 against 1.89-1.93 ms (session 5); one
+    segment of a 32K row (T 32760) 3.34 against 3.85 ms with 32. Side by side in session 7 (graph replay, 32 / 64 channels),
     one segment of few rows: Bt 3 x T 4096 x D 2560 0.364 / 0.396 ms, Bt 2 x T 4000 x D 2560 0.333
     / 0.370, Bt 1 x T 32760 x D 2560 3.32 / 3.85, Bt 1 x T 4000 x D 1024 0.293 / 0.362, Bt 4 x T
     4096 x D 1536 0.351 / 0.387; segments or many rows: Bt 2 x T 4096 x D 2560 0.359 / 0.300, a
