@@ -130,10 +130,9 @@ def chunk_adjoint(decay, local, carry, CHUNK_T: tl.constexpr):
     """The adjoint g_t = local_t + decay_{t+1} g_{t+1} over the chunk (CHUNK_T, N_PAD, BLOCK_D),
     with `carry` (decay g of the row after the chunk) arriving at its last row, and what flows out
     of its first row into the chunk before (decay_0 g_0). The scan runs forward on the rows
-    flipped in time: Triton lowers `reverse=True` with a lane-reversing shuffle for every value
-    even along an axis in registers (92 of the backward's 322 shuffles a chunk, sm_90 SASS), while
-    `tl.flip` along an axis in registers compiles to no instruction at all (its xor-sums fold into
-    register renaming): 1283 -> 1190 instructions a chunk, 322 -> 230 shuffles (session 6)."""
+    flipped in time: Triton lowers `reverse=True` with a lane-reversing shuffle for every value,
+    even along an axis held in registers, while `tl.flip` along an axis in registers compiles to
+    no instruction at all (its xor-sums fold into register renaming)."""
     rows = tl.arange(0, CHUNK_T)
     local += tl.where(rows[:, None, None] == CHUNK_T - 1, carry[None, :, :], 0.0)
     ones = tl.full(local.shape, 1.0, tl.float32)
@@ -177,10 +176,8 @@ def sum_pair_over_channels(first, second, BLOCK_D: tl.constexpr):
     summed by tl.sum. `tl.sum` over all the channel lanes would take a butterfly instead, a
     shuffle and an add for every value at every lane bit. The closing tl.sum matters: its result
     is a slice layout that no store layout can be pushed back through, while with a split last
-    Triton 3.6 carried the store's layout back up the whole chunk (the scans redone with time
-    across lanes, 2326 instructions and 240 B of spills). For the selective scan's backward (8
-    channels on 8 lanes, 32 values a thread), sm_90 SASS per chunk: 1190 -> 925 instructions on
-    Triton 3.6 and 950 on 3.9, 230 -> 54 shuffles (session 7)."""
+    Triton can carry the store's layout back up the whole chunk, redoing the scans with time
+    across lanes and spilling registers."""
     rows: tl.constexpr = first.shape[0]
     cols: tl.constexpr = first.shape[1]
     both = tl.join(first, second)  # (rows, cols, BLOCK_D, 2)

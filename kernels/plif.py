@@ -20,13 +20,12 @@ from kernels.plif_backward import channel_block, plif_backward
 
 
 def _channels_per_program(batch: int, channels: int, element_size: int) -> int:
-    """One warp a program: 32 channels (one a thread) when rows are few, so that more programs share
-    the SMs (Bt 1 x D 2560: 80 programs); 64 (two a thread) when they are many (Bt 8: 10 % faster),
-    and always for 2-byte inputs. Triton's pipeliner keeps a load in flight ahead of its use only
-    through an asynchronous copy of 4 bytes or more a thread (sm_90 SASS: LDGSTS), so a bf16 input
-    with one channel a thread was loaded step by step, each step waiting out the memory's latency:
-    on the H200 (session 8) Bt 1 x T 4096 x D 7680 bf16 took 1.62 ms forward, D 20 (one program)
-    0.69 ms."""
+    """One warp a program: 32 channels (one a thread) when rows are few (Bt x D below 8192), so that
+    more programs share the SMs (Bt 1 x D 2560: 80 programs); 64 (two a thread, wider loads, faster
+    once there are programs enough) when they are many, and always for 2-byte inputs: Triton's
+    pipeliner keeps a load in flight ahead of its use only through an asynchronous copy of 4 bytes
+    or more a thread (LDGSTS on sm_90), so a bf16 input with one channel a thread would be loaded
+    step by step, each step waiting out the memory's latency."""
     return 64 if batch * channels >= 8192 or element_size < 4 else 32
 
 
@@ -34,15 +33,11 @@ def _forward_unroll_and_stages(batch: int, channels: int) -> tuple[int, int]:
     """The forward's (UNROLL, STAGES): UNROLL steps a loop iteration, the loads of STAGES iterations
     in flight. The loads do not depend on the membrane, so a thread has about UNROLL x (STAGES - 1)
     steps' loads in flight ahead of its chain (one step an iteration at 12 stages: 11), and hiding
-    the memory latency is the whole game. Measured side by side on the H200 (`python
-    bench/kernels.py --sweep --only plif`), D 2560, fp32, forward: Bt 8 x T 4096, 64 channels a
-    program: one step x 12 stages 0.534 ms (44 % of copy), (4, 8) 0.340 ms, (8, 4) 0.343 ms
-    (session 4, timed with the host's launch in); timed back to back (session 6): (4, 8) 0.275-0.278
-    ms (85 %), (8, 6) 0.264-0.266 ms (89 %; the access pattern alone, bench/stream_pattern.py: 0.265),
-    (8, 8) 0.276, (4, 12) 0.279; Bt 1 x T 32768, 32 channels a program (80 programs: bytes in
-    flight are all there is): one step x 12 stages 3.89 ms, (8, 4) 1.76 ms, then in session 5 (8, 4)
-    1.15-1.18 ms, (8, 8) 1.07, (8, 12) 1.37, (16, 6) 0.92, (16, 4) 0.82 (0.735 back to back). The
-    threshold is `_channels_per_program`'s."""
+    the memory latency is the whole game. Many rows (64 channels a program) take (8, 6), at which
+    the forward runs as fast as its access pattern alone (bench/stream_pattern.py); few rows (32
+    channels a program, few programs: bytes in flight are all there is) take (16, 4), the fastest
+    of the sweep there (`python bench/kernels.py --sweep --only plif`; figures in bench/RESULTS.md).
+    The threshold is `_channels_per_program`'s."""
     return (8, 6) if batch * channels >= 8192 else (16, 4)
 
 
@@ -157,9 +152,8 @@ class _PlifScan(torch.autograd.Function):
         grid = (batch, triton.cdiv(channels, block))
         beta_arg, v_th_arg = beta.contiguous(), v_th.contiguous()
         # A ragged T runs as two launches: its whole iterations unmasked, then the last few steps
-        # masked from the first launch's v_last. One masked loop over all of T (every step's
-        # loads, stores and reset behind a mask) took a 32K row's forward + backward from 1.47 to
-        # 2.45 ms on the H200 (T 32760 against 32768, session 7).
+        # masked from the first launch's v_last, because one masked loop over all of T (every
+        # step's loads, stores and reset behind a mask) is much slower.
         whole = seq_len - seq_len % unroll
         pieces = [(0, whole), (whole, seq_len - whole)] if 0 < whole < seq_len else [(0, seq_len)]
         v0_arg = v0.contiguous() if v0 is not None else v_last
@@ -173,8 +167,8 @@ class _PlifScan(torch.autograd.Function):
                 num_warps=1,
                 # beta v + (1 - beta) x rounded as the reference rounds it (two products, then the
                 # sum), not fused into an FMA: a membrane one rounding apart can cross the threshold
-                # the other way and send the channel on another spike train (measured: a relative
-                # error of 8e-5 in v_pre at Bt 8 x T 4096 x D 2560 with fusion).
+                # the other way and send the channel on another spike train (with fusion v_pre is
+                # off by a relative 8e-5 at Bt 8 x T 4096 x D 2560).
                 enable_fp_fusion=False,
             )
         # x is not kept: the backward needs only v_pre (see _backward_step).
@@ -202,8 +196,8 @@ class _PlifScanTorch(torch.autograd.Function):
     """The scan without a GPU: the reference's forward values (the same operations in the same
     order), and the Triton kernel's backward as one reverse loop of plain tensor operations.
 
-    The reference runs every step through autograd: about twenty small graph nodes a step, and
-    their bookkeeping was most of a CPU step of the NS models. Here the forward keeps v_pre and
+    The reference runs every step through autograd: about twenty small graph nodes a step, whose
+    bookkeeping would be most of a CPU step of the NS models. Here the forward keeps v_pre and
     the backward is four operations a step; everything that does not chain in time is done for
     all steps at once.
     """

@@ -23,14 +23,12 @@ from kernels._dispatch import new_buffer
 
 _BACKWARD_CHUNK_T = 8
 """Steps a backward chunk (see `_plif_backward_kernel`): 8 a thread's registers hold with room
-for the loads in flight; 16 spills (sm_90 SASS) and was slower, 4 slower (bench/RESULTS.md,
-session 5)."""
+for the loads in flight; 16 spill registers (sm_90) and are slower, and 4 are slower too."""
 
 _BACKWARD_STAGES = 4
 """Chunks whose loads are in flight in the backward (the pipeliner's stages): hiding the memory
-latency is the whole game for a chain of steps. Measured side by side (bench/RESULTS.md, session
-5): Bt 8 x T 4096, 3 and 4 stages alike (0.84-0.95 ms fwd + bwd, repeats included); Bt 1 x T
-32768, 4 stages 2.83-2.86 ms against 3.46-3.47 with 3 (6: 2.75)."""
+latency is the whole game for a chain of steps. With many rows 3 and 4 stages run alike; a long
+row of few programs needs 4, and more gain little."""
 
 _SEGMENT_CHUNKS = 32
 """The fewest chunks a backward segment when the backward is split along time
@@ -44,32 +42,25 @@ def _backward_channels(batch: int, channels: int, segments: int, element_size: i
     registers): 64 when rows are many (Bt x D >= 8192, the forward's threshold) or segments run at
     once, or when the gradients are 2-byte (bf16 models: one channel a thread would load them 2
     bytes at a time, which Triton's pipeliner does not keep in flight; kernels/plif.py
-    `_channels_per_program`), 32 for one segment of few fp32 rows. Measured on the H200
-    (bench/RESULTS.md, sessions 5 and 6): the scan's access pattern alone, with no arithmetic
-    (bench/stream_pattern.py), reaches 87 % of copy with 64-channel rows and 66 % with 32 at Bt 8
-    x T 4096 x D 2560, and the backward follows (fwd + bwd 0.725 against 0.778-0.781 ms for
-    session 5's 32, side by side); a segmented 32K row 1.62 against 1.89-1.93 ms (session 5); one
-    segment of a 32K row (T 32760) 3.34 against 3.85 ms with 32. Side by side in session 7 (graph replay, 32 / 64 channels),
-    one segment of few rows: Bt 3 x T 4096 x D 2560 0.364 / 0.396 ms, Bt 2 x T 4000 x D 2560 0.333
-    / 0.370, Bt 1 x T 32760 x D 2560 3.32 / 3.85, Bt 1 x T 4000 x D 1024 0.293 / 0.362, Bt 4 x T
-    4096 x D 1536 0.351 / 0.387; segments or many rows: Bt 2 x T 4096 x D 2560 0.359 / 0.300, a
-    32K row 1.68 / 1.47, Bt 8 x T 4096 x D 2560 0.760 / 0.698; the gradients bitwise equal."""
+    `_channels_per_program`), 32 for one segment of few fp32 rows. The scan's access pattern
+    alone, with no arithmetic (bench/stream_pattern.py), streams closer to copy bandwidth with
+    64-channel rows, and the backward follows wherever there are programs enough; one segment of
+    few rows has few programs, and 32 channels a program, twice as many programs, is faster
+    there. The gradients are bitwise equal either way."""
     return 64 if segments > 1 or batch * channels >= 8192 or element_size < 4 else 32
 
 
 @functools.cache
 def _backward_segment_chunks(batch: int, channels: int, seq_len: int) -> int:
     """Chunks a backward segment for few rows (Bt x D below 6144): _SEGMENTS segments of a long
-    row, at least _SEGMENT_CHUNKS chunks each; else all of them (one segment). `plif_backward`
-    keeps one segment unless T is whole segments. Measured side by side on the H200 (forward +
-    backward replayed from a CUDA graph, session 7), 16 / 32 / 64 / 128 chunks a segment and one
-    segment: Bt 1 x T 32768 x D 2560 1.667 / 1.547 / 1.475 / 1.471 / 2.339 ms; Bt 1 x T 32768 x
-    D 1024 1.283 / 1.196 / 1.092 / 1.086 / 2.305; Bt 1 x T 8192 x D 2560 0.440 / 0.401 / 0.408 /
-    0.413 / 0.596; Bt 2 x T 4096 x D 2560 0.321 / 0.300 / 0.310 / 0.308 / 0.342; Bt 1 x T 4096 x
-    D 1024 0.171 / 0.165 / 0.192 / 0.260 / 0.300; but Bt 3 x T 4096 x D 2560 (7680 channels of
-    rows) 0.418 / 0.422 / 0.387 / 0.381 / 0.365. When T is whole chunks but not whole segments of
-    that length, the segment is the divisor of T's chunks nearest to it (T 32760 is 4095 chunks:
-    35 segments of 117), one segment if no divisor of at least _SEGMENT_CHUNKS leaves two."""
+    row, at least _SEGMENT_CHUNKS chunks each; else all of them (one segment). Few rows leave the
+    SMs idle when one program walks all of T, so segments run at once; the flow pass that chains
+    them reads the row's v_pre and gradients a second time, which pays only while rows are few
+    (at Bt x D 7680 one segment is faster), and segments shorter than _SEGMENT_CHUNKS chunks are
+    slower. `plif_backward` keeps one segment unless T is whole segments. When T is whole chunks
+    but not whole segments of that length, the segment is the divisor of T's chunks nearest to it
+    (T 32760 is 4095 chunks: 35 segments of 117), one segment if no divisor of at least
+    _SEGMENT_CHUNKS leaves two."""
     chunks = max(seq_len // _BACKWARD_CHUNK_T, 1)
     if batch * channels >= 6144:
         return chunks
@@ -243,18 +234,17 @@ def _plif_backward_kernel(
     the step after it; with one segment, dL/dv_last and none). With one segment the last
     seq_len % CHUNK_T steps go first, one at a time (_backward_step). Writes dL/dx and the
     segment's shares of dL/dbeta and dL/dv_th, and dL/dv leaving its first step (dL/dv0 for the
-    first segment). sm_90: 42-52 instructions a step (131 for the one-step loop it replaced).
+    first segment).
 
     The row width is a compile-time constant when CHANNELS > 0 (else `channels_arg`, unspecialised):
-    each row of a chunk is then an immediate offset from one address, not a 64-bit add an element
-    (sm_90: 42 instructions a step with 64 channels a program, against 52). Only with two channels
-    a thread (BLOCK_D 64): its contiguity is capped at them, and both Triton 3.6 and 3.9 then keep a
-    chunk's steps in each thread's registers. With one channel a thread, Triton 3.6 spread the steps
-    over 8 lanes even so (224 shuffles a chunk, 2x slower on the H200, bench/RESULTS.md session 6),
-    and told the width's divisibility, Triton vectorises 4 channels a thread and spreads them over 4
-    lanes (session 5); so BLOCK_D 32 takes the width at run time, unspecialised, where every
-    version keeps the steps in registers. A take-last reduction would return the wrong step in any
-    of those spread layouts (warps reduce by butterfly), so values are picked by masked sums."""
+    each row of a chunk is then an immediate offset from one address, not a 64-bit add an element.
+    Only with two channels a thread (BLOCK_D 64): its contiguity is capped at them, and Triton then
+    keeps a chunk's steps in each thread's registers. With one channel a thread and a constant
+    width, Triton can spread a chunk's steps over 8 lanes (shuffles in every step's chain, much
+    slower), and told the width's divisibility it vectorises 4 channels a thread and spreads them
+    over 4 lanes; so BLOCK_D 32 takes the width at run time, unspecialised, where the steps stay in
+    registers. A take-last reduction would return the wrong step in any of those spread layouts
+    (warps reduce by butterfly), so values are picked by masked sums."""
     batch = tl.program_id(0)
     channel, channels = channel_block(channels_arg, CHANNELS, BLOCK_D)  # (BLOCK_D,), the row width
     segment = tl.program_id(2)

@@ -16,10 +16,9 @@ saved chunk starts) are (N, Dm)-major here. `tl.range(..., num_stages=S)` keeps 
 chunks' loads in flight. The forward saves the state entering each chunk (only when a gradient
 is wanted); the backward recomputes each chunk's states from it and runs the adjoint's reverse
 scan. For few rows both directions run segments of time at once (`_forward_segment_chunks`,
-kernels/selective_scan_backward.py). On the H200 (bench/RESULTS.md) this is 2x the forward and 2x
-the forward + backward of the (chunk, channel, N)-tiled kernels it replaced (a single 32K row:
-4x forward + backward); the scan is not memory bound: 16 exponentials per 12 bytes of x, delta
-and y put its floor on the exp units (0.128 ms at Bt 8 x T 4096 x Dm 1024 x N 16).
+kernels/selective_scan_backward.py). The scan is not memory bound: N exponentials a step and
+channel (16 in every preset) for its 12 bytes of x, delta and y put its floor on the exponential
+units (bench/kernels.py reports that floor as exp_floor_ms).
 """
 
 from __future__ import annotations
@@ -44,17 +43,14 @@ from kernels._scan_tiles import (
 from kernels.selective_scan_backward import scan_backward
 
 _CHUNK_T = 8
-"""Time steps per chunk. Measured on the H200 (Bt 8, T 4096, Dm 1024, N 16, fp32;
-bench/scan_variants.py of commit bee4480; `python bench/kernels.py --sweep --only scan`): 16-step
-chunks make the forward a little faster but the backward's chunk tiles then spill registers (3.38
-against 2.98 ms forward + backward in the sweep). Tuned for N = 16 (every preset has N <= 16):
-at N = 32 the backward's tiles spill (280 bytes of stack in the sm_90 SASS), at N = 64 both
-directions do (2 KB backward); 4 and 2 steps a chunk would not, but would save 2x and 4x the
-chunk starts (T / CHUNK_T x N floats a channel and row). Not measured."""
+"""Time steps per chunk: 16-step chunks make the forward a little faster, but the backward's
+chunk tiles then spill registers and forward + backward is slower (`python bench/kernels.py
+--sweep --only scan`). Tuned for N = 16 (every preset has N <= 16): at N = 32 the backward's
+tiles spill (sm_90), at N = 64 both directions do; 4 and 2 steps a chunk would not, but would
+save 2x and 4x the chunk starts (T / CHUNK_T x N floats a channel and row). Not measured."""
 _FORWARD_STAGES = 5
-"""Chunks whose loads are in flight in the forward (one warp, 16 channels, the size above): 2
-stages 0.79 ms, 3 0.55, 4 0.53, 5 0.45 in the experiment; in the sweep 4, 5 and 6 stages are
-within 4 % of each other (0.355-0.370 ms)."""
+"""Chunks whose loads are in flight in the forward (one warp, 16 channels, the chunk above):
+fewer stages leave the memory's latency showing, while 4 to 6 run alike."""
 
 
 _FORWARD_SEGMENT_CHUNKS = (8, 64)
@@ -64,8 +60,8 @@ quarter of the row between the two (`_forward_segment_chunks`)."""
 
 def _forward_block_d(batch: int, channels: int) -> int:
     """Channels per forward program (one warp): 16 (2 threads a channel, 8 states each) when there
-    are many rows; 8 (4 threads a channel) when few, to have enough programs (Bt 1, T 32768: 1.5
-    against 2.7 ms)."""
+    are many rows (Bt x Dm >= 8192); 8 (4 threads a channel) when few, for twice the programs to
+    hide the memory's latency."""
     return 16 if batch * channels >= 8192 else 8
 
 
@@ -73,15 +69,10 @@ def _forward_segment_chunks(batch: int, channels: int, chunks: int) -> int:
     """Chunks per forward segment. With few rows one program a channel block walking all of T
     leaves too few programs to hide their latency (Bt 1 x Dm 1024: 128 programs), so a sequence of
     32 chunks or more then runs in segments of a quarter of it (within _FORWARD_SEGMENT_CHUNKS'
-    bounds) at once, for twice the exponentials. Measured side by side on the H200 (N 16, forward +
-    backward replayed from a CUDA graph, `python bench/kernels.py --sweep --only scan_segments`,
-    session 7), one segment against 8 / 16 / 32 / 64 chunks a segment: Bt 1 x T 8192 x Dm 1024
-    0.855 against 0.609 / 0.569 / 0.545 / 0.538 ms; Bt 2 x T 4096 0.616 against 0.571 / 0.548 /
-    0.534 / 0.528; Bt 1 x T 4096 0.452 against 0.322 / 0.305 / 0.299 / 0.295; Bt 1 x T 2048 x Dm
-    2048 0.336 against 0.313 / 0.300 / - / 0.294; Bt 2 x T 256 x Dm 1024 (32 chunks) 0.0673
-    against 0.0655 / 0.0673 / - / 0.0839 (a segment longer than the row walks masked chunks). Session
-    6 (forward alone, queued): Bt 1 x T 32768 2.19 against 0.73 / 0.58 / 0.50 / 0.47 ms. So
-    segments when Bt x Dm <= 2048, one segment otherwise."""
+    bounds) at once, for twice the exponentials (the flow pass computes them too). Segments only
+    when Bt x Dm <= 2048 (the backward's threshold), one segment otherwise; a row under 32 chunks
+    gains too little from segments, and a segment longer than the row walks masked chunks
+    (`python bench/kernels.py --sweep --only scan_segments`)."""
     if batch * channels > 2048 or chunks < 32:
         return max(chunks, 1)
     shortest, longest = _FORWARD_SEGMENT_CHUNKS

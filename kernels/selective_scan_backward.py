@@ -26,18 +26,14 @@ from kernels._scan_tiles import (
 
 _BACKWARD_BLOCK_D = 8
 """Channels per backward program (one warp; 4 threads a channel, 4 states each). dB and dC are
-summed over these blocks afterwards. Forward + backward in the experiment: 8 channels 3.4 ms, 16
-channels 4.5 (register spills), 32 channels 15.5."""
+summed over these blocks afterwards. Wider programs spill registers and are much slower."""
 _BACKWARD_STAGES = 3
 _SEGMENT_CHUNKS = (8, 64)
 """The fewest and the most chunks a backward segment when the backward is split along time: an
 eighth of the row between the two (`_backward_segment_chunks`). A segment's loop runs all its
-chunks, masked past the end of T, so a short row must not get long segments. Measured side by
-side on the H200 (forward + backward replayed from a CUDA graph, N 16, session 7), 8 / 16 / 32 /
-64 chunks a segment: Bt 1 x T 8192 x Dm 1024 0.639 / 0.582 / 0.558 / 0.544 ms; Bt 2 x T 4096
-0.590 / 0.556 / 0.547 / 0.534; Bt 1 x T 32768 2.47 / 2.22 / 2.10 / 2.07; Bt 1 x T 4096 0.335 /
-0.313 / 0.298 / 0.299; Bt 1 x T 2048 x Dm 2048 0.360 / 0.345 / 0.337 / 0.339. (Session 5 chose 8
-for every row with a timer that counted the host's launches.)"""
+chunks, masked past the end of T, so a short row must not get long segments; on long rows,
+longer segments are faster up to 64 chunks (`python bench/kernels.py --sweep --only
+scan_segments`)."""
 
 
 def _backward_segment_chunks(batch: int, channels: int, chunks: int) -> int:
@@ -46,13 +42,9 @@ def _backward_segment_chunks(batch: int, channels: int, chunks: int) -> int:
     (each an eighth of the row, within _SEGMENT_CHUNKS' bounds): a first pass finds what each
     segment's adjoint sends to the segment before it (from zero at its end) and the product of its
     decays, a short sequential pass over segments turns those into each segment's incoming
-    adjoint, and the main pass walks every segment from its end in parallel. Measured on the H200
-    (forward + backward replayed from a CUDA graph, N 16, session 7), segmented against one
-    segment: Bt 1 x T 32768 x Dm 1024 2.07 (64-chunk segments) against 4.13 ms; Bt 1 x T 8192
-    0.544 against 1.056; Bt 2 x T 4096 0.534 against 0.658; Bt 2 x T 4096 x Dm 768 0.420 against
-    0.609; but Bt 4 x T 4096 x Dm 1024 0.993 (16-chunk segments) against 0.893, Bt 4 x T 4096 x Dm
-    768 0.840 against 0.814 and Bt 8 x T 4096 x Dm 1024 1.73 against 1.41 (the first pass's cost
-    is then not repaid). So segments up to Bt x Dm = 2048, one segment above."""
+    adjoint, and the main pass walks every segment from its end in parallel. The first pass reads
+    delta, C and dy a second time and redoes their exponentials, which is repaid only while rows
+    are few: so segments up to Bt x Dm = 2048, one segment above."""
     if batch * channels > 2048:
         return max(chunks, 1)
     shortest, longest = _SEGMENT_CHUNKS

@@ -1,0 +1,2 @@
+"""Checkpoints: the torch-free format (names, latest, listing, verification,
+retention) and the tensor snapshot, writer and loader."""

@@ -1,0 +1,1 @@
+"""GPUs: NVML readings, the per-GPU lease, and sharing a GPU with other processes."""

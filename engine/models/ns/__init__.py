@@ -1,0 +1,1 @@
+"""The NS (NeuronSpark-style spiking SSM) models."""

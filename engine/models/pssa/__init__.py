@@ -1,0 +1,1 @@
+"""The PSSA models."""

@@ -1,0 +1,1 @@
+"""Line operations, one module per command: new, check, status, stop, branch, rollback, tune, bench."""

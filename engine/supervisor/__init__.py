@@ -1,0 +1,1 @@
+"""The supervisor of a line: its loop, children, socket server, RPC, discovery, notices."""

@@ -1,0 +1,1 @@
+"""The trainer: its loop, step engines, optimizer, schedules and validation."""

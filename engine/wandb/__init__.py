@@ -1,0 +1,1 @@
+"""The W&B mirror of a line's rows.jsonl."""
