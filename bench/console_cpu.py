@@ -1,6 +1,6 @@
 """The console's CPU use while it watches 8 live lines.
 
-Eight real supervisors (`engine.supervise.Supervisor`), each over its own copy of a tiny training
+Eight real supervisors (`engine.supervisor.supervisor.Supervisor`), each over its own copy of a tiny training
 line, run a scripted trainer that logs `--rate` rows a second (rows shaped like the real
 trainer's, with per-layer gradient norms, a validation row every 100 updates) and beats its
 heartbeat. The console (`ConsoleApp`, headless, real discovery and links) runs in this process;
@@ -60,7 +60,7 @@ beat(update, "stopped", reason="signal SIGTERM")
 
 RUNNER = r'''
 import json, sys
-from engine.supervise import Supervisor, SupervisorSettings
+from engine.supervisor.supervisor import Supervisor, SupervisorSettings
 raise SystemExit(Supervisor(sys.argv[1], SupervisorSettings(**json.loads(sys.argv[2]))).run())
 '''
 

@@ -29,11 +29,11 @@ import torch
 # would shadow the kernels package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.models.ns import NSLM, PRESETS  # noqa: E402
-from engine.models.ns_dendritic import DendriticLayer  # noqa: E402
-from engine.models.ns_hippocampal import HippocampalLayer  # noqa: E402
-from engine.models.ns_pool_read import pool_read_flex  # noqa: E402
-from engine.models.ns_scan import chunked_scan, compiled_chunked_scan  # noqa: E402
+from engine.models.ns.dendritic import DendriticLayer  # noqa: E402
+from engine.models.ns.hippocampal import HippocampalLayer  # noqa: E402
+from engine.models.ns.model import NSLM, PRESETS  # noqa: E402
+from engine.models.ns.pool_read import pool_read_flex  # noqa: E402
+from engine.models.ns.scan import chunked_scan, compiled_chunked_scan  # noqa: E402
 
 
 def time_ms(step: Callable[[], None], iters: int, warmup: int = 3) -> float:

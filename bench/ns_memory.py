@@ -40,9 +40,9 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.models.base import recompute_off_cuda  # noqa: E402
-from engine.models.ns import NSLM  # noqa: E402
-from engine.models.ns_dendritic import DendriticLayer  # noqa: E402
-from engine.models.ns_pool_read import per_key_bias, pool_read_explicit  # noqa: E402
+from engine.models.ns.dendritic import DendriticLayer  # noqa: E402
+from engine.models.ns.model import NSLM  # noqa: E402
+from engine.models.ns.pool_read import per_key_bias, pool_read_explicit  # noqa: E402
 from engine.models.presets import build_model, preset_config  # noqa: E402
 from kernels.plif import plif_scan_reference  # noqa: E402
 
@@ -99,8 +99,8 @@ def pool_read_gpu_saves(
 def gpu_kernel_saves() -> Iterator[None]:
     """The PLIF scan and the pool read saving what their GPU paths save (see the docstring)."""
     with (
-        mock.patch("engine.models.ns_neurons.plif_scan", plif_gpu_saves),
-        mock.patch("engine.models.ns_hippocampal.pool_read", pool_read_gpu_saves),
+        mock.patch("engine.models.ns.neurons.plif_scan", plif_gpu_saves),
+        mock.patch("engine.models.ns.hippocampal.pool_read", pool_read_gpu_saves),
     ):
         yield
 

@@ -1,7 +1,7 @@
 """The files of a training line's directory: one home for their names.
 
 ```
-<line>/run.json             the configuration (engine.config)
+<line>/run.json             the configuration (engine.config.run)
 <line>/accepted_run.json    the configuration of the last accepted start (lifelong keys compare to it)
 <line>/checkpoints/         u<update:08d>/ directories and `latest` (names the newest good one)
 <line>/run.log              the trainer's and the supervisor's output

@@ -11,7 +11,7 @@ After `subscribe {since_seq}` the server pushes notifications `{"method": <kind>
 `epoch` names, so a client reconnecting to a restarted supervisor knows its `since_seq` is moot.
 
 This module holds the wire format only (shapes, validation, error codes, framing, the
-de-duplication log); `engine/server.py` serves it and `nsconsole/client.py` speaks it.
+de-duplication log); `engine/supervisor/server.py` serves it and `nsconsole/client.py` speaks it.
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ METHODS: dict[str, dict[str, Param]] = {
     "tune": {"shared": Param((bool,), default=False)},
 }
 """Every method and its parameters. `hello` and `subscribe` are the server's own; the others
-go to the line's handler (`engine/server.py`)."""
+go to the line's handler (`engine/supervisor/server.py`)."""
 
 MUTATIONS = frozenset({"stop", "branch", "rollback", "tune"})
 """Methods that change the line: they need a `request_id` and are applied at most once per id."""

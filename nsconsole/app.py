@@ -26,7 +26,7 @@ from textual.css.query import NoMatches
 from textual.screen import Screen
 
 from engine.errors import LineError
-from engine.registry import SupervisorEntry, list_supervisors
+from engine.supervisor.registry import SupervisorEntry, list_supervisors
 from nsconsole.live import LiveLines
 from nsconsole.screens.branch_form import BranchForm, BranchRequest
 from nsconsole.screens.confirm import ConfirmScreen

@@ -12,8 +12,8 @@ import sys
 from collections.abc import Sequence
 
 from datalines.errors import DataLineError
+from engine.config.host import load_and_apply
 from engine.errors import LineError
-from engine.host import load_and_apply
 from nsconsole.commands import COMMAND_MODULES
 
 EXIT_USER_ERROR = 2

@@ -1,6 +1,6 @@
 """The console's live attachment to every supervisor on this host.
 
-`LiveLines` lists the registered supervisors (`engine.registry.list_supervisors`) every few
+`LiveLines` lists the registered supervisors (`engine.supervisor.registry.list_supervisors`) every few
 seconds, keeps one `SupervisorLink` per line (reconnects with backoff, re-subscribes, tells us
 when it is back) and feeds each line's `LineState`: on every (re)connection the hello, the
 status and, from a new supervisor, every row of rows.jsonl (fetched in pages); then the pushed
@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from engine import protocol
-from engine.config import RunConfig
+from engine.config.run import RunConfig
 from engine.errors import LineError
-from engine.registry import SupervisorEntry, list_supervisors
-from engine.schedule import learning_rate
+from engine.supervisor.registry import SupervisorEntry, list_supervisors
+from engine.training.schedule import learning_rate
 from nsconsole.client import (
     AsyncSupervisorClient,
     Notification,

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.supervise_rpc import is_validation_row
+from engine.supervisor.rpc import is_validation_row
 from nsconsole import health
 from nsconsole.health import HealthFlag
 

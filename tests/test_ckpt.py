@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.ckpt import (
+from engine.checkpoints.tensors import (
     LATEST_NAME,
     CheckpointSnapshot,
     CheckpointWriter,

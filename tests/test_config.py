@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from engine.config import (
+from engine.config.run import (
     EMAConfig,
     LRPiece,
     RampPiece,

@@ -28,7 +28,7 @@ from textual.widgets import Input
 
 from datalines import open_data_line
 from datalines.preparer import prepare_cycle
-from engine.registry import line_id
+from engine.supervisor.registry import line_id
 from nsconsole.app import ConsoleApp
 from nsconsole.screens.branch_form import BranchForm
 from nsconsole.screens.confirm import ConfirmScreen
@@ -42,7 +42,7 @@ from nsconsole.widgets.log_follower import LogFollower
 
 RUNNER = r'''
 import json, sys
-from engine.supervise import Supervisor, SupervisorSettings
+from engine.supervisor.supervisor import Supervisor, SupervisorSettings
 raise SystemExit(Supervisor(sys.argv[1], SupervisorSettings(**json.loads(sys.argv[2]))).run())
 '''
 

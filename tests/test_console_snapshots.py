@@ -11,7 +11,7 @@ import math
 
 import pytest
 
-from engine.gpu import GpuDevice, GpuProcess, GpuSnapshot, LeaseHolder
+from engine.gpu.devices import GpuDevice, GpuProcess, GpuSnapshot, LeaseHolder
 from nsconsole import app as app_module
 from nsconsole.app import ConsoleApp
 from nsconsole.screens.branch_form import BranchForm

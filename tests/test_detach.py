@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from engine.detach import LogindFacts, foreground_argv, logind_refusal, spawn_detached
+from engine.supervisor.detach import LogindFacts, foreground_argv, logind_refusal, spawn_detached
 
 
 def wait_for(predicate, timeout: float = 10.0) -> None:
@@ -30,7 +30,7 @@ def test_a_detached_process_survives_its_parents_session_ending(tmp_path: Path) 
     parent = tmp_path / "parent.py"
     parent.write_text(
         "import sys, time\n"
-        "from engine.detach import spawn_detached\n"
+        "from engine.supervisor.detach import spawn_detached\n"
         f"pid = spawn_detached([sys.executable, {str(survivor)!r}], {str(output)!r})\n"
         "print(f'detached {pid}', flush=True)\n"
         "time.sleep(600)\n"

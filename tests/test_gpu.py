@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import gpu
-from engine.gpu import GpuLease, lease_holder
+from engine.gpu import devices as gpu
+from engine.gpu.devices import GpuLease, lease_holder
 
 
 @pytest.fixture(autouse=True)
@@ -49,7 +49,7 @@ def holder_script(tmp_path: Path, line: Path) -> Path:
     script = tmp_path / "hold.py"
     script.write_text(
         "import sys, time\n"
-        "from engine.gpu import GpuLease\n"
+        "from engine.gpu.devices import GpuLease\n"
         f"lease = GpuLease(0, {str(line)!r})\n"
         "assert lease.acquire(timeout=10)\n"
         "print('held', flush=True)\n"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from engine.config.host import HostSettings
 from engine.errors import ConfigError
-from engine.host import HostSettings
 from nsconsole.cli import main
 
 EXPECTING_NAME = "Expecting property name enclosed in double quotes"

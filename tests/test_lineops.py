@@ -21,7 +21,7 @@ from test_wb_logic import RecordingBackend, SimulatedServer, session
 
 from datalines import open_data_line
 from datalines.preparer import delete_consumed_shards, prepare_cycle
-from engine.ckpt import (
+from engine.checkpoints.tensors import (
     STATE_NAME,
     list_checkpoints,
     load_checkpoint,
@@ -29,10 +29,10 @@ from engine.ckpt import (
     verify_checkpoint,
     write_latest,
 )
-from engine.config import RunConfig
+from engine.config.run import RunConfig
 from engine.errors import LineError
 from engine.layout import LineLayout
-from engine.lineops import (
+from engine.ops.lineops import (
     BranchRequest,
     branch_line,
     find_cycle_end,
@@ -40,9 +40,9 @@ from engine.lineops import (
     read_branches,
     rollback_line,
 )
-from engine.schedule import learning_rate
-from engine.trainer import Trainer
-from engine.wb_state import RunPoint, WandbRunState
+from engine.training.schedule import learning_rate
+from engine.training.trainer import Trainer
+from engine.wandb.state import RunPoint, WandbRunState
 from nsconsole.cli import main as cli_main
 
 LONG = 2 * SEQ_LEN

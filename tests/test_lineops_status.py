@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from engine import status as status_module
-from engine.status import line_status, read_last_validation
-from engine.wb_state import PendingStart, WandbRunState
+from engine.ops import status as status_module
+from engine.ops.status import line_status, read_last_validation
+from engine.wandb.state import PendingStart, WandbRunState
 from nsconsole.commands.status import format_status
 
 

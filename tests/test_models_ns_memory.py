@@ -8,11 +8,12 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from engine.models import ns_dendritic, ns_hippocampal
 from engine.models.base import chunked_token_losses, recompute_off_cuda
-from engine.models.ns import NSLM, NSConfig
-from engine.models.ns_dendritic import DendriticLayer
-from engine.models.ns_hippocampal import HippocampalLayer
+from engine.models.ns import dendritic as ns_dendritic
+from engine.models.ns import hippocampal as ns_hippocampal
+from engine.models.ns.dendritic import DendriticLayer
+from engine.models.ns.hippocampal import HippocampalLayer
+from engine.models.ns.model import NSLM, NSConfig
 
 # Wide enough that the scan's chunks (L = 16) stand out; the stream (16), the pool read (24) and
 # the FFN (40) of different widths, so that a saved tensor's last axis tells whose it is.

@@ -8,10 +8,11 @@ import pytest
 import torch
 
 from engine.errors import ConfigError
-from engine.models import common, ns_hippocampal
+from engine.models import common
 from engine.models.base import IGNORE_INDEX
-from engine.models.ns import NSLM, PRESETS, NSConfig
-from engine.models.ns_pool_read import pool_read_explicit
+from engine.models.ns import hippocampal as ns_hippocampal
+from engine.models.ns.model import NSLM, PRESETS, NSConfig
+from engine.models.ns.pool_read import pool_read_explicit
 
 # Small enough for float64 gradient checks: three dendritic layers, then one hippocampal.
 MICRO = NSConfig(

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from engine.models.ns_neurons import PLIFNeurons
+from engine.models.ns.neurons import PLIFNeurons
 
 
 def neurons(channels=5, threshold=0.5, alpha=4.0):

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from engine.models.ns_pool_read import pool_read_explicit, pool_read_flex
+from engine.models.ns.pool_read import pool_read_explicit, pool_read_flex
 
 
 def random_read_inputs(batch=2, heads=3, length=11, head_dim=4, dtype=torch.float64, device="cpu", seed=0):

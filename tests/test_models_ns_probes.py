@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
-from engine.models.ns import NSLM, NSConfig
-from engine.models.ns_dendritic import DendriticTrace
-from engine.models.ns_hippocampal import HippocampalTrace
-from engine.models.ns_probes import DendriticProbe, HippocampalProbe, boundary_mask
+from engine.models.ns.dendritic import DendriticTrace
+from engine.models.ns.hippocampal import HippocampalTrace
+from engine.models.ns.model import NSLM, NSConfig
+from engine.models.ns.probes import DendriticProbe, HippocampalProbe, boundary_mask
 
 EOS = 2
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.models.ns_scan import chunked_scan, compiled_chunked_scan, segment_sums
+from engine.models.ns.scan import chunked_scan, compiled_chunked_scan, segment_sums
 from kernels.selective_scan import selective_scan
 
 

@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from engine.models.pssa_memory import MAX_BALL_RADIUS, EpisodicBank, WriteRule, to_poincare_ball, write_banks
+from engine.models.pssa.memory import MAX_BALL_RADIUS, EpisodicBank, WriteRule, to_poincare_ball, write_banks
 
 
 def _bank(capacity: int = 2, key_dim: int = 3, value_dim: int = 2) -> EpisodicBank:

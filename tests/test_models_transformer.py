@@ -29,8 +29,8 @@ def test_article_peer_has_exactly_1541120_parameters() -> None:
 
 
 def test_large_presets_match_the_ns_presets_within_two_percent() -> None:
-    from engine.models.ns import NSLM
-    from engine.models.ns import PRESETS as NS_PRESETS
+    from engine.models.ns.model import NSLM
+    from engine.models.ns.model import PRESETS as NS_PRESETS
 
     for transformer_name, ns_name in (("transformer-1p3b", "ns-1p3b"), ("transformer-2b", "ns-2b")):
         with torch.device("meta"):  # shapes only: no memory, no initialisation cost

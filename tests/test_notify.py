@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.notify import EVENT_KINDS, make_event, notify
+from engine.supervisor.notify import EVENT_KINDS, make_event, notify
 
 
 def script(tmp_path: Path, body: str) -> list[str]:

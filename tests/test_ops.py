@@ -14,12 +14,12 @@ import pytest
 import torch
 
 import datalines
-from engine import checks
-from engine.config import RunConfig
+from engine.config.run import RunConfig
 from engine.errors import ConfigError
 from engine.models import presets
-from engine.ops import accept
-from engine.status import read_last_rows
+from engine.ops import check as checks
+from engine.ops.lines import accept
+from engine.ops.status import read_last_rows
 from nsconsole.cli import main
 
 

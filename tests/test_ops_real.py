@@ -11,7 +11,7 @@ from test_data_helpers import make_chat_corpus, make_tokenizer, make_web_corpus,
 from datalines import open_data_line
 from datalines.creation import init_data_line
 from datalines.validation import build_validation
-from engine.config import RunConfig
+from engine.config.run import RunConfig
 from engine.models.presets import preset_config
 from nsconsole.cli import main
 

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from engine.models.base import LanguageModel, token_losses
-from engine.optim import AdamWSettings, FlatAdamW, ParameterAverage
+from engine.training.optim import AdamWSettings, FlatAdamW, ParameterAverage
 
 
 class TwoLayerLM(LanguageModel):

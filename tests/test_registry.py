@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from engine import registry
 from engine.errors import LineError
+from engine.supervisor import registry
 
 
 @pytest.fixture(autouse=True)

@@ -20,8 +20,8 @@ from test_trainer_lines import (
     rows_without_wall_clock,
 )
 
-from engine.ckpt import load_checkpoint, read_latest, verify_line_checkpoints
-from engine.trainer import Trainer
+from engine.checkpoints.tensors import load_checkpoint, read_latest, verify_line_checkpoints
+from engine.training.trainer import Trainer
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 

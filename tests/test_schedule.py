@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from engine.config import RunConfig
-from engine.schedule import learning_rate, tokens_per_update, update_weight_decay
+from engine.config.run import RunConfig
+from engine.training.schedule import learning_rate, tokens_per_update, update_weight_decay
 
 
 def config_with(**sections: Any) -> RunConfig:

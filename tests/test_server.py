@@ -18,8 +18,8 @@ import pytest
 
 from engine import protocol
 from engine.errors import LineError
-from engine.gpu import gpu_snapshot
-from engine.server import SupervisorServer
+from engine.gpu.devices import gpu_snapshot
+from engine.supervisor.server import SupervisorServer
 from nsconsole.client import RemoteError, SupervisorClient, SupervisorUnavailable
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from engine.server import SupervisorServer
+from engine.supervisor.server import SupervisorServer
 from nsconsole.client import AsyncSupervisorClient, Notification, SupervisorLink, SupervisorUnavailable
 
 

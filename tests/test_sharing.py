@@ -1,4 +1,4 @@
-"""GPU sharing (engine.sharing): the decision over scripted readings, and a CPU line driven through
+"""GPU sharing (engine.gpu.sharing): the decision over scripted readings, and a CPU line driven through
 sharing, taking its own shapes back, and leaving the GPU (checkpoint, GpuBusy, exit 75)."""
 
 from __future__ import annotations
@@ -18,13 +18,11 @@ from test_trainer_lines import (
     rows_without_wall_clock,
 )
 
-from engine import step_engines, supervised_trainer
-from engine import trainer as trainer_module
-from engine.ckpt import load_checkpoint, read_latest
-from engine.config import RunConfig
+from engine.checkpoints.tensors import load_checkpoint, read_latest
+from engine.config.run import RunConfig
 from engine.errors import ConfigError
-from engine.gpu import GpuDevice, GpuProcess, GpuSnapshot
-from engine.sharing import (
+from engine.gpu.devices import GpuDevice, GpuProcess, GpuSnapshot
+from engine.gpu.sharing import (
     GIB,
     Action,
     GpuBusy,
@@ -35,9 +33,12 @@ from engine.sharing import (
     decide,
     reading_from_snapshot,
 )
-from engine.step import EagerEngine, UpdateResult
-from engine.step_engines import StepEngines
-from engine.trainer import Trainer
+from engine.training import engines as step_engines
+from engine.training import main as supervised_trainer
+from engine.training import trainer as trainer_module
+from engine.training.engines import StepEngines
+from engine.training.step import EagerEngine, UpdateResult
+from engine.training.trainer import Trainer
 
 RESERVE_GB = 1.0
 CHECK_EVERY = 2

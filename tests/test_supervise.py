@@ -19,14 +19,14 @@ import psutil
 import pytest
 from test_trainer_lines import make_data_line, make_line
 
-from engine import registry
 from engine.errors import LineError
-from engine.gpu import GpuLease, lease_holder
+from engine.gpu.devices import GpuLease, lease_holder
+from engine.supervisor import registry
 from nsconsole.client import RemoteError, SupervisorClient
 
 FAKE_TRAINER = r'''
 import json, os, signal, sys, time
-from engine.supervised_child import die_with_parent
+from engine.supervisor.child import die_with_parent
 line = sys.argv[1]
 if not die_with_parent(int(sys.argv[sys.argv.index("--parent") + 1])):  # as the real trainer does
     sys.exit(128 + signal.SIGTERM)
@@ -103,9 +103,9 @@ beat("stopped", reason="the plan is complete")
 
 RUNNER = r'''
 import json, os, sys
-import engine.supervise
-import engine.supervise_gpu
-from engine.gpu import GpuDevice, GpuProcess, GpuSnapshot
+import engine.supervisor.supervisor
+import engine.supervisor.gpu_watch
+from engine.gpu.devices import GpuDevice, GpuProcess, GpuSnapshot
 
 def snapshot_from_file():
     # NVML as the test sets it: GPU 0 with the pids listed in $FAKE_GPU_PIDS.
@@ -115,9 +115,9 @@ def snapshot_from_file():
     return GpuSnapshot(True, "", "fake", [device])
 
 if os.environ.get("FAKE_GPU_PIDS"):
-    engine.supervise_gpu.gpu_snapshot = snapshot_from_file  # what the supervisor asks NVML
-settings = engine.supervise.SupervisorSettings(**json.loads(sys.argv[2]))
-raise SystemExit(engine.supervise.Supervisor(sys.argv[1], settings).run())
+    engine.supervisor.gpu_watch.gpu_snapshot = snapshot_from_file  # what the supervisor asks NVML
+settings = engine.supervisor.supervisor.SupervisorSettings(**json.loads(sys.argv[2]))
+raise SystemExit(engine.supervisor.supervisor.Supervisor(sys.argv[1], settings).run())
 '''
 
 FAKE_PREPARER = r'''
@@ -491,7 +491,7 @@ def test_a_second_supervisor_of_the_line_is_refused(rig: Rig) -> None:
     rig.start(["train-until-stop"])
     with rig.wait_for_socket() as client:
         second = subprocess.run(
-            [sys.executable, "-m", "engine.supervise", str(rig.line), "--foreground"],
+            [sys.executable, "-m", "engine.supervisor.supervisor", str(rig.line), "--foreground"],
             capture_output=True, text=True, timeout=60,
         )
         assert second.returncode == 2
@@ -504,7 +504,7 @@ def test_the_trainer_gets_sigterm_when_its_supervisor_dies(tmp_path: Path) -> No
     marker = tmp_path / "terminated"
     child = (
         "import os, signal, sys, time\n"
-        "from engine.supervised_child import die_with_parent\n"
+        "from engine.supervisor.child import die_with_parent\n"
         "assert die_with_parent(int(sys.argv[1]))\n"
         f"signal.signal(signal.SIGTERM, lambda n, f: (open({str(marker)!r}, 'w').close(), sys.exit(0)))\n"
         "print('ready', flush=True)\n"
@@ -624,7 +624,7 @@ class UnkillableTrainer:
 
 
 def test_a_trainer_that_survives_sigkill_leaves_the_line_stuck_and_says_so(rig: Rig) -> None:
-    from engine.supervise import EXIT_FAILED, Supervisor, SupervisorSettings
+    from engine.supervisor.supervisor import EXIT_FAILED, Supervisor, SupervisorSettings
 
     supervisor = Supervisor(rig.line, SupervisorSettings(kill_wait_seconds=0.05))
     trainer = UnkillableTrainer()

@@ -17,14 +17,14 @@ from test_trainer_lines import copy_data_line, make_data_line, make_line
 
 from datalines import open_data_line
 from datalines.preparer import prepare_cycle
-from engine import registry
-from engine.supervise import STOP_AT_REASON, STOP_FILE_REASON
-from engine.trainer import StopReason
+from engine.supervisor import registry
+from engine.supervisor.supervisor import STOP_AT_REASON, STOP_FILE_REASON
+from engine.training.trainer import StopReason
 from nsconsole.client import SupervisorClient
 
 RUNNER = r'''
 import json, sys
-from engine.supervise import Supervisor, SupervisorSettings
+from engine.supervisor.supervisor import Supervisor, SupervisorSettings
 raise SystemExit(Supervisor(sys.argv[1], SupervisorSettings(**json.loads(sys.argv[2]))).run())
 '''
 
@@ -64,7 +64,7 @@ def test_run_in_the_background_returns_once_the_supervisor_answers(
 ) -> None:
     line = make_line(tmp_path, copy_data_line(data_template, tmp_path))
     started = subprocess.run(
-        [sys.executable, "-m", "engine.supervise", str(line), "--stop-at", "3"],
+        [sys.executable, "-m", "engine.supervisor.supervisor", str(line), "--stop-at", "3"],
         capture_output=True, text=True, timeout=120,
     )
     assert started.returncode == 0, started.stderr
@@ -79,7 +79,7 @@ def test_run_in_the_background_returns_once_the_supervisor_answers(
     preparer = json.loads((tmp_path / "data" / "preparer.json").read_text())
     assert preparer["state"] == "stopped" and 1 in preparer["ready"]
     refused = subprocess.run(
-        [sys.executable, "-m", "engine.supervise", str(tmp_path / "nowhere")], capture_output=True, text=True
+        [sys.executable, "-m", "engine.supervisor.supervisor", str(tmp_path / "nowhere")], capture_output=True, text=True
     )
     assert refused.returncode == 2 and refused.stderr.startswith("nsconsole: ")
 
@@ -131,7 +131,7 @@ def test_a_real_line_survives_crashes_of_its_trainer_and_its_supervisor(
         index += 1
     stop_at = heartbeat["update"] + 3
     again = subprocess.run(
-        [sys.executable, "-m", "engine.supervise", str(line), "--foreground", "--stop-at", str(stop_at)],
+        [sys.executable, "-m", "engine.supervisor.supervisor", str(line), "--foreground", "--stop-at", str(stop_at)],
         capture_output=True, text=True, timeout=300,
     )
     assert again.returncode == 0, again.stdout + again.stderr

@@ -17,12 +17,14 @@ from typing import Any
 import pytest
 from test_trainer_lines import make_data_line, make_line
 
-from engine import ckpt, lineops, supervise_forks
+from engine.checkpoints import tensors as ckpt
 from engine.errors import LineError
 from engine.layout import LineLayout
-from engine.lineops import BranchRequest, BranchResult
-from engine.supervise import Supervisor
-from engine.supervise_forks import ForkQueue, QueuedFork, branched_from, cycle_end_checkpoint, new_fork
+from engine.ops import lineops
+from engine.ops.lineops import BranchRequest, BranchResult
+from engine.supervisor import forks as supervise_forks
+from engine.supervisor.forks import ForkQueue, QueuedFork, branched_from, cycle_end_checkpoint, new_fork
+from engine.supervisor.supervisor import Supervisor
 
 
 def write_checkpoint(layout: LineLayout, update: int, cycle: int, kept: str | None = None) -> Path:
@@ -239,7 +241,7 @@ def test_the_checkpoint_facts_read_without_torch_are_those_ckpt_and_lineops_writ
     match = lineops.CYCLE_END_KEPT.match(supervise_forks.cycle_end_reason(12))
     assert match is not None and int(match.group(1)) == 12
     # The supervisor itself starts without torch (a branch or rollback imports it when asked for).
-    check = "import sys, engine.supervise; assert 'torch' not in sys.modules"
+    check = "import sys, engine.supervisor.supervisor; assert 'torch' not in sys.modules"
     assert subprocess.run([sys.executable, "-c", check]).returncode == 0
 
 

@@ -26,12 +26,12 @@ from test_trainer_lines import copy_data_line, make_data_line, make_line
 
 from datalines import open_data_line
 from datalines.preparer import prepare_cycle
-from engine import registry
-from engine.ckpt import list_checkpoints, read_latest
-from engine.config import RunConfig
+from engine.checkpoints.tensors import list_checkpoints, read_latest
+from engine.config.run import RunConfig
 from engine.layout import LineLayout
-from engine.lineops import read_branches
-from engine.supervise_forks import branched_from
+from engine.ops.lineops import read_branches
+from engine.supervisor import registry
+from engine.supervisor.forks import branched_from
 from nsconsole.client import RemoteError, SupervisorClient
 
 UNTUNED_ROWS = 3
@@ -86,7 +86,7 @@ def kill_line_processes(root: Path) -> list[str]:
     killed = []
     for process in psutil.process_iter(["cmdline", "status"]):
         cmdline = process.info["cmdline"] or []
-        ours = any(part.startswith("engine.supervise") or part == "run-preparer" for part in cmdline)
+        ours = any(part.startswith("engine.supervisor.supervisor") or part == "run-preparer" for part in cmdline)
         if ours and any(str(root) in part for part in cmdline) and process.info["status"] != psutil.STATUS_ZOMBIE:
             killed.append(" ".join(cmdline))
             with contextlib.suppress(psutil.NoSuchProcess):

@@ -11,7 +11,7 @@ import pytest
 from engine import protocol
 from engine.errors import LineError
 from engine.layout import LineLayout
-from engine.supervise_rpc import REPLY_BUDGET_BYTES, LineHandler, PausedWork, RowsTail, is_validation_row
+from engine.supervisor.rpc import REPLY_BUDGET_BYTES, LineHandler, PausedWork, RowsTail, is_validation_row
 
 
 class View:

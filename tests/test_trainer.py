@@ -21,13 +21,13 @@ from test_trainer_lines import (
 
 from datalines import open_data_line
 from datalines.preparer import prepare_cycle
-from engine import trainer as trainer_module
-from engine.ckpt import load_checkpoint, read_latest, verify_line_checkpoints
-from engine.config import RunConfig
+from engine.checkpoints.tensors import load_checkpoint, read_latest, verify_line_checkpoints
+from engine.config.run import RunConfig
 from engine.errors import CheckpointError, ConfigError, LineError
-from engine.ops import request_stop
-from engine.schedule import learning_rate, tokens_per_update, update_weight_decay
-from engine.trainer import Trainer
+from engine.ops.lines import request_stop
+from engine.training import trainer as trainer_module
+from engine.training.schedule import learning_rate, tokens_per_update, update_weight_decay
+from engine.training.trainer import Trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one intra-op thread
 

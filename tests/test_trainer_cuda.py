@@ -11,12 +11,12 @@ import pytest
 import torch
 from test_trainer_lines import copy_data_line, make_data_line, make_line
 
-from engine.arena import Arena
-from engine.ckpt import load_checkpoint, read_latest
-from engine.optim import AdamWSettings, FlatAdamW
-from engine.sharing import GpuWatch
-from engine.step import EagerEngine, GraphEngine
-from engine.trainer import Trainer
+from engine.checkpoints.tensors import load_checkpoint, read_latest
+from engine.gpu.sharing import GpuWatch
+from engine.training.arena import Arena
+from engine.training.optim import AdamWSettings, FlatAdamW
+from engine.training.step import EagerEngine, GraphEngine
+from engine.training.trainer import Trainer
 
 # Other pytest workers on the same GPU are not other jobs: these lines train as if alone.
 ALONE = partial(GpuWatch.for_line, enabled=False)

@@ -17,12 +17,12 @@ from test_trainer_lines import (
     make_line,
 )
 
-from engine import ckpt as ckpt_module
-from engine import trainer as trainer_module
-from engine.ckpt import read_latest, verify_line_checkpoints
-from engine.config import RunConfig
+from engine.checkpoints import tensors as ckpt_module
+from engine.checkpoints.tensors import read_latest, verify_line_checkpoints
+from engine.config.run import RunConfig
 from engine.errors import DiskFull
-from engine.trainer import Trainer
+from engine.training import trainer as trainer_module
+from engine.training.trainer import Trainer
 
 DiskUsage = namedtuple("DiskUsage", "total used free")
 

@@ -24,8 +24,8 @@ from datalines.creation import init_data_line
 from datalines.preparer import prepare_cycle
 from datalines.tokenizer import EMBEDDED_EOS_TOKEN, train_byte_level_bpe
 from datalines.validation import build_validation
-from engine.config import RunConfig
-from engine.ops import NewLineOptions, new_line
+from engine.config.run import RunConfig
+from engine.ops.lines import NewLineOptions, new_line
 
 SEQ_LEN = 32
 TOKENS_PER_UPDATE = 16 * SEQ_LEN

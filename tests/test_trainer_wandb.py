@@ -1,6 +1,6 @@
 """The trainer's W&B mirror on real tiny lines, with the real wandb client in offline mode.
 
-What the client wrote is read back from its local transaction logs (engine.wb_txlog); each start
+What the client wrote is read back from its local transaction logs (engine.wandb.txlog); each start
 of a line writes a new offline directory, listed in order in wandb_run.json, so the run's curve
 is the union of the histories of those directories.
 """
@@ -20,14 +20,14 @@ from test_trainer_lines import (
     make_line,
 )
 
-from engine import trainer as trainer_module
-from engine import wb as wb_module
 from engine.layout import LineLayout
-from engine.lineops import BranchRequest, branch_line, rollback_line
-from engine.trainer import Trainer
-from engine.wb import WandbMirror
-from engine.wb_state import RunPoint, WandbRunState
-from engine.wb_txlog import TransactionLogReader, transaction_log_of
+from engine.ops.lineops import BranchRequest, branch_line, rollback_line
+from engine.training import trainer as trainer_module
+from engine.training.trainer import Trainer
+from engine.wandb import mirror as wb_module
+from engine.wandb.mirror import WandbMirror
+from engine.wandb.state import RunPoint, WandbRunState
+from engine.wandb.txlog import TransactionLogReader, transaction_log_of
 
 UPDATES = 4
 """Updates per session: the first session trains 1..UPDATES, the resumed one UPDATES+1..2*UPDATES."""
@@ -140,7 +140,7 @@ def test_a_disabled_line_never_touches_wandb(tmp_path: Path, data_template: Path
     # In a fresh interpreter: this one may have imported wandb for the other tests.
     script = (
         "import sys, torch; torch.set_num_threads(1)\n"
-        "from engine.trainer import Trainer\n"
+        "from engine.training.trainer import Trainer\n"
         f"assert Trainer({str(line)!r}, stop_at=2, echo=None).run() == 0\n"
         "print(sorted(name for name in sys.modules if name == 'wandb' or name.startswith('wandb.')))\n"
     )

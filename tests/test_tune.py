@@ -9,9 +9,9 @@ import pytest
 import torch
 from test_trainer_lines import SEQ_LEN, make_data_line, make_line
 
-from engine.config import RunConfig
+from engine.config.run import RunConfig
 from engine.errors import LineError
-from engine.tune import CpuPeakMeter, LengthTuning, Measurement, Tuner, tune_line
+from engine.ops.tune import CpuPeakMeter, LengthTuning, Measurement, Tuner, tune_line
 from nsconsole.cli import main as cli_main
 
 MIB = 1 << 20

@@ -15,13 +15,13 @@ from test_trainer_lines import SEQ_LEN, make_data_line, make_line
 
 from datalines import open_data_line
 from datalines.validation import build_validation
-from engine.config import EMAConfig, RunConfig
+from engine.config.run import EMAConfig, RunConfig
 from engine.errors import LineError
 from engine.models.presets import build_model
-from engine.optim import AdamWSettings, FlatAdamW, ParameterAverage
-from engine.step import EagerEngine
-from engine.validate import Validator, probe_batch
-from engine.validate_losses import document_position_bins
+from engine.training.optim import AdamWSettings, FlatAdamW, ParameterAverage
+from engine.training.step import EagerEngine
+from engine.training.validation import Validator, probe_batch
+from engine.training.validation_losses import document_position_bins
 
 LONG_LEN = 2 * SEQ_LEN
 

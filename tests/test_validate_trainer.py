@@ -19,9 +19,9 @@ from test_trainer_lines import (
 
 from datalines import open_data_line
 from datalines.validation import build_validation
-from engine.ckpt import list_checkpoints, load_checkpoint, read_latest
+from engine.checkpoints.tensors import list_checkpoints, load_checkpoint, read_latest
 from engine.errors import LineError
-from engine.trainer import Trainer
+from engine.training.trainer import Trainer
 
 VALIDATION_PREFIXES = ("val_", "ema/", "opt/")
 

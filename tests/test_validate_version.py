@@ -10,7 +10,7 @@ from test_trainer_lines import make_data_line, make_line
 
 from engine.errors import ConfigError
 from engine.metrics import METRICS_VERSION
-from engine.trainer import Trainer
+from engine.training.trainer import Trainer
 from nsconsole.cli import main as cli_main
 
 

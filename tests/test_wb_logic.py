@@ -1,4 +1,4 @@
-"""W&B continuity logic (engine.wb) against a recording backend that simulates the W&B server.
+"""W&B continuity logic (engine.wandb.mirror) against a recording backend that simulates the W&B server.
 
 The simulated server follows what W&B does: a continued run keeps its history and drops a step
 not above its last one, a fork copies its parent's history up to the fork step, a rewind cuts a
@@ -19,9 +19,10 @@ from typing import Any
 
 import pytest
 
-from engine.config import WandbConfig
+from engine.config.run import WandbConfig
 from engine.errors import LineError
-from engine.wb import (
+from engine.wandb.backend import StartedRun
+from engine.wandb.mirror import (
     MirrorOptions,
     RetryPolicy,
     WandbMirror,
@@ -29,9 +30,8 @@ from engine.wb import (
     plan_rollback,
     remove_finished_local_files,
 )
-from engine.wb_backend import StartedRun
-from engine.wb_rows import read_rows
-from engine.wb_state import LocalRunFiles, RunPoint, WandbRunState, WandbStateError
+from engine.wandb.rows import read_rows
+from engine.wandb.state import LocalRunFiles, RunPoint, WandbRunState, WandbStateError
 
 FAST = MirrorOptions(
     retry=RetryPolicy(first_delay_s=0.005, max_delay_s=0.02, give_up_after_s=3600.0),

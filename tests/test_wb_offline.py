@@ -1,7 +1,7 @@
 """W&B continuity with the real wandb client in offline mode (no network is ever touched).
 
 What the client wrote is read back from its local transaction logs (`run-<id>.wandb`) with
-engine.wb_txlog: wandb 0.31 has no Python reader of its own, and its public API reads only
+engine.wandb.txlog: wandb 0.31 has no Python reader of its own, and its public API reads only
 from a server. Each start of a line writes a new offline directory (in the order recorded in
 wandb_run.json), so the run's curve is the union of the history of those directories.
 """
@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 from conftest import scoped_environment
 
-from engine.config import WandbConfig
-from engine.wb import MirrorOptions, RetryPolicy, WandbMirror, plan_branch, plan_rollback
-from engine.wb_backend import RealWandbBackend
-from engine.wb_state import RunPoint, WandbRunState
-from engine.wb_txlog import TransactionLogError, TransactionLogReader, transaction_log_of
+from engine.config.run import WandbConfig
+from engine.wandb.backend import RealWandbBackend
+from engine.wandb.mirror import MirrorOptions, RetryPolicy, WandbMirror, plan_branch, plan_rollback
+from engine.wandb.state import RunPoint, WandbRunState
+from engine.wandb.txlog import TransactionLogError, TransactionLogReader, transaction_log_of
 
 OFFLINE = WandbConfig(project="nsconsole-tests", mode="offline")
 OPTIONS = MirrorOptions(retry=RetryPolicy(0.01, 0.05, 3600.0), acknowledge_every_s=0.05)

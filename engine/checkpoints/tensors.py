@@ -105,7 +105,7 @@ class Checkpoint(CheckpointSnapshot):
 @cache
 def code_version() -> str:
     """`git describe` of the source tree when it is a checkout, else the installed package version."""
-    source_root = Path(__file__).resolve().parent.parent
+    source_root = Path(__file__).resolve().parents[2]
     try:
         described = subprocess.run(
             ["git", "describe", "--always", "--dirty", "--tags"],

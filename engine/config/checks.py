@@ -9,11 +9,11 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, NoReturn
 
-from engine.config_json import show
+from engine.config.json_fields import show
 from engine.errors import ConfigError
 
 if TYPE_CHECKING:
-    from engine.config import RunConfig
+    from engine.config.run import RunConfig
 
 LR_PIECE_KINDS = ("warmup", "constant", "decay")
 LR_SHAPES = ("linear", "cosine", "sqrt")
@@ -183,8 +183,8 @@ class Validator:
                 previous_end = piece.until_tokens
 
     def check_rest(self) -> None:
-        # Imported here: engine.config imports this module.
-        from engine.config import LIFELONG_KEY_NAMES
+        # Imported here: engine.config.run imports this module.
+        from engine.config.run import LIFELONG_KEY_NAMES
 
         config = self.config
         if config.ema is not None:

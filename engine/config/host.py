@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.config_json import INTERNAL, parse_value
+from engine.config.json_fields import INTERNAL, parse_value
 from engine.errors import ConfigError
 
 HOST_ENV_VARIABLE = "NSCONSOLE_HOST"

@@ -5,10 +5,10 @@
 `run.json: lengths[0].seq_len must be an integer, got "4k"`). `to_dict()` / `save()` write the
 stable JSON form (sorted keys, indent 2) and `from_dict(to_dict(c)) == c`.
 
-Parsing is driven by the dataclasses' type hints (`engine.config_json`), so a field is declared
+Parsing is driven by the dataclasses' type hints (`engine.config.json_fields`), so a field is declared
 once: its type, its default and its docstring here, and nothing else to keep in step. A field
 whose JSON key differs from its Python name carries the key in its metadata (`json_key`). The
-value checks are in `engine.config_checks`.
+value checks are in `engine.config.checks`.
 
 The settings a line keeps for its whole life are compared with the accepted configuration
 (`<line>/accepted_run.json`) by `check_changes`.
@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from engine.atomic import write_text_atomic
-from engine.config_checks import Validator
-from engine.config_json import json_key, json_name, parse_value, show, unparse
+from engine.config.checks import Validator
+from engine.config.json_fields import json_key, json_name, parse_value, show, unparse
 from engine.errors import ConfigError
 from engine.metrics import METRICS_VERSION
 

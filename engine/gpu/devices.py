@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.registry import runtime_dir
+from engine.supervisor.registry import runtime_dir
 
 _nvml_lock = threading.Lock()
 _nvml_ready: bool | None = None

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.config import RunConfig
+from engine.config.run import RunConfig
 from engine.errors import ConfigError, LineError
-from engine.gpu import GpuSnapshot, gpu_snapshot
+from engine.gpu.devices import GpuSnapshot, gpu_snapshot
 
 GIB = 1 << 30
 OWN_AFTER_ABSENT_CHECKS = 3

@@ -16,7 +16,9 @@ from engine.models.base import LanguageModel
 
 
 def _families() -> dict[str, tuple[dict[str, Any], Callable[[Any], LanguageModel]]]:
-    from engine.models import ns, pssa, transformer
+    from engine.models import transformer
+    from engine.models.ns import model as ns
+    from engine.models.pssa import model as pssa
 
     return {
         "transformer": (transformer.PRESETS, transformer.TransformerLM),

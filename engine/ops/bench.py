@@ -17,9 +17,9 @@ import torch
 
 from engine.errors import ConfigError
 from engine.models.presets import build_model, preset_config
-from engine.optim import AdamWSettings, FlatAdamW
-from engine.step import EagerEngine, GraphEngine
-from engine.trainer import resolve_device
+from engine.training.optim import AdamWSettings, FlatAdamW
+from engine.training.step import EagerEngine, GraphEngine
+from engine.training.trainer import resolve_device
 
 BENCH_LR = 1e-4
 BENCH_WEIGHT_DECAY = 0.1
@@ -141,7 +141,7 @@ def bench_shape(
         model.recompute = recompute
     optimizer = FlatAdamW(model, AdamWSettings(0.9, 0.95, 1e-8, 1.0), target)
     if engine_name == "graph":
-        from engine.arena import Arena
+        from engine.training.arena import Arena
 
         step: EagerEngine | GraphEngine = GraphEngine(model, optimizer, rows, seq_len, Arena(target))
     else:

@@ -14,13 +14,23 @@ import torch
 
 from datalines import open_data_line
 from datalines.errors import DataLineError
-from engine.ckpt import CHECKPOINT_DISK_MARGIN, expected_checkpoint_bytes, verify_line_checkpoints
-from engine.config import RunConfig
+from engine.checkpoints.tensors import (
+    CHECKPOINT_DISK_MARGIN,
+    expected_checkpoint_bytes,
+    verify_line_checkpoints,
+)
+from engine.config.run import RunConfig
 from engine.errors import LineError
 from engine.layout import LineLayout, checkpoint_update
 from engine.metrics import METRICS_VERSION
 from engine.models.presets import build_model
-from engine.ops import inspect_data_line, model_vocab_size, open_line, resolve_data_path, unaccepted_changes
+from engine.ops.lines import (
+    inspect_data_line,
+    model_vocab_size,
+    open_line,
+    resolve_data_path,
+    unaccepted_changes,
+)
 
 GIB = 1024**3
 
@@ -95,7 +105,7 @@ def _meta_model(config: RunConfig) -> torch.nn.Module:
 
 def _check_heldout_rows(layout: LineLayout, config: RunConfig, model: torch.nn.Module) -> CheckResult:
     """The rows every validation length reads exist (the trainer refuses to start without them)."""
-    from engine.validate import heldout_line_path, missing_rows_problem, validation_lengths
+    from engine.training.validation import heldout_line_path, missing_rows_problem, validation_lengths
 
     try:
         heldout = open_data_line(heldout_line_path(layout, config))

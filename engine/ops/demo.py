@@ -16,9 +16,9 @@ from pathlib import Path
 from datalines import open_data_line
 from datalines.creation import init_embedded_line
 from datalines.validation import build_validation
-from engine.config import CheckpointConfig, LengthConfig, LRConfig, LRPiece, RunConfig, ValidationConfig
+from engine.config.run import CheckpointConfig, LengthConfig, LRConfig, LRPiece, RunConfig, ValidationConfig
 from engine.layout import LineLayout
-from engine.ops import NewLineOptions, new_line
+from engine.ops.lines import NewLineOptions, new_line
 
 DEMO_PRESET = "ns-tiny"
 DEMO_SEQ_LEN = 256

@@ -8,12 +8,12 @@ end of the plan. Its first checkpoint is the fork checkpoint: the weights, optim
 tokenizer hard-linked (copied across file systems), state.json and run.json its own (the update
 and tokens trained carry on; stage, data cycle and sample start at 0 on the branch's data line;
 no rows yet). The parent's branches.json records the branch, and the branch's first start forks
-the parent's W&B run (`engine.wb.plan_branch`).
+the parent's W&B run (`engine.wandb.mirror.plan_branch`).
 
 `rollback_line(LINE, U)`: the line continues from checkpoint u<U> as a new W&B run
-(`engine.wb.plan_rollback`). `latest` names u<U>; the later checkpoints stay on disk until the
+(`engine.wandb.mirror.plan_rollback`). `latest` names u<U>; the later checkpoints stay on disk until the
 line writes its next checkpoint, when retention removes them as an abandoned continuation
-(`abandoned_after`, engine.ckpt); rows.jsonl is cut back to the checkpoint's rows after a copy of
+(`abandoned_after`, engine.checkpoints.tensors); rows.jsonl is cut back to the checkpoint's rows after a copy of
 it is kept as rows.rolledback-<time>.jsonl; the data cycles the line will read again are reopened
 (their consumed mark cleared, so the preparer rebuilds their shards from the permanent manifests).
 Refused while the line's trainer runs.
@@ -36,7 +36,7 @@ from typing import Any
 
 from datalines import open_data_line
 from engine.atomic import fsync_directory, write_text_atomic
-from engine.ckpt import (
+from engine.checkpoints.tensors import (
     EXTRA_FILE,
     FORMAT_VERSION,
     META_NAME,
@@ -52,14 +52,14 @@ from engine.ckpt import (
     verify_checkpoint,
     write_latest,
 )
-from engine.config import DataConfig, LengthConfig, LRPiece, RunConfig, StageConfig
+from engine.config.run import DataConfig, LengthConfig, LRPiece, RunConfig, StageConfig
 from engine.errors import LineError
 from engine.layout import LineLayout
-from engine.ops import inspect_data_line, open_line, resolve_data_path
+from engine.ops.lines import inspect_data_line, open_line, resolve_data_path
+from engine.ops.status import pid_alive
 from engine.rows import RowsFile
-from engine.schedule import learning_rate, tokens_per_update
-from engine.status import pid_alive
-from engine.wb import plan_branch, plan_rollback
+from engine.training.schedule import learning_rate, tokens_per_update
+from engine.wandb.mirror import plan_branch, plan_rollback
 
 CYCLE_END_KEPT = re.compile(r"^cycle-end (\d+)$")
 """The `kept` reason the trainer writes into a cycle end's state.json."""

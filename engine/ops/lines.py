@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.atomic import write_text_atomic
-from engine.config import (
+from engine.config.run import (
     DEFAULT_SEQ_LEN,
     DEFAULT_TOKENS_PER_UPDATE,
     DataConfig,

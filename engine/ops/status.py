@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.config import RunConfig
+from engine.config.run import RunConfig
 from engine.errors import LineError
 from engine.layout import LineLayout, checkpoint_update
-from engine.ops import StopRequest, open_line, read_stop
-from engine.wb_state import WandbRunState
+from engine.ops.lines import StopRequest, open_line, read_stop
+from engine.wandb.state import WandbRunState
 
 TAIL_BLOCK_BYTES = 64 * 1024
 VALIDATION_MARKER = b'"val_'

@@ -34,18 +34,18 @@ from pathlib import Path
 import psutil
 import torch
 
-from engine.arena import DEFAULT_SLACK_BYTES, Arena, release_step_caches
-from engine.config import LengthConfig, RunConfig, SharedShapeConfig
+from engine.config.run import LengthConfig, RunConfig, SharedShapeConfig
 from engine.errors import LineError, is_out_of_memory
-from engine.lineops import running_trainer
 from engine.models.base import LanguageModel
-from engine.models.ns import NSLM, RECOMPUTE_CHOICES
+from engine.models.ns.model import NSLM, RECOMPUTE_CHOICES
 from engine.models.presets import build_model
-from engine.ops import model_vocab_size, open_line
-from engine.optim import AdamWSettings, FlatAdamW
-from engine.schedule import tokens_per_update
-from engine.step import EagerEngine, GraphEngine
-from engine.trainer import resolve_device
+from engine.ops.lineops import running_trainer
+from engine.ops.lines import model_vocab_size, open_line
+from engine.training.arena import DEFAULT_SLACK_BYTES, Arena, release_step_caches
+from engine.training.optim import AdamWSettings, FlatAdamW
+from engine.training.schedule import tokens_per_update
+from engine.training.step import EagerEngine, GraphEngine
+from engine.training.trainer import resolve_device
 
 GIB = 1 << 30
 GPU_MARGIN_BYTES = DEFAULT_SLACK_BYTES

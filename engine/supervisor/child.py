@@ -1,9 +1,9 @@
-"""A child of the supervisor that ends with it: `python -m engine.supervised_child PID PROGRAM [ARG...]`.
+"""A child of the supervisor that ends with it: `python -m engine.supervisor.child PID PROGRAM [ARG...]`.
 
 Sets `PR_SET_PDEATHSIG` to SIGTERM (the kernel sends it when the parent dies, however it dies;
 it survives the `exec`), checks that the parent `PID` is still the parent (one that died before
 the prctl would otherwise go unnoticed) and executes PROGRAM in its place. The supervisor runs
-the data preparer this way; the trainer (`engine/supervised_trainer.py`) calls `die_with_parent`
+the data preparer this way; the trainer (`engine/training/main.py`) calls `die_with_parent`
 itself. A SIGTERM stops either cleanly: the trainer at its next update with a checkpoint, the
 preparer with its status saying `stopped`.
 """
@@ -31,7 +31,7 @@ def die_with_parent(parent_pid: int) -> bool:
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
     if len(arguments) < 2 or not arguments[0].isdigit():
-        print("usage: python -m engine.supervised_child PARENT_PID PROGRAM [ARG...]", file=sys.stderr)
+        print("usage: python -m engine.supervisor.child PARENT_PID PROGRAM [ARG...]", file=sys.stderr)
         return 2
     if not die_with_parent(int(arguments[0])):
         return 128 + signal.SIGTERM

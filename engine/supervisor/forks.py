@@ -1,7 +1,7 @@
 """Branches asked of a running line: forked at once when their trunk cycle has ended, else queued.
 
 A `branch` call names a cycle of the trunk. When that cycle's kept "cycle-end" checkpoint is
-part of the line, `engine.lineops.branch_line` forks the branch there and then. When the cycle has
+part of the line, `engine.ops.lineops.branch_line` forks the branch there and then. When the cycle has
 not ended yet, what can be checked already is checked (the plan, the target directory, the data
 line, the trunk's cycles) and the request waits in a queue that the supervisor keeps in
 supervisor.json, so a restarted supervisor still performs it. The supervisor's loop calls `poll`:
@@ -13,7 +13,7 @@ waiting for that start. When the line reaches its end, `finish_line` reports the
 never came as failed.
 
 The supervisor starts without torch (seconds, and memory, for a process that only watches), and
-`engine.lineops` imports it through `engine.ckpt`: this module reads checkpoint directories itself
+`engine.ops.lineops` imports it through `engine.checkpoints.tensors`: this module reads checkpoint directories itself
 and imports lineops only when a branch is asked for.
 """
 
@@ -32,16 +32,16 @@ from datalines import open_data_line
 from datalines.errors import DataLineError
 from engine.errors import LineError
 from engine.layout import LineLayout, checkpoint_update
-from engine.ops import inspect_data_line
-from engine.supervise_reads import latest_update
+from engine.ops.lines import inspect_data_line
+from engine.supervisor.reads import latest_update
 
 if TYPE_CHECKING:
-    from engine.lineops import BranchRequest, BranchResult
+    from engine.ops.lineops import BranchRequest, BranchResult
 
 STATE_FILE = "state.json"
-"""A checkpoint's state file (`engine.ckpt.STATE_NAME`; a test holds the two together)."""
+"""A checkpoint's state file (`engine.checkpoints.tensors.STATE_NAME`; a test holds the two together)."""
 BRANCH_START_KEPT = "branch-start"
-"""The `kept` reason of a branch's first checkpoint (`engine.lineops.BRANCH_KEPT`)."""
+"""The `kept` reason of a branch's first checkpoint (`engine.ops.lineops.BRANCH_KEPT`)."""
 
 
 def cycle_end_reason(cycle: int) -> str:
@@ -67,7 +67,7 @@ class QueuedFork:
     """When it was asked for (Unix time)."""
 
     def request(self, parent: Path) -> BranchRequest:
-        from engine.lineops import BranchRequest  # imports torch: only once a branch is asked for
+        from engine.ops.lineops import BranchRequest  # imports torch: only once a branch is asked for
 
         return BranchRequest(
             new=Path(self.path), parent=parent, at_cycle=self.at_cycle, plan=self.plan,
@@ -148,7 +148,7 @@ def branched_from(layout: LineLayout) -> str | None:
 
 def check_before_queueing(layout: LineLayout, trunk_data: Path, fork: QueuedFork) -> None:
     """Refuse now what `branch_line` would refuse at the cycle's end anyway (LineError)."""
-    from engine.lineops import parse_plan  # imports torch: only once a branch is asked for
+    from engine.ops.lineops import parse_plan  # imports torch: only once a branch is asked for
 
     parse_plan(fork.plan)
     target = Path(fork.path)
@@ -304,7 +304,7 @@ class ForkQueue:
                 self.on_failed(fork, failure)
 
     def _fork(self, fork: QueuedFork) -> BranchResult:
-        from engine.lineops import branch_line  # imports torch: only once a branch is asked for
+        from engine.ops.lineops import branch_line  # imports torch: only once a branch is asked for
 
         with self._forking:
             return branch_line(fork.request(self.layout.root))

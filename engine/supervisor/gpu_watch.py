@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from engine.gpu import gpu_snapshot
+from engine.gpu.devices import gpu_snapshot
 
 
 def processes_on_gpu(index: int, exclude: Sequence[int]) -> list[int]:

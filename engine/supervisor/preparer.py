@@ -44,9 +44,9 @@ class PreparerKeeper:
         self.data_path = data_path
         self.say = say
         self.notify_failing = notify_failing
-        # Through engine.supervised_child: the preparer gets SIGTERM if the supervisor dies.
+        # Through engine.supervisor.child: the preparer gets SIGTERM if the supervisor dies.
         self.command = command or [
-            sys.executable, "-m", "engine.supervised_child", str(os.getpid()),
+            sys.executable, "-m", "engine.supervisor.child", str(os.getpid()),
             sys.executable, "-m", "nsconsole", "data", "run-preparer",
         ]
         self.restart_delay = restart_delay

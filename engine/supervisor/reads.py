@@ -13,10 +13,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from engine import ops
-from engine.config import RunConfig
+from engine.config.run import RunConfig
 from engine.errors import ConfigError, LineError
 from engine.layout import LineLayout, checkpoint_update
+from engine.ops import lines as ops
 
 
 def lock_line(layout: LineLayout) -> int:

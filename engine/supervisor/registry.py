@@ -8,7 +8,7 @@ if someone else owns it (a planted directory in /tmp would otherwise redirect th
 
 `list_supervisors()` drops stale entries: the pid is gone, or it now belongs to another process
 (its start time differs: the pid was reused). The GPU lease's lock files live in the same
-directory (`engine/gpu.py`).
+directory (`engine/gpu/devices.py`).
 """
 
 from __future__ import annotations

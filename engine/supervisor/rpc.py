@@ -1,9 +1,9 @@
-"""What a line's supervisor answers on its socket: the handler behind `engine/server.py`.
+"""What a line's supervisor answers on its socket: the handler behind `engine/supervisor/server.py`.
 
 Reads (`status`, `rows`, `log`, `gpu`) come from the supervisor's own view of the line: it tails
 rows.jsonl as the trainer appends (whole lines only, an index of their offsets kept), so a
 client never reads a file mid-write. Mutations change the line through the same engine
-functions the commands use (`engine.ops`, `engine.lineops`, `nsconsole tune`); the server
+functions the commands use (`engine.ops.lines`, `engine.ops.lineops`, `nsconsole tune`); the server
 applies each request_id once:
 
 - `stop {at_cycle_end}` writes the STOP request and replies at once.
@@ -34,14 +34,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
-from engine import ops, protocol
-from engine.config import RunConfig
+from engine import protocol
+from engine.config.host import HostSettings
+from engine.config.run import RunConfig
 from engine.errors import LineError
-from engine.gpu import gpu_snapshot, lease_holder
-from engine.host import HostSettings
+from engine.gpu.devices import gpu_snapshot, lease_holder
 from engine.layout import LineLayout
-from engine.supervise_forks import ForkQueue, new_fork
-from engine.supervise_reads import latest_update, parse_json
+from engine.ops import lines as ops
+from engine.supervisor.forks import ForkQueue, new_fork
+from engine.supervisor.reads import latest_update, parse_json
 
 REPLY_BUDGET_BYTES = protocol.MAX_LINE_BYTES - 4096
 """What the rows of one reply may take, leaving room for the envelope."""
@@ -247,7 +248,7 @@ class LineHandler:
         check_rollback_target(layout, to)  # before the trainer is stopped for nothing
 
         def roll_back() -> dict[str, Any]:
-            from engine.lineops import rollback_line  # imports torch: only once a rollback is asked for
+            from engine.ops.lineops import rollback_line  # imports torch: only once a rollback is asked for
 
             result = rollback_line(layout.root, to)
             reply = dataclasses.asdict(result)
@@ -300,7 +301,7 @@ def tune_in_child(layout: LineLayout, shared: bool) -> dict[str, Any]:
     Its table goes to run.log; its one-line error becomes the refusal.
     """
     command = [
-        sys.executable, "-m", "engine.supervised_child", str(os.getpid()),  # it ends with the supervisor
+        sys.executable, "-m", "engine.supervisor.child", str(os.getpid()),  # it ends with the supervisor
         sys.executable, "-m", "nsconsole", "tune", str(layout.root), *(["--shared"] if shared else []),
     ]
     with open(layout.run_log, "ab") as run_log:

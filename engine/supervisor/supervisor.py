@@ -1,14 +1,14 @@
 """The supervisor: keeps one training line running unattended.
 
-`python -m engine.supervise LINE [--foreground] [--stop-at N]` (what `nsconsole run LINE` runs):
-without `--foreground` it starts itself detached (`engine/detach.py`: its own session, output to
+`python -m engine.supervisor.supervisor LINE [--foreground] [--stop-at N]` (what `nsconsole run LINE` runs):
+without `--foreground` it starts itself detached (`engine/supervisor/detach.py`: its own session, output to
 `<line>/supervisor.out`), after refusing where systemd-logind would end it at logout, and
 returns once the detached supervisor answers.
 
 The supervisor (one per line: an exclusive flock on the line directory):
 
-- launches the trainer (`engine/supervised_trainer.py`) with run.log as its output, after taking
-  the GPU lease (`engine/gpu.py`) and handing it to the trainer; the trainer gets SIGTERM, and
+- launches the trainer (`engine/training/main.py`) with run.log as its output, after taking
+  the GPU lease (`engine/gpu/devices.py`) and handing it to the trainer; the trainer gets SIGTERM, and
   so stops at its next update with a checkpoint, if the supervisor dies;
 - watches its heartbeat: none for `guards.watchdog_minutes` -> kill -9 and relaunch
   (`watchdog_restart`); a trainer that does not exit even then -> `stuck`, the supervisor stops;
@@ -19,13 +19,13 @@ The supervisor (one per line: an exclusive flock on the line directory):
   checkpoint, and after `max_failures` crashes in a row without a newer checkpoint, `failed` (a
   crash while other processes are on the GPU is not counted; after 3 such in a row the line
   waits for a free GPU);
-- keeps the data line's preparer running beside the trainer (`engine/supervise_preparer.py`);
+- keeps the data line's preparer running beside the trainer (`engine/supervisor/preparer.py`);
 - on SIGTERM, SIGINT or SIGHUP (or a `stop` call) stops the trainer with a checkpoint and exits;
-- serves the line's socket (`engine/server.py`, `engine/supervise_rpc.py`), registers for
-  discovery (`engine/registry.py`), pushes heartbeats, rows and events to subscribers, tells the
-  operator through host.json's `notify` (`engine/notify.py`), and keeps its state in
+- serves the line's socket (`engine/supervisor/server.py`, `engine/supervisor/rpc.py`), registers for
+  discovery (`engine/supervisor/registry.py`), pushes heartbeats, rows and events to subscribers, tells the
+  operator through host.json's `notify` (`engine/supervisor/notify.py`), and keeps its state in
   `supervisor.json`;
-- forks the branches asked of it at the end of their trunk cycle (`engine/supervise_forks.py`:
+- forks the branches asked of it at the end of their trunk cycle (`engine/supervisor/forks.py`:
   at once when it has ended, else queued in supervisor.json until the cycle-end checkpoint appears),
   and starts each branch's own supervisor, detached, with this one's engine and no `--stop-at`
   (`branched` says `started`; a start that fails is a `branch_start_failed` event and the branch
@@ -54,23 +54,23 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from datalines.errors import DataLineError
-from engine import ops, registry
 from engine.atomic import write_text_atomic
-from engine.config import RunConfig
-from engine.detach import foreground_argv, gather_logind_facts, logind_refusal, spawn_detached
+from engine.config.host import HostSettings, load_and_apply
+from engine.config.run import RunConfig
 from engine.errors import LineError
-from engine.gpu import GpuLease
-from engine.host import HostSettings, load_and_apply
+from engine.gpu.devices import GpuLease
 from engine.layout import LineLayout
 from engine.logrotate import RotatingLog, rotate_if_needed
-from engine.notify import DEFAULT_TIMEOUT_S as NOTIFY_TIMEOUT_S
-from engine.notify import EVENT_KINDS, make_event, notify_in_background
+from engine.ops import lines as ops
 from engine.protocol import PROTOCOL_VERSION, RequestLog
-from engine.server import SupervisorServer
-from engine.supervise_forks import ForkQueue, QueuedFork, branched_from
-from engine.supervise_gpu import gpu_index, memory_of_others_on_gpu, processes_on_gpu
-from engine.supervise_preparer import PreparerKeeper
-from engine.supervise_reads import (
+from engine.supervisor import registry
+from engine.supervisor.detach import foreground_argv, gather_logind_facts, logind_refusal, spawn_detached
+from engine.supervisor.forks import ForkQueue, QueuedFork, branched_from
+from engine.supervisor.gpu_watch import gpu_index, memory_of_others_on_gpu, processes_on_gpu
+from engine.supervisor.notify import DEFAULT_TIMEOUT_S as NOTIFY_TIMEOUT_S
+from engine.supervisor.notify import EVENT_KINDS, make_event, notify_in_background
+from engine.supervisor.preparer import PreparerKeeper
+from engine.supervisor.reads import (
     beat_time,
     discard_served_stop,
     file_size,
@@ -85,11 +85,12 @@ from engine.supervise_reads import (
     reload_config,
     supervisor_config,
 )
-from engine.supervise_rpc import LineHandler, PausedWork, RowsTail, is_validation_row
-from engine.supervised_trainer import EXIT_DISK_FULL, EXIT_GPU_BUSY, EXIT_LINE_ERROR
+from engine.supervisor.rpc import LineHandler, PausedWork, RowsTail, is_validation_row
+from engine.supervisor.server import SupervisorServer
+from engine.training.main import EXIT_DISK_FULL, EXIT_GPU_BUSY, EXIT_LINE_ERROR
 
 if TYPE_CHECKING:
-    from engine.lineops import BranchResult
+    from engine.ops.lineops import BranchResult
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -98,7 +99,7 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 CRASHES_BESIDE_OTHERS = 3
 """Crashes in a row beside other GPU processes after which the line waits for a free GPU."""
 STOP_FILE_REASON = "stop requested"
-"""The heartbeat's reason when the trainer stopped on a STOP request (`engine.trainer.StopReason`)."""
+"""The heartbeat's reason when the trainer stopped on a STOP request (`engine.training.trainer.StopReason`)."""
 STOP_AT_REASON = "reached --stop-at"
 """The heartbeat's reason when the trainer stopped at `--stop-at` (the line goes on when run again)."""
 MAX_RELAUNCH_DELAY_S = 300.0
@@ -130,12 +131,12 @@ class SupervisorSettings:
     echo: bool = False
     """Print run.log as it grows (the foreground supervisor in a terminal)."""
     run_preparer: bool = True
-    """Keep the data line's preparer running beside the trainer (`engine/supervise_preparer.py`)."""
+    """Keep the data line's preparer running beside the trainer (`engine/supervisor/preparer.py`)."""
     preparer_command: list[str] | None = None
     """The preparer program before its `--work DATA` (None: `nsconsole data run-preparer`)."""
     trainer_command: list[str] | None = None
     """The program launched as the trainer, before its arguments (None: this Python running
-    `engine.supervised_trainer`); tests give a scripted stand-in."""
+    `engine.training.main`); tests give a scripted stand-in."""
 
 
 @dataclass
@@ -166,7 +167,7 @@ class SupervisorState:
     requests: list[dict[str, Any]] = field(default_factory=list)
     """Mutations already applied, by request_id (a retry is answered from here)."""
     queued_forks: list[dict[str, Any]] = field(default_factory=list)
-    """Branches waiting for the end of their trunk cycle (`engine.supervise_forks.QueuedFork`)."""
+    """Branches waiting for the end of their trunk cycle (`engine.supervisor.forks.QueuedFork`)."""
 
 
 @dataclass
@@ -434,7 +435,7 @@ class Supervisor:
         self._config = reload_config(self.layout, self._config)
         rotate_if_needed(self.layout.run_log)
         checkpoint_before = latest_update(self.layout)
-        program = self.settings.trainer_command or [sys.executable, "-m", "engine.supervised_trainer"]
+        program = self.settings.trainer_command or [sys.executable, "-m", "engine.training.main"]
         argv = [*program, str(self.layout.root), "--parent", str(os.getpid())]
         argv += ["--engine", self.settings.engine]
         if self.settings.stop_at is not None:
@@ -886,7 +887,7 @@ def start_detached(line: Path, settings: SupervisorSettings, answer_timeout: flo
         raise LineError(refusal)
     rotate_if_needed(layout.supervisor_out)
     started_at = file_size(layout.supervisor_out)
-    argv = [sys.executable, "-m", "engine.supervise", str(layout.root), "--detached-child", *options]
+    argv = [sys.executable, "-m", "engine.supervisor.supervisor", str(layout.root), "--detached-child", *options]
     pid = spawn_detached(argv, layout.supervisor_out)
     deadline = time.monotonic() + answer_timeout
     while time.monotonic() < deadline:
@@ -926,8 +927,8 @@ def run_line(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m engine.supervise LINE [--foreground] [--stop-at N] [--engine E]`."""
-    parser = argparse.ArgumentParser(prog="python -m engine.supervise")
+    """`python -m engine.supervisor.supervisor LINE [--foreground] [--stop-at N] [--engine E]`."""
+    parser = argparse.ArgumentParser(prog="python -m engine.supervisor.supervisor")
     parser.add_argument("line")
     parser.add_argument("--foreground", action="store_true", help="supervise in this terminal")
     parser.add_argument("--stop-at", type=int, default=None, metavar="UPDATE")

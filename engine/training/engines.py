@@ -1,14 +1,14 @@
 """The trainer's step engines: one per sequence length, in the GPU mode's shapes, and the arena.
 
 On CUDA (unless `--engine eager`) a length's engine is a `GraphEngine` captured inside the arena
-(engine.arena), which is made with the first capture: beside other processes it leaves free what
+(engine.training.arena), which is made with the first capture: beside other processes it leaves free what
 they may still take. Before every capture the trainer's `before_capture(seq_len)` runs (one row
 of each probe); a step that cannot be captured trains eagerly with `--engine auto` (run.log says
 why), but an out-of-memory is never taken for that: it is raised to the trainer, which knows
 whether other processes took the memory. On a CPU every engine is eager.
 
 The GPU mode says whose shapes the engines use: the lengths' own, or their `shared` ones beside
-other processes (engine.sharing). A switch drops every engine and the arena; the next update
+other processes (engine.gpu.sharing). A switch drops every engine and the arena; the next update
 captures again in the new shapes.
 """
 
@@ -21,12 +21,12 @@ from typing import Any
 
 import torch
 
-from engine.config import RunConfig
+from engine.config.run import RunConfig
 from engine.errors import is_out_of_memory
+from engine.gpu.sharing import GIB, GpuMode
 from engine.models.base import LanguageModel
-from engine.optim import FlatAdamW
-from engine.sharing import GIB, GpuMode
-from engine.step import EagerEngine, GraphEngine
+from engine.training.optim import FlatAdamW
+from engine.training.step import EagerEngine, GraphEngine
 
 ARENA_RELEASE_FRACTION = 0.9
 """A switch of shapes needs at least this much of the closed arena's memory back from the driver."""
@@ -68,7 +68,7 @@ class StepEngines:
         self.gpu_mode = GpuMode.OWN
         """Whose shapes the engines use: the lengths' own, or their `shared` ones beside other processes."""
         self.arena: Any = None
-        """The GPU memory arena (engine.arena.Arena), made with the first CUDA-graph engine."""
+        """The GPU memory arena (engine.training.arena.Arena), made with the first CUDA-graph engine."""
         self._engines: dict[int, EagerEngine | GraphEngine] = {}
 
     def shape(self, seq_len: int) -> tuple[int, str]:
@@ -98,7 +98,7 @@ class StepEngines:
         return self._engines[seq_len]
 
     def _captured(self, seq_len: int, rows: int) -> GraphEngine:
-        from engine.arena import Arena
+        from engine.training.arena import Arena
 
         if self.arena is None:
             # Beside other processes the arena leaves free what they may still take: the reserve
@@ -147,7 +147,7 @@ class StepEngines:
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
             return
-        from engine.arena import release_step_caches
+        from engine.training.arena import release_step_caches
 
         release_step_caches(self.model)
         held = self.arena.held_bytes

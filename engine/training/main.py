@@ -1,4 +1,4 @@
-"""The trainer as the supervisor launches it: `python -m engine.supervised_trainer LINE --parent PID`.
+"""The trainer as the supervisor launches it: `python -m engine.training.main LINE --parent PID`.
 
 It differs from `nsconsole run LINE --foreground` in two ways only:
 
@@ -21,7 +21,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from engine.supervised_child import die_with_parent
+from engine.supervisor.child import die_with_parent
 
 EXIT_LINE_ERROR = 2
 EXIT_DISK_FULL = 74
@@ -35,7 +35,7 @@ and does not count it as a failure. (EX_TEMPFAIL: try again later.)"""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m engine.supervised_trainer")
+    parser = argparse.ArgumentParser(prog="python -m engine.training.main")
     parser.add_argument("line")
     parser.add_argument("--parent", type=int, required=True, help="the supervisor's pid")
     parser.add_argument("--stop-at", type=int, default=None)
@@ -48,8 +48,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Imported after the check: torch takes seconds to import.
     from datalines.errors import DataLineError
     from engine.errors import DiskFull, LineError
-    from engine.sharing import GpuBusy
-    from engine.trainer import Trainer
+    from engine.gpu.sharing import GpuBusy
+    from engine.training.trainer import Trainer
 
     try:
         return Trainer(args.line, stop_at=args.stop_at, echo=None, engine=args.engine).run()

@@ -25,7 +25,7 @@ import math
 
 import torch
 
-from engine.optim import FlatAdamW
+from engine.training.optim import FlatAdamW
 from kernels.adamw import bias_correction
 
 _PARAM_SQ, _M_SQ, _V_HAT_SUM, _UPDATE_SQ = range(4)

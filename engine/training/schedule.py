@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from engine.config import RunConfig
+from engine.config.run import RunConfig
 
 
 def learning_rate(config: RunConfig, tokens_trained: float) -> float:

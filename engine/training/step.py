@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.arena import Arena
 from engine.models.base import IGNORE_INDEX, LanguageModel
-from engine.optim import FlatAdamW, UpdateStats
+from engine.training.arena import Arena
+from engine.training.optim import FlatAdamW, UpdateStats
 
 
 @dataclass

@@ -17,18 +17,18 @@ Kept checkpoints: the line's start (update 0), every cycle end, every stage end.
 every `checkpoints.every_updates`, and one at exit.
 
 Every `validation.every_updates` updates the update's row also carries the validation's readings
-(engine.validate: held-out losses, probes, the optimizer's state, the moving average's losses) and
+(engine.training.validation: held-out losses, probes, the optimizer's state, the moving average's losses) and
 is printed whatever `print_every`; validation leaves everything training depends on untouched.
 
 On a CUDA line, every `guards.gpu_check_every` updates (and at the start) the trainer looks for other
-processes on its GPU (engine.sharing): beside them, within `guards.share_reserve_gb`, it trains with
+processes on its GPU (engine.gpu.sharing): beside them, within `guards.share_reserve_gb`, it trains with
 the lengths' `shared` shapes (same updates, another micro-batch split) until they have been gone for
 three checks; without a reserve, or past it, it checkpoints and raises `GpuBusy`, as it does when
 the GPU runs out of memory beside them. The row's `gpu_mode` says which shapes computed it. The
 engines themselves, one per length in the mode's shapes, and the GPU arena they share are
-engine.step_engines's.
+engine.training.engines's.
 
-Every row is appended to rows.jsonl, then handed to the line's W&B mirror (engine.wb), which sends
+Every row is appended to rows.jsonl, then handed to the line's W&B mirror (engine.wandb.mirror), which sends
 it from a background thread: training never waits on W&B and never fails because of it, and
 whatever W&B missed (a crash, an outage, a rollback) is re-sent from rows.jsonl by a later start.
 """
@@ -51,8 +51,7 @@ import torch
 
 from datalines import open_data_line
 from datalines.cycle import Cycle
-from engine import ops
-from engine.ckpt import (
+from engine.checkpoints.tensors import (
     CHECKPOINT_DISK_MARGIN,
     Checkpoint,
     CheckpointSnapshot,
@@ -61,19 +60,20 @@ from engine.ckpt import (
     expected_checkpoint_bytes,
     find_resume_point,
 )
-from engine.config import RunConfig
+from engine.config.run import RunConfig
 from engine.errors import CheckpointError, ConfigError, DiskFull, LineError, is_out_of_memory
+from engine.gpu.sharing import GIB, Action, GpuBusy, GpuMode, GpuReading, GpuWatch, refuse_unshareable_lengths
 from engine.layout import LineLayout
 from engine.metrics import METRICS_VERSION
 from engine.models.presets import build_model
-from engine.optim import AdamWSettings, FlatAdamW, ParameterAverage
+from engine.ops import lines as ops
 from engine.rows import Heartbeat, RowsFile, RunLog, format_row
-from engine.schedule import learning_rate, tokens_per_update, update_weight_decay
-from engine.sharing import GIB, Action, GpuBusy, GpuMode, GpuReading, GpuWatch, refuse_unshareable_lengths
-from engine.step import UpdateResult
-from engine.step_engines import ArenaNotReleased, StepEngines
-from engine.validate import Validator, format_probe_rows, format_validation
-from engine.wb import WandbMirror
+from engine.training.engines import ArenaNotReleased, StepEngines
+from engine.training.optim import AdamWSettings, FlatAdamW, ParameterAverage
+from engine.training.schedule import learning_rate, tokens_per_update, update_weight_decay
+from engine.training.step import UpdateResult
+from engine.training.validation import Validator, format_probe_rows, format_validation
+from engine.wandb.mirror import WandbMirror
 
 WAIT_POLL_SECONDS = 1.0
 """How often a trainer waiting for the next data cycle looks again (and at STOP)."""
@@ -377,7 +377,7 @@ class Trainer:
                         f"holding {reading.others_bytes / GIB:.2f} GiB ({first_line})")  # fmt: skip
 
     def _probe_rows_before_capture(self, seq_len: int) -> None:
-        """One row of each validation probe at `seq_len` (engine.validate), printed to run.log.
+        """One row of each validation probe at `seq_len` (engine.training.validation), printed to run.log.
 
         Run before every capture (the spec): a probe that fails, or does not fit beside the
         arena, stops the line now rather than at its first validation, hours in.
@@ -387,7 +387,7 @@ class Trainer:
         self.log.write(format_probe_rows(seq_len, readings))
 
     def _watch_gpu(self) -> None:
-        """At a check (engine.sharing): share, take the GPU back, or checkpoint and leave."""
+        """At a check (engine.gpu.sharing): share, take the GPU back, or checkpoint and leave."""
         update = self.position.update
         if not self.gpu_watch.due(update):
             return
@@ -541,7 +541,7 @@ class Trainer:
         self.heartbeat.beat(position.update, "training")
 
     def _validate(self, seq_len: int) -> dict[str, float]:
-        """The validation metrics after the update just done (engine.validate); the next update's
+        """The validation metrics after the update just done (engine.training.validation); the next update's
         rate and weight decay size the optimizer's next step, the data position the recipe mix."""
         position = self.position
         data_tokens = self.data_line.cycle_start_tokens(position.cycle) + position.sample * seq_len

@@ -12,9 +12,9 @@
                                 cuts into (no EOS before them in the row) are left out
     val_<L>/docpos/tokens_frac  the share of targets counted (recipe-weighted)
     val_<L>/<probe>             the model's probes (`dendritic/...`, `hippocampal/...`, `pssa/...`)
-    opt/...                     the optimizer's state (engine.opt_metrics)
+    opt/...                     the optimizer's state (engine.training.optim_metrics)
     ema/val_<L>/<source>, /mix, /mean   the same losses with the parameters' moving average
-    val_<P>/..., ema/val_<P>/...        the long-row probe (engine.validate_long) when the model
+    val_<P>/..., ema/val_<P>/...        the long-row probe (engine.training.validation_long) when the model
                                         reads rows longer than L
 
 `Validator.probe_rows(seq_len)` runs one row of each of those probes (the trainer runs them before
@@ -37,15 +37,21 @@ from pathlib import Path
 import torch
 
 from datalines import DataLine, open_data_line
-from engine.config import RunConfig
+from engine.config.run import RunConfig
 from engine.errors import LineError
 from engine.layout import LineLayout
 from engine.models.base import LanguageModel
-from engine.ops import resolve_data_path
-from engine.opt_metrics import optimizer_summary
-from engine.optim import FlatAdamW, ParameterAverage
-from engine.validate_long import long_row_losses, long_row_metrics
-from engine.validate_losses import HeldOutRows, docpos_metrics, load_heldout_rows, loss_metrics, token_losses
+from engine.ops.lines import resolve_data_path
+from engine.training.optim import FlatAdamW, ParameterAverage
+from engine.training.optim_metrics import optimizer_summary
+from engine.training.validation_long import long_row_losses, long_row_metrics
+from engine.training.validation_losses import (
+    HeldOutRows,
+    docpos_metrics,
+    load_heldout_rows,
+    loss_metrics,
+    token_losses,
+)
 
 EMA_PREFIX = "ema/"
 

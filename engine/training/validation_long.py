@@ -21,7 +21,7 @@ import math
 import torch
 
 from engine.models.base import LanguageModel
-from engine.validate_losses import HeldOutRows, loss_metrics, recipe_mix, token_losses
+from engine.training.validation_losses import HeldOutRows, loss_metrics, recipe_mix, token_losses
 
 
 def long_row_losses(

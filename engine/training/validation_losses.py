@@ -1,7 +1,7 @@
 """Held-out losses and how they are summed up: per source, the recipe mix, by document position.
 
-Shared by the validation at the training length (engine.validate) and the long-row probe
-(engine.validate_long). Losses come back to the host as float64 (rows, T) tensors, so every
+Shared by the validation at the training length (engine.training.validation) and the long-row probe
+(engine.training.validation_long). Losses come back to the host as float64 (rows, T) tensors, so every
 aggregate is computed once, in one precision, whatever the device.
 """
 
@@ -13,7 +13,7 @@ import torch
 
 from datalines import DataLine
 from engine.models.base import LanguageModel
-from engine.step import autocast_for
+from engine.training.step import autocast_for
 
 
 @dataclass

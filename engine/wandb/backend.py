@@ -1,4 +1,4 @@
-"""The narrow interface between W&B continuity (engine.wb) and a W&B client, and the real client.
+"""The narrow interface between W&B continuity (engine.wandb.mirror) and a W&B client, and the real client.
 
 Everything the continuity logic needs from W&B is here: start or continue a run (plainly, as a
 fork of another run, or rewound to a step), log a row at a step, ask which steps are
@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from engine.config import WandbConfig
+from engine.config.run import WandbConfig
 from engine.layout import LineLayout
-from engine.wb_state import RunPoint
-from engine.wb_txlog import TransactionLogReader, transaction_log_of
+from engine.wandb.state import RunPoint
+from engine.wandb.txlog import TransactionLogReader, transaction_log_of
 
 SUPERSEDED_TAG = "superseded"
 LOCAL_LOG_POLL_S = 0.02

@@ -7,7 +7,7 @@ rollback, a branch) is sent again from it, in order, so the W&B curve has no hol
 
 - Start: continue the line's run (`wandb_run.json` keeps its id) and re-send every row after the
   last step the server acknowledged; carry out a rewind or fork planned by `plan_rollback` /
-  `plan_branch` (see engine.wb_start for what each sends).
+  `plan_branch` (see engine.wandb.start for what each sends).
 - Outage: each W&B call that fails is retried with exponential backoff. After `give_up_after_s`
   (2 h) of failures the rows held in memory are dropped and recorded as a gap in
   wandb_run.json; they are re-sent from rows.jsonl when W&B answers again, or by the next start.
@@ -40,13 +40,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.config import WandbConfig
+from engine.config.run import WandbConfig
 from engine.errors import LineError
 from engine.layout import LineLayout
-from engine.wb_backend import RealWandbBackend, WandbBackend
-from engine.wb_rows import read_rows, row_update, row_values
-from engine.wb_start import StartContext, mark_superseded_runs, start_run
-from engine.wb_state import Gap, PendingStart, WandbRunState, WandbStateError
+from engine.wandb.backend import RealWandbBackend, WandbBackend
+from engine.wandb.rows import read_rows, row_update, row_values
+from engine.wandb.start import StartContext, mark_superseded_runs, start_run
+from engine.wandb.state import Gap, PendingStart, WandbRunState, WandbStateError
 
 logger = logging.getLogger("nsconsole.wandb")
 

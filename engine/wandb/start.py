@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from engine.layout import LineLayout
-from engine.wb_backend import StartedRun, WandbBackend
-from engine.wb_rows import read_rows, row_update, row_values
-from engine.wb_state import LocalRunFiles, PendingStart, RunPoint, SupersededRun, WandbRunState
+from engine.wandb.backend import StartedRun, WandbBackend
+from engine.wandb.rows import read_rows, row_update, row_values
+from engine.wandb.state import LocalRunFiles, PendingStart, RunPoint, SupersededRun, WandbRunState
 
 logger = logging.getLogger("nsconsole.wandb")
 

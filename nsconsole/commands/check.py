@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from engine.checks import check_line
+from engine.ops.check import check_line
 
 HELP = "LINE: every start check that needs no GPU (run.json, data line, lifelong keys, metrics, disk)"
 DESCRIPTION = """\

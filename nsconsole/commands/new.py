@@ -6,10 +6,10 @@ import argparse
 import json
 from typing import Any
 
-from engine.config import RampPiece
-from engine.config_json import parse_value
+from engine.config.json_fields import parse_value
+from engine.config.run import RampPiece
 from engine.errors import ConfigError
-from engine.ops import NewLineOptions, new_line
+from engine.ops.lines import NewLineOptions, new_line
 
 HELP = "LINE --model PRESET --data DIR: create a training line (its run.json) from a model preset"
 DESCRIPTION = """\

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from engine.host import HostSettings
+from engine.config.host import HostSettings
 
 HELP = (
     "LINE [--foreground] [--stop-at UPDATE]: run a line under its supervisor "
@@ -44,21 +44,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     line = args.host_settings.resolve_line(args.line)
     if args.no_supervisor:
-        from engine.trainer import Trainer
+        from engine.training.trainer import Trainer
 
         return Trainer(line, stop_at=args.stop_at, engine=args.engine).run()
-    from engine.supervise import run_line
+    from engine.supervisor.supervisor import run_line
 
     return run_line(line, foreground=args.foreground, stop_at=args.stop_at, engine=args.engine)
 
 
 def run_headless(line: str | None, host: HostSettings) -> int:
     """`nsconsole --run [LINE]`: the supervisor, detached; no LINE creates (or resumes) the demo line."""
-    from engine.supervise import run_line
+    from engine.supervisor.supervisor import run_line
 
     if line is not None:
         return run_line(host.resolve_line(line), foreground=False)
-    from engine.demo import demo_paths, ensure_demo_line
+    from engine.ops.demo import demo_paths, ensure_demo_line
 
     demo = ensure_demo_line(demo_paths(host.work_root))
     status = run_line(demo, foreground=False)

@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from engine.status import LineStatus, line_status, pid_alive
+from engine.ops.status import LineStatus, line_status, pid_alive
 
 HELP = "LINE: configuration, newest rows, heartbeat, checkpoints, pending stop and disk use of a line"
 DESCRIPTION = """\

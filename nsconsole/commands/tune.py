@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from engine.tune import format_table, tune_line
+from engine.ops.tune import format_table, tune_line
 
 HELP = (
     "LINE [--shared] [--budget-gb X]: the fastest micro-batch shape of every length that fits, into run.json"

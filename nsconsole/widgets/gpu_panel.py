@@ -16,7 +16,7 @@ from pathlib import Path
 from rich.text import Text
 from textual.widgets import Static
 
-from engine.gpu import GpuSnapshot, LeaseHolder, gpu_snapshot, lease_holder
+from engine.gpu.devices import GpuSnapshot, LeaseHolder, gpu_snapshot, lease_holder
 from nsconsole.state import LineBook, LineState
 from nsconsole.widgets import format as fmt
 from nsconsole.widgets.plot import sparkline

@@ -37,7 +37,7 @@ class NSConfig:
     """Tokens per chunk of the chunked scan (within a chunk: a lower-triangular decay matrix)."""
     compile_scan: bool = True
     """Run the chunked scan through `torch.compile` on CUDA (fused kernels, compiled once per shape
-    when a line starts; `engine.models.ns_scan.compiled_chunked_scan`). False runs it eagerly there
+    when a line starts; `engine.models.ns.scan.compiled_chunked_scan`). False runs it eagerly there
     too. On a CPU it always runs eagerly."""
     dt_init_min: float = 1e-3
     """Smallest initial step dt of a head (steps are log-spaced over the heads)."""

@@ -33,9 +33,9 @@ from torch.utils.checkpoint import checkpoint
 
 from engine.models.base import recompute_saves_memory
 from engine.models.common import RMSNorm
-from engine.models.ns_config import NSConfig
-from engine.models.ns_neurons import PLIFNeurons, at_least_fp32
-from engine.models.ns_scan import chunked_scan, compiled_chunked_scan
+from engine.models.ns.config import NSConfig
+from engine.models.ns.neurons import PLIFNeurons, at_least_fp32
+from engine.models.ns.scan import chunked_scan, compiled_chunked_scan
 
 
 @dataclass

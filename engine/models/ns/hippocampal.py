@@ -37,10 +37,10 @@ from torch import nn
 from torch.nn import functional as F
 
 from engine.models.common import RMSNorm, RotaryEmbedding
-from engine.models.ns_config import NSConfig
-from engine.models.ns_dendritic import centred, recomputed_in_backward
-from engine.models.ns_neurons import PLIFNeurons, at_least_fp32, softplus_inverse
-from engine.models.ns_pool_read import pool_read
+from engine.models.ns.config import NSConfig
+from engine.models.ns.dendritic import centred, recomputed_in_backward
+from engine.models.ns.neurons import PLIFNeurons, at_least_fp32, softplus_inverse
+from engine.models.ns.pool_read import pool_read
 
 
 @dataclass

@@ -22,10 +22,10 @@ from torch.utils.checkpoint import checkpoint
 
 from engine.models.base import LanguageModel, chunked_token_losses
 from engine.models.common import RMSNorm
-from engine.models.ns_config import NSConfig
-from engine.models.ns_dendritic import DendriticLayer
-from engine.models.ns_hippocampal import HippocampalLayer
-from engine.models.ns_probes import model_probes
+from engine.models.ns.config import NSConfig
+from engine.models.ns.dendritic import DendriticLayer
+from engine.models.ns.hippocampal import HippocampalLayer
+from engine.models.ns.probes import model_probes
 
 RECOMPUTE_CHOICES = ("none", "all", "dendritic", "hippocampal")
 

@@ -46,12 +46,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from engine.models.ns_dendritic import DendriticTrace
-from engine.models.ns_hippocampal import HippocampalLayer, HippocampalTrace
-from engine.models.ns_pool_read import read_weights
+from engine.models.ns.dendritic import DendriticTrace
+from engine.models.ns.hippocampal import HippocampalLayer, HippocampalTrace
+from engine.models.ns.pool_read import read_weights
 
 if TYPE_CHECKING:
-    from engine.models.ns import NSLM
+    from engine.models.ns.model import NSLM
 
 LONG_CONTEXT = 32768
 """The horizon of `retention32k_frac_gt_0.5`."""

@@ -22,7 +22,7 @@ from torch.nn import functional as F
 from engine.models.base import IGNORE_INDEX
 
 if TYPE_CHECKING:
-    from engine.models.pssa import PSSALM
+    from engine.models.pssa.model import PSSALM
 
 LOSS_TOLERANCE = 1e-6
 """The most a kept rehearsal step may raise the fresh task's loss (nats per target)."""

@@ -35,8 +35,8 @@ from torch.nn import functional as F
 from engine.errors import ConfigError
 from engine.models.base import IGNORE_INDEX, LanguageModel, ParamGroup, token_losses
 from engine.models.common import RMSNorm
-from engine.models.pssa_dream import DreamCache, DreamReport, dream
-from engine.models.pssa_memory import EpisodicBank, PendingDreams, WriteRule, to_poincare_ball, write_banks
+from engine.models.pssa.dream import DreamCache, DreamReport, dream
+from engine.models.pssa.memory import EpisodicBank, PendingDreams, WriteRule, to_poincare_ball, write_banks
 from kernels.selective_scan import selective_scan
 
 
