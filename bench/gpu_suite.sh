@@ -10,14 +10,14 @@ for stage in "$@"; do
     tests)
       nvidia-smi --query-gpu=name,memory.used,memory.total,driver_version --format=csv
       python3 -c 'import os, pynvml, torch; torch.ones(1, device="cuda"); pynvml.nvmlInit(); h = pynvml.nvmlDeviceGetHandleByIndex(0); print("own pid", os.getpid(), "NVML pids", [p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)])'
-      python3 -m pytest -q -p no:cacheprovider --timeout 300 -rfE --durations=8 -m cuda tests/test_trainer_cuda.py \
-        tests/test_models_ns_pool_read.py tests/test_models_ns_model.py tests/test_models_pssa.py \
-        tests/test_models_transformer.py tests/test_tune.py tests/test_validate.py tests/test_gpu.py \
+      python3 -m pytest -q -p no:cacheprovider --timeout 300 -rfE --durations=8 -m cuda tests/engine/training/test_trainer_cuda.py \
+        tests/engine/models/test_models_ns_pool_read.py tests/engine/models/test_models_ns_model.py tests/engine/models/test_models_pssa.py \
+        tests/engine/models/test_models_transformer.py tests/engine/ops/test_tune.py tests/engine/training/test_validate.py tests/engine/gpu/test_gpu.py \
         2>&1 | tee "$out/tests_cuda.log"
       ;;
     kernel-tests)
       # test_sass_report.py compiles the shipped tiles with this machine's Triton (layouts differ by version).
-      python3 -m pytest -q -p no:cacheprovider --timeout 300 -rfE tests/test_kernels_*.py tests/test_sass_report.py \
+      python3 -m pytest -q -p no:cacheprovider --timeout 300 -rfE tests/kernels/ \
         2>&1 | tee "$out/tests_kernels.log"
       ;;
     bench)

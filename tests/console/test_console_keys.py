@@ -1,0 +1,203 @@
+"""The console's keys, views and drawing without a supervisor (frozen data, Pilot)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from pathlib import Path
+
+from helpers.console import NOW, console, frozen_book, settle
+
+from nsconsole.app import ConsoleApp
+from nsconsole.screens.branch_form import parse_branch
+from nsconsole.state import LineBook
+from nsconsole.widgets.checkpoint_list import read_checkpoints
+from nsconsole.widgets.gpu_panel import memory_bar
+from nsconsole.widgets.lines_table import LinesTable
+from nsconsole.widgets.plot import MARKER, draw, sparkline
+
+
+def run(app: ConsoleApp, scenario) -> None:
+    async def main() -> None:
+        async with app.run_test(size=(150, 40)) as pilot:
+            await settle(pilot)
+            await scenario(pilot)
+
+    asyncio.run(main())
+
+
+def test_only_changed_cells_are_redrawn_and_pause_holds_the_view() -> None:
+    app = console()
+
+    async def scenario(pilot) -> None:
+        table = app.screen.query_one(LinesTable)
+        written = table.cells_written
+        app.refresh_views()
+        assert table.cells_written == written  # nothing changed, nothing written
+        line = app.book.get("pssa-trunk-id")
+        line.apply_status({**line.status, "launches": 4})
+        app.refresh_views()
+        assert table.cells_written == written + 1  # the restarts cell alone
+        assert str(table.get_cell("pssa-trunk-id", "restarts")) == "3"
+        await pilot.press("p")
+        assert "paused" in app.sub_title
+        line.apply_status({**line.status, "launches": 6})
+        app.refresh_views()
+        assert str(table.get_cell("pssa-trunk-id", "restarts")) == "3"
+        await pilot.press("p")
+        assert str(table.get_cell("pssa-trunk-id", "restarts")) == "5"
+
+    run(app, scenario)
+
+
+def test_the_filter_narrows_the_table_and_escape_clears_it() -> None:
+    app = console()
+
+    async def scenario(pilot) -> None:
+        table = app.screen.query_one(LinesTable)
+        assert table.row_count == 3
+        await pilot.press("slash", *"pssa")
+        assert table.row_count == 1 and table.selected_key == "pssa-trunk-id"
+        await pilot.press("enter", "escape")
+        assert table.row_count == 3
+
+    run(app, scenario)
+
+
+def test_mutating_keys_are_off_without_a_supervisor_and_in_readonly_mode() -> None:
+    app = console()
+
+    async def scenario(pilot) -> None:
+        assert app.check_action("stop", ()) is None  # no supervisor attached
+        names = [command.title for command in app.get_system_commands(app.screen)]
+        assert "Filter (/)" in names and "Pause (p)" in names and "Help (?)" in names
+        assert not any(name.startswith("Stop") for name in names)
+        await pilot.press("s")
+        assert app.screen.__class__.__name__ == "LinesScreen"
+
+    run(app, scenario)
+    readonly = ConsoleApp(readonly=True, discover=lambda: [], clock=lambda: NOW)
+
+    async def readonly_scenario(pilot) -> None:
+        assert readonly.check_action("branch", ()) is None and readonly.sub_title == "read-only"
+
+    run(readonly, readonly_scenario)
+
+
+def test_a_new_health_flag_rings_the_bell_once() -> None:
+    app = console(book=frozen_book())
+    rings: list[int] = []
+
+    async def scenario(pilot) -> None:
+        app.bell = lambda: rings.append(1)  # type: ignore[method-assign]
+        line = app.book.get("pssa-trunk-id")
+        line.add_row({**line.last_row, "update": 501, "loss": 50.0, "tokens": 501 * 512})
+        app.refresh_views()
+        app.refresh_views()
+        assert rings == [1]
+        assert "▲ spike" in str(app.screen.query_one(LinesTable).get_cell("pssa-trunk-id", "health"))
+
+    run(app, scenario)
+
+
+def test_the_help_lists_each_binding_with_its_id() -> None:
+    app = console()
+
+    async def scenario(pilot) -> None:
+        keys = {binding_id: (key, enabled) for key, binding_id, _, enabled in app.key_help(app.screen)}
+        assert {"stop", "branch", "rollback", "tune", "filter", "pause", "quit", "help", "open"} <= set(keys)
+        assert keys["stop"] == ("s", False) and keys["filter"] == ("/", True)
+
+    run(app, scenario)
+
+
+def test_an_empty_host_says_how_to_start_a_line() -> None:
+    app = console(book=LineBook())
+
+    async def scenario(pilot) -> None:
+        assert "nsconsole --run" in str(app.screen.query_one("#empty").render())
+        assert app.screen.query_one("#empty").has_class("visible")
+
+    run(app, scenario)
+
+
+def test_the_plot_keeps_a_spike_between_dots_and_the_log_axis_drops_non_positive_values() -> None:
+    xs = [float(x) for x in range(1000)]
+    ys = [1.0] * 1000
+    ys[501] = 10.0  # one row among ~50 per dot column
+    grid = draw(xs, ys, width=10, height=4)
+    assert grid is not None and grid.y_high == 10.0
+    top_row = grid.rows[0]
+    assert top_row.strip() != ""  # the spike reaches the top
+    assert draw(xs, [0.0] * 1000, 10, 4, log_y=True) is None
+    logged = draw([1, 2, 3], [1.0, 10.0, 100.0], 3, 3, log_y=True, marker_xs=[2], marker_ys=[10.0])
+    assert logged is not None and math.isclose(logged.y_high, 100.0) and math.isclose(logged.y_low, 1.0)
+    assert MARKER in logged.rows[1]  # 10 sits mid-way on a log axis
+    assert sparkline([0.0, 50.0, 100.0, None], 4, 0.0, 100.0) == "▁▅█ "
+
+
+def test_memory_bar_splits_the_width_by_segment() -> None:
+    runs = memory_bar(100, 50, 25, 10, width=20)
+    assert runs == [("█", 10, "line"), ("▓", 5, "others"), ("░", 2, "reserve"), ("·", 3, "free")]
+    assert sum(cells for _, cells, _ in memory_bar(7, 1, 1, 1, width=13)) == 13
+
+
+def test_checkpoints_are_listed_newest_first_with_kept_reasons(tmp_path: Path) -> None:
+    checkpoints = tmp_path / "checkpoints"
+    for update, kept in ((0, "line-start"), (5, None), (10, "cycle-end 0")):
+        directory = checkpoints / f"u{update:08d}"
+        directory.mkdir(parents=True)
+        state = {"kept": kept, "position": {"tokens_trained": update * 128}}
+        (directory / "state.json").write_text(json.dumps(state))
+    (checkpoints / "u00000015.partial").mkdir()  # being written: not listed
+    (checkpoints / "latest").write_text("u00000010\n")
+    listed = read_checkpoints(tmp_path)
+    assert [(info.update, info.kept, info.latest, info.tokens) for info in listed] == [
+        (10, "cycle-end 0", True, 1280), (5, None, False, 640), (0, "line-start", False, 0),
+    ]
+    assert read_checkpoints(tmp_path / "nowhere") == []
+
+
+def test_the_branch_form_names_the_field_that_is_wrong() -> None:
+    request = parse_branch(" /runs/b ", "3", " decay:1e6 ", "/data/b")
+    assert request.params() == {"path": "/runs/b", "at_cycle": 3, "plan": "decay:1e6", "data": "/data/b"}
+    for fields, message in (
+        (("", "3", "p", "d"), "new line"), (("/b", "x", "p", "d"), "a whole number"),
+        (("/b", "-1", "p", "d"), ">= 0"), (("/b", "3", " ", "d"), "plan"), (("/b", "3", "p", ""), "data line"),
+    ):
+        try:
+            parse_branch(*fields)
+        except ValueError as error:
+            assert message in str(error)
+        else:
+            raise AssertionError(f"{fields} was accepted")
+
+
+def test_a_runtime_directory_owned_by_someone_else_is_reported_on_screen(tmp_path: Path) -> None:
+    from engine.errors import LineError
+
+    def refuse() -> list:
+        raise LineError(f"{tmp_path}/nsconsole: not a directory owned by uid 0; refusing to use it")
+
+    app = ConsoleApp(discover=refuse, clock=lambda: NOW, refresh_interval=0.1)
+
+    async def scenario(pilot) -> None:
+        empty = app.screen.query_one("#empty")
+        for _ in range(50):
+            if "cannot look for lines" in str(empty.render()):
+                break
+            await pilot.pause(0.1)
+        assert "refusing to use it" in str(empty.render()) and empty.has_class("visible")
+
+    run(app, scenario)
+
+
+def test_a_curve_of_few_rows_is_drawn_as_a_connected_stroke() -> None:
+    grid = draw([0.0, 1.0, 2.0], [0.0, 3.0, 1.0], width=20, height=4)
+    assert grid is not None
+    # Every dot column from the first row to the last holds a dot: no gaps between the rows.
+    for column in range(40):
+        bits = [ord(row[column // 2]) - 0x2800 if row[column // 2] != " " else 0 for row in grid.rows]
+        mask = (0x01 | 0x02 | 0x04 | 0x40) if column % 2 == 0 else (0x08 | 0x10 | 0x20 | 0x80)
+        assert any(cell & mask for cell in bits), f"dot column {column} is empty"

@@ -1,0 +1,226 @@
+"""The console (Pilot) against a real supervisor training a tiny line on the CPU.
+
+One scenario, because every trainer launch pays for importing torch: the line appears and its
+update count advances; its screen follows run.log; `s` opens the dialogs and Escape sends
+nothing; the supervisor killed with SIGKILL dims the row and turns the mutating keys off; a new
+supervisor is reconnected (a new epoch: rows refetched); `r` lists the line's checkpoints;
+confirming a stop stops the line with a checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import psutil
+import pytest
+from helpers.lines import copy_data_line, make_data_line, make_line
+from helpers.supervise import kill_line_processes, stop_supervisor
+from textual.widgets import Input
+
+from datalines import open_data_line
+from datalines.preparer import prepare_cycle
+from engine.supervisor.registry import line_id
+from nsconsole.app import ConsoleApp
+from nsconsole.screens.branch_form import BranchForm
+from nsconsole.screens.confirm import ConfirmScreen
+from nsconsole.screens.line import LineScreen
+from nsconsole.screens.lines import LinesScreen
+from nsconsole.screens.picker import PickerScreen
+from nsconsole.state import LineState
+from nsconsole.widgets.checkpoint_list import read_checkpoints
+from nsconsole.widgets.lines_table import LinesTable
+from nsconsole.widgets.log_follower import LogFollower
+
+RUNNER = r'''
+import json, sys
+from engine.supervisor.supervisor import Supervisor, SupervisorSettings
+raise SystemExit(Supervisor(sys.argv[1], SupervisorSettings(**json.loads(sys.argv[2]))).run())
+'''
+
+T = TypeVar("T")
+
+
+@pytest.fixture(autouse=True)
+def private_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "run").mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
+    monkeypatch.setenv("NSCONSOLE_HOST", str(tmp_path / "host.json"))
+    (tmp_path / "host.json").write_text("{}")
+
+
+def start_supervisor(tmp_path: Path, line: Path, run_preparer: bool = True) -> subprocess.Popen[bytes]:
+    runner = tmp_path / "runner.py"
+    runner.write_text(RUNNER)
+    settings = {"poll_seconds": 0.1, "relaunch_delay_seconds": 0.05, "run_preparer": run_preparer}
+    return subprocess.Popen([sys.executable, str(runner), str(line), json.dumps(settings)])
+
+
+async def until(pilot, condition: Callable[[], T], what: str, timeout: float = 120.0) -> T:
+    """Let the app run until `condition()` is truthy; its value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        await pilot.pause(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def state_cell(app: ConsoleApp, key: str) -> str:
+    table = app.screen.query_one(LinesTable)
+    return str(table.get_cell(key, "state"))
+
+
+@pytest.mark.slow
+def test_the_console_follows_stops_and_reattaches_to_a_real_supervisor(tmp_path: Path) -> None:
+    # Only cycle 0 is prepared: after it the trainer waits for data, alive, however fast it is.
+    data = make_data_line(tmp_path / "data_root", prepare=1)
+    line_path = make_line(tmp_path, data)
+    key = line_id(line_path)
+    supervisors: list[subprocess.Popen[bytes]] = []
+
+    async def scenario() -> None:
+        app = ConsoleApp(refresh_interval=0.2)
+        async with app.run_test(size=(150, 40)) as pilot:
+            supervisors.append(start_supervisor(tmp_path, line_path))
+            line: LineState = await until(pilot, lambda: app.book.get(key), "the line to appear")
+            first = await until(pilot, lambda: line.update, "a first update")
+            await until(pilot, lambda: (line.update or 0) > first, "the update count to advance")
+            await until(pilot, lambda: state_cell(app, key).startswith(("▶", "…")), "the table to show it")
+
+            # Its screen: the log tab follows run.log through the supervisor's `log` call.
+            await pilot.press("enter")
+            assert isinstance(app.screen, LineScreen)
+            app.screen.query_one("TabbedContent").active = "tab-log"
+            log = app.screen.query_one(LogFollower)
+            await until(pilot, lambda: any("update" in text for text in log.lines), "run.log in the log tab")
+            await pilot.press("escape")
+            assert isinstance(app.screen, LinesScreen)
+
+            # `s`, then Escape at the picker and at the confirmation: nothing is sent.
+            await pilot.press("s")
+            assert isinstance(app.screen, PickerScreen)
+            await pilot.press("escape")
+            await pilot.press("s")
+            await pilot.press("enter")  # "at the next update"
+            assert isinstance(app.screen, ConfirmScreen)
+            assert app.screen.focused is not None and app.screen.focused.id == "no"
+            await pilot.press("escape")
+            await pilot.pause(0.3)
+            assert isinstance(app.screen, LinesScreen)
+            assert not (line_path / "STOP").exists()
+            assert not any(event.kind == "request" for event in line.events)
+            assert line.supervisor_state == "training"
+
+            # The supervisor dies: the row stays, dimmed and marked, and the mutating keys go off.
+            old_epoch = line.epoch
+            os.kill(supervisors[-1].pid, signal.SIGKILL)
+            supervisors[-1].wait()
+            await until(pilot, lambda: not line.connected, "the console to notice")
+            await until(pilot, lambda: state_cell(app, key).startswith("⚡"), "the row to be marked")
+            assert app.check_action("stop", ()) is None
+            await pilot.press("s")
+            assert isinstance(app.screen, LinesScreen)  # the key does nothing
+
+            # A new supervisor: reattached, rows refetched, keys back on.
+            supervisors.append(start_supervisor(tmp_path, line_path))
+            await until(pilot, lambda: line.connected and line.epoch != old_epoch, "the reconnection")
+            assert any(event.kind == "restarted" for event in line.events)
+            await until(pilot, lambda: line.status.get("trainer_pid"), "the relaunched trainer")
+            assert app.check_action("stop", ()) is True
+
+            # `r` lists the line's real checkpoints, newest first; Escape leaves it.
+            await pilot.press("r")
+            assert isinstance(app.screen, PickerScreen)
+            listed = [update for update, _ in app.screen.options]
+            assert listed and listed == [str(info.update) for info in read_checkpoints(line_path)]
+            await pilot.press("escape")
+
+            # Confirming a stop stops the line with a checkpoint.
+            await pilot.press("s")
+            await pilot.press("enter")
+            await pilot.press("y")
+            await until(pilot, lambda: supervisors[-1].poll() is not None, "the supervisor to stop")
+            assert any(event.kind == "request" and "accepted" in event.message for event in line.events)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        for process in supervisors:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    assert supervisors[-1].returncode == 0
+    assert json.loads((line_path / "supervisor.json").read_text())["state"] == "stopped"
+    heartbeat = json.loads((line_path / "heartbeat").read_text())
+    assert heartbeat["stage"] == "stopped"
+    assert (line_path / "checkpoints" / "latest").read_text().strip() == f"u{heartbeat['update']:08d}"
+    assert not psutil.pid_exists(heartbeat["pid"]) or psutil.Process(heartbeat["pid"]).status() == "zombie"
+
+
+@pytest.mark.slow
+def test_a_branch_requested_for_the_current_cycle_happens_at_its_end(tmp_path: Path) -> None:
+    data = make_data_line(tmp_path / "data_root", prepare=1)
+    line_path = make_line(tmp_path, data)
+    branch_path = tmp_path / "branch"
+    branch_data = copy_data_line(data, tmp_path / "branch_data")  # a branch trains on its own data line
+    # No preparer: cycle 1 stays unprepared (so unfinished) until the test prepares it.
+    supervisors = [start_supervisor(tmp_path, line_path, run_preparer=False)]
+    left_running: list[str] = []
+
+    async def scenario() -> None:
+        app = ConsoleApp(refresh_interval=0.2)
+        async with app.run_test(size=(150, 40)) as pilot:
+            line: LineState = await until(pilot, lambda: app.book.get(line_id(line_path)), "the line")
+            # Cycle 0 is done and cycle 1 not prepared: the trainer is in cycle 1, waiting for it.
+            await until(pilot, lambda: (line.heartbeat or {}).get("stage") == "waiting-data", "the data wait")
+            await until(pilot, lambda: state_cell(app, line.key), "the row")
+            await pilot.press("b")
+            assert isinstance(app.screen, BranchForm)
+            app.screen.query_one("#path", Input).value = str(branch_path)
+            app.screen.query_one("#at_cycle", Input).value = "1"
+            app.screen.query_one("#plan", Input).value = "decay:1e5"  # the branch trains until stopped
+            app.screen.query_one("#data", Input).value = str(branch_data)
+            await pilot.click("#submit")
+            assert isinstance(app.screen, ConfirmScreen)
+            await pilot.press("y")
+            outcome = await until(
+                pilot, lambda: next((e for e in line.events if e.kind == "refused" or "accepted" in e.message), None),
+                "the supervisor's answer",
+            )
+            assert outcome.kind != "refused", outcome.message
+            assert not branch_path.exists()  # it waits for the end of cycle 1
+            prepare_cycle(open_data_line(data), 1)
+            # The fork is made, and the trunk's supervisor starts the branch's own.
+            branched = await until(
+                pilot, lambda: next((e for e in line.events if e.kind == "branched"), None), "the fork"
+            )
+            assert str(branch_path) in branched.message and "its supervisor started" in branched.message
+            assert (branch_path / "run.json").is_file() and (branch_path / "checkpoints" / "latest").is_file()
+            # The branch line appears in the lines table and trains.
+            branch: LineState = await until(pilot, lambda: app.book.get(line_id(branch_path)), "the branch line")
+            await until(pilot, lambda: branch.key in app.screen.query_one(LinesTable).rows, "the branch's row")
+            first = await until(pilot, lambda: branch.update, "the branch's first update")
+            await until(pilot, lambda: (branch.update or 0) > first, "the branch's update count to advance")
+            # Stopped over their sockets (in a thread: the app goes on meanwhile): nothing outlives the test.
+            await asyncio.to_thread(stop_supervisor, branch_path)
+            await asyncio.to_thread(stop_supervisor, line_path)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        for process in supervisors:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        left_running = kill_line_processes(tmp_path)
+    assert supervisors[0].returncode == 0 and left_running == []

@@ -1,0 +1,265 @@
+"""Branch and rollback on real tiny lines: checkpoints, schedules, branches.json, W&B records, refusals."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from helpers.lines import (
+    SEQ_LEN,
+    copy_data_line,
+    data_template_fixture,
+    make_data_line,
+    make_line,
+    rows_without_wall_clock,
+)
+from helpers.wandb import RecordingBackend, SimulatedServer, session
+
+from datalines import open_data_line
+from datalines.preparer import delete_consumed_shards, prepare_cycle
+from engine.checkpoints.tensors import (
+    STATE_NAME,
+    list_checkpoints,
+    load_checkpoint,
+    read_latest,
+    verify_checkpoint,
+    write_latest,
+)
+from engine.config.run import RunConfig
+from engine.errors import LineError
+from engine.layout import LineLayout
+from engine.ops.lineops import (
+    BranchRequest,
+    branch_line,
+    find_cycle_end,
+    parse_plan,
+    read_branches,
+    rollback_line,
+)
+from engine.training.schedule import learning_rate
+from engine.training.trainer import Trainer
+from engine.wandb.state import RunPoint, WandbRunState
+from nsconsole.cli import main as cli_main
+
+LONG = 2 * SEQ_LEN
+
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one intra-op thread
+
+
+data_template = data_template_fixture(files=4)
+
+
+@pytest.fixture(scope="module")
+def trained_trunk(data_template: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A trunk trained to the end of its data (kept checkpoints at every cycle end); copied per test."""
+    root = tmp_path_factory.mktemp("trunk")
+    # This module checks W&B planning against a simulated server; the real trainer's offline
+    # run would carry out the planned fork first (tests/test_trainer_wandb.py covers that path).
+    line = make_line(root, copy_data_line(data_template, root), **{"wandb.mode": "disabled"})
+    assert Trainer(line, echo=None).run() == 0
+    return root
+
+
+@pytest.fixture
+def trunk(trained_trunk: Path, tmp_path: Path) -> Path:
+    shutil.copytree(trained_trunk, tmp_path / "trunk", symlinks=True)
+    line = tmp_path / "trunk" / "line"
+    config = RunConfig.load(line / "run.json")
+    config.data.line = str(tmp_path / "trunk" / "data")  # the copy's own data line
+    config.save(line / "run.json")
+    config.save(line / "accepted_run.json")
+    return line
+
+
+def history_of(rows_jsonl: Path) -> list[tuple[int, dict]]:
+    """A W&B run's history as the simulated server keeps it, from a rows.jsonl."""
+    return [(row["update"], {"loss": row["loss"]}) for row in rows_without_wall_clock(rows_jsonl)]
+
+
+def kept(line: Path) -> dict[str, str]:
+    return {
+        directory.name: load_checkpoint(directory).state["kept"]
+        for directory in list_checkpoints(line / "checkpoints")
+        if load_checkpoint(directory).state["kept"]
+    }
+
+
+def test_parse_plan_and_its_errors() -> None:
+    plan = parse_plan("decay:10e9,long:2e9")
+    assert [(item.kind, item.tokens, item.shape) for item in plan] == [
+        ("decay", 1e10, "linear"),
+        ("long", 2e9, "linear"),
+    ]
+    assert parse_plan("decay:5e9:sqrt")[0].shape == "sqrt"
+    for bad, message in (("warm:1e9", "must be decay"), ("decay:x", "not a number"), ("long:-1", "positive"),
+                         ("decay:1e9:cubic", "decay shape"), ("long:1e9:sqrt", "must be decay")):  # fmt: skip
+        with pytest.raises(LineError, match=message):
+            parse_plan(bad)
+
+
+def test_a_cycle_end_set_aside_by_a_rollback_is_no_fork_point(tmp_path: Path) -> None:
+    layout = LineLayout(tmp_path / "line")
+    for update, cycle, kept in ((4, 1, "cycle-end 0"), (8, 1, None), (12, 2, "cycle-end 1")):
+        directory = layout.checkpoint(update)
+        directory.mkdir(parents=True)
+        state = {"update": update, "kept": kept, "position": {"cycle": cycle}}
+        (directory / STATE_NAME).write_text(json.dumps(state))
+    write_latest(layout.checkpoints, layout.checkpoint(8).name)  # rolled back to u8; u12 not yet removed
+
+    assert find_cycle_end(layout, 0) == layout.checkpoint(4)
+    with pytest.raises(LineError, match=r"cycle 1 has not ended \(the line is in cycle 1 at update 8\)"):
+        find_cycle_end(layout, 1)
+
+
+def test_branch_from_a_cycle_end(trunk: Path, data_template: Path, tmp_path: Path) -> None:
+    parent = RunConfig.load(trunk / "run.json")
+    cycle_ends = {name: reason for name, reason in kept(trunk).items() if reason.startswith("cycle-end")}
+    fork_name = next(name for name, reason in cycle_ends.items() if reason == "cycle-end 0")
+    fork = load_checkpoint(trunk / "checkpoints" / fork_name)
+    WandbRunState(run_id="trunk-run", acknowledged_step=fork.update + 3).save(trunk / "wandb_run.json")
+    branch_data = copy_data_line(data_template, tmp_path / "b1data")
+    request = BranchRequest(tmp_path / "b1", trunk, 0, "decay:1024,long:512", branch_data, long_seq_len=LONG)
+    result = branch_line(request)
+
+    # The first checkpoint: the fork's tensors (hard links), the branch's own state and run.json.
+    first = tmp_path / "b1" / "checkpoints" / fork_name
+    assert read_latest(first.parent) == fork_name and result.fork_update == fork.update
+    verify_checkpoint(first)
+    assert result.hard_linked
+    assert os.stat(first / "model.safetensors").st_ino == os.stat(fork.directory / "model.safetensors").st_ino
+    copy = load_checkpoint(first)
+    assert all(torch.equal(copy.weights[name], fork.weights[name]) for name in fork.weights)
+    fork_tokens = fork.state["position"]["tokens_trained"]
+    assert copy.state["position"] == {"update": fork.update, "tokens_trained": fork_tokens,
+                                      "stage": 0, "stage_tokens": 0, "cycle": 0, "sample": 0}  # fmt: skip
+    assert copy.state["kept"] == "branch-start" and copy.state["rows"] == 0
+
+    # The schedule: the trunk's up to the fork, then a decay to 0 at the plan's end.
+    branch = RunConfig.load(tmp_path / "b1" / "run.json")
+    assert branch.data.line == str(branch_data.absolute())
+    assert [(s.name, s.seq_len, s.tokens) for s in branch.plan] == [
+        ("decay", SEQ_LEN, 1024),
+        ("long", LONG, 512),
+    ]
+    assert sorted(entry.seq_len for entry in branch.lengths) == [SEQ_LEN, LONG]
+    for tokens in (0, 100, 511, 512, fork_tokens // 2, fork_tokens):
+        assert learning_rate(branch, tokens) == pytest.approx(learning_rate(parent, tokens), abs=1e-15)
+    assert learning_rate(branch, fork_tokens + 768) == pytest.approx(learning_rate(parent, fork_tokens) / 2)
+    assert learning_rate(branch, fork_tokens + 1536) == 0.0
+    assert copy.run_json == (tmp_path / "b1" / "run.json").read_bytes()
+
+    # The parent's record and the W&B plan.
+    [record] = read_branches(LineLayout(trunk))
+    assert (
+        record["line"] == str(tmp_path / "b1")
+        and record["at_cycle"] == 0
+        and record["at_update"] == fork.update
+    )
+    pending = WandbRunState.load(tmp_path / "b1" / "wandb_run.json").pending
+    assert pending is not None and pending.kind == "fork" and pending.at_update == fork.update
+    assert pending.parent_run_id == "trunk-run" and pending.parent_rows == str(
+        (trunk / "rows.jsonl").resolve()
+    )
+
+    # The branch trains from the fork: update numbers and the schedule carry on.
+    assert Trainer(tmp_path / "b1", stop_at=fork.update + 3, echo=None).run() == 0
+    rows = rows_without_wall_clock(tmp_path / "b1" / "rows.jsonl")
+    assert [row["update"] for row in rows] == [fork.update + 1, fork.update + 2, fork.update + 3]
+    assert rows[0]["stage"] == "decay" and rows[0]["lr"] == pytest.approx(learning_rate(branch, fork_tokens))
+    assert rows[1]["lr"] < rows[0]["lr"]
+
+    # Its W&B run forks the trunk's at the fork update, then carries the branch's own rows.
+    server = SimulatedServer(history={"trunk-run": history_of(trunk / "rows.jsonl")})
+    session(tmp_path / "b1", RecordingBackend(server), ids=lambda: "b1-run")
+    inits = [call[1] for call in server.calls if call[0] == "init"]
+    assert inits[0]["fork"] == RunPoint("trunk-run", fork.update)
+    assert server.steps("b1-run") == list(range(1, fork.update + 4))
+    assert server.losses("b1-run")[-3:] == [row["loss"] for row in rows]
+
+
+def test_branch_refusals(
+    trunk: Path, data_template: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    data = copy_data_line(data_template, tmp_path / "bdata")
+    with pytest.raises(LineError, match=r"cycle 7 has not ended \(the line is in cycle \d+ at update \d+\)"):
+        branch_line(BranchRequest(tmp_path / "b", trunk, 7, "decay:1024", data))
+    with pytest.raises(LineError, match="the long length must exceed the training length 32, got 32"):
+        branch_line(BranchRequest(tmp_path / "b", trunk, 0, "long:1024", data, long_seq_len=SEQ_LEN))
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "file").write_text("x")
+    with pytest.raises(LineError, match="already exists"):
+        branch_line(BranchRequest(tmp_path / "taken", trunk, 0, "decay:1024", data))
+    other = make_data_line(tmp_path / "other", files=3, prepare=1)  # another tokenizer
+    with pytest.raises(LineError, match="its tokenizer differs"):
+        branch_line(BranchRequest(tmp_path / "b", trunk, 0, "decay:1024", other))
+    assert not (tmp_path / "b").exists() and not (trunk / "branches.json").exists()
+    code = cli_main(["branch", str(tmp_path / "b"), "--from", str(trunk), "--at-cycle", "9",
+                     "--plan", "decay:1e3", "--data", str(data)])  # fmt: skip
+    assert code == 2 and "nsconsole: " in capsys.readouterr().err
+
+
+def test_rollback_then_retrain_reproduces_the_rows(trunk: Path, tmp_path: Path) -> None:
+    original = rows_without_wall_clock(trunk / "rows.jsonl")
+    layout_latest = read_latest(trunk / "checkpoints")
+    WandbRunState(run_id="run-1", acknowledged_step=len(original)).save(trunk / "wandb_run.json")
+    data_path = Path(RunConfig.load(trunk / "run.json").data.line)
+    data_line = open_data_line(data_path)
+    assert delete_consumed_shards(data_line)  # as the preparer does: the consumed cycles' shards are gone
+
+    cycle = load_checkpoint(trunk / "checkpoints" / "u00000010").state["position"]["cycle"]
+    result = rollback_line(trunk, 10)  # a rolling checkpoint
+    assert result.to_update == 10 and result.rows_now == 10
+    assert read_latest(trunk / "checkpoints") == "u00000010"
+    assert rows_without_wall_clock(trunk / "rows.jsonl") == original[:10]
+    assert result.rows_kept is not None and rows_without_wall_clock(result.rows_kept) == original
+    assert layout_latest in result.set_aside and (trunk / "checkpoints" / layout_latest).is_dir()
+    state = WandbRunState.load(trunk / "wandb_run.json")
+    assert state.pending is not None and state.pending.kind == "rewind" and state.pending.at_update == 10
+    assert result.reopened_cycles == list(range(cycle, cycle + len(result.reopened_cycles)))
+    assert all(not data_line.is_consumed(index) for index in result.reopened_cycles)
+    for index in result.reopened_cycles:  # what the line's preparer does next: rebuild from the manifests
+        prepare_cycle(data_line, index)
+
+    # The next start rewinds the W&B run to update 10 (the abandoned updates leave its history).
+    server = SimulatedServer(history={"run-1": history_of(result.rows_kept)})
+    session(trunk, RecordingBackend(server))
+    assert server.steps("run-1") == list(range(1, 11))
+    assert [call[1]["rewind"] for call in server.calls if call[0] == "init"] == [RunPoint("run-1", 10)]
+
+    assert Trainer(trunk, echo=None).run() == 0
+    assert rows_without_wall_clock(trunk / "rows.jsonl") == original  # the same updates, bit for bit
+    session(trunk, RecordingBackend(server))
+    assert server.steps("run-1") == [row["update"] for row in original]
+    # The abandoned continuation is gone, replaced by the new one's checkpoints.
+    for directory in list_checkpoints(trunk / "checkpoints"):
+        verify_checkpoint(directory)
+        assert load_checkpoint(directory).state["rows"] <= len(original)
+
+
+def test_rollback_refusals(trunk: Path, capsys: pytest.CaptureFixture) -> None:
+    (trunk / "heartbeat").write_text(
+        json.dumps({"time": 0, "update": 9, "stage": "training", "pid": os.getpid()})
+    )
+    with pytest.raises(LineError, match=rf"its trainer is running \(pid {os.getpid()}\); stop the line"):
+        rollback_line(trunk, 10)
+    (trunk / "heartbeat").write_text(
+        json.dumps({"time": 0, "update": 9, "stage": "stopped", "pid": os.getpid()})
+    )
+    with pytest.raises(LineError, match="u00000004: no such checkpoint"):
+        rollback_line(trunk, 4)
+    latest = read_latest(trunk / "checkpoints")
+    with pytest.raises(LineError, match="not before the line's latest checkpoint"):
+        rollback_line(trunk, int(latest[1:]))
+    assert read_latest(trunk / "checkpoints") == latest
+    rows = (trunk / "rows.jsonl").read_bytes()
+    (trunk / "rows.jsonl").write_bytes(rows[:100])  # rows lost: the checkpoint's rows are not there
+    with pytest.raises(LineError, match="does not begin with the 10 rows the checkpoint counts"):
+        rollback_line(trunk, 10)
+    assert read_latest(trunk / "checkpoints") == latest and not list(trunk.glob("rows.rolledback-*"))
+    assert cli_main(["rollback", str(trunk), "--to", "3"]) == 2
+    assert "u00000003: no such checkpoint (the line has u00000000, u00000010" in capsys.readouterr().err

@@ -1,0 +1,117 @@
+"""`nsconsole tune` on CPU (and CUDA where there is one): the settings, the choice, run.json, refusals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from helpers.lines import SEQ_LEN, make_data_line, make_line
+
+from engine.config.run import RunConfig
+from engine.errors import LineError
+from engine.ops.tune import CpuPeakMeter, LengthTuning, Measurement, Tuner, tune_line
+from nsconsole.cli import main as cli_main
+
+MIB = 1 << 20
+
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one intra-op thread
+
+
+@pytest.fixture(scope="module")
+def data_line(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_data_line(tmp_path_factory.mktemp("tune"), files=2, prepare=1)
+
+
+@pytest.fixture
+def line(tmp_path: Path, data_line: Path) -> Path:
+    return make_line(tmp_path, data_line)
+
+
+def test_tune_picks_the_fastest_feasible_setting_and_writes_it(line: Path) -> None:
+    result = tune_line(line, budget_gb=4.0)
+    [tuning] = result.lengths
+    assert tuning.seq_len == SEQ_LEN
+    rows_tried = [m.micro_batch_rows for m in tuning.measurements]
+    assert rows_tried == [1, 2, 4, 8]  # 16 rows per update, CPU search capped at 8
+    for m in tuning.measurements:
+        assert m.fits and m.tokens_per_s is not None and m.tokens_per_s > 0
+        assert m.peak_bytes is not None and 0 < m.peak_bytes <= result.budget_bytes
+    chosen = tuning.chosen
+    assert chosen is not None and chosen.tokens_per_s == max(m.tokens_per_s or 0 for m in tuning.measurements)
+    entry = RunConfig.load(line / "run.json").length(SEQ_LEN)
+    assert (entry.micro_batch_rows, entry.recompute, entry.shared) == (chosen.micro_batch_rows, "none", None)
+
+
+def test_nothing_fits_is_one_clear_error_and_run_json_is_untouched(line: Path) -> None:
+    before = (line / "run.json").read_bytes()
+    with pytest.raises(LineError, match=r"tune: no setting of length 32 fits 0\.00 GiB"):
+        tune_line(line, budget_gb=1e-4, max_rows=2)  # 100 kB: less than the model's own state
+    assert (line / "run.json").read_bytes() == before
+
+
+def test_shared_needs_a_reserve_and_writes_the_shared_shape(line: Path) -> None:
+    with pytest.raises(LineError, match="--shared needs guards.share_reserve_gb"):
+        tune_line(line, shared=True, budget_gb=4.0)
+    document = json.loads((line / "run.json").read_text())
+    document["guards"]["share_reserve_gb"] = 1.0
+    (line / "run.json").write_text(json.dumps(document))
+    result = tune_line(line, shared=True, budget_gb=4.0, max_rows=2)
+    assert result.budget_bytes == 3_000_000_000  # the budget less the reserve
+    entry = RunConfig.load(line / "run.json").length(SEQ_LEN)
+    chosen = result.lengths[0].chosen
+    assert chosen is not None and entry.shared is not None
+    assert entry.shared.micro_batch_rows == chosen.micro_batch_rows
+    assert entry.micro_batch_rows == 8  # the line's own shape is left as it was
+
+
+def test_a_setting_that_ran_out_of_memory_or_over_budget_is_never_chosen() -> None:
+    tuning = LengthTuning(64, [
+        Measurement(64, 1, "none", 100.0, 10, fits=True),
+        Measurement(64, 2, "none", None, None, fits=False, note="out of memory"),
+        Measurement(64, 2, "all", 500.0, 99, fits=False, note="over budget"),
+        Measurement(64, 1, "all", 80.0, 5, fits=True),
+    ])  # fmt: skip
+    assert tuning.chosen is tuning.measurements[0]
+    assert LengthTuning(64, [Measurement(64, 1, "none", note="out of memory")]).chosen is None
+
+
+def test_cpu_rows_stop_growing_when_doubled_activations_would_not_fit(line: Path) -> None:
+    config = RunConfig.load(line / "run.json")
+    tuner = Tuner(config, torch.device("cpu"), budget=10**12, max_rows=None)
+    tuner.static_bytes, tuner.budget = 100 * MIB, 300 * MIB
+    # From 1 row: everything above the model and optimizer doubles.
+    assert tuner._next_may_fit(Measurement(SEQ_LEN, 1, "none", 1.0, 190 * MIB, fits=True), None)
+    assert not tuner._next_may_fit(Measurement(SEQ_LEN, 1, "none", 1.0, 210 * MIB, fits=True), None)
+    # From 2 rows on: the growth of the last doubling, twice over.
+    one_row = Measurement(SEQ_LEN, 1, "none", 1.0, 210 * MIB, fits=True)
+    assert tuner._next_may_fit(Measurement(SEQ_LEN, 2, "none", 1.0, 230 * MIB, fits=True), one_row)  # 270
+    assert not tuner._next_may_fit(Measurement(SEQ_LEN, 2, "none", 1.0, 250 * MIB, fits=True), one_row)  # 330
+
+
+def test_cpu_peak_meter_sees_an_allocation() -> None:
+    meter = CpuPeakMeter()
+    meter.reset()
+    block = torch.ones(64 * MIB // 4)  # 64 MiB, every page touched
+    peak = meter.peak()
+    del block
+    assert peak >= 60 * MIB
+
+
+def test_cli_prints_the_table(line: Path, capsys: pytest.CaptureFixture) -> None:
+    assert cli_main(["tune", str(line), "--budget-gb", "4", "--max-rows", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "seq_len" in out and "chosen" in out and "written to" in out
+
+
+@pytest.mark.cuda
+def test_tune_on_the_gpu_measures_with_cuda_memory(line: Path) -> None:
+    document = json.loads((line / "run.json").read_text())
+    document["device"] = "cuda"
+    (line / "run.json").write_text(json.dumps(document))
+    result = tune_line(line, max_rows=4)
+    chosen = result.lengths[0].chosen
+    assert chosen is not None and chosen.peak_bytes is not None and chosen.peak_bytes > 0
+    assert RunConfig.load(line / "run.json").length(SEQ_LEN).micro_batch_rows == chosen.micro_batch_rows

@@ -1,0 +1,258 @@
+"""The supervisor's branch queue on real checkpoint directories: when a cycle has ended, what is
+refused before queueing, forks made at a cycle end, a queue carried across a restart, the line's end.
+
+`branch_line` itself is stood in for here (its own tests are tests/test_lineops.py; the real fork
+through a running supervisor is tests/test_supervise_lineops_e2e.py), so that each case is fast.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers.lines import make_data_line, make_line
+
+from engine.checkpoints import tensors as ckpt
+from engine.errors import LineError
+from engine.layout import LineLayout
+from engine.ops import lineops
+from engine.ops.lineops import BranchRequest, BranchResult
+from engine.supervisor import forks as supervise_forks
+from engine.supervisor.forks import ForkQueue, QueuedFork, branched_from, cycle_end_checkpoint, new_fork
+from engine.supervisor.supervisor import Supervisor
+
+
+def write_checkpoint(layout: LineLayout, update: int, cycle: int, kept: str | None = None) -> Path:
+    directory = layout.checkpoint(update)
+    directory.mkdir(parents=True)
+    state = {"update": update, "kept": kept, "position": {"cycle": cycle}}
+    (directory / "state.json").write_text(json.dumps(state))
+    (layout.checkpoints / "latest").write_text(directory.name + "\n")
+    return directory
+
+
+class Recorder:
+    """What the queue tells the supervisor, and a stand-in for `branch_line`."""
+
+    def __init__(self, refuse: str | None = None) -> None:
+        self.refuse = refuse
+        self.requests: list[BranchRequest] = []
+        self.forked: list[str] = []
+        self.told_on: list[threading.Thread] = []  # the threads on_forked ran on
+        self.failed: list[tuple[str, str]] = []
+        self.changes = 0
+
+    def branch_line(self, request: BranchRequest) -> BranchResult:
+        self.requests.append(request)
+        if self.refuse:
+            raise LineError(self.refuse)
+        return BranchResult(request.new, 10 * request.at_cycle, 100, None, True)  # type: ignore[arg-type]
+
+    def queue(self, layout: LineLayout, data: Path) -> ForkQueue:
+        return ForkQueue(
+            layout, trunk_data=lambda: data,
+            on_forked=self.record_fork,
+            on_failed=lambda fork, message: self.failed.append((fork.path, message)),
+            on_change=self.count_change,
+        )
+
+    def record_fork(self, fork: QueuedFork, result: BranchResult) -> None:
+        self.forked.append(str(result.line))
+        self.told_on.append(threading.current_thread())
+
+    def count_change(self) -> None:
+        self.changes += 1
+
+
+@pytest.fixture(scope="module")
+def data_line(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_data_line(tmp_path_factory.mktemp("forks"), prepare=1)
+
+
+@pytest.fixture(scope="module")
+def one_cycle_data_line(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_data_line(tmp_path_factory.mktemp("one_cycle"), files=1, prepare=1)
+
+
+@pytest.fixture
+def recorder(monkeypatch: pytest.MonkeyPatch) -> Recorder:
+    recorder = Recorder()
+    monkeypatch.setattr(lineops, "branch_line", recorder.branch_line)
+    return recorder
+
+
+def wait_for_worker(queue: ForkQueue) -> None:
+    queue.close()
+
+
+def test_a_cycle_has_ended_once_its_kept_checkpoint_is_part_of_the_line(tmp_path: Path) -> None:
+    layout = LineLayout(tmp_path / "line")
+    assert cycle_end_checkpoint(layout, 0) is None  # no checkpoint at all
+    write_checkpoint(layout, 5, cycle=0)
+    assert cycle_end_checkpoint(layout, 0) is None
+    end = write_checkpoint(layout, 9, cycle=1, kept="cycle-end 0")
+    assert cycle_end_checkpoint(layout, 0) == end and cycle_end_checkpoint(layout, 1) is None
+    # Rolled back to u5: the cycle end of the abandoned continuation is not the line's.
+    (layout.checkpoints / "latest").write_text("u00000005\n")
+    assert cycle_end_checkpoint(layout, 0) is None
+
+
+def test_a_branch_of_an_ended_cycle_forks_at_once(
+    tmp_path: Path, data_line: Path, recorder: Recorder
+) -> None:
+    layout = LineLayout(tmp_path / "line")
+    write_checkpoint(layout, 9, cycle=1, kept="cycle-end 0")
+    queue = recorder.queue(layout, data_line)
+    reply = queue.branch(new_fork(tmp_path / "b0", 0, "decay:1e3", data_line))
+    assert reply == {"state": "forked", "path": str(tmp_path / "b0"), "at_cycle": 0,
+                     "fork_update": 0, "fork_tokens": 100}  # fmt: skip
+    [request] = recorder.requests
+    assert request.parent == layout.root and request.at_cycle == 0 and request.plan == "decay:1e3"
+    wait_for_worker(queue)
+    assert recorder.forked == [str(tmp_path / "b0")] and queue.export() == []
+    # Told on a worker: the supervisor starts the branch there, and the call is answered first.
+    assert recorder.told_on[0] is not threading.current_thread()
+
+
+def test_refusals_come_before_a_fork_is_queued(
+    tmp_path: Path, data_line: Path, one_cycle_data_line: Path, recorder: Recorder
+) -> None:
+    layout = LineLayout(tmp_path / "line")
+    write_checkpoint(layout, 9, cycle=1, kept="cycle-end 0")
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "file").write_text("x")
+    queue = recorder.queue(layout, data_line)
+    refusals = [
+        (new_fork(tmp_path / "b", 1, "decay:ten", data_line), "'ten' is not a number of tokens"),
+        (new_fork(tmp_path / "taken", 1, "decay:1e3", data_line), "taken: already exists"),
+        (new_fork(tmp_path / "b", 1, "decay:1e3", tmp_path / "nowhere"), "nowhere: no such data line"),
+    ]
+    for fork, message in refusals:
+        with pytest.raises(LineError, match=message):
+            queue.branch(fork)
+    short = recorder.queue(layout, one_cycle_data_line)  # a trunk whose data line has one cycle
+    with pytest.raises(LineError, match="the trunk's data line ends with cycle 0; cycle 1 never comes"):
+        short.branch(new_fork(tmp_path / "b", 1, "decay:1e3", data_line))
+    # The line is in cycle 1, so cycle 0 has ended; without its kept checkpoint it never will again.
+    (layout.checkpoint(9) / "state.json").write_text(json.dumps({"update": 9, "position": {"cycle": 1}}))
+    with pytest.raises(LineError, match="cycle 0 has ended .* its kept checkpoint is missing"):
+        queue.branch(new_fork(tmp_path / "b", 0, "decay:1e3", data_line))
+    queue.branch(new_fork(tmp_path / "b", 1, "decay:1e3", data_line))
+    with pytest.raises(LineError, match="a branch into it is already queued"):
+        queue.branch(new_fork(tmp_path / "b", 2, "decay:1e3", data_line))
+    assert [fork["path"] for fork in queue.export()] == [str(tmp_path / "b")]
+    assert recorder.requests == [] and recorder.changes == 1
+
+
+def test_a_queued_fork_is_made_at_its_cycle_end_even_by_a_restarted_supervisor(
+    tmp_path: Path, data_line: Path, recorder: Recorder
+) -> None:
+    layout = LineLayout(tmp_path / "line")
+    write_checkpoint(layout, 9, cycle=1, kept="cycle-end 0")
+    queue = recorder.queue(layout, data_line)
+    reply = queue.branch(new_fork(tmp_path / "b1", 1, "decay:1e3", data_line, long_seq_len=64))
+    assert reply == {"state": "queued", "path": str(tmp_path / "b1"), "at_cycle": 1}
+    queue.poll()
+    wait_for_worker(queue)
+    assert recorder.requests == []  # cycle 1 goes on
+    saved = json.loads(json.dumps(queue.export()))  # what supervisor.json keeps
+
+    # A new supervisor takes the queue back; cycle 1 ends (a rolling checkpoint first: no fork yet).
+    again = recorder.queue(layout, data_line)
+    again.restore([*saved, {"path": 3}, "junk"])  # unreadable records are dropped
+    assert again.export() == saved
+    write_checkpoint(layout, 12, cycle=1)
+    again.poll()
+    wait_for_worker(again)
+    assert recorder.requests == []
+    write_checkpoint(layout, 15, cycle=2, kept="cycle-end 1")
+    again.poll()
+    wait_for_worker(again)
+    [request] = recorder.requests
+    assert request.at_cycle == 1 and request.long_seq_len == 64 and request.new == tmp_path / "b1"
+    assert recorder.forked == [str(tmp_path / "b1")] and again.export() == []
+
+
+def test_a_fork_that_fails_at_its_cycle_end_or_whose_cycle_never_comes_is_reported(
+    tmp_path: Path, data_line: Path, recorder: Recorder
+) -> None:
+    layout = LineLayout(tmp_path / "line")
+    write_checkpoint(layout, 9, cycle=1, kept="cycle-end 0")
+    queue = recorder.queue(layout, data_line)
+    queue.branch(new_fork(tmp_path / "b1", 1, "decay:1e3", data_line))
+    queue.branch(new_fork(tmp_path / "b5", 5, "decay:1e3", data_line))
+    recorder.refuse = "the tokenizer differs"
+    write_checkpoint(layout, 15, cycle=2, kept="cycle-end 1")
+    queue.finish_line(line_ended=False)  # --stop-at: b1's fork is tried, b5 waits for the next run
+    assert recorder.failed == [(str(tmp_path / "b1"), "the tokenizer differs")]
+    assert [fork["at_cycle"] for fork in queue.export()] == [5]
+    queue.finish_line()  # the line ended in cycle 2: b5's cycle never comes
+    assert recorder.failed == [
+        (str(tmp_path / "b1"), "the tokenizer differs"),
+        (str(tmp_path / "b5"), "the line ended in cycle 2 before cycle 5 ended"),
+    ]
+    assert queue.export() == [] and recorder.forked == []
+
+
+class PublishedEvents:
+    """Stands in for the supervisor's server: what it publishes."""
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+
+    def publish(self, kind: str, data: dict[str, Any]) -> int:
+        assert kind == "event"
+        self.events.append(data)
+        return len(self.events)
+
+
+def test_a_branch_whose_supervisor_cannot_start_stays_and_the_failure_is_an_event(
+    tmp_path: Path, data_line: Path
+) -> None:
+    trunk = Supervisor(make_line(tmp_path / "trunk", data_line))
+    branch = make_line(tmp_path / "branch", data_line)
+    (branch / "run.json").write_text("{")  # the branch's supervisor refuses it before starting
+    published = PublishedEvents()
+    trunk._server = published  # type: ignore[assignment]
+    fork = new_fork(branch, 1, "decay:1e3", data_line)
+    trunk._on_forked(fork, BranchResult(branch, 10, 100, None, True))  # type: ignore[arg-type]
+    branched, start_failed = published.events
+    assert branched["event"] == "branched" and branched["started"] is False
+    assert "did not start" in branched["message"] and branched["path"] == str(branch)
+    assert start_failed["event"] == "branch_start_failed" and "run.json" in start_failed["message"]
+    assert (branch / "run.json").is_file()  # the branch stays, to be run by hand once fixed
+    assert "branch_start_failed: " in (tmp_path / "trunk" / "line" / "run.log").read_text()
+
+
+def test_queued_fork_records_round_trip() -> None:
+    fork = QueuedFork("/b", 3, "decay:1e9,long:1e8", "/d", 4096, 12.5)
+    assert QueuedFork.from_json(json.loads(json.dumps(fork.__dict__))) == fork
+    assert QueuedFork.from_json({"path": "/b", "at_cycle": "3", "plan": "x", "data": "/d"}) is None
+
+
+def test_the_checkpoint_facts_read_without_torch_are_those_ckpt_and_lineops_write() -> None:
+    assert supervise_forks.STATE_FILE == ckpt.STATE_NAME
+    assert supervise_forks.BRANCH_START_KEPT == lineops.BRANCH_KEPT
+    match = lineops.CYCLE_END_KEPT.match(supervise_forks.cycle_end_reason(12))
+    assert match is not None and int(match.group(1)) == 12
+    # The supervisor itself starts without torch (a branch or rollback imports it when asked for).
+    check = "import sys, engine.supervisor.supervisor; assert 'torch' not in sys.modules"
+    assert subprocess.run([sys.executable, "-c", check]).returncode == 0
+
+
+def test_status_parent_is_read_from_a_branchs_first_checkpoint(tmp_path: Path) -> None:
+    trunk = LineLayout(tmp_path / "trunk")
+    write_checkpoint(trunk, 0, cycle=0, kept="line-start")
+    assert branched_from(trunk) is None and branched_from(LineLayout(tmp_path / "empty")) is None
+    branch = LineLayout(tmp_path / "branch")
+    first = write_checkpoint(branch, 9, cycle=0, kept="branch-start")
+    state = json.loads((first / "state.json").read_text())
+    state["branched_from"] = {"line": str(trunk.root), "checkpoint": "u00000009", "cycle": 0}
+    (first / "state.json").write_text(json.dumps(state))
+    write_checkpoint(branch, 14, cycle=0)
+    assert branched_from(branch) == str(trunk.root)
