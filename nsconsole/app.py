@@ -34,7 +34,7 @@ from nsconsole.screens.help import HelpScreen, KeyHelp
 from nsconsole.screens.line import LineScreen
 from nsconsole.screens.lines import LinesScreen
 from nsconsole.screens.picker import PickerScreen
-from nsconsole.state import LineBook, LineState
+from nsconsole.state import LineBook, LineView
 from nsconsole.widgets.checkpoint_list import read_checkpoints
 from nsconsole.widgets.gpu_panel import GpuPanel, GpuReader, GpuReading, read_gpus
 from themes import DEFAULT_THEME, STYLESHEET, THEMES
@@ -104,7 +104,7 @@ class ConsoleApp(App[None]):
         self.read_disks()
         self.call_after_refresh(self.refresh_views)
 
-    def _line_changed(self, line: LineState) -> None:
+    def _line_changed(self, line: LineView) -> None:
         # A line that came or went changes which mutating keys are on.
         connected = {state.key for state in self.book if state.connected}
         if connected != self._connected_keys:
@@ -154,7 +154,7 @@ class ConsoleApp(App[None]):
         if line is not None:
             self.push_screen(LineScreen(line))
 
-    def selected_line(self) -> LineState | None:
+    def selected_line(self) -> LineView | None:
         screen = self.screen
         key = screen.selected_line_key() if isinstance(screen, (LinesScreen, LineScreen)) else None
         return None if key is None else self.book.get(key)
@@ -272,7 +272,7 @@ class ConsoleApp(App[None]):
         if await self.push_screen_wait(ConfirmScreen(question, "The line pauses while the shapes are measured.")):
             await self.mutate(line, "tune", shared=choice == "shared")
 
-    async def mutate(self, line: LineState, method: str, **params: object) -> object | None:
+    async def mutate(self, line: LineView, method: str, **params: object) -> object | None:
         """Call a mutation; the outcome becomes a notification and an event of the line."""
         assert self.live is not None
         line.add_event(self.clock(), "request", f"{method} {params} sent")

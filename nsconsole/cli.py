@@ -14,9 +14,8 @@ from collections.abc import Sequence
 from datalines.errors import DataLineError
 from engine.config.host import load_and_apply
 from engine.errors import LineError
+from engine.protocol.facts import SupervisorExitCode
 from nsconsole.commands import COMMAND_MODULES
-
-EXIT_USER_ERROR = 2
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(open_console(readonly=args.readonly, theme=args.theme) or 0)
     except (LineError, DataLineError) as error:
         print(f"nsconsole: {error}", file=sys.stderr)
-        return EXIT_USER_ERROR
+        return SupervisorExitCode.USER_ERROR
     except KeyboardInterrupt:
         return 130
 

@@ -1,4 +1,4 @@
-"""Clients of a line's supervisor socket (protocol: `engine/protocol.py`).
+"""Clients of a line's supervisor socket (protocol: `engine/protocol/wire.py`).
 
 - `SupervisorClient`: synchronous, for the command line (`status`, `stop`, ...): connect, hello,
   call; `mutate` keeps one `request_id` across reconnects, so a retry after a lost reply is
@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine import protocol
 from engine.errors import LineError
+from engine.protocol import wire
 
 
 class SupervisorUnavailable(LineError):
@@ -50,7 +50,7 @@ class Notification:
     """One pushed notification: its kind (heartbeat, row, validation, event) and payload."""
 
     kind: str
-    """One of `protocol.NOTIFICATION_KINDS`."""
+    """One of `wire.NOTIFICATION_KINDS`."""
     seq: int
     """Counts up from 1 within one supervisor's life."""
     epoch: str
@@ -123,7 +123,7 @@ class SupervisorClient:
         connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         connection.settimeout(self.timeout)
         try:
-            with protocol.unix_address(self.socket_path) as address:
+            with wire.unix_address(self.socket_path) as address:
                 connection.connect(address)
         except OSError as error:
             connection.close()
@@ -132,7 +132,7 @@ class SupervisorClient:
         self._socket = connection
         self._buffer.clear()
         try:
-            self.server = self.call("hello", protocol=protocol.PROTOCOL_VERSION, client=self.client_name)
+            self.server = self.call("hello", protocol=wire.PROTOCOL_VERSION, client=self.client_name)
         except RemoteError:
             self.close()
             raise
@@ -151,7 +151,7 @@ class SupervisorClient:
         try:
             # Closed on us (a refused connection): its last word is still there to read.
             with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                self._socket.sendall(protocol.encode(protocol.make_request(call_id, method, params)))
+                self._socket.sendall(wire.encode(wire.make_request(call_id, method, params)))
             while True:
                 message = self._read_message()
                 if "id" not in message and "method" in message:
@@ -212,7 +212,7 @@ class SupervisorClient:
                 line = bytes(self._buffer[:newline])
                 del self._buffer[: newline + 1]
                 return _decode(line, self.socket_path)
-            if len(self._buffer) > protocol.MAX_LINE_BYTES:
+            if len(self._buffer) > wire.MAX_LINE_BYTES:
                 raise SupervisorUnavailable(f"{self.socket_path}: the supervisor sent a line past the cap")
             chunk = self._socket.recv(65536)
             if not chunk:
@@ -241,16 +241,16 @@ class AsyncSupervisorClient:
 
     async def connect(self) -> dict[str, Any]:
         try:
-            with protocol.unix_address(self.socket_path) as address:
+            with wire.unix_address(self.socket_path) as address:
                 self._reader, self._writer = await asyncio.wait_for(
-                    asyncio.open_unix_connection(address, limit=protocol.MAX_LINE_BYTES + 1), self.timeout
+                    asyncio.open_unix_connection(address, limit=wire.MAX_LINE_BYTES + 1), self.timeout
                 )
         except (OSError, asyncio.TimeoutError) as error:
             reason = getattr(error, "strerror", None) or type(error).__name__
             raise SupervisorUnavailable(f"{self.socket_path}: no supervisor answers ({reason})") from None
         self.closed.clear()
         self._pump = asyncio.create_task(self._read_loop())
-        self.server = await self.call("hello", protocol=protocol.PROTOCOL_VERSION, client=self.client_name)
+        self.server = await self.call("hello", protocol=wire.PROTOCOL_VERSION, client=self.client_name)
         return self.server
 
     async def close(self) -> None:
@@ -273,7 +273,7 @@ class AsyncSupervisorClient:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[call_id] = future
         try:
-            self._writer.write(protocol.encode(protocol.make_request(call_id, method, params)))
+            self._writer.write(wire.encode(wire.make_request(call_id, method, params)))
             await self._writer.drain()
             return await asyncio.wait_for(future, self.timeout if reply_timeout is None else reply_timeout)
         except (OSError, ConnectionError, asyncio.TimeoutError) as error:

@@ -13,6 +13,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from engine.protocol.facts import LineState, Stage
+
 SPIKE_FACTOR = 1.5
 """A loss above this multiple of the mean of the rows before it is a spike."""
 SPIKE_WINDOW = 8
@@ -111,7 +113,7 @@ def lr_off_schedule(row: dict[str, Any], schedule: Callable[[float], float] | No
 
 def stale_heartbeat(state: str | None, heartbeat_age_s: float | None, limit_s: float = STALE_HEARTBEAT_S) -> HealthFlag | None:
     """A training line's heartbeat older than `limit_s` (a stopped line's old heartbeat is fine)."""
-    if state != "training" or heartbeat_age_s is None or heartbeat_age_s <= limit_s:
+    if state != LineState.TRAINING or heartbeat_age_s is None or heartbeat_age_s <= limit_s:
         return None
     return HealthFlag(
         "stale", "◷", "stale", f"no heartbeat for {heartbeat_age_s:,.0f} s (more than {limit_s:,.0f} s)", "error"
@@ -132,7 +134,7 @@ def skipped_updates(skipped: Sequence[bool]) -> HealthFlag | None:
 
 def waiting_for_data(stage: str | None, cycle: Any = None) -> HealthFlag | None:
     """The trainer waits for the preparer to finish a data cycle."""
-    if stage != "waiting-data":
+    if stage != Stage.WAITING_DATA:
         return None
     which = f" cycle {cycle}" if cycle is not None else ""
     return HealthFlag("data", "…", "data", f"waiting for the preparer: data{which} is not ready")

@@ -2,7 +2,7 @@
 
 `LiveLines` lists the registered supervisors (`engine.supervisor.registry.list_supervisors`) every few
 seconds, keeps one `SupervisorLink` per line (reconnects with backoff, re-subscribes, tells us
-when it is back) and feeds each line's `LineState`: on every (re)connection the hello, the
+when it is back) and feeds each line's `LineView`: on every (re)connection the hello, the
 status and, from a new supervisor, every row of rows.jsonl (fetched in pages); then the pushed
 notifications, and a status poll while connected. A line whose supervisor is gone stays in the
 book with its last state (the link keeps trying); mutations go through `mutate`, which keeps one
@@ -20,9 +20,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from engine import protocol
 from engine.config.run import RunConfig
 from engine.errors import LineError
+from engine.protocol import wire
 from engine.supervisor.registry import SupervisorEntry, list_supervisors
 from engine.training.schedule import learning_rate
 from nsconsole.client import (
@@ -32,7 +32,7 @@ from nsconsole.client import (
     SupervisorUnavailable,
     new_request_id,
 )
-from nsconsole.state import LineBook, LineFacts, LineState
+from nsconsole.state import LineBook, LineFacts, LineView
 
 DISCOVERY_INTERVAL_S = 2.0
 STATUS_INTERVAL_S = 1.0
@@ -60,7 +60,7 @@ def read_line_facts(line: str | Path) -> LineFacts:
 class _Attachment:
     """One line's link, the task running it and its status poll."""
 
-    def __init__(self, owner: LiveLines, state: LineState, socket_path: str) -> None:
+    def __init__(self, owner: LiveLines, state: LineView, socket_path: str) -> None:
         self.owner = owner
         self.state = state
         self.link = SupervisorLink(
@@ -97,7 +97,7 @@ class _Attachment:
     async def _fetch_rows(self, client: AsyncSupervisorClient) -> None:
         since = 0
         while True:
-            reply = await client.call("rows", since=since, limit=protocol.MAX_ROWS_PER_CALL)
+            reply = await client.call("rows", since=since, limit=wire.MAX_ROWS_PER_CALL)
             rows = reply.get("rows") or []
             self.state.apply_rows(rows, since)
             since = int(reply.get("next", since + len(rows)))
@@ -130,7 +130,7 @@ class LiveLines:
     def __init__(
         self,
         book: LineBook,
-        on_change: Callable[[LineState], None],
+        on_change: Callable[[LineView], None],
         clock: Callable[[], float] = time.time,
         discover: Callable[[], list[SupervisorEntry]] = list_supervisors,
         discovery_interval: float = DISCOVERY_INTERVAL_S,
@@ -150,7 +150,7 @@ class LiveLines:
         self.problem: str | None = None
         """Why discovery fails (None while it works)."""
 
-    def changed(self, state: LineState) -> None:
+    def changed(self, state: LineView) -> None:
         self.on_change(state)
 
     async def run(self) -> None:
@@ -173,7 +173,7 @@ class LiveLines:
         for entry in entries:
             if entry.id in self._attachments:
                 continue
-            state = self.book.add(LineState(entry.id, entry.line))
+            state = self.book.add(LineView(entry.id, entry.line))
             attachment = _Attachment(self, state, entry.socket)
             self._attachments[entry.id] = attachment
             attachment.start()

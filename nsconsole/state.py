@@ -1,6 +1,6 @@
 """The console's model of each line: what its supervisor said, kept between redraws.
 
-A `LineState` is fed by the console's link to the line's supervisor (`nsconsole/live.py`):
+A `LineView` is fed by the console's link to the line's supervisor (`nsconsole/live.py`):
 `apply_hello` and `apply_status` after each (re)connection and at every status poll,
 `apply_rows` with fetched rows, `apply_notification` with every pushed notification, and
 `mark_disconnected` when the link drops (the last state stays, marked stale). The widgets only
@@ -21,9 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.protocol import facts
+from engine.protocol.facts import EventKind, Stage
 from engine.supervisor.rpc import is_validation_row
 from nsconsole import health
 from nsconsole.health import HealthFlag
+from nsconsole.widgets.format import UNREACHABLE
 
 RECENT_ROWS = 256
 """Full rows kept per line (the health checks look at these)."""
@@ -32,40 +35,41 @@ MAX_VALIDATIONS = 512
 MAX_EVENTS = 500
 """Events kept per line."""
 
-EVENT_GLYPHS = {
-    "launched": ("▶", "launched"),
-    "finished": ("✓", "finished"),
-    "stopped": ("■", "stopped"),
-    "failed": ("✗", "failed"),
-    "crashed": ("✗", "crashed"),
-    "stuck": ("◷", "stuck"),
-    "watchdog_restart": ("↻", "watchdog"),
-    "signal_restart": ("↻", "signal"),
-    "disk_full": ("■", "disk"),
-    "data_wait": ("…", "data"),
-    "gpu_wait": ("…", "gpu"),
-    "preparer_failing": ("✗", "preparer"),
-    "supervisor_failed": ("✗", "supervisor"),
+EVENT_GLYPHS: dict[str, tuple[str, str]] = {
+    EventKind.LAUNCHED: ("▶", "launched"),
+    EventKind.FINISHED: ("✓", "finished"),
+    EventKind.STOPPED: ("■", "stopped"),
+    EventKind.FAILED: ("✗", "failed"),
+    EventKind.CRASHED: ("✗", "crashed"),
+    EventKind.STUCK: ("◷", "stuck"),
+    EventKind.WATCHDOG_RESTART: ("↻", "watchdog"),
+    EventKind.SIGNAL_RESTART: ("↻", "signal"),
+    EventKind.DISK_FULL: ("■", "disk"),
+    EventKind.DATA_WAIT: ("…", "data"),
+    EventKind.GPU_WAIT: ("…", "gpu"),
+    EventKind.GPU_BUSY: ("…", "gpu busy"),
+    EventKind.PREPARER_FAILING: ("✗", "preparer"),
+    EventKind.SUPERVISOR_FAILED: ("✗", "supervisor"),
+    EventKind.BRANCHED: ("⑂", "branched"),
+    EventKind.BRANCH_FAILED: ("✗", "branch"),
+    EventKind.BRANCH_START_FAILED: ("✗", "branch start"),
+    EventKind.ROLLED_BACK: ("↶", "rolled back"),
+    EventKind.ROLLBACK_FAILED: ("✗", "rollback"),
+    EventKind.TUNED: ("⚙", "tuned"),
+    EventKind.TUNE_FAILED: ("✗", "tune"),
     "disconnected": ("⚡", "lost"),
     "connected": ("↺", "attached"),
     "restarted": ("↻", "restarted"),
     "request": ("→", "request"),
     "refused": ("✗", "refused"),
-    "branched": ("⑂", "branched"),
-    "branch_failed": ("✗", "branch"),
-    "branch_start_failed": ("✗", "branch start"),
-    "rolled_back": ("↶", "rolled back"),
-    "rollback_failed": ("✗", "rollback"),
-    "tuned": ("⚙", "tuned"),
-    "tune_failed": ("✗", "tune"),
 }
-"""Glyph and word of each event kind (supervisor events, the console's own, and health)."""
+"""Glyph and word of each event kind: every supervisor event (`EventKind`) and the console's own."""
 
-ERROR_EVENTS = frozenset(
-    {"failed", "stuck", "supervisor_failed", "disk_full", "branch_failed", "branch_start_failed",
-     "rollback_failed", "tune_failed"}
-)
+ERROR_EVENTS = facts.ERROR_EVENTS
 """Events shown (and rung) as errors."""
+
+SHOWN_STAGES = frozenset({Stage.CHECKPOINTING, Stage.WAITING_DATA, Stage.VALIDATING})
+"""Trainer stages shown in place of the supervisor's `training`: they say more."""
 
 _VAL_MIX = re.compile(r"^val_(\d+)/mix$")
 
@@ -168,7 +172,7 @@ def validation_loss(row: dict[str, Any]) -> float | None:
     return None
 
 
-class LineState:
+class LineView:
     """Everything the console knows about one line (see the module docstring)."""
 
     def __init__(self, key: str, path: str | Path, facts: LineFacts | None = None) -> None:
@@ -329,10 +333,10 @@ class LineState:
     def display_state(self) -> str:
         """The supervisor's state, or the trainer's stage where that says more (checkpointing...)."""
         if not self.ever_connected:
-            return "unreachable"
-        state = self.supervisor_state or "starting"
+            return UNREACHABLE
+        state = self.supervisor_state or facts.LineState.STARTING
         stage = (self.heartbeat or {}).get("stage")
-        if state == "training" and stage in ("checkpointing", "waiting-data", "validating"):
+        if state == facts.LineState.TRAINING and stage in SHOWN_STAGES:
             return stage
         return state
 
@@ -442,16 +446,16 @@ class LineBook:
     """Every line the console shows, by key, in a stable order (by path)."""
 
     def __init__(self) -> None:
-        self.lines: dict[str, LineState] = {}
+        self.lines: dict[str, LineView] = {}
 
-    def __iter__(self) -> Iterator[LineState]:
+    def __iter__(self) -> Iterator[LineView]:
         return iter(sorted(self.lines.values(), key=lambda line: line.path))
 
     def __len__(self) -> int:
         return len(self.lines)
 
-    def get(self, key: str) -> LineState | None:
+    def get(self, key: str) -> LineView | None:
         return self.lines.get(key)
 
-    def add(self, line: LineState) -> LineState:
+    def add(self, line: LineView) -> LineView:
         return self.lines.setdefault(line.key, line)

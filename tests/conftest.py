@@ -79,7 +79,7 @@ def offline_wandb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 @pytest.fixture
 def one_thread() -> Iterator[None]:
     """One intra-op thread: tiny models and layers only lose to threads on a loaded 2-core machine."""
-    from test_trainer_lines import one_torch_thread
+    from helpers.lines import one_torch_thread
 
     with one_torch_thread():
         yield

@@ -5,7 +5,7 @@ and `decide()` turns the reading, with what the earlier readings left in `Sharin
 action:
 
 - others appear and `guards.share_reserve_gb` is None -> LEAVE: checkpoint and exit (`GpuBusy`,
-  which the supervised trainer maps to `EXIT_GPU_BUSY`; the supervisor relaunches once it is free);
+  which the supervised trainer maps to `TrainerExitCode.GPU_BUSY`; the supervisor relaunches once it is free);
 - others appear and use no more than the reserve -> SHARE: the same process switches to each
   length's `shared` shape (another micro-batch split of the same update);
 - others use more than the reserve -> LEAVE;

@@ -17,6 +17,7 @@ import torch
 
 from engine.errors import ConfigError
 from engine.models.presets import build_model, preset_config
+from engine.protocol.facts import Engine
 from engine.training.optim import AdamWSettings, FlatAdamW
 from engine.training.step import EagerEngine, GraphEngine
 from engine.training.trainer import resolve_device
@@ -129,8 +130,8 @@ def bench_shape(
     """Time `updates` updates of `rows x accum` random rows of `seq_len` (see the module docstring)."""
     target = resolve_device(device, "bench: --device")
     cuda = target.type == "cuda"
-    engine_name = ("graph" if cuda else "eager") if engine == "auto" else engine
-    if engine_name == "graph" and not cuda:
+    engine_name = (Engine.GRAPH if cuda else Engine.EAGER) if engine == Engine.AUTO else Engine(engine)
+    if engine_name == Engine.GRAPH and not cuda:
         raise ConfigError("bench: the graph engine needs a CUDA device")
     vocab = int(preset_config(preset, overrides).vocab_size)
     torch.manual_seed(0)
@@ -140,7 +141,7 @@ def bench_shape(
             raise ConfigError(f"bench: --recompute {recompute}: {preset} has no activation recomputation")
         model.recompute = recompute
     optimizer = FlatAdamW(model, AdamWSettings(0.9, 0.95, 1e-8, 1.0), target)
-    if engine_name == "graph":
+    if engine_name == Engine.GRAPH:
         from engine.training.arena import Arena
 
         step: EagerEngine | GraphEngine = GraphEngine(model, optimizer, rows, seq_len, Arena(target))

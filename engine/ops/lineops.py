@@ -57,6 +57,7 @@ from engine.errors import LineError
 from engine.layout import LineLayout
 from engine.ops.lines import inspect_data_line, open_line, resolve_data_path
 from engine.ops.status import pid_alive
+from engine.protocol.facts import Stage
 from engine.rows import RowsFile
 from engine.training.schedule import learning_rate, tokens_per_update
 from engine.wandb.mirror import plan_branch, plan_rollback
@@ -474,7 +475,7 @@ def running_trainer(layout: LineLayout) -> int | None:
         heartbeat = json.loads(layout.heartbeat.read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(heartbeat, dict) or heartbeat.get("stage") == "stopped":
+    if not isinstance(heartbeat, dict) or heartbeat.get("stage") == Stage.STOPPED:
         return None
     pid = heartbeat.get("pid")
     if not pid_alive(pid):

@@ -22,21 +22,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-logger = logging.getLogger("nsconsole.notify")
+from engine.protocol.facts import NOTIFIED_EVENTS
 
-EVENT_KINDS = {
-    "finished": "the line reached its end (or the stop it was asked for)",
-    "failed": "the line stopped after repeated failures without progress, or could not start",
-    "stuck": "no heartbeat for the watchdog interval, and the trainer could not be killed",
-    "watchdog_restart": "no heartbeat for the watchdog interval: the trainer was killed and relaunched",
-    "signal_restart": "the trainer stopped on a signal the supervisor did not send and was relaunched",
-    "disk_full": "the disk filled up: the line checkpointed (while it could) and stopped",
-    "data_wait": "the trainer has waited for data longer than the watchdog interval",
-    "gpu_wait": "the line has waited for the GPU longer than the watchdog interval",
-    "preparer_failing": "the data preparer keeps failing",
-    "supervisor_failed": "the supervisor itself failed",
-}
-"""Every event the operator is told about (the spec's list) and what it means."""
+logger = logging.getLogger("nsconsole.notify")
 
 DEFAULT_TIMEOUT_S = 30.0
 
@@ -53,7 +41,7 @@ class NotifyResult:
 
 def make_event(kind: str, line: str, message: str, **details: Any) -> dict[str, Any]:
     """An event as the notify command receives it."""
-    if kind not in EVENT_KINDS:
+    if kind not in NOTIFIED_EVENTS:
         raise ValueError(f"unknown event kind {kind!r}")
     return {
         "event": kind,

@@ -34,17 +34,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
-from engine import protocol
 from engine.config.host import HostSettings
 from engine.config.run import RunConfig
 from engine.errors import LineError
 from engine.gpu.devices import gpu_snapshot, lease_holder
 from engine.layout import LineLayout
 from engine.ops import lines as ops
+from engine.protocol import wire
+from engine.protocol.facts import EventKind, LineState
 from engine.supervisor.forks import ForkQueue, new_fork
 from engine.supervisor.reads import latest_update, parse_json
 
-REPLY_BUDGET_BYTES = protocol.MAX_LINE_BYTES - 4096
+REPLY_BUDGET_BYTES = wire.MAX_LINE_BYTES - 4096
 """What the rows of one reply may take, leaving room for the envelope."""
 
 
@@ -155,11 +156,13 @@ class PausedWork:
     """Work on the line that needs its trainer stopped, done by the supervisor between two launches."""
 
     name: str
-    """What it is (`rollback`, `tune`): run.log lines, and the `<name>_failed` event."""
-    state: str
+    """What it is (`rollback`, `tune`), for run.log lines and replies."""
+    state: LineState
     """The supervisor's state while it runs (`rolling-back`, `tuning`)."""
-    done_event: str
+    done_event: EventKind
     """The event published with its result (`rolled_back`, `tuned`)."""
+    failed_event: EventKind
+    """The event published when it is refused or fails (`rollback_failed`, `tune_failed`)."""
     work: Callable[[], dict[str, Any]]
     """Does it (in the supervisor's loop); its result is the reply. A `LineError` is a refusal."""
     needs_gpu: bool
@@ -175,7 +178,7 @@ class SupervisorView(Protocol):
 
     layout: LineLayout
     rows_tail: RowsTail
-    request_log: protocol.RequestLog
+    request_log: wire.RequestLog
     forks: ForkQueue
 
     def state_for_status(self) -> dict[str, Any]: ...
@@ -186,7 +189,7 @@ class SupervisorView(Protocol):
 
 
 class LineHandler:
-    """The supervisor's RPC methods (see `engine/protocol.py` for their parameters)."""
+    """The supervisor's RPC methods (see `engine/protocol/wire.py` for their parameters)."""
 
     def __init__(self, supervisor: SupervisorView) -> None:
         self.supervisor = supervisor
@@ -256,7 +259,8 @@ class LineHandler:
             return reply
 
         return self.supervisor.between_launches(
-            PausedWork("rollback", "rolling-back", "rolled_back", roll_back, needs_gpu=False)
+            PausedWork("rollback", LineState.ROLLING_BACK, EventKind.ROLLED_BACK, EventKind.ROLLBACK_FAILED, roll_back,
+                       needs_gpu=False)
         )
 
     def tune(self, shared: bool) -> dict[str, Any]:
@@ -267,7 +271,8 @@ class LineHandler:
                 f"{layout.run_json}: a shared tune needs guards.share_reserve_gb (the memory left to others)"
             )
         return self.supervisor.between_launches(
-            PausedWork("tune", "tuning", "tuned", lambda: tune_in_child(layout, shared), needs_gpu=True)
+            PausedWork("tune", LineState.TUNING, EventKind.TUNED, EventKind.TUNE_FAILED,
+                       lambda: tune_in_child(layout, shared), needs_gpu=True)
         )
 
     def _request_path(self, text: str) -> Path:

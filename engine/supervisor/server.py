@@ -1,4 +1,4 @@
-"""The supervisor's Unix-socket server: the protocol of `engine/protocol.py`, served to local clients.
+"""The supervisor's Unix-socket server: the protocol of `engine/protocol/wire.py`, served to local clients.
 
 The socket is `<line>/supervisor.sock`, mode 0600 from the moment it has its name (bound under a
 temporary name, chmod-ed, renamed into place), and every connection's peer uid (SO_PEERCRED) must
@@ -9,7 +9,7 @@ Calls other than `hello` and `subscribe` go to a handler object: `handler.<metho
 runs in a worker thread (mutations one at a time, in arrival order) and returns a JSON-able
 result; a `LineError` it raises is the line refusing (`REFUSED`, its message sent as is), any
 other exception an internal error (logged, answered, the server stays up). Nothing a client sends
-can crash the server or reach the handler without passing `protocol.parse_request`.
+can crash the server or reach the handler without passing `wire.parse_request`.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from datalines.errors import DataLineError
-from engine import protocol
 from engine.errors import LineError
-from engine.protocol import ProtocolError
+from engine.protocol import wire
+from engine.protocol.wire import ProtocolError
 
 logger = logging.getLogger("nsconsole.server")
 
@@ -83,7 +83,7 @@ class SupervisorServer:
         """Names this server's life: notification seqs restart from 1 in a new one."""
         self.expected_uid = os.getuid() if expected_uid is None else expected_uid
         # The handler may keep its own log (the supervisor persists it across restarts).
-        self.request_log: protocol.RequestLog = getattr(handler, "request_log", None) or protocol.RequestLog()
+        self.request_log: wire.RequestLog = getattr(handler, "request_log", None) or wire.RequestLog()
         self._ring: deque[tuple[int, bytes]] = deque(maxlen=ring_capacity)
         self._ring_lock = threading.Lock()
         self._last_seq = 0
@@ -166,18 +166,18 @@ class SupervisorServer:
 
     def publish(self, kind: str, data: dict[str, Any]) -> int:
         """Push a notification to every subscriber and keep it in the ring; returns its seq."""
-        if kind not in protocol.NOTIFICATION_KINDS:
+        if kind not in wire.NOTIFICATION_KINDS:
             raise ValueError(f"unknown notification kind {kind!r}")
         with self._ring_lock:
             self._last_seq += 1
             seq = self._last_seq
             now = time.time()
             try:
-                line = protocol.encode(protocol.make_notification(kind, seq, self.epoch, now, data))
+                line = wire.encode(wire.make_notification(kind, seq, self.epoch, now, data))
             except ProtocolError:
                 # Too large for one line: say so, so the subscriber can fetch it with a call.
-                omitted = {"omitted": f"{kind} larger than {protocol.MAX_LINE_BYTES} bytes"}
-                line = protocol.encode(protocol.make_notification(kind, seq, self.epoch, now, omitted))
+                omitted = {"omitted": f"{kind} larger than {wire.MAX_LINE_BYTES} bytes"}
+                line = wire.encode(wire.make_notification(kind, seq, self.epoch, now, omitted))
             self._ring.append((seq, line))
         loop = self._loop
         if loop is not None and loop.is_running():
@@ -240,15 +240,15 @@ class SupervisorServer:
             uid = peer_uid(sock)
             if uid != self.expected_uid:
                 refusal = ProtocolError(
-                    protocol.PEER_REFUSED,
+                    wire.PEER_REFUSED,
                     f"connection refused: peer uid {uid} is not the supervisor's uid {self.expected_uid}",
                 )
-                writer.write(protocol.encode(protocol.make_error(None, refusal)))
+                writer.write(wire.encode(wire.make_error(None, refusal)))
                 await writer.drain()
                 return
             if len(self._connections) >= MAX_CONNECTIONS:
-                busy = ProtocolError(protocol.REFUSED, f"too many connections (at most {MAX_CONNECTIONS})")
-                writer.write(protocol.encode(protocol.make_error(None, busy)))
+                busy = ProtocolError(wire.REFUSED, f"too many connections (at most {MAX_CONNECTIONS})")
+                writer.write(wire.encode(wire.make_error(None, busy)))
                 await writer.drain()
                 return
             self._connections.add(connection)
@@ -272,7 +272,7 @@ class SupervisorServer:
             while True:
                 newline = buffer.find(b"\n")
                 if newline < 0:
-                    if len(buffer) >= protocol.MAX_LINE_BYTES:
+                    if len(buffer) >= wire.MAX_LINE_BYTES:
                         discarding = True
                         buffer.clear()
                     break
@@ -281,9 +281,9 @@ class SupervisorServer:
                 if discarding:
                     discarding = False
                     too_long = ProtocolError(
-                        protocol.LINE_TOO_LONG, f"message longer than {protocol.MAX_LINE_BYTES} bytes"
+                        wire.LINE_TOO_LONG, f"message longer than {wire.MAX_LINE_BYTES} bytes"
                     )
-                    await self._reply(connection, protocol.make_error(None, too_long))
+                    await self._reply(connection, wire.make_error(None, too_long))
                     continue
                 if line.strip():
                     keep_open = await self._handle_line(connection, line)
@@ -292,85 +292,85 @@ class SupervisorServer:
 
     async def _reply(self, connection: _Connection, message: dict[str, Any]) -> None:
         try:
-            line = protocol.encode(message)
+            line = wire.encode(message)
         except ProtocolError as error:
-            line = protocol.encode(protocol.make_error(message.get("id"), error))
+            line = wire.encode(wire.make_error(message.get("id"), error))
         except (TypeError, ValueError) as error:
             logger.error("unserialisable reply to call %r: %s", message.get("id"), error)
-            internal = ProtocolError(protocol.INTERNAL_ERROR, f"internal error: bad reply: {error}")
-            line = protocol.encode(protocol.make_error(message.get("id"), internal))
+            internal = ProtocolError(wire.INTERNAL_ERROR, f"internal error: bad reply: {error}")
+            line = wire.encode(wire.make_error(message.get("id"), internal))
         connection.send(line)
         await connection.writer.drain()
 
     async def _handle_line(self, connection: _Connection, line: bytes) -> bool:
         """Answer one line; False when the connection must close (a refused hello)."""
         try:
-            request = protocol.parse_request(line)
+            request = wire.parse_request(line)
         except ProtocolError as error:
-            await self._reply(connection, protocol.make_error(protocol.request_id_of(error), error))
+            await self._reply(connection, wire.make_error(wire.request_id_of(error), error))
             return True
         if request.method == "hello":
             try:
-                protocol.check_hello(request.params["protocol"])
+                wire.check_hello(request.params["protocol"])
             except ProtocolError as error:
-                await self._reply(connection, protocol.make_error(request.id, error))
+                await self._reply(connection, wire.make_error(request.id, error))
                 return False
             connection.greeted = True
-            await self._reply(connection, protocol.make_result(request.id, self._hello_result()))
+            await self._reply(connection, wire.make_result(request.id, self._hello_result()))
             return True
         if not connection.greeted:
-            refusal = ProtocolError(protocol.HELLO_REQUIRED, "call hello {protocol} first")
-            await self._reply(connection, protocol.make_error(request.id, refusal))
+            refusal = ProtocolError(wire.HELLO_REQUIRED, "call hello {protocol} first")
+            await self._reply(connection, wire.make_error(request.id, refusal))
             return True
         if request.method == "subscribe":
             since_seq = request.params["since_seq"]
             result = self._subscribe_result(since_seq)
-            await self._reply(connection, protocol.make_result(request.id, result))
+            await self._reply(connection, wire.make_result(request.id, result))
             await self._replay_then_go_live(connection, result["seq"] if since_seq is None else since_seq)
             return True
         try:
             result = await self._dispatch(request)
-            reply = protocol.make_result(request.id, result)
+            reply = wire.make_result(request.id, result)
         except ProtocolError as error:
-            reply = protocol.make_error(request.id, error)
+            reply = wire.make_error(request.id, error)
         await self._reply(connection, reply)
         return True
 
     def _hello_result(self) -> dict[str, Any]:
         return {
             **self.identity,
-            "protocol": protocol.PROTOCOL_VERSION,
+            "protocol": wire.PROTOCOL_VERSION,
             "epoch": self.epoch,
             "pid": os.getpid(),
-            "methods": sorted(protocol.METHODS),
+            "methods": sorted(wire.METHODS),
         }
 
-    async def _dispatch(self, request: protocol.Request) -> Any:
+    async def _dispatch(self, request: wire.Request) -> Any:
         loop = asyncio.get_running_loop()
-        if request.method in protocol.MUTATIONS:
+        if request.method in wire.MUTATIONS:
             return await loop.run_in_executor(self._mutator, self._request_log_run, request)
         return await loop.run_in_executor(self._readers, self._call_handler, request)
 
-    def _request_log_run(self, request: protocol.Request) -> Any:
+    def _request_log_run(self, request: wire.Request) -> Any:
         assert request.request_id is not None
         return self.request_log.run(
             request.request_id, request.method, request.params, lambda: self._call_handler(request)
         )
 
-    def _call_handler(self, request: protocol.Request) -> Any:
+    def _call_handler(self, request: wire.Request) -> Any:
         method = getattr(self.handler, request.method, None)
         if method is None:
-            raise ProtocolError(protocol.METHOD_NOT_FOUND, f"this supervisor does not serve {request.method}")
+            raise ProtocolError(wire.METHOD_NOT_FOUND, f"this supervisor does not serve {request.method}")
         try:
             return method(**request.params)
         except ProtocolError:
             raise
         except (LineError, DataLineError) as error:
-            raise ProtocolError(protocol.REFUSED, str(error)) from None
+            raise ProtocolError(wire.REFUSED, str(error)) from None
         except Exception as error:
             logger.exception("%s failed", request.method)
             message = f"internal error in {request.method}: {type(error).__name__}: {error}"
-            raise ProtocolError(protocol.INTERNAL_ERROR, message[:1000]) from None
+            raise ProtocolError(wire.INTERNAL_ERROR, message[:1000]) from None
 
 
 def bind_private_socket(socket_path: Path) -> socket.socket:
@@ -411,7 +411,7 @@ def _answers(socket_path: Path) -> bool:
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     probe.settimeout(2)
     try:
-        with protocol.unix_address(socket_path) as address:
+        with wire.unix_address(socket_path) as address:
             probe.connect(address)
         return True
     except OSError:

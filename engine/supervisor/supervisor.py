@@ -12,12 +12,11 @@ The supervisor (one per line: an exclusive flock on the line directory):
   so stops at its next update with a checkpoint, if the supervisor dies;
 - watches its heartbeat: none for `guards.watchdog_minutes` -> kill -9 and relaunch
   (`watchdog_restart`); a trainer that does not exit even then -> `stuck`, the supervisor stops;
-- reads an exit: 0 is the line's clean end (a stop, `--stop-at`, the plan or the data's end);
-  `EXIT_LINE_ERROR` is a line error that a relaunch would not fix (`failed`); a SIGTERM it did
-  not send -> relaunch (`signal_restart`); `EXIT_GPU_BUSY` (it left the GPU to other processes)
-  -> relaunch once the GPU is free; anything else is a crash -> resume from the newest
-  checkpoint, and after `max_failures` crashes in a row without a newer checkpoint, `failed` (a
-  crash while other processes are on the GPU is not counted; after 3 such in a row the line
+- judges each exit by the recovery table (`engine/supervisor/verdict.py`, a pure function): a
+  clean end, a stop, a line error (`failed`), a full disk (`disk-full`), a GPU left to other
+  processes (relaunch once it is free), a SIGTERM it did not send (`signal_restart`), or a crash
+  (resume from the newest checkpoint; after `max_failures` in a row without a newer checkpoint,
+  `failed`; a crash beside other GPU processes is not counted, and after 3 such in a row the line
   waits for a free GPU);
 - keeps the data line's preparer running beside the trainer (`engine/supervisor/preparer.py`);
 - on SIGTERM, SIGINT or SIGHUP (or a `stop` call) stops the trainer with a checkpoint and exits;
@@ -62,13 +61,22 @@ from engine.gpu.devices import GpuLease
 from engine.layout import LineLayout
 from engine.logrotate import RotatingLog, rotate_if_needed
 from engine.ops import lines as ops
-from engine.protocol import PROTOCOL_VERSION, RequestLog
+from engine.protocol.facts import (
+    ENGINE_CHOICES,
+    NOTIFIED_EVENTS,
+    Engine,
+    EventKind,
+    LineState,
+    Stage,
+    SupervisorExitCode,
+)
+from engine.protocol.wire import PROTOCOL_VERSION, RequestLog
 from engine.supervisor import registry
 from engine.supervisor.detach import foreground_argv, gather_logind_facts, logind_refusal, spawn_detached
 from engine.supervisor.forks import ForkQueue, QueuedFork, branched_from
 from engine.supervisor.gpu_watch import gpu_index, memory_of_others_on_gpu, processes_on_gpu
 from engine.supervisor.notify import DEFAULT_TIMEOUT_S as NOTIFY_TIMEOUT_S
-from engine.supervisor.notify import EVENT_KINDS, make_event, notify_in_background
+from engine.supervisor.notify import make_event, notify_in_background
 from engine.supervisor.preparer import PreparerKeeper
 from engine.supervisor.reads import (
     beat_time,
@@ -87,21 +95,12 @@ from engine.supervisor.reads import (
 )
 from engine.supervisor.rpc import LineHandler, PausedWork, RowsTail, is_validation_row
 from engine.supervisor.server import SupervisorServer
-from engine.training.main import EXIT_DISK_FULL, EXIT_GPU_BUSY, EXIT_LINE_ERROR
+from engine.supervisor.verdict import ExitContext, TrainerExit, judge_exit
 
 if TYPE_CHECKING:
     from engine.ops.lineops import BranchResult
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USER_ERROR = 2
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-CRASHES_BESIDE_OTHERS = 3
-"""Crashes in a row beside other GPU processes after which the line waits for a free GPU."""
-STOP_FILE_REASON = "stop requested"
-"""The heartbeat's reason when the trainer stopped on a STOP request (`engine.training.trainer.StopReason`)."""
-STOP_AT_REASON = "reached --stop-at"
-"""The heartbeat's reason when the trainer stopped at `--stop-at` (the line goes on when run again)."""
 MAX_RELAUNCH_DELAY_S = 300.0
 ANSWER_WAIT_S = 5.0
 """How long an ending supervisor waits for a refused rollback or tune to be answered."""
@@ -124,8 +123,8 @@ class SupervisorSettings:
     """How long a trainer asked to stop (SIGTERM: checkpoint first) may take before SIGKILL."""
     watchdog_seconds: float | None = None
     """Overrides run.json's guards.watchdog_minutes (None: use it)."""
-    engine: str = "auto"
-    """The trainer's step engine (`auto`, `eager`, `graph`)."""
+    engine: str = Engine.AUTO
+    """The trainer's step engine (an `Engine`)."""
     stop_at: int | None = None
     """Passed to the trainer: stop cleanly at this update."""
     echo: bool = False
@@ -147,9 +146,8 @@ class SupervisorState:
     """The supervisor's pid."""
     started: float
     """When it started (Unix time)."""
-    state: str = "starting"
-    """starting, waiting-gpu, training, pausing (the trainer stops for a rollback or a tune),
-    rolling-back, tuning, relaunching, stopping, finished, stopped, failed or stuck."""
+    state: str = LineState.STARTING
+    """What it is doing: a `LineState`."""
     trainer_pid: int | None = None
     """The running trainer's pid."""
     launches: int = 0
@@ -168,28 +166,6 @@ class SupervisorState:
     """Mutations already applied, by request_id (a retry is answered from here)."""
     queued_forks: list[dict[str, Any]] = field(default_factory=list)
     """Branches waiting for the end of their trunk cycle (`engine.supervisor.forks.QueuedFork`)."""
-
-
-@dataclass
-class TrainerExit:
-    """How one launch of the trainer ended."""
-
-    code: int | None
-    """The exit status (a negative one: killed by that signal); None when it would not exit."""
-    ran_seconds: float
-    """How long it ran."""
-    killed_by_watchdog: bool = False
-    """The supervisor killed it for a missing heartbeat."""
-    stopped_by_us: bool = False
-    """The supervisor sent it the SIGTERM (a stop it asked for)."""
-    stop_requested: bool = False
-    """A STOP request was pending while it ran (a clean exit then is a stop, not the end)."""
-    progressed: bool = False
-    """The line's newest checkpoint is newer than at the launch."""
-    others_on_gpu: list[int] = field(default_factory=list)
-    """Pids of other processes on the line's GPU at the supervisor's last look before or at the exit."""
-    paused_for_work: bool = False
-    """The supervisor stopped it (SIGTERM) for work that needs the trainer stopped (a rollback, a tune)."""
 
 
 class Supervisor:
@@ -298,7 +274,7 @@ class Supervisor:
                 self._preparer = PreparerKeeper(
                     ops.resolve_data_path(self.layout, self._config.data.line),
                     say=self._say,
-                    notify_failing=lambda message: self._event("preparer_failing", message),
+                    notify_failing=lambda message: self._event(EventKind.PREPARER_FAILING, message),
                     command=self.settings.preparer_command,
                     restart_delay=self.settings.relaunch_delay_seconds,
                 )
@@ -323,8 +299,8 @@ class Supervisor:
                 self._save()
                 return self._supervise()
             except Exception as error:
-                self._event("supervisor_failed", f"the supervisor failed: {type(error).__name__}: {error}")
-                self._set(state="failed")
+                self._event(EventKind.SUPERVISOR_FAILED, f"the supervisor failed: {type(error).__name__}: {error}")
+                self._set(state=LineState.FAILED)
                 raise
             finally:
                 for number, handler_before in previous_handlers.items():
@@ -387,11 +363,11 @@ class Supervisor:
         waited_since = time.monotonic()
         told = False
         while not lease.try_acquire():
-            if self.state.state != "waiting-gpu":
-                self._set(state="waiting-gpu")
+            if self.state.state != LineState.WAITING_GPU:
+                self._set(state=LineState.WAITING_GPU)
                 self._say(f"waiting for GPU {index}: another line holds its lease")
             if not told and time.monotonic() - waited_since > self._watchdog_seconds():
-                self._event("gpu_wait", f"waiting for GPU {index} longer than the watchdog interval")
+                self._event(EventKind.GPU_WAIT, f"waiting for GPU {index} longer than the watchdog interval")
                 told = True
             self._pump()
             self._do_paused_work(gpu_ready=False)
@@ -408,12 +384,12 @@ class Supervisor:
         waited_since = time.monotonic()
         told = False
         while (others := processes_on_gpu(index, exclude=())) and not self._others_fit_the_reserve(index):
-            if self.state.state != "waiting-gpu":
-                self._set(state="waiting-gpu")
+            if self.state.state != LineState.WAITING_GPU:
+                self._set(state=LineState.WAITING_GPU)
                 self._say(f"waiting for GPU {index} to be free (other processes on it: {others})")
             if not told and time.monotonic() - waited_since > self._watchdog_seconds():
                 message = f"waiting for GPU {index} to be free longer than the watchdog interval"
-                self._event("gpu_wait", message)
+                self._event(EventKind.GPU_WAIT, message)
                 told = True
             self._pump()
             self._do_paused_work(gpu_ready=False)
@@ -452,9 +428,9 @@ class Supervisor:
             lease.record_holder(trainer.pid)
             lease.release()  # the trainer holds it now, for exactly its life
         launched = time.time()
-        self._set(state="training", trainer_pid=trainer.pid, launches=self.state.launches + 1)
+        self._set(state=LineState.TRAINING, trainer_pid=trainer.pid, launches=self.state.launches + 1)
         self._say(f"trainer launched (pid {trainer.pid}, launch {self.state.launches})")
-        self._publish_event("launched", f"trainer launched (pid {trainer.pid})")
+        self._publish_event(EventKind.LAUNCHED, f"trainer launched (pid {trainer.pid})")
         outcome = self._watch(trainer, launched)
         outcome.progressed = (latest_update(self.layout) or -1) > (checkpoint_before or -1)
         self._pump()
@@ -486,13 +462,13 @@ class Supervisor:
                 )
             self._pump()
             if self._stopping and not stopped_by_us:
-                self._set(state="stopping")
+                self._set(state=LineState.STOPPING)
                 self._say("stopping the trainer (SIGTERM: it checkpoints first)")
                 trainer.send_signal(signal.SIGTERM)
                 stopped_by_us, asked_to_stop_at = True, time.monotonic()
             work = self._paused_work
             if work is not None and not (paused or stopped_by_us):
-                self._set(state="pausing")
+                self._set(state=LineState.PAUSING)
                 self._say(f"stopping the trainer for the {work.name} (SIGTERM: it checkpoints first)")
                 trainer.send_signal(signal.SIGTERM)
                 paused, asked_to_stop_at = True, time.monotonic()
@@ -506,13 +482,13 @@ class Supervisor:
             last_beat = launched
             if heartbeat is not None and heartbeat.get("pid") == trainer.pid:
                 last_beat = max(launched, beat_time(heartbeat))
-                if heartbeat.get("stage") != "waiting-data":
+                if heartbeat.get("stage") != Stage.WAITING_DATA:
                     data_wait_since, told_data_wait = None, False
                 elif data_wait_since is None:
                     data_wait_since = last_beat
                 elif not told_data_wait and time.time() - data_wait_since > self._watchdog_seconds():
                     cycle = heartbeat.get("cycle")
-                    self._event("data_wait", f"the trainer has waited for data cycle {cycle} longer than the "
+                    self._event(EventKind.DATA_WAIT, f"the trainer has waited for data cycle {cycle} longer than the "
                                 "watchdog interval")
                     told_data_wait = True
             if not asked and time.time() - last_beat > self._watchdog_seconds():
@@ -536,7 +512,7 @@ class Supervisor:
     def _wait_for_an_earlier_trainer(self) -> None:
         """A trainer of this line still alive (its supervisor died; it is checkpointing) must end first."""
         heartbeat = read_json(self.layout.heartbeat)
-        if heartbeat is None or heartbeat.get("stage") == "stopped":
+        if heartbeat is None or heartbeat.get("stage") == Stage.STOPPED:
             return
         pid = heartbeat.get("pid")
         try:
@@ -562,83 +538,41 @@ class Supervisor:
     # ---- after an exit --------------------------------------------------------------------------
 
     def _judge(self, outcome: TrainerExit) -> int | None:
-        """The supervisor's exit status when the line is over; None to relaunch."""
-        code = outcome.code
-        if code is None:
-            self._event("stuck", "the trainer was killed but does not exit (the GPU may hang); stopping")
-            self._set(state="stuck")
-            return EXIT_FAILED
-        if outcome.paused_for_work and not outcome.stopped_by_us:
-            return self._judge_pause()
-        if code == 0:
-            reason = (read_json(self.layout.heartbeat) or {}).get("reason", "stopped")
-            if self._stopping or outcome.stop_requested or self._stop_asked or reason == STOP_FILE_REASON:
-                discard_served_stop(self.layout)
-                self._set(state="stopped")
-                self._publish_event("stopped", f"the line stopped: {reason}")
-            else:
-                self.forks.finish_line(line_ended=reason != STOP_AT_REASON)
-                self._set(state="finished")
-                self._event("finished", f"the line stopped: {reason}")
-            return EXIT_OK
-        if outcome.stopped_by_us or (self._stopping and code in _signal_codes(self._stop_signal)):
+        """Apply the verdict on the trainer's exit (`engine.supervisor.verdict`): the supervisor's
+        exit status when the line is over; None to relaunch."""
+        context = ExitContext(
+            heartbeat_reason=(read_json(self.layout.heartbeat) or {}).get("reason"),
+            stop_signal=self._stop_signal,
+            stop_asked=self._stop_asked,
+            stop_pending_now=pending_stop_now(self.layout),
+            failures_in_a_row=self.state.failures_in_a_row,
+            crashes_beside_others=self.state.crashes_beside_others,
+            max_failures=self.settings.max_failures,
+            gpu_index=self.state.gpu_index,
+            watchdog_seconds=self._watchdog_seconds(),
+            last_error=last_error_line(self.layout.run_log),
+        )
+        verdict = judge_exit(outcome, context)
+        for line in verdict.said:
+            self._say(line)
+        if verdict.discard_stop:
             discard_served_stop(self.layout)
-            self._set(state="stopped")
-            self._publish_event("stopped", "the line stopped on request")
-            return EXIT_OK
-        if code == EXIT_LINE_ERROR:
-            message = last_error_line(self.layout.run_log) or "the trainer refused to run the line"
-            self._event("failed", message)
-            self._set(state="failed")
-            return EXIT_FAILED
-        if code == EXIT_DISK_FULL:
-            # A relaunch would stop again at once: the operator frees space, then runs the line.
-            message = last_error_line(self.layout.run_log) or "the disk is full"
-            self._event("disk_full", message)
-            self._set(state="disk-full")
-            return EXIT_FAILED
-        if code == EXIT_GPU_BUSY:
-            index = self.state.gpu_index
-            self._say(f"the trainer left GPU {index} to other processes: relaunching once it is free")
-            self._publish_event("gpu_busy", "the trainer checkpointed and left the GPU to other processes")
+        if verdict.fork_at_end is not None:
+            self.forks.finish_line(line_ended=verdict.fork_at_end)
+        if verdict.wait_for_free_gpu:
             self._need_free_gpu = True
-            # A trainer that trained and then left (an in-process switch that could not get its
-            # memory, say) starts again beside them if they fit; one that left at once waits.
-            self._others_may_stay = outcome.progressed
-            return None
-        crashed = not outcome.killed_by_watchdog and code not in _signal_codes(signal.SIGTERM)
-        if crashed and outcome.others_on_gpu:
-            return self._judge_crash_beside_others(outcome)
-        if outcome.killed_by_watchdog:
-            self._event("watchdog_restart", f"no heartbeat for {self._watchdog_seconds():g} s: "
-                        "the trainer was killed and is relaunched")
-        elif code in _signal_codes(signal.SIGTERM):
-            self._event("signal_restart", "the trainer stopped on a SIGTERM the supervisor did not send")
-        else:
-            self._say(f"the trainer exited with status {_describe_code(code)}")
-            self._publish_event("crashed", f"the trainer exited with status {_describe_code(code)}")
-        failures = 0 if outcome.progressed else self.state.failures_in_a_row
-        if not (outcome.progressed and code in _signal_codes(signal.SIGTERM)):
-            failures += 1
-        self._set(failures_in_a_row=failures)
-        if failures >= self.settings.max_failures:
-            self._event("failed", f"{failures} failures in a row without progress; the line stops "
-                        f"(last exit: {_describe_code(code)})")
-            self._set(state="failed")
-            return EXIT_FAILED
-        return None
-
-    def _judge_pause(self) -> int | None:
-        """The trainer stopped for paused work: None (the work runs, then a relaunch), unless a stop
-        came meanwhile (the trainer stopped on it too): then the line is stopped."""
-        reason = (read_json(self.layout.heartbeat) or {}).get("reason")
-        if self._stopping or reason == STOP_FILE_REASON or pending_stop_now(self.layout):
-            discard_served_stop(self.layout)
-            self._set(state="stopped")
-            self._publish_event("stopped", "the line stopped on request")
-            return EXIT_OK
-        self._say("the trainer stopped for the work asked of the line")
-        return None
+            self._others_may_stay = verdict.others_may_stay
+        changes: dict[str, Any] = {"failures_in_a_row": verdict.failures_in_a_row,
+                                   "crashes_beside_others": verdict.crashes_beside_others}
+        if verdict.state is not None:
+            changes["state"] = verdict.state  # before the events: a client told of the end sees it
+        self._set(**changes)
+        for notice in verdict.notices:
+            if notice.notified:
+                self._event(notice.kind, notice.message)
+            else:
+                self._publish_event(notice.kind, notice.message)
+        return verdict.exit_status
 
     def _do_paused_work(self, gpu_ready: bool) -> None:
         """Run the rollback or tune asked for, if any, now that no trainer runs (see `between_launches`)."""
@@ -652,12 +586,12 @@ class Supervisor:
             result = work.work()
         except (LineError, DataLineError) as error:
             self._say(f"{work.name} refused: {error}")
-            self._publish_event(f"{work.name}_failed", str(error))
+            self._publish_event(work.failed_event, str(error))
             work.outcome.set_exception(error)
         except Exception as error:
             message = f"{work.name} failed: {type(error).__name__}: {error}"
             self._say(message)
-            self._publish_event(f"{work.name}_failed", message)
+            self._publish_event(work.failed_event, message)
             work.outcome.set_exception(error)
         else:
             self._say(f"{work.name}: done")
@@ -693,7 +627,7 @@ class Supervisor:
         )
         if failure is not None:
             self._say(f"branch_start_failed: {failure}")
-            self._publish_event("branch_start_failed", failure, path=str(result.line), at_cycle=fork.at_cycle)
+            self._publish_event(EventKind.BRANCH_START_FAILED, failure, path=str(result.line), at_cycle=fork.at_cycle)
 
     def _start_branch(self, branch: Path) -> str | None:
         """Start the branch's own supervisor detached (this one's engine, no `--stop-at`); None when
@@ -727,22 +661,7 @@ class Supervisor:
 
     def _on_fork_failed(self, fork: QueuedFork, message: str) -> None:
         self._say(f"the branch into {fork.path} at the end of cycle {fork.at_cycle} failed: {message}")
-        self._publish_event("branch_failed", message, path=fork.path, at_cycle=fork.at_cycle)
-
-    def _judge_crash_beside_others(self, outcome: TrainerExit) -> None:
-        """A crash with other processes on the GPU is theirs as much as ours: not a failure; a few in a
-        row without progress and the line waits for a free GPU."""
-        assert outcome.code is not None
-        crashes = 1 if outcome.progressed else self.state.crashes_beside_others + 1
-        message = (f"the trainer exited with status {_describe_code(outcome.code)} beside other processes on "
-                   f"GPU {self.state.gpu_index} (pids {outcome.others_on_gpu}): not counted as a failure")
-        self._say(message)
-        self._publish_event("crashed", message)
-        if crashes >= CRASHES_BESIDE_OTHERS:
-            self._say(f"{crashes} crashes in a row beside other processes: waiting for a free GPU")
-            self._need_free_gpu = True
-            crashes = 0
-        self._set(crashes_beside_others=crashes)
+        self._publish_event(EventKind.BRANCH_FAILED, message, path=fork.path, at_cycle=fork.at_cycle)
 
     def _pause_before_relaunch(self) -> bool:
         """Wait before the next launch; False when a stop arrives meanwhile."""
@@ -750,7 +669,7 @@ class Supervisor:
         delay = 0.0 if failures == 0 else min(
             self.settings.relaunch_delay_seconds * 2 ** (failures - 1), MAX_RELAUNCH_DELAY_S
         )
-        self._set(state="relaunching")
+        self._set(state=LineState.RELAUNCHING)
         self._say(f"relaunching in {delay:g} s (failures in a row: {failures})")
         deadline = time.monotonic() + delay
         while time.monotonic() < deadline:
@@ -764,10 +683,10 @@ class Supervisor:
     def _end_without_trainer(self) -> int:
         """A stop arrived while no trainer ran: the line is already at a checkpoint."""
         discard_served_stop(self.layout)
-        self._set(state="stopped")
+        self._set(state=LineState.STOPPED)
         self._say("stopped (no trainer was running)")
-        self._publish_event("stopped", "the line stopped on request")
-        return EXIT_OK
+        self._publish_event(EventKind.STOPPED, "the line stopped on request")
+        return SupervisorExitCode.OK
 
     # ---- what the world sees --------------------------------------------------------------------
 
@@ -821,7 +740,7 @@ class Supervisor:
 
     def _event(self, kind: str, message: str) -> None:
         """An event the operator is told about: run.log, subscribers, supervisor.json, notify."""
-        assert kind in EVENT_KINDS
+        assert kind in NOTIFIED_EVENTS
         self._say(f"{kind}: {message}")
         event = make_event(kind, str(self.layout.root), message, update=heartbeat_update(self.layout))
         if self._server is not None:
@@ -851,22 +770,6 @@ class Supervisor:
             return self.settings.watchdog_seconds
         minutes = self._config.guards.watchdog_minutes if self._config is not None else 30.0
         return max(minutes, 0.0) * 60.0
-
-
-# ---- helpers ------------------------------------------------------------------------------------
-
-
-def _signal_codes(number: int | None) -> tuple[int, ...]:
-    """The exit statuses of a process ended by signal `number`: the trainer's 128 + n, or -n."""
-    return () if number is None else (128 + number, -number)
-
-
-def _describe_code(code: int) -> str:
-    if code < 0:
-        return f"killed by {signal.Signals(-code).name}"
-    if code > 128 and code - 128 in signal.valid_signals():
-        return f"{code} (stopped on {signal.Signals(code - 128).name})"
-    return str(code)
 
 
 # ---- the command --------------------------------------------------------------------------------
@@ -909,7 +812,7 @@ def run_line(
     *,
     foreground: bool,
     stop_at: int | None = None,
-    engine: str = "auto",
+    engine: str = Engine.AUTO,
     detached_child: bool = False,
 ) -> int:
     """`nsconsole run LINE [--foreground] [--stop-at N] [--engine E]`; `LineError` for the user.
@@ -923,7 +826,7 @@ def run_line(
         return Supervisor(line, settings).run()
     pid = start_detached(line, settings)
     print(f"the supervisor of {line} runs in the background (pid {pid}); output: {line}/supervisor.out")
-    return EXIT_OK
+    return SupervisorExitCode.OK
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -932,7 +835,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("line")
     parser.add_argument("--foreground", action="store_true", help="supervise in this terminal")
     parser.add_argument("--stop-at", type=int, default=None, metavar="UPDATE")
-    parser.add_argument("--engine", choices=("auto", "eager", "graph"), default="auto")
+    parser.add_argument("--engine", choices=ENGINE_CHOICES, default=Engine.AUTO.value)
     parser.add_argument("--detached-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     try:
@@ -943,7 +846,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     except LineError as error:
         print(f"nsconsole: {error}", file=sys.stderr)
-        return EXIT_USER_ERROR
+        return SupervisorExitCode.USER_ERROR
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from engine.config.run import RunConfig
 from engine.errors import is_out_of_memory
 from engine.gpu.sharing import GIB, GpuMode
 from engine.models.base import LanguageModel
+from engine.protocol.facts import Engine
 from engine.training.optim import FlatAdamW
 from engine.training.step import EagerEngine, GraphEngine
 
@@ -83,11 +84,11 @@ class StepEngines:
         if seq_len not in self._engines:
             rows, _recompute = self.shape(seq_len)
             engine: EagerEngine | GraphEngine | None = None
-            if self.device.type == "cuda" and self.engine_choice in ("auto", "graph"):
+            if self.device.type == "cuda" and self.engine_choice in (Engine.AUTO, Engine.GRAPH):
                 try:
                     engine = self._captured(seq_len, rows)
                 except RuntimeError as error:
-                    if is_out_of_memory(error) or self.engine_choice == "graph":
+                    if is_out_of_memory(error) or self.engine_choice == Engine.GRAPH:
                         raise
                     self.optimizer.zero_grad()
                     first_line = str(error).splitlines()[0] if str(error) else type(error).__name__

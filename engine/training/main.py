@@ -6,9 +6,11 @@ It differs from `nsconsole run LINE --foreground` in two ways only:
   the trainer answers a SIGTERM by stopping at the next update boundary with a checkpoint; if
   the supervisor is already gone when this starts, it does not start;
 - a line error (bad run.json, too many non-finite updates, a refused resume) is printed as one
-  line `nsconsole: <message>` and exits with `EXIT_LINE_ERROR`, which the supervisor reads as
+  line `nsconsole: <message>` and exits with `TrainerExitCode.LINE_ERROR`, which the supervisor reads as
   "relaunching will not help"; a trainer that left the GPU to other processes (`GpuBusy`) exits
-  with `EXIT_GPU_BUSY`, which it reads as "relaunch once the GPU is free".
+  with `TrainerExitCode.GPU_BUSY`, which it reads as "relaunch once the GPU is free"; one that
+  stopped for a full disk (`DiskFull`) with `TrainerExitCode.DISK_FULL` (the line stops for the
+  operator, since a relaunch would stop again at once).
 
 Its stdout and stderr are the line's run.log (the supervisor opens it); the GPU lease's
 descriptor, when there is one, was handed over by the supervisor and is held until this exits.
@@ -21,17 +23,8 @@ import signal
 import sys
 from collections.abc import Sequence
 
+from engine.protocol.facts import ENGINE_CHOICES, Engine, TrainerExitCode
 from engine.supervisor.child import die_with_parent
-
-EXIT_LINE_ERROR = 2
-EXIT_DISK_FULL = 74
-"""The trainer stopped because free disk fell below `guards.min_free_disk_gb` (checkpointed while
-there was room): the supervisor notifies `disk_full` and stops the line for the operator, since a
-relaunch would stop again at once. (EX_IOERR.)"""
-EXIT_GPU_BUSY = 75
-"""The trainer checkpointed and exited because other processes on its GPU leave it too little memory
-(or the line has no `guards.share_reserve_gb`): the supervisor relaunches it once the GPU is free,
-and does not count it as a failure. (EX_TEMPFAIL: try again later.)"""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -39,7 +32,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("line")
     parser.add_argument("--parent", type=int, required=True, help="the supervisor's pid")
     parser.add_argument("--stop-at", type=int, default=None)
-    parser.add_argument("--engine", choices=("auto", "eager", "graph"), default="auto")
+    parser.add_argument("--engine", choices=ENGINE_CHOICES, default=Engine.AUTO.value)
     args = parser.parse_args(argv)
     if not die_with_parent(args.parent):
         print("nsconsole: the supervisor exited before the trainer started", file=sys.stderr)
@@ -55,13 +48,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return Trainer(args.line, stop_at=args.stop_at, echo=None, engine=args.engine).run()
     except DiskFull as error:
         print(f"nsconsole: {error}", file=sys.stderr, flush=True)
-        return EXIT_DISK_FULL
+        return TrainerExitCode.DISK_FULL
     except GpuBusy as error:
         print(f"nsconsole: {error}", file=sys.stderr, flush=True)
-        return EXIT_GPU_BUSY
+        return TrainerExitCode.GPU_BUSY
     except (LineError, DataLineError) as error:
         print(f"nsconsole: {error}", file=sys.stderr, flush=True)
-        return EXIT_LINE_ERROR
+        return TrainerExitCode.LINE_ERROR
 
 
 if __name__ == "__main__":

@@ -67,6 +67,7 @@ from engine.layout import LineLayout
 from engine.metrics import METRICS_VERSION
 from engine.models.presets import build_model
 from engine.ops import lines as ops
+from engine.protocol.facts import Engine, Stage, StopReason
 from engine.rows import Heartbeat, RowsFile, RunLog, format_row
 from engine.training.engines import ArenaNotReleased, StepEngines
 from engine.training.optim import AdamWSettings, FlatAdamW, ParameterAverage
@@ -121,15 +122,6 @@ def resolve_device(setting: str, source: str = "run.json: device") -> torch.devi
     return device
 
 
-class StopReason:
-    """Why the loop ended (printed and written to run.log)."""
-
-    STOP_AT = "reached --stop-at"
-    STOP_FILE = "stop requested"
-    DATA_END = "the data line has ended"
-    PLAN_END = "the plan is complete"
-
-
 class Trainer:
     """One line's training loop (see the module docstring)."""
 
@@ -139,7 +131,7 @@ class Trainer:
         *,
         stop_at: int | None = None,
         echo: TextIO | None = sys.stdout,
-        engine: str = "auto",
+        engine: str = Engine.AUTO,
         gpu_watch: Callable[[RunConfig, torch.device], GpuWatch] = GpuWatch.for_line,
     ):
         self.layout: LineLayout = ops.open_line(line_dir)
@@ -349,7 +341,7 @@ class Trainer:
             last = self._last_checkpoint_update
             newest = f"the newest is update {last}" if last is not None else "none written yet"
             self._stop_for_disk(free, f"too little for the next checkpoint (about {size / 2**30:.2f} GiB); {newest}")
-        self.heartbeat.beat(self.position.update, "checkpointing")
+        self.heartbeat.beat(self.position.update, Stage.CHECKPOINTING)
         snapshot = self._snapshot(kept)
         self.writer.save(snapshot, before_latest=self.rows.sync)
         if wait:
@@ -449,7 +441,7 @@ class Trainer:
             f"{self.layout.run_json}: {why}; checkpointed update "
             f"{self.position.update} and stopped until the GPU is free"
         )
-        self.heartbeat.beat(self.position.update, "stopped", reason="gpu busy")
+        self.heartbeat.beat(self.position.update, Stage.STOPPED, reason=StopReason.GPU_BUSY)
         self.log.write(message)
         raise GpuBusy(message)
 
@@ -477,7 +469,7 @@ class Trainer:
             if not announced:
                 self.log.write(f"waiting for data cycle {index}")
                 announced = True
-            self.heartbeat.beat(self.position.update, "waiting-data", cycle=index)
+            self.heartbeat.beat(self.position.update, Stage.WAITING_DATA, cycle=index)
             reason = self._stop_requested()
             if reason is not None:
                 return reason
@@ -529,7 +521,7 @@ class Trainer:
         row = self._row(result, seq_len, update_tokens, lr, weight_decay, elapsed)
         validating = position.update % config.validation.every_updates == 0
         if validating:
-            self.heartbeat.beat(position.update, "validating")
+            self.heartbeat.beat(position.update, Stage.VALIDATING)
             row.update(self._validate(seq_len))
         self.rows.append(row)
         self.mirror.log(row)  # after rows.jsonl has it: W&B mirrors the line's record, never leads it
@@ -538,7 +530,7 @@ class Trainer:
             self.log.write(format_row(row))
         if validating:
             self.log.write(format_validation(position.update, row))
-        self.heartbeat.beat(position.update, "training")
+        self.heartbeat.beat(position.update, Stage.TRAINING)
 
     def _validate(self, seq_len: int) -> dict[str, float]:
         """The validation metrics after the update just done (engine.training.validation); the next update's
@@ -642,7 +634,7 @@ class Trainer:
                         f"in a row (optimizer.max_nonfinite_in_a_row is {limit}); stopped with a checkpoint "
                         f"at update {self.position.update}"
                     )
-                    self.heartbeat.beat(self.position.update, "stopped", reason="non-finite updates")
+                    self.heartbeat.beat(self.position.update, Stage.STOPPED, reason=StopReason.NON_FINITE)
                     self.log.write(message)
                     raise LineError(message)
             stage = config.plan[self.position.stage]
@@ -687,7 +679,7 @@ class Trainer:
             f"{self.layout.root}: {free / 2**30:.2f} GiB free on its disk, {why}; "
             "free some space and run the line again"
         )
-        self.heartbeat.beat(update, "stopped", reason="disk full")
+        self.heartbeat.beat(update, Stage.STOPPED, reason=StopReason.DISK_FULL)
         self.log.write(message)
         raise DiskFull(message)
 
@@ -724,7 +716,7 @@ class Trainer:
                 self.writer.wait()
                 if reason == StopReason.STOP_FILE:
                     self.layout.stop.unlink(missing_ok=True)
-                self.heartbeat.beat(self.position.update, "stopped", reason=reason)
+                self.heartbeat.beat(self.position.update, Stage.STOPPED, reason=reason)
                 self.log.write(f"stopped: {reason} ({self._where()})")
             finally:
                 try:

@@ -6,6 +6,7 @@ import argparse
 import json
 
 from engine.errors import ConfigError
+from engine.protocol.facts import ENGINE_CHOICES, Engine
 from nsconsole.commands.new import parse_override
 
 HELP = "--model P --seq-len T --rows R --accum A: throughput and MFU of one training shape"
@@ -25,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--seq-len", type=int, required=True, metavar="T", help="tokens per row")
     parser.add_argument("--rows", type=int, default=1, metavar="R", help="rows per micro-batch")
     parser.add_argument("--accum", type=int, default=1, metavar="A", help="micro-batches per update")
-    parser.add_argument("--engine", choices=("auto", "eager", "graph"), default="auto",
+    parser.add_argument("--engine", choices=ENGINE_CHOICES, default=Engine.AUTO.value,
                         help="step engine (auto: CUDA graphs on a GPU, eager on the CPU)")
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
     parser.add_argument("--updates", type=int, default=5, help="timed updates (after 2 warm-up updates)")

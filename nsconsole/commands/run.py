@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from engine.config.host import HostSettings
+from engine.protocol.facts import ENGINE_CHOICES
 
 HELP = (
     "LINE [--foreground] [--stop-at UPDATE]: run a line under its supervisor "
@@ -34,7 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--stop-at", type=int, default=None, metavar="UPDATE", help="stop cleanly at UPDATE")
     parser.add_argument(
         "--engine",
-        choices=("auto", "eager", "graph"),
+        choices=ENGINE_CHOICES,
         default="auto",
         help="step engine: auto is CUDA graphs on a GPU and eager on the CPU",
     )

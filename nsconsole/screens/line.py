@@ -14,7 +14,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Static, TabbedContent, TabPane
 
 from engine.errors import LineError
-from nsconsole.state import LineState
+from nsconsole.state import LineView
 from nsconsole.widgets import format as fmt
 from nsconsole.widgets.checkpoint_list import CheckpointList, read_checkpoints
 from nsconsole.widgets.curves import CURVES, CurvePlot
@@ -27,7 +27,7 @@ CHECKPOINT_REFRESH_TICKS = 10
 """The checkpoint directory is listed every this many view refreshes (it changes seldom)."""
 
 
-def summary(line: LineState, now: float) -> Text:
+def summary(line: LineView, now: float) -> Text:
     """The one-line header above the tabs."""
     text = Text()
     text.append(f"{line.name}", style="bold")
@@ -60,7 +60,7 @@ class LineScreen(Screen[None]):
         Binding("l", "toggle_log_y", "Log y", id="log_y", tooltip="switch the curves between a linear and a log axis"),
     ]
 
-    def __init__(self, line: LineState) -> None:
+    def __init__(self, line: LineView) -> None:
         super().__init__()
         self.line = line
         self._ticks = 0

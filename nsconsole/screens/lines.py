@@ -7,7 +7,7 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Input, Static
 
-from nsconsole.state import LineState
+from nsconsole.state import LineView
 from nsconsole.widgets.gpu_panel import GpuPanel
 from nsconsole.widgets.lines_table import LinesTable
 
@@ -17,7 +17,7 @@ NO_LINES = (
 )
 
 
-def matches(line: LineState, text: str) -> bool:
+def matches(line: LineView, text: str) -> bool:
     """The filter: every word appears in the line's name, path, kind, state or stage."""
     haystack = " ".join((line.name, line.path, line.kind, line.display_state, line.plan_stage or "")).lower()
     return all(word in haystack for word in text.lower().split())

@@ -11,7 +11,7 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from nsconsole.state import LineState, validation_loss
+from nsconsole.state import LineView, validation_loss
 from nsconsole.widgets import format as fmt
 from nsconsole.widgets.plot import draw
 
@@ -32,7 +32,7 @@ class CurvePlot(Widget):
 
     log_y: reactive[bool] = reactive(False)
 
-    def __init__(self, line: LineState, column: str, title: str, **kwargs: object) -> None:
+    def __init__(self, line: LineView, column: str, title: str, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.line = line
         self.column = column

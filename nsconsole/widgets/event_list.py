@@ -7,7 +7,7 @@ import time
 from rich.text import Text
 from textual.widgets import DataTable
 
-from nsconsole.state import ConsoleEvent, LineState
+from nsconsole.state import ConsoleEvent, LineView
 from nsconsole.widgets import format as fmt
 
 
@@ -28,7 +28,7 @@ class EventList(DataTable):
         self.add_column("event", key="event")
         self.add_column("what happened", key="message")
 
-    def show(self, line: LineState) -> None:
+    def show(self, line: LineView) -> None:
         events = list(line.events)
         if events == self._shown:
             return

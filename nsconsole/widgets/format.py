@@ -6,40 +6,35 @@ import math
 
 from textual.theme import Theme
 
-STATE_GLYPHS = {
-    "starting": "○",
-    "waiting-gpu": "…",
-    "training": "▶",
-    "checkpointing": "⤓",
-    "validating": "◇",
-    "waiting-data": "…",
-    "relaunching": "↻",
-    "stopping": "◼",
-    "finished": "✓",
-    "stopped": "■",
-    "failed": "✗",
-    "stuck": "◷",
-    "unreachable": "⚡",
-}
-"""A glyph for every state a line can be in, so the state reads without its colour."""
+from engine.protocol.facts import FINAL_LINE_STATES, LineState, Stage
 
-STATE_SEVERITY = {
-    "training": "success",
-    "checkpointing": "success",
-    "validating": "success",
-    "finished": "success",
-    "waiting-gpu": "warning",
-    "waiting-data": "warning",
-    "relaunching": "warning",
-    "stopping": "warning",
-    "starting": "warning",
-    "failed": "error",
-    "stuck": "error",
-    "unreachable": "error",
-}
-"""The theme colour of each state (`stopped` and unknown states take the plain foreground)."""
+UNREACHABLE = "unreachable"
+"""The console's own state of a line whose supervisor it has never reached."""
 
-FINAL_STATES = frozenset({"finished", "stopped", "failed", "stuck"})
+STATE_LOOKS: dict[str, tuple[str, str]] = {
+    LineState.STARTING: ("○", "warning"),
+    LineState.WAITING_GPU: ("…", "warning"),
+    LineState.TRAINING: ("▶", "success"),
+    LineState.PAUSING: ("⏸", "warning"),
+    LineState.ROLLING_BACK: ("↶", "warning"),
+    LineState.TUNING: ("⚙", "warning"),
+    LineState.RELAUNCHING: ("↻", "warning"),
+    LineState.STOPPING: ("◼", "warning"),
+    LineState.FINISHED: ("✓", "success"),
+    LineState.STOPPED: ("■", ""),
+    LineState.FAILED: ("✗", "error"),
+    LineState.STUCK: ("◷", "error"),
+    LineState.DISK_FULL: ("■", "error"),
+    Stage.CHECKPOINTING: ("⤓", "success"),
+    Stage.VALIDATING: ("◇", "success"),
+    Stage.WAITING_DATA: ("…", "warning"),
+    UNREACHABLE: ("⚡", "error"),
+}
+"""The glyph and theme colour ("" for the plain foreground) of every state a line's row shows: each
+supervisor state, the trainer stages shown in its place while it trains, and `unreachable`. The
+glyph makes the state read without its colour; the word is the state's own."""
+
+FINAL_STATES = FINAL_LINE_STATES
 """States a supervisor exits in: its socket then goes quiet, which is no connection problem."""
 
 FRESH_HEARTBEAT_S = 30.0
@@ -47,7 +42,12 @@ FRESH_HEARTBEAT_S = 30.0
 
 
 def state_label(state: str) -> str:
-    return f"{STATE_GLYPHS.get(state, '•')} {state}"
+    return f"{STATE_LOOKS.get(state, ('•', ''))[0]} {state}"
+
+
+def state_severity(state: str) -> str:
+    """The theme colour of a state ("" for the plain foreground, and for a state this code does not know)."""
+    return STATE_LOOKS.get(state, ("•", ""))[1]
 
 
 def count(value: float | None) -> str:

@@ -17,7 +17,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from engine.gpu.devices import GpuSnapshot, LeaseHolder, gpu_snapshot, lease_holder
-from nsconsole.state import LineBook, LineState
+from nsconsole.state import LineBook, LineView
 from nsconsole.widgets import format as fmt
 from nsconsole.widgets.plot import sparkline
 
@@ -73,10 +73,10 @@ class GpuPanel(Static):
             history = self.utilisation.setdefault(device.index, deque(maxlen=UTILISATION_HISTORY))
             history.append(None if device.utilization is None else float(device.utilization))
 
-    def show(self, reading: GpuReading | None, book: LineBook, selected: LineState | None) -> None:
+    def show(self, reading: GpuReading | None, book: LineBook, selected: LineView | None) -> None:
         self.update(self.render_text(reading, book, selected))
 
-    def render_text(self, reading: GpuReading | None, book: LineBook, selected: LineState | None) -> Text:
+    def render_text(self, reading: GpuReading | None, book: LineBook, selected: LineView | None) -> Text:
         theme = self.app.current_theme
         text = Text()
         if reading is None:
@@ -87,7 +87,7 @@ class GpuPanel(Static):
             text.append(f"  {snapshot.reason or 'NVML reports no device'}; lines train on the CPU", style="dim")
             return text
         by_path = {line.path: line for line in book}
-        trainer_pids: dict[int, LineState] = {line.trainer_pid: line for line in book if line.trainer_pid}
+        trainer_pids: dict[int, LineView] = {line.trainer_pid: line for line in book if line.trainer_pid}
         for device in snapshot.devices:
             if text:
                 text.append("\n")
@@ -119,7 +119,7 @@ class GpuPanel(Static):
 
 
 def _holder_name(
-    holder: LeaseHolder | None, by_path: dict[str, LineState], trainer_pids: dict[int, LineState]
+    holder: LeaseHolder | None, by_path: dict[str, LineView], trainer_pids: dict[int, LineView]
 ) -> str:
     if holder is None:
         return "free"

@@ -12,7 +12,7 @@ from rich.text import Text
 from textual.widgets import DataTable
 
 from nsconsole import health
-from nsconsole.state import LineState
+from nsconsole.state import LineView
 from nsconsole.widgets import format as fmt
 
 COLUMNS = (
@@ -56,7 +56,7 @@ class LinesTable(DataTable):
             return None
         return self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value
 
-    def show(self, lines: Iterable[LineState], now: float) -> None:
+    def show(self, lines: Iterable[LineView], now: float) -> None:
         wanted = {line.key: line for line in lines}
         for key in [key for key in self._cells if key not in wanted]:
             self.remove_row(key)
@@ -74,12 +74,12 @@ class LinesTable(DataTable):
                         self.cells_written += 1
             self._cells[key] = cells
 
-    def render_cells(self, line: LineState, now: float) -> dict[str, Text]:
+    def render_cells(self, line: LineView, now: float) -> dict[str, Text]:
         theme = self.app.current_theme
         dim = not line.connected
         state = line.display_state
         state_text = fmt.state_label(state)
-        state_severity = fmt.STATE_SEVERITY.get(state, "")
+        state_severity = fmt.state_severity(state)
         if dim and line.ever_connected and state not in fmt.FINAL_STATES:
             # The last known state, its supervisor gone (a line that ended has no supervisor by design).
             state_text, state_severity = f"⚡ {state}", "error"
@@ -113,7 +113,7 @@ class LinesTable(DataTable):
         return cells
 
 
-def gpu_cell(line: LineState) -> tuple[str, str]:
+def gpu_cell(line: LineView) -> tuple[str, str]:
     """Where the line trains, and a warning while it shares its GPU (shared shapes, slower)."""
     if line.gpu_index is None:
         return "cpu", ""

@@ -12,7 +12,7 @@ from typing import Any
 
 from textual.widgets import Log
 
-from engine.protocol import MAX_LOG_CHUNK
+from engine.protocol.wire import MAX_LOG_CHUNK
 
 START_BACK_BYTES = 64 * 1024
 """How much of the end of run.log the tab shows when it opens."""

@@ -16,7 +16,7 @@ from typing import Any
 from rich.text import Text
 from textual.widgets import Static
 
-from nsconsole.state import LineState
+from nsconsole.state import LineView
 from nsconsole.widgets import format as fmt
 from nsconsole.widgets.plot import sparkline
 
@@ -56,7 +56,7 @@ def block_readings(row: dict[str, Any]) -> dict[int, dict[str, float]]:
     return by_length[preferred] if preferred in by_length else by_length[min(by_length)]
 
 
-def memory_history(line: LineState) -> dict[str, list[float | None]]:
+def memory_history(line: LineView) -> dict[str, list[float | None]]:
     """Every model-wide `pssa/` reading's value at each validation (None where that one lacks it)."""
     names = sorted({
         key for row in line.validations for key in row if "pssa/" in key and _BLOCK_READING.match(key) is None
@@ -67,7 +67,7 @@ def memory_history(line: LineState) -> dict[str, list[float | None]]:
     }
 
 
-def latest_two_with_blocks(line: LineState) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+def latest_two_with_blocks(line: LineView) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """The newest validation row with per-block probes and the one with them before it."""
     found = [row for row in reversed(line.validations) if block_readings(row)][:2]
     return (found[0] if found else None, found[1] if len(found) > 1 else None)
@@ -90,10 +90,10 @@ def _change(now: float | None, before: float | None) -> str:
 class MemoryTab(Static):
     """`show(line)` redraws the tab."""
 
-    def show(self, line: LineState) -> None:
+    def show(self, line: LineView) -> None:
         self.update(self.render_text(line))
 
-    def render_text(self, line: LineState) -> Text:
+    def render_text(self, line: LineView) -> Text:
         history = memory_history(line)
         latest, before = latest_two_with_blocks(line)
         if not history and latest is None:

@@ -13,7 +13,7 @@ from typing import Any
 from rich.text import Text
 from textual.widgets import DataTable
 
-from nsconsole.state import LineState
+from nsconsole.state import LineView
 from nsconsole.widgets import format as fmt
 
 BOOKKEEPING = frozenset({
@@ -57,7 +57,7 @@ class ProbeTable(DataTable):
         self.add_column("value", key="value")
         self.add_column("change", key="change")
 
-    def show(self, line: LineState) -> None:
+    def show(self, line: LineView) -> None:
         validations = line.validations
         marker = (len(validations), validations[-1].get("update", -1) if validations else -1)
         if marker == self._shown:

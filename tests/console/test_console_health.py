@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from nsconsole import health
-from nsconsole.state import LineFacts, LineState, Series, validation_loss
+from nsconsole.state import LineFacts, LineView, Series, validation_loss
 from nsconsole.widgets.lines_table import gpu_cell
 
 
@@ -66,7 +66,7 @@ def row(update: int, loss: float = 3.0, **extra: object) -> dict:
 
 
 def test_a_resumed_trainer_replaying_updates_cuts_the_series_back() -> None:
-    line = LineState("k", "/runs/trunk")
+    line = LineView("k", "/runs/trunk")
     line.apply_rows([row(u) for u in range(1, 11)], 0)
     for update in range(6, 13):  # a resume from the checkpoint at 5 writes 6.. again
         line.add_row(row(update, loss=2.0))
@@ -76,7 +76,7 @@ def test_a_resumed_trainer_replaying_updates_cuts_the_series_back() -> None:
 
 
 def test_validation_rows_are_kept_apart_and_give_the_val_loss() -> None:
-    line = LineState("k", "/runs/trunk")
+    line = LineView("k", "/runs/trunk")
     line.apply_rows([row(1), row(2), {"update": 2, "tokens": 200, "seq_len": 64, "val_64/mix": 4.5, "val_64/text": 4.4}], 0)
     assert len(line.series) == 2 and line.val_loss == 4.5
     assert validation_loss({"val_128/mix": 3.0, "val_64/mix": 3.5}) == 3.5  # the training length first
@@ -90,7 +90,7 @@ def test_a_nan_loss_pushed_as_null_is_shown_as_missing() -> None:
 
 
 def test_state_follows_connection_loss_and_a_restarted_supervisor() -> None:
-    line = LineState("k", "/runs/trunk")
+    line = LineView("k", "/runs/trunk")
     assert line.display_state == "unreachable" and not line.mutable
     assert line.apply_hello({"epoch": "a", "pid": 1}, 10.0) is True  # first: fetch the rows
     line.apply_status({"state": "training", "launches": 3, "heartbeat": {"time": 5.0, "stage": "checkpointing"}})
@@ -105,7 +105,7 @@ def test_state_follows_connection_loss_and_a_restarted_supervisor() -> None:
 
 
 def test_health_flags_become_events_once() -> None:
-    line = LineState("k", "/runs/trunk", LineFacts(schedule=lambda tokens: 1e-3))
+    line = LineView("k", "/runs/trunk", LineFacts(schedule=lambda tokens: 1e-3))
     line.apply_hello({"epoch": "a"}, 0.0)
     line.apply_rows([row(u) for u in range(1, 10)] + [row(10, loss=9.0)], 0)
     new = line.refresh_health(100.0)
@@ -117,7 +117,7 @@ def test_health_flags_become_events_once() -> None:
 
 
 def test_a_line_sharing_its_gpu_says_so_while_its_rows_do() -> None:
-    line = LineState("k", "/runs/trunk")
+    line = LineView("k", "/runs/trunk")
     line.apply_status({"state": "training", "gpu_index": 0})
     line.apply_rows([row(1, gpu_mode="own")], 0)
     assert not line.sharing_gpu and gpu_cell(line) == ("gpu0", "")
@@ -125,4 +125,4 @@ def test_a_line_sharing_its_gpu_says_so_while_its_rows_do() -> None:
     assert line.sharing_gpu and gpu_cell(line) == ("gpu0 shared", "warning")
     line.add_row(row(3, gpu_mode="own"))  # the others left: its own shapes again
     assert gpu_cell(line) == ("gpu0", "")
-    assert gpu_cell(LineState("c", "/runs/cpu")) == ("cpu", "")
+    assert gpu_cell(LineView("c", "/runs/cpu")) == ("cpu", "")

@@ -35,7 +35,7 @@ from nsconsole.screens.confirm import ConfirmScreen
 from nsconsole.screens.line import LineScreen
 from nsconsole.screens.lines import LinesScreen
 from nsconsole.screens.picker import PickerScreen
-from nsconsole.state import LineState
+from nsconsole.state import LineView
 from nsconsole.widgets.checkpoint_list import read_checkpoints
 from nsconsole.widgets.lines_table import LinesTable
 from nsconsole.widgets.log_follower import LogFollower
@@ -92,7 +92,7 @@ def test_the_console_follows_stops_and_reattaches_to_a_real_supervisor(tmp_path:
         app = ConsoleApp(refresh_interval=0.2)
         async with app.run_test(size=(150, 40)) as pilot:
             supervisors.append(start_supervisor(tmp_path, line_path))
-            line: LineState = await until(pilot, lambda: app.book.get(key), "the line to appear")
+            line: LineView = await until(pilot, lambda: app.book.get(key), "the line to appear")
             first = await until(pilot, lambda: line.update, "a first update")
             await until(pilot, lambda: (line.update or 0) > first, "the update count to advance")
             await until(pilot, lambda: state_cell(app, key).startswith(("▶", "…")), "the table to show it")
@@ -180,7 +180,7 @@ def test_a_branch_requested_for_the_current_cycle_happens_at_its_end(tmp_path: P
     async def scenario() -> None:
         app = ConsoleApp(refresh_interval=0.2)
         async with app.run_test(size=(150, 40)) as pilot:
-            line: LineState = await until(pilot, lambda: app.book.get(line_id(line_path)), "the line")
+            line: LineView = await until(pilot, lambda: app.book.get(line_id(line_path)), "the line")
             # Cycle 0 is done and cycle 1 not prepared: the trainer is in cycle 1, waiting for it.
             await until(pilot, lambda: (line.heartbeat or {}).get("stage") == "waiting-data", "the data wait")
             await until(pilot, lambda: state_cell(app, line.key), "the row")
@@ -207,7 +207,7 @@ def test_a_branch_requested_for_the_current_cycle_happens_at_its_end(tmp_path: P
             assert str(branch_path) in branched.message and "its supervisor started" in branched.message
             assert (branch_path / "run.json").is_file() and (branch_path / "checkpoints" / "latest").is_file()
             # The branch line appears in the lines table and trains.
-            branch: LineState = await until(pilot, lambda: app.book.get(line_id(branch_path)), "the branch line")
+            branch: LineView = await until(pilot, lambda: app.book.get(line_id(branch_path)), "the branch line")
             await until(pilot, lambda: branch.key in app.screen.query_one(LinesTable).rows, "the branch's row")
             first = await until(pilot, lambda: branch.update, "the branch's first update")
             await until(pilot, lambda: (branch.update or 0) > first, "the branch's update count to advance")

@@ -1,7 +1,7 @@
 """Snapshot tests of every console screen, with the clock and the data frozen (no supervisor).
 
 The lines come from `frozen_book()`: rows, validations, events and statuses fed through the
-same `LineState` methods the live console uses; the GPUs from a frozen reading. Update the
+same `LineView` methods the live console uses; the GPUs from a frozen reading. Update the
 stored SVGs with `pytest tests/test_console_snapshots.py --snapshot-update` after checking them.
 """
 

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from engine import protocol
-from engine.protocol import ProtocolError, RequestLog
+from engine.protocol import wire
+from engine.protocol.wire import ProtocolError, RequestLog
 
 
 def call(method: str, params: object = None, call_id: object = 1, **extra: object) -> bytes:
@@ -21,12 +21,12 @@ def call(method: str, params: object = None, call_id: object = 1, **extra: objec
 
 def error_of(line: bytes) -> ProtocolError:
     with pytest.raises(ProtocolError) as caught:
-        protocol.parse_request(line)
+        wire.parse_request(line)
     return caught.value
 
 
 def test_a_valid_call_gets_its_defaults() -> None:
-    request = protocol.parse_request(call("rows", {"since": 5}))
+    request = wire.parse_request(call("rows", {"since": 5}))
     assert request.id == 1 and request.method == "rows"
     assert request.params == {"since": 5, "limit": 1000}
     assert request.request_id is None
@@ -35,27 +35,27 @@ def test_a_valid_call_gets_its_defaults() -> None:
 @pytest.mark.parametrize(
     ("line", "code"),
     [
-        (b"{not json", protocol.PARSE_ERROR),
-        (b"\xff\xfe\x00garbage", protocol.PARSE_ERROR),
-        (b"[1, 2]", protocol.INVALID_REQUEST),
-        (b"42", protocol.INVALID_REQUEST),
-        (json.dumps({"id": 1, "method": "status"}).encode(), protocol.INVALID_REQUEST),
-        (json.dumps({"jsonrpc": "2.0", "method": "status"}).encode(), protocol.INVALID_REQUEST),
-        (call("status", call_id=True), protocol.INVALID_REQUEST),
-        (call("status", call_id=[1]), protocol.INVALID_REQUEST),
-        (call("nope"), protocol.METHOD_NOT_FOUND),
-        (call("status", params=[1]), protocol.INVALID_PARAMS),
-        (call("status", params={"extra": 1}), protocol.INVALID_PARAMS),
-        (call("rows", params={"since": "3"}), protocol.INVALID_PARAMS),
-        (call("rows", params={"since": True}), protocol.INVALID_PARAMS),
-        (call("rows", params={"since": -1}), protocol.INVALID_PARAMS),
-        (call("log", params={"length": protocol.MAX_LOG_CHUNK + 1}), protocol.INVALID_PARAMS),
-        (call("rollback", params={"request_id": "r"}), protocol.INVALID_PARAMS),
-        (call("stop", params={}), protocol.INVALID_PARAMS),
-        (call("stop", params={"request_id": 7}), protocol.INVALID_PARAMS),
-        (call("stop", params={"request_id": ""}), protocol.INVALID_PARAMS),
-        (call("hello", params={"protocol": 1.0}), protocol.INVALID_PARAMS),
-        (b"x" * protocol.MAX_LINE_BYTES, protocol.LINE_TOO_LONG),
+        (b"{not json", wire.PARSE_ERROR),
+        (b"\xff\xfe\x00garbage", wire.PARSE_ERROR),
+        (b"[1, 2]", wire.INVALID_REQUEST),
+        (b"42", wire.INVALID_REQUEST),
+        (json.dumps({"id": 1, "method": "status"}).encode(), wire.INVALID_REQUEST),
+        (json.dumps({"jsonrpc": "2.0", "method": "status"}).encode(), wire.INVALID_REQUEST),
+        (call("status", call_id=True), wire.INVALID_REQUEST),
+        (call("status", call_id=[1]), wire.INVALID_REQUEST),
+        (call("nope"), wire.METHOD_NOT_FOUND),
+        (call("status", params=[1]), wire.INVALID_PARAMS),
+        (call("status", params={"extra": 1}), wire.INVALID_PARAMS),
+        (call("rows", params={"since": "3"}), wire.INVALID_PARAMS),
+        (call("rows", params={"since": True}), wire.INVALID_PARAMS),
+        (call("rows", params={"since": -1}), wire.INVALID_PARAMS),
+        (call("log", params={"length": wire.MAX_LOG_CHUNK + 1}), wire.INVALID_PARAMS),
+        (call("rollback", params={"request_id": "r"}), wire.INVALID_PARAMS),
+        (call("stop", params={}), wire.INVALID_PARAMS),
+        (call("stop", params={"request_id": 7}), wire.INVALID_PARAMS),
+        (call("stop", params={"request_id": ""}), wire.INVALID_PARAMS),
+        (call("hello", params={"protocol": 1.0}), wire.INVALID_PARAMS),
+        (b"x" * wire.MAX_LINE_BYTES, wire.LINE_TOO_LONG),
     ],
 )
 def test_malformed_calls_are_refused_with_the_right_code(line: bytes, code: int) -> None:
@@ -63,15 +63,15 @@ def test_malformed_calls_are_refused_with_the_right_code(line: bytes, code: int)
 
 
 def test_the_error_keeps_the_call_id_when_it_could_be_read() -> None:
-    assert protocol.request_id_of(error_of(call("nope", call_id="abc"))) == "abc"
-    assert protocol.request_id_of(error_of(b"{bad")) is None
-    reply = protocol.make_error("abc", error_of(call("nope", call_id="abc")))
-    expected_error = {"code": protocol.METHOD_NOT_FOUND, "message": "unknown method 'nope'"}
+    assert wire.request_id_of(error_of(call("nope", call_id="abc"))) == "abc"
+    assert wire.request_id_of(error_of(b"{bad")) is None
+    reply = wire.make_error("abc", error_of(call("nope", call_id="abc")))
+    expected_error = {"code": wire.METHOD_NOT_FOUND, "message": "unknown method 'nope'"}
     assert reply == {"jsonrpc": "2.0", "id": "abc", "error": expected_error}
 
 
 def test_a_mutation_carries_its_request_id_apart_from_its_params() -> None:
-    request = protocol.parse_request(call("branch", {"request_id": "r1", "path": "/b", "at_cycle": 2}))
+    request = wire.parse_request(call("branch", {"request_id": "r1", "path": "/b", "at_cycle": 2}))
     assert request.request_id == "r1"
     assert request.params == {
         "path": "/b", "at_cycle": 2, "at_update": None, "plan": None, "data": None, "long_seq_len": None,
@@ -79,19 +79,19 @@ def test_a_mutation_carries_its_request_id_apart_from_its_params() -> None:
 
 
 def test_hello_names_the_side_to_upgrade() -> None:
-    protocol.check_hello(protocol.PROTOCOL_VERSION)
+    wire.check_hello(wire.PROTOCOL_VERSION)
     with pytest.raises(ProtocolError, match="client speaks 99, supervisor speaks 1") as caught:
-        protocol.check_hello(99)
-    assert caught.value.code == protocol.PROTOCOL_MISMATCH
+        wire.check_hello(99)
+    assert caught.value.code == wire.PROTOCOL_MISMATCH
 
 
 def test_encode_caps_the_line_and_nulls_non_finite_floats() -> None:
-    line = protocol.encode(protocol.make_result(1, {"loss": float("nan"), "rows": [float("inf"), 1.5]}))
+    line = wire.encode(wire.make_result(1, {"loss": float("nan"), "rows": [float("inf"), 1.5]}))
     assert line.endswith(b"\n") and line.count(b"\n") == 1
     assert json.loads(line)["result"] == {"loss": None, "rows": [None, 1.5]}
     with pytest.raises(ProtocolError) as caught:
-        protocol.encode(protocol.make_result(1, "x" * protocol.MAX_LINE_BYTES))
-    assert caught.value.code == protocol.REPLY_TOO_LARGE
+        wire.encode(wire.make_result(1, "x" * wire.MAX_LINE_BYTES))
+    assert caught.value.code == wire.REPLY_TOO_LARGE
 
 
 def test_a_mutation_is_applied_once_per_request_id() -> None:
@@ -108,7 +108,7 @@ def test_a_mutation_is_applied_once_per_request_id() -> None:
     assert first == again == {"branched": 1} and other == {"branched": 2}
     with pytest.raises(ProtocolError) as caught:
         log.run("r1", "branch", {"path": "/elsewhere"}, apply)
-    assert caught.value.code == protocol.REQUEST_ID_REUSED
+    assert caught.value.code == wire.REQUEST_ID_REUSED
     assert len(applied) == 2
 
 
@@ -138,7 +138,7 @@ def test_a_refusal_is_replayed_but_an_internal_failure_is_retried() -> None:
 
     def refuse() -> None:
         calls.append("refuse")
-        raise ProtocolError(protocol.REFUSED, "branch target exists")
+        raise ProtocolError(wire.REFUSED, "branch target exists")
 
     for _ in range(2):
         with pytest.raises(ProtocolError, match="branch target exists"):
@@ -161,7 +161,7 @@ def test_the_log_survives_export_and_restore_and_stays_bounded() -> None:
         log.run(f"r{number}", "stop", {}, lambda number=number: number)
 
     def refuse() -> None:
-        raise ProtocolError(protocol.REFUSED, "no")
+        raise ProtocolError(wire.REFUSED, "no")
 
     with pytest.raises(ProtocolError):
         log.run("r0-refused", "stop", {}, refuse)
@@ -179,8 +179,8 @@ def test_the_log_survives_export_and_restore_and_stays_bounded() -> None:
 def test_a_long_socket_path_gets_a_usable_address(tmp_path) -> None:
     deep = tmp_path / ("d" * 100) / "supervisor.sock"
     deep.parent.mkdir()
-    with protocol.unix_address(deep) as address:
-        assert len(address.encode()) <= protocol.UNIX_PATH_MAX
+    with wire.unix_address(deep) as address:
+        assert len(address.encode()) <= wire.UNIX_PATH_MAX
         assert address.endswith("/supervisor.sock")
-    with protocol.unix_address(tmp_path / "s.sock") as address:
+    with wire.unix_address(tmp_path / "s.sock") as address:
         assert address == str(tmp_path / "s.sock")

@@ -6,7 +6,7 @@ import math
 
 from engine.gpu.devices import GpuDevice, GpuProcess, GpuSnapshot, LeaseHolder
 from nsconsole.app import ConsoleApp
-from nsconsole.state import LineBook, LineFacts, LineState
+from nsconsole.state import LineBook, LineFacts, LineView
 from nsconsole.widgets.gpu_panel import GpuPanel, GpuReading
 
 NOW = 1_800_000_000.0
@@ -70,7 +70,7 @@ def frozen_book(memory_blocks: int = 0) -> LineBook:
     for index, (name, preset, launches, gpu, base, seed) in enumerate(specs):
         reserve = 8.0 if gpu is not None else None  # the GPU line shares its GPU, leaving 8 GB to others
         facts = LineFacts(preset=preset, schedule=schedule, share_reserve_gb=reserve)
-        line = LineState(f"{name}-id", f"/srv/runs/{name}", facts)
+        line = LineView(f"{name}-id", f"/srv/runs/{name}", facts)
         line.apply_hello({"epoch": f"epoch{index}", "pid": 4100 + index}, NOW - 3600)
         line.apply_status({
             "state": "training", "launches": launches, "gpu_index": gpu, "trainer_pid": 5100 + index,

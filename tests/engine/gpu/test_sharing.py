@@ -33,6 +33,7 @@ from engine.gpu.sharing import (
     decide,
     reading_from_snapshot,
 )
+from engine.protocol.facts import TrainerExitCode
 from engine.training import engines as step_engines
 from engine.training import main as supervised_trainer
 from engine.training import trainer as trainer_module
@@ -267,7 +268,7 @@ def test_the_supervised_trainer_maps_leaving_the_gpu_to_exit_75(
     monkeypatch.setattr(supervised_trainer, "die_with_parent", lambda _pid: True)
     watch = forced_watch(scripted([NOBODY, GpuReading(others=1, others_bytes=1 << 20)]))
     monkeypatch.setattr(trainer_module, "Trainer", partial(Trainer, gpu_watch=watch))
-    assert supervised_trainer.main([str(line), "--parent", "1"]) == supervised_trainer.EXIT_GPU_BUSY
+    assert supervised_trainer.main([str(line), "--parent", "1"]) == TrainerExitCode.GPU_BUSY
     assert "guards.share_reserve_gb is not set" in capsys.readouterr().err
     assert read_latest(line / "checkpoints") is not None
     assert load_checkpoint(line / "checkpoints" / str(read_latest(line / "checkpoints"))).update == 2

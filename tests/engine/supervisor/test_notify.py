@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.supervisor.notify import EVENT_KINDS, make_event, notify
+from engine.protocol.facts import NOTIFIED_EVENTS
+from engine.supervisor.notify import make_event, notify
 
 
 def script(tmp_path: Path, body: str) -> list[str]:
@@ -65,7 +66,7 @@ def test_a_hanging_command_is_killed_with_its_children(tmp_path: Path) -> None:
 
 
 def test_every_spec_event_kind_exists_and_others_are_refused() -> None:
-    assert set(EVENT_KINDS) == {
+    assert set(NOTIFIED_EVENTS) == {
         "finished", "failed", "stuck", "watchdog_restart", "signal_restart", "disk_full",
         "data_wait", "gpu_wait", "preparer_failing", "supervisor_failed",
     }

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from engine import protocol
 from engine.errors import LineError
 from engine.gpu.devices import gpu_snapshot
+from engine.protocol import wire
 from engine.supervisor.server import SupervisorServer
 from nsconsole.client import RemoteError, SupervisorClient, SupervisorUnavailable
 
@@ -144,9 +144,9 @@ def test_a_stale_socket_is_replaced_and_a_live_one_refused(tmp_path: Path, line:
 
 def test_hello_with_another_protocol_is_refused_clearly(server: SupervisorServer) -> None:
     connection = raw_connection(server.socket_path)
-    connection.sendall(protocol.encode(protocol.make_request(1, "hello", {"protocol": 99})))
+    connection.sendall(wire.encode(wire.make_request(1, "hello", {"protocol": 99})))
     [reply] = read_lines(connection, 1)
-    assert reply["error"]["code"] == protocol.PROTOCOL_MISMATCH
+    assert reply["error"]["code"] == wire.PROTOCOL_MISMATCH
     assert "client speaks 99, supervisor speaks 1" in reply["error"]["message"]
     assert connection.recv(10) == b""  # and the connection is closed
     connection.close()
@@ -154,18 +154,18 @@ def test_hello_with_another_protocol_is_refused_clearly(server: SupervisorServer
 
 def test_calls_before_hello_are_refused(server: SupervisorServer) -> None:
     connection = raw_connection(server.socket_path)
-    connection.sendall(protocol.encode(protocol.make_request(1, "status")))
+    connection.sendall(wire.encode(wire.make_request(1, "status")))
     [reply] = read_lines(connection, 1)
-    assert reply["error"]["code"] == protocol.HELLO_REQUIRED
+    assert reply["error"]["code"] == wire.HELLO_REQUIRED
     connection.close()
 
 
 def test_every_method_replies_with_its_shape(server: SupervisorServer, line: InMemoryLine) -> None:
     with SupervisorClient(server.socket_path) as client:
         hello = client.server
-        assert hello["protocol"] == protocol.PROTOCOL_VERSION and hello["pid"] == os.getpid()
+        assert hello["protocol"] == wire.PROTOCOL_VERSION and hello["pid"] == os.getpid()
         assert hello["epoch"] == server.epoch and hello["line"] == str(server.socket_path.parent)
-        assert set(hello["methods"]) == set(protocol.METHODS)
+        assert set(hello["methods"]) == set(wire.METHODS)
         assert client.call("status")["state"] == "training"
         rows = client.call("rows", since=28)
         assert rows == {"rows": line.rows_logged[28:], "next": 30, "total": 30}
@@ -180,10 +180,10 @@ def test_every_method_replies_with_its_shape(server: SupervisorServer, line: InM
         assert set(subscribed) == {"seq", "epoch", "replayed", "gap", "oldest_seq"}
         with pytest.raises(RemoteError, match="no checkpoint at update 99") as refused:
             client.mutate("rollback", to=99)
-        assert refused.value.code == protocol.REFUSED
+        assert refused.value.code == wire.REFUSED
         with pytest.raises(RemoteError, match="internal error in tune: ValueError: tuning crash") as crashed:
             client.mutate("tune")
-        assert crashed.value.code == protocol.INTERNAL_ERROR
+        assert crashed.value.code == wire.INTERNAL_ERROR
         # The server is still up and its state is what the calls made it.
         assert client.call("status") == {
             "state": "stopping", "stops": 1, "branches": ["/lines/b1"], "rollbacks": [12], "tunes": 1,
@@ -199,7 +199,7 @@ def test_a_retried_mutation_is_applied_once(server: SupervisorServer, line: InMe
         assert again == first and line.branches == ["/lines/b2"]
         with pytest.raises(RemoteError) as reused:
             client.call("branch", request_id="same", path="/lines/other")
-        assert reused.value.code == protocol.REQUEST_ID_REUSED
+        assert reused.value.code == wire.REQUEST_ID_REUSED
         with pytest.raises(RemoteError, match="already exists"):
             client.call("branch", request_id="new", path="/lines/b2")
     assert line.branches == ["/lines/b2"]
@@ -263,12 +263,12 @@ def test_notifications_racing_a_subscribe_arrive_once_and_in_order(server: Super
 
 def test_a_line_over_the_cap_is_answered_and_the_connection_goes_on(server: SupervisorServer) -> None:
     connection = raw_connection(server.socket_path)
-    connection.sendall(protocol.encode(protocol.make_request(1, "hello", {"protocol": 1})))
+    connection.sendall(wire.encode(wire.make_request(1, "hello", {"protocol": 1})))
     padding = b"y" * 200_000
     connection.sendall(b'{"jsonrpc":"2.0","id":2,"method":"status","params":{"x":"' + padding + b'"}}\n')
-    connection.sendall(protocol.encode(protocol.make_request(3, "status")))
+    connection.sendall(wire.encode(wire.make_request(3, "status")))
     hello, too_long, status = read_lines(connection, 3)
-    assert hello["id"] == 1 and too_long["error"]["code"] == protocol.LINE_TOO_LONG and too_long["id"] is None
+    assert hello["id"] == 1 and too_long["error"]["code"] == wire.LINE_TOO_LONG and too_long["id"] is None
     assert status["id"] == 3 and status["result"]["state"] == "training"
     connection.close()
 
@@ -289,7 +289,7 @@ def test_another_uid_is_refused(tmp_path: Path, line: InMemoryLine) -> None:
             os.chmod(socket_path, 0o666)
             outcome = connect_as(nobody, socket_path)
             reply = json.loads(outcome)
-            assert reply["error"]["code"] == protocol.PEER_REFUSED
+            assert reply["error"]["code"] == wire.PEER_REFUSED
             assert f"peer uid {nobody} is not the supervisor's uid 0" in reply["error"]["message"]
             with SupervisorClient(socket_path) as client:  # our own uid still gets in
                 assert client.call("status")["state"] == "training"
@@ -314,7 +314,7 @@ def connect_as(uid: int, socket_path: Path) -> str:
                 connection.connect(str(socket_path))
                 # Refused and closed before the hello goes out: the refusal is still there to read.
                 with contextlib.suppress(BrokenPipeError):
-                    connection.sendall(protocol.encode(protocol.make_request(1, "hello", {"protocol": 1})))
+                    connection.sendall(wire.encode(wire.make_request(1, "hello", {"protocol": 1})))
                 while not outcome.endswith(b"\n"):
                     chunk = connection.recv(65536)
                     if not chunk:
@@ -340,7 +340,7 @@ def connect_as(uid: int, socket_path: Path) -> str:
 def malformed_messages(seed: int, count: int) -> list[bytes]:
     """Lines (without newline, never blank) that must each get one error reply and change nothing."""
     generator = random.Random(seed)
-    methods = [*protocol.METHODS, "shutdown", "", "__init__", "STATUS", "status ", "x" * 300]
+    methods = [*wire.METHODS, "shutdown", "", "__init__", "STATUS", "status ", "x" * 300]
     junk_values: list[Any] = [None, True, -1, 2**70, 1.5, "", "x", [], {}, [1, {"a": None}], {"since": "1"}]
 
     def random_value() -> Any:
@@ -369,13 +369,13 @@ def malformed_messages(seed: int, count: int) -> list[bytes]:
             ])
         if generator.random() < 0.3:
             message.pop("id")
-        if message.get("jsonrpc") == "2.0" and message["method"] in protocol.METHODS and "id" in message:
+        if message.get("jsonrpc") == "2.0" and message["method"] in wire.METHODS and "id" in message:
             # Keep it malformed: a valid read or hello would be a fine call, not a malformed one.
             message["params"] = {"bogus": random_value()}
         return json.dumps(message).encode()
 
     def mutation_without_request_id() -> bytes:
-        method = generator.choice(sorted(protocol.MUTATIONS))
+        method = generator.choice(sorted(wire.MUTATIONS))
         params = {"path": "/x", "to": 3, "at_cycle_end": 1, "request_id": generator.choice([None, 1, "", []])}
         return json.dumps({"jsonrpc": "2.0", "id": "m", "method": method, "params": params}).encode()
 
@@ -405,7 +405,7 @@ def test_ten_thousand_malformed_messages_change_nothing(server: SupervisorServer
     messages = malformed_messages(seed=20261129, count=10_000)
     connection = raw_connection(server.socket_path)
     connection.settimeout(60)
-    connection.sendall(protocol.encode(protocol.make_request("hi", "hello", {"protocol": 1})))
+    connection.sendall(wire.encode(wire.make_request("hi", "hello", {"protocol": 1})))
 
     def send_all() -> None:
         for message in messages:
@@ -424,8 +424,8 @@ def test_ten_thousand_malformed_messages_change_nothing(server: SupervisorServer
         assert "error" in reply
     codes = {reply["error"]["code"] for reply in replies[1:]}
     assert codes == {
-        protocol.PARSE_ERROR, protocol.INVALID_REQUEST, protocol.METHOD_NOT_FOUND,
-        protocol.INVALID_PARAMS, protocol.LINE_TOO_LONG,
+        wire.PARSE_ERROR, wire.INVALID_REQUEST, wire.METHOD_NOT_FOUND,
+        wire.INVALID_PARAMS, wire.LINE_TOO_LONG,
     }
     with SupervisorClient(server.socket_path) as client:
         assert client.call("status") == before
@@ -443,4 +443,4 @@ def test_the_client_reports_a_refused_connection_clearly(tmp_path: Path, line: I
         for _ in range(20):
             with pytest.raises(RemoteError, match="connection refused: peer uid") as refused:
                 SupervisorClient(tmp_path / "supervisor.sock").connect()
-            assert refused.value.code == protocol.PEER_REFUSED
+            assert refused.value.code == wire.PEER_REFUSED

@@ -624,13 +624,14 @@ class UnkillableTrainer:
 
 
 def test_a_trainer_that_survives_sigkill_leaves_the_line_stuck_and_says_so(rig: Rig) -> None:
-    from engine.supervisor.supervisor import EXIT_FAILED, Supervisor, SupervisorSettings
+    from engine.protocol.facts import SupervisorExitCode
+    from engine.supervisor.supervisor import Supervisor, SupervisorSettings
 
     supervisor = Supervisor(rig.line, SupervisorSettings(kill_wait_seconds=0.05))
     trainer = UnkillableTrainer()
     outcome = supervisor._kill(trainer, time.time() - 5, watchdog=True, stopped_by_us=False)
     assert trainer.killed and outcome.code is None and outcome.killed_by_watchdog
-    assert supervisor._judge(outcome) == EXIT_FAILED
+    assert supervisor._judge(outcome) == SupervisorExitCode.FAILED
     state = rig.state()
     assert state["state"] == "stuck" and state["last_event"]["event"] == "stuck"
     assert "stuck: the trainer was killed but does not exit" in (rig.line / "run.log").read_text()

@@ -19,14 +19,7 @@ from helpers.supervise import RUNNER, wait_for
 from datalines import open_data_line
 from datalines.preparer import prepare_cycle
 from engine.supervisor import registry
-from engine.supervisor.supervisor import STOP_AT_REASON, STOP_FILE_REASON
-from engine.training.trainer import StopReason
 from nsconsole.client import SupervisorClient
-
-
-def test_the_stop_reasons_the_supervisor_reads_are_the_trainers() -> None:
-    assert STOP_FILE_REASON == StopReason.STOP_FILE
-    assert STOP_AT_REASON == StopReason.STOP_AT
 
 
 @pytest.fixture(scope="module")

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from engine import protocol
 from engine.errors import LineError
 from engine.layout import LineLayout
+from engine.protocol import wire
 from engine.supervisor.rpc import REPLY_BUDGET_BYTES, LineHandler, PausedWork, RowsTail, is_validation_row
 
 
@@ -20,7 +20,7 @@ class View:
     def __init__(self, root: Path) -> None:
         self.layout = LineLayout(root)
         self.rows_tail = RowsTail(self.layout.rows_jsonl)
-        self.request_log = protocol.RequestLog()
+        self.request_log = wire.RequestLog()
         self.stops: list[int | None] = []
         self.paused: list[PausedWork] = []
         self.forks = None  # the handler reaches it only with a complete request
@@ -77,7 +77,7 @@ def test_rows_are_paged_within_the_line_cap(view: View) -> None:
     handler = LineHandler(view)
     first = handler.rows(since=0, limit=4096)
     assert 0 < len(first["rows"]) < 200 and first["total"] == 200
-    assert len(protocol.encode(protocol.make_result(1, first))) <= protocol.MAX_LINE_BYTES
+    assert len(wire.encode(wire.make_result(1, first))) <= wire.MAX_LINE_BYTES
     everything = first["rows"]
     since = first["next"]
     while since < 200:
