@@ -63,7 +63,7 @@ def make_lines(work: Path) -> tuple[Path, Path]:
     from datalines.creation import init_embedded_line
     from datalines.validation import build_validation
     from engine.config.run import LengthConfig, RunConfig, SharedShapeConfig
-    from engine.ops.lines import NewLineOptions, new_line
+    from engine.ops.new import NewLineOptions, new_line
 
     template = work / "data-template"
     if not template.exists():
@@ -178,7 +178,7 @@ def start_hog(first: float, then: float, seconds: float) -> subprocess.Popen:
 
 
 def run_phase(line: Path, phase: str, hog_first: float, hog_then: float, hog_seconds: float) -> dict:
-    from engine.ops.lines import request_stop
+    from engine.ops.stop import request_stop
 
     watch = Watch(line, phase)
     with (line / "supervisor.err").open("w") as errors:

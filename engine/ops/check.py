@@ -14,7 +14,7 @@ import torch
 
 from datalines import open_data_line
 from datalines.errors import DataLineError
-from engine.checkpoints.tensors import (
+from engine.checkpoints.format import (
     CHECKPOINT_DISK_MARGIN,
     expected_checkpoint_bytes,
     verify_line_checkpoints,

@@ -18,7 +18,7 @@ from datalines.creation import init_embedded_line
 from datalines.validation import build_validation
 from engine.config.run import CheckpointConfig, LengthConfig, LRConfig, LRPiece, RunConfig, ValidationConfig
 from engine.layout import LineLayout
-from engine.ops.lines import NewLineOptions, new_line
+from engine.ops.new import NewLineOptions, new_line
 
 DEMO_PRESET = "ns-tiny"
 DEMO_SEQ_LEN = 256

@@ -16,7 +16,8 @@ from typing import Any
 from engine.config.run import RunConfig
 from engine.errors import LineError
 from engine.layout import LineLayout, checkpoint_update
-from engine.ops.lines import StopRequest, open_line, read_stop
+from engine.ops.lines import open_line
+from engine.ops.stop import StopRequest, read_stop
 from engine.wandb.state import WandbRunState
 
 TAIL_BLOCK_BYTES = 64 * 1024

@@ -39,8 +39,8 @@ from engine.errors import LineError, is_out_of_memory
 from engine.models.base import LanguageModel
 from engine.models.ns.model import NSLM, RECOMPUTE_CHOICES
 from engine.models.presets import build_model
-from engine.ops.lineops import running_trainer
 from engine.ops.lines import model_vocab_size, open_line
+from engine.ops.rollback import running_trainer
 from engine.training.arena import DEFAULT_SLACK_BYTES, Arena, release_step_caches
 from engine.training.optim import AdamWSettings, FlatAdamW
 from engine.training.schedule import tokens_per_update

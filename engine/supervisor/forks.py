@@ -1,7 +1,7 @@
 """Branches asked of a running line: forked at once when their trunk cycle has ended, else queued.
 
 A `branch` call names a cycle of the trunk. When that cycle's kept "cycle-end" checkpoint is
-part of the line, `engine.ops.lineops.branch_line` forks the branch there and then. When the cycle has
+part of the line, `engine.ops.branch.branch_line` forks the branch there and then. When the cycle has
 not ended yet, what can be checked already is checked (the plan, the target directory, the data
 line, the trunk's cycles) and the request waits in a queue that the supervisor keeps in
 supervisor.json, so a restarted supervisor still performs it. The supervisor's loop calls `poll`:
@@ -12,41 +12,28 @@ branch's own supervisor) on a worker thread too, so that the `branch` call is an
 waiting for that start. When the line reaches its end, `finish_line` reports the forks whose cycle
 never came as failed.
 
-The supervisor starts without torch (seconds, and memory, for a process that only watches), and
-`engine.ops.lineops` imports it through `engine.checkpoints.tensors`: this module reads checkpoint directories itself
-and imports lineops only when a branch is asked for.
+The supervisor starts without torch (seconds, and memory, for a process that only watches): this
+module and `engine.ops.branch` read checkpoints through the torch-free `engine.checkpoints.format`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from datalines import open_data_line
 from datalines.errors import DataLineError
+from engine.checkpoints.format import BRANCH_START_KEPT, cycle_end_kept, read_checkpoint_state
 from engine.errors import LineError
 from engine.layout import LineLayout, checkpoint_update
+from engine.ops.branch import BranchRequest, BranchResult, branch_line, parse_plan
 from engine.ops.lines import inspect_data_line
 from engine.supervisor.reads import latest_update
-
-if TYPE_CHECKING:
-    from engine.ops.lineops import BranchRequest, BranchResult
-
-STATE_FILE = "state.json"
-"""A checkpoint's state file (`engine.checkpoints.tensors.STATE_NAME`; a test holds the two together)."""
-BRANCH_START_KEPT = "branch-start"
-"""The `kept` reason of a branch's first checkpoint (`engine.ops.lineops.BRANCH_KEPT`)."""
-
-
-def cycle_end_reason(cycle: int) -> str:
-    """The `kept` reason the trainer writes into the state of the checkpoint that ends `cycle`."""
-    return f"cycle-end {cycle}"
 
 
 @dataclass
@@ -62,12 +49,11 @@ class QueuedFork:
     data: str
     """The branch's own data line (absolute)."""
     long_seq_len: int | None = None
-    """The length of `long` stages (None: lineops' default)."""
+    """The length of `long` stages (None: `engine.ops.branch`'s default)."""
     requested: float = 0.0
     """When it was asked for (Unix time)."""
 
     def request(self, parent: Path) -> BranchRequest:
-        from engine.ops.lineops import BranchRequest  # imports torch: only once a branch is asked for
 
         return BranchRequest(
             new=Path(self.path), parent=parent, at_cycle=self.at_cycle, plan=self.plan,
@@ -86,15 +72,6 @@ class QueuedFork:
             return None
         typed = isinstance(fork.path, str) and isinstance(fork.plan, str) and isinstance(fork.data, str)
         return fork if typed and isinstance(fork.at_cycle, int) else None
-
-
-def read_state(checkpoint: Path) -> dict[str, Any]:
-    """A checkpoint's state.json ({} when it cannot be read)."""
-    try:
-        state = json.loads((checkpoint / STATE_FILE).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
-        return {}
-    return state if isinstance(state, dict) else {}
 
 
 def checkpoint_directories(layout: LineLayout) -> list[tuple[int, Path]]:
@@ -119,7 +96,7 @@ def cycle_end_checkpoint(layout: LineLayout, cycle: int) -> Path | None:
     for update, checkpoint in checkpoint_directories(layout):
         if update > latest:
             break
-        if read_state(checkpoint).get("kept") == cycle_end_reason(cycle):
+        if (read_checkpoint_state(checkpoint) or {}).get("kept") == cycle_end_kept(cycle):
             return checkpoint
     return None
 
@@ -129,17 +106,17 @@ def current_cycle(layout: LineLayout) -> int | None:
     latest = latest_update(layout)
     if latest is None:
         return None
-    cycle = read_state(layout.checkpoint(latest)).get("position", {}).get("cycle")
+    cycle = (read_checkpoint_state(layout.checkpoint(latest)) or {}).get("position", {}).get("cycle")
     return cycle if isinstance(cycle, int) else None
 
 
 def branched_from(layout: LineLayout) -> str | None:
-    """The line a branch was forked from, None for a trunk: lineops writes it into the state of the
+    """The line a branch was forked from, None for a trunk: `engine.ops.branch` writes it into the state of the
     branch's first checkpoint, which retention keeps."""
     checkpoints = checkpoint_directories(layout)
     if not checkpoints:
         return None
-    state = read_state(checkpoints[0][1])
+    state = read_checkpoint_state(checkpoints[0][1]) or {}
     origin = state.get("branched_from")
     if state.get("kept") != BRANCH_START_KEPT or not isinstance(origin, dict):
         return None
@@ -148,7 +125,6 @@ def branched_from(layout: LineLayout) -> str | None:
 
 def check_before_queueing(layout: LineLayout, trunk_data: Path, fork: QueuedFork) -> None:
     """Refuse now what `branch_line` would refuse at the cycle's end anyway (LineError)."""
-    from engine.ops.lineops import parse_plan  # imports torch: only once a branch is asked for
 
     parse_plan(fork.plan)
     target = Path(fork.path)
@@ -285,7 +261,7 @@ class ForkQueue:
 
     def _make(self, due: list[QueuedFork]) -> None:
         # Each stays queued (and saved) until it is made: a supervisor killed meanwhile tries it again
-        # (lineops builds a branch beside its place and renames it in, so no half-made line is left).
+        # (`branch_line` builds a branch beside its place and renames it in, so no half-made line is left).
         for fork in due:
             result: BranchResult | None = None
             try:
@@ -304,7 +280,6 @@ class ForkQueue:
                 self.on_failed(fork, failure)
 
     def _fork(self, fork: QueuedFork) -> BranchResult:
-        from engine.ops.lineops import branch_line  # imports torch: only once a branch is asked for
 
         with self._forking:
             return branch_line(fork.request(self.layout.root))

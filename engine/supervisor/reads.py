@@ -16,7 +16,7 @@ from typing import Any
 from engine.config.run import RunConfig
 from engine.errors import ConfigError, LineError
 from engine.layout import LineLayout, checkpoint_update
-from engine.ops import lines as ops
+from engine.ops.stop import StopRequest, read_stop
 
 
 def lock_line(layout: LineLayout) -> int:
@@ -70,9 +70,9 @@ def heartbeat_update(layout: LineLayout) -> int | None:
     return None if heartbeat is None else heartbeat.get("update")
 
 
-def pending_stop(layout: LineLayout) -> ops.StopRequest | None:
+def pending_stop(layout: LineLayout) -> StopRequest | None:
     try:
-        return ops.read_stop(layout)
+        return read_stop(layout)
     except LineError:
         return None
 

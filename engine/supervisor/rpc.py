@@ -3,7 +3,7 @@
 Reads (`status`, `rows`, `log`, `gpu`) come from the supervisor's own view of the line: it tails
 rows.jsonl as the trainer appends (whole lines only, an index of their offsets kept), so a
 client never reads a file mid-write. Mutations change the line through the same engine
-functions the commands use (`engine.ops.lines`, `engine.ops.lineops`, `nsconsole tune`); the server
+functions the commands use (`engine.ops.lines`, `engine.ops.branch`, `nsconsole tune`); the server
 applies each request_id once:
 
 - `stop {at_cycle_end}` writes the STOP request and replies at once.
@@ -39,7 +39,7 @@ from engine.config.run import RunConfig
 from engine.errors import LineError
 from engine.gpu.devices import gpu_snapshot, lease_holder
 from engine.layout import LineLayout
-from engine.ops import lines as ops
+from engine.ops.stop import request_stop
 from engine.protocol import wire
 from engine.protocol.facts import EventKind, LineState
 from engine.supervisor.forks import ForkQueue, new_fork
@@ -226,7 +226,7 @@ class LineHandler:
         return snapshot
 
     def stop(self, at_cycle_end: int | None) -> dict[str, Any]:
-        request = ops.request_stop(self.supervisor.layout.root, at_cycle_end)
+        request = request_stop(self.supervisor.layout.root, at_cycle_end)
         self.supervisor.request_stop(at_cycle_end)
         when = request.when()
         return {"stopping": True, "when": when, "requested": request.requested, "at_cycle_end": at_cycle_end}
@@ -251,7 +251,7 @@ class LineHandler:
         check_rollback_target(layout, to)  # before the trainer is stopped for nothing
 
         def roll_back() -> dict[str, Any]:
-            from engine.ops.lineops import rollback_line  # imports torch: only once a rollback is asked for
+            from engine.ops.branch import rollback_line  # imports torch: only once a rollback is asked for
 
             result = rollback_line(layout.root, to)
             reply = dataclasses.asdict(result)

@@ -98,7 +98,7 @@ from engine.supervisor.server import SupervisorServer
 from engine.supervisor.verdict import ExitContext, TrainerExit, judge_exit
 
 if TYPE_CHECKING:
-    from engine.ops.lineops import BranchResult
+    from engine.ops.branch import BranchResult
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 MAX_RELAUNCH_DELAY_S = 300.0

@@ -51,15 +51,15 @@ import torch
 
 from datalines import open_data_line
 from datalines.cycle import Cycle
-from engine.checkpoints.tensors import (
+from engine.checkpoints.format import (
     CHECKPOINT_DISK_MARGIN,
-    Checkpoint,
-    CheckpointSnapshot,
-    CheckpointWriter,
+    LINE_START_KEPT,
+    cycle_end_kept,
     discard_partial_writes,
     expected_checkpoint_bytes,
-    find_resume_point,
+    stage_end_kept,
 )
+from engine.checkpoints.tensors import Checkpoint, CheckpointSnapshot, CheckpointWriter, find_resume_point
 from engine.config.run import RunConfig
 from engine.errors import CheckpointError, ConfigError, DiskFull, LineError, is_out_of_memory
 from engine.gpu.sharing import GIB, Action, GpuBusy, GpuMode, GpuReading, GpuWatch, refuse_unshareable_lengths
@@ -67,6 +67,7 @@ from engine.layout import LineLayout
 from engine.metrics import METRICS_VERSION
 from engine.models.presets import build_model
 from engine.ops import lines as ops
+from engine.ops.stop import read_stop
 from engine.protocol.facts import Engine, Stage, StopReason
 from engine.rows import Heartbeat, RowsFile, RunLog, format_row
 from engine.training.engines import ArenaNotReleased, StepEngines
@@ -213,7 +214,7 @@ class Trainer:
         self.writer = CheckpointWriter(layout.checkpoints, config.checkpoints.keep_last, abandoned_after)
         ops.accept(layout.root, config)  # the start passed its checks: this is the accepted configuration
         if resume.checkpoint is None:
-            self._checkpoint(kept="line-start", wait=True)
+            self._checkpoint(kept=LINE_START_KEPT, wait=True)
         # Only now, with rows.jsonl cut back to the state resumed, may the mirror read it to re-send
         # what W&B lacks; a start refused by its checks leaves W&B untouched.
         self.mirror = WandbMirror(layout.root, config.wandb, run_config=config.to_dict())
@@ -451,7 +452,7 @@ class Trainer:
             return f"signal {signal.Signals(self._signal).name}"
         if self.stop_at is not None and self.position.update >= self.stop_at:
             return StopReason.STOP_AT
-        request = ops.read_stop(self.layout)
+        request = read_stop(self.layout)
         if request is None:
             return None
         # A cycle end already behind the line (or the one it stands at) stops it now.
@@ -581,10 +582,10 @@ class Trainer:
         self.model.on_cycle_end(finished)
         position.cycle += 1
         position.sample = 0
-        self._checkpoint(kept=f"cycle-end {finished}", wait=True)
+        self._checkpoint(kept=cycle_end_kept(finished), wait=True)
         self.data_line.mark_consumed(finished)
         self.log.write(f"cycle {finished} done at update {position.update}")
-        request = ops.read_stop(self.layout)
+        request = read_stop(self.layout)
         if request is not None and request.at_cycle_end is not None and request.at_cycle_end <= finished:
             return StopReason.STOP_FILE
         last = self.data_line.last_cycle()
@@ -601,7 +602,7 @@ class Trainer:
         if position.stage < len(self.config.plan):
             # The next length reads the rest of the cycle in its own order, from the same token offset.
             position.sample = math.ceil(position.sample * finished.seq_len / self._seq_len())
-        self._checkpoint(kept=f"stage-end {finished.name}", wait=True)
+        self._checkpoint(kept=stage_end_kept(finished.name), wait=True)
         self.log.write(f"stage {finished.name} done at update {position.update}")
         return StopReason.PLAN_END if position.stage >= len(self.config.plan) else None
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from engine.ops.lineops import BranchRequest, branch_line
+from engine.ops.branch import BranchRequest, branch_line
 
 HELP = "NEW --from LINE --at-cycle N --plan PLAN --data DIR: fork a branch line from a trunk cycle end"
 DESCRIPTION = """\

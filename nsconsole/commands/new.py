@@ -9,7 +9,7 @@ from typing import Any
 from engine.config.json_fields import parse_value
 from engine.config.run import RampPiece
 from engine.errors import ConfigError
-from engine.ops.lines import NewLineOptions, new_line
+from engine.ops.new import NewLineOptions, new_line
 
 HELP = "LINE --model PRESET --data DIR: create a training line (its run.json) from a model preset"
 DESCRIPTION = """\

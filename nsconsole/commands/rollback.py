@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from engine.ops.lineops import rollback_line
+from engine.ops.rollback import rollback_line
 
 HELP = "LINE --to UPDATE: continue a line from an earlier checkpoint as a new W&B run"
 DESCRIPTION = """\

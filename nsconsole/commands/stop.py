@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from engine.ops.lines import request_stop
+from engine.ops.stop import request_stop
 
 HELP = "LINE [--at-cycle-end N]: stop a line with a checkpoint at the next update or at the end of a cycle"
 DESCRIPTION = """\

@@ -24,7 +24,7 @@ from datalines.preparer import prepare_cycle
 from datalines.tokenizer import EMBEDDED_EOS_TOKEN, train_byte_level_bpe
 from datalines.validation import build_validation
 from engine.config.run import RunConfig
-from engine.ops.lines import NewLineOptions, new_line
+from engine.ops.new import NewLineOptions, new_line
 
 SEQ_LEN = 32
 

@@ -8,21 +8,23 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.checkpoints.tensors import (
+from engine.checkpoints.format import (
     LATEST_NAME,
-    CheckpointSnapshot,
-    CheckpointWriter,
     apply_retention,
     checkpoint_name,
     discard_partial_writes,
-    find_resume_point,
     list_checkpoints,
-    load_checkpoint,
     read_latest,
     verify_checkpoint,
     verify_line_checkpoints,
-    write_checkpoint,
     write_latest,
+)
+from engine.checkpoints.tensors import (
+    CheckpointSnapshot,
+    CheckpointWriter,
+    find_resume_point,
+    load_checkpoint,
+    write_checkpoint,
 )
 from engine.errors import CheckpointError
 

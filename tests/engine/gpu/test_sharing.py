@@ -18,7 +18,8 @@ from helpers.lines import (
     rows_without_wall_clock,
 )
 
-from engine.checkpoints.tensors import load_checkpoint, read_latest
+from engine.checkpoints.format import read_latest
+from engine.checkpoints.tensors import load_checkpoint
 from engine.config.run import RunConfig
 from engine.errors import ConfigError
 from engine.gpu.devices import GpuDevice, GpuProcess, GpuSnapshot

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.checkpoints.tensors import read_latest
+from engine.checkpoints.format import read_latest
 
 pytestmark = pytest.mark.slow
 

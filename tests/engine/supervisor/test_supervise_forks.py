@@ -1,8 +1,8 @@
 """The supervisor's branch queue on real checkpoint directories: when a cycle has ended, what is
 refused before queueing, forks made at a cycle end, a queue carried across a restart, the line's end.
 
-`branch_line` itself is stood in for here (its own tests are tests/test_lineops.py; the real fork
-through a running supervisor is tests/test_supervise_lineops_e2e.py), so that each case is fast.
+`branch_line` itself is stood in for here (its own tests are tests/engine/ops/test_branch_rollback.py; the real fork
+through a running supervisor is tests/engine/supervisor/test_supervise_ops_e2e.py), so that each case is fast.
 """
 
 from __future__ import annotations
@@ -17,11 +17,9 @@ from typing import Any
 import pytest
 from helpers.lines import make_data_line, make_line
 
-from engine.checkpoints import tensors as ckpt
 from engine.errors import LineError
 from engine.layout import LineLayout
-from engine.ops import lineops
-from engine.ops.lineops import BranchRequest, BranchResult
+from engine.ops.branch import BranchRequest, BranchResult
 from engine.supervisor import forks as supervise_forks
 from engine.supervisor.forks import ForkQueue, QueuedFork, branched_from, cycle_end_checkpoint, new_fork
 from engine.supervisor.supervisor import Supervisor
@@ -82,7 +80,7 @@ def one_cycle_data_line(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def recorder(monkeypatch: pytest.MonkeyPatch) -> Recorder:
     recorder = Recorder()
-    monkeypatch.setattr(lineops, "branch_line", recorder.branch_line)
+    monkeypatch.setattr(supervise_forks, "branch_line", recorder.branch_line)
     return recorder
 
 
@@ -235,12 +233,7 @@ def test_queued_fork_records_round_trip() -> None:
     assert QueuedFork.from_json({"path": "/b", "at_cycle": "3", "plan": "x", "data": "/d"}) is None
 
 
-def test_the_checkpoint_facts_read_without_torch_are_those_ckpt_and_lineops_write() -> None:
-    assert supervise_forks.STATE_FILE == ckpt.STATE_NAME
-    assert supervise_forks.BRANCH_START_KEPT == lineops.BRANCH_KEPT
-    match = lineops.CYCLE_END_KEPT.match(supervise_forks.cycle_end_reason(12))
-    assert match is not None and int(match.group(1)) == 12
-    # The supervisor itself starts without torch (a branch or rollback imports it when asked for).
+def test_the_supervisor_starts_without_torch() -> None:
     check = "import sys, engine.supervisor.supervisor; assert 'torch' not in sys.modules"
     assert subprocess.run([sys.executable, "-c", check]).returncode == 0
 

@@ -21,7 +21,8 @@ from helpers.lines import (
     rows_without_wall_clock,
 )
 
-from engine.checkpoints.tensors import load_checkpoint, read_latest, verify_line_checkpoints
+from engine.checkpoints.format import read_latest, verify_line_checkpoints
+from engine.checkpoints.tensors import load_checkpoint
 from engine.training.trainer import Trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one intra-op thread

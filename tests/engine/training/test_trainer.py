@@ -21,10 +21,11 @@ from helpers.lines import (
 
 from datalines import open_data_line
 from datalines.preparer import prepare_cycle
-from engine.checkpoints.tensors import load_checkpoint, read_latest, verify_line_checkpoints
+from engine.checkpoints.format import read_latest, verify_line_checkpoints
+from engine.checkpoints.tensors import load_checkpoint
 from engine.config.run import RunConfig
 from engine.errors import CheckpointError, ConfigError, LineError
-from engine.ops.lines import request_stop
+from engine.ops.stop import request_stop
 from engine.training import trainer as trainer_module
 from engine.training.schedule import learning_rate, tokens_per_update, update_weight_decay
 from engine.training.trainer import Trainer

@@ -11,7 +11,8 @@ import pytest
 import torch
 from helpers.lines import copy_data_line, make_data_line, make_line
 
-from engine.checkpoints.tensors import load_checkpoint, read_latest
+from engine.checkpoints.format import read_latest
+from engine.checkpoints.tensors import load_checkpoint
 from engine.gpu.sharing import GpuWatch
 from engine.training.arena import Arena
 from engine.training.optim import AdamWSettings, FlatAdamW

@@ -18,7 +18,7 @@ from helpers.lines import (
 )
 
 from engine.checkpoints import tensors as ckpt_module
-from engine.checkpoints.tensors import read_latest, verify_line_checkpoints
+from engine.checkpoints.format import read_latest, verify_line_checkpoints
 from engine.config.run import RunConfig
 from engine.errors import DiskFull
 from engine.training import trainer as trainer_module

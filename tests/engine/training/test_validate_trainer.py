@@ -19,7 +19,8 @@ from helpers.lines import (
 
 from datalines import open_data_line
 from datalines.validation import build_validation
-from engine.checkpoints.tensors import list_checkpoints, load_checkpoint, read_latest
+from engine.checkpoints.format import list_checkpoints, read_latest
+from engine.checkpoints.tensors import load_checkpoint
 from engine.errors import LineError
 from engine.training.trainer import Trainer
 

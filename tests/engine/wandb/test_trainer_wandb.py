@@ -22,7 +22,8 @@ from helpers.lines import (
 )
 
 from engine.layout import LineLayout
-from engine.ops.lineops import BranchRequest, branch_line, rollback_line
+from engine.ops.branch import BranchRequest, branch_line
+from engine.ops.rollback import rollback_line
 from engine.training import trainer as trainer_module
 from engine.training.trainer import Trainer
 from engine.wandb import mirror as wb_module

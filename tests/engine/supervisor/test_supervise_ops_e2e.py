@@ -25,10 +25,10 @@ from helpers.supervise import RUNNER, kill_line_processes, stop_supervisor, wait
 
 from datalines import open_data_line
 from datalines.preparer import prepare_cycle
-from engine.checkpoints.tensors import list_checkpoints, read_latest
+from engine.checkpoints.format import list_checkpoints, read_latest
 from engine.config.run import RunConfig
 from engine.layout import LineLayout
-from engine.ops.lineops import read_branches
+from engine.ops.branch import read_branches
 from engine.supervisor import registry
 from engine.supervisor.forks import branched_from
 from nsconsole.client import RemoteError, SupervisorClient

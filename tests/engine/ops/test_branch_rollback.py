@@ -21,25 +21,19 @@ from helpers.wandb import RecordingBackend, SimulatedServer, session
 
 from datalines import open_data_line
 from datalines.preparer import delete_consumed_shards, prepare_cycle
-from engine.checkpoints.tensors import (
+from engine.checkpoints.format import (
     STATE_NAME,
     list_checkpoints,
-    load_checkpoint,
     read_latest,
     verify_checkpoint,
     write_latest,
 )
+from engine.checkpoints.tensors import load_checkpoint
 from engine.config.run import RunConfig
 from engine.errors import LineError
 from engine.layout import LineLayout
-from engine.ops.lineops import (
-    BranchRequest,
-    branch_line,
-    find_cycle_end,
-    parse_plan,
-    read_branches,
-    rollback_line,
-)
+from engine.ops.branch import BranchRequest, branch_line, find_cycle_end, parse_plan, read_branches
+from engine.ops.rollback import rollback_line
 from engine.training.schedule import learning_rate
 from engine.training.trainer import Trainer
 from engine.wandb.state import RunPoint, WandbRunState

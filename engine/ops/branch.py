@@ -1,4 +1,4 @@
-"""Line operations on checkpoints: branch a line from a trunk cycle end, roll a line back.
+"""Branch a line from a trunk cycle end.
 
 `branch_line(BranchRequest)`: a new line forked from the kept checkpoint at the end of a trunk
 cycle. Its run.json is the trunk's at the fork with its own data line, plan and lengths; its
@@ -10,14 +10,6 @@ and tokens trained carry on; stage, data cycle and sample start at 0 on the bran
 no rows yet). The parent's branches.json records the branch, and the branch's first start forks
 the parent's W&B run (`engine.wandb.mirror.plan_branch`).
 
-`rollback_line(LINE, U)`: the line continues from checkpoint u<U> as a new W&B run
-(`engine.wandb.mirror.plan_rollback`). `latest` names u<U>; the later checkpoints stay on disk until the
-line writes its next checkpoint, when retention removes them as an abandoned continuation
-(`abandoned_after`, engine.checkpoints.tensors); rows.jsonl is cut back to the checkpoint's rows after a copy of
-it is kept as rows.rolledback-<time>.jsonl; the data cycles the line will read again are reopened
-(their consumed mark cleared, so the preparer rebuilds their shards from the permanent manifests).
-Refused while the line's trainer runs.
-
 Every check runs before anything is written; each file is replaced atomically.
 """
 
@@ -27,7 +19,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import re
 import shutil
 import time
 from dataclasses import dataclass
@@ -36,7 +27,8 @@ from typing import Any
 
 from datalines import open_data_line
 from engine.atomic import fsync_directory, write_text_atomic
-from engine.checkpoints.tensors import (
+from engine.checkpoints.format import (
+    BRANCH_START_KEPT,
     EXTRA_FILE,
     FORMAT_VERSION,
     META_NAME,
@@ -46,26 +38,23 @@ from engine.checkpoints.tensors import (
     STATE_NAME,
     TOKENIZER_FILE,
     checkpoint_name,
+    cycle_of_kept,
+    json_bytes,
     list_checkpoints,
+    read_checkpoint_state,
     read_latest,
     update_of,
     verify_checkpoint,
+    write_bytes_durably,
     write_latest,
 )
 from engine.config.run import DataConfig, LengthConfig, LRPiece, RunConfig, StageConfig
 from engine.errors import LineError
 from engine.layout import LineLayout
 from engine.ops.lines import inspect_data_line, open_line, resolve_data_path
-from engine.ops.status import pid_alive
-from engine.protocol.facts import Stage
-from engine.rows import RowsFile
 from engine.training.schedule import learning_rate, tokens_per_update
-from engine.wandb.mirror import plan_branch, plan_rollback
+from engine.wandb.mirror import plan_branch
 
-CYCLE_END_KEPT = re.compile(r"^cycle-end (\d+)$")
-"""The `kept` reason the trainer writes into a cycle end's state.json."""
-BRANCH_KEPT = "branch-start"
-"""The `kept` reason of a branch's first checkpoint (retention never removes it)."""
 LINKED_FILES = (MODEL_FILE, OPTIMIZER_FILE, EXTRA_FILE, TOKENIZER_FILE)
 """Checkpoint files a branch shares with its fork checkpoint (hard links)."""
 DECAY_SHAPES = ("linear", "cosine", "sqrt")
@@ -197,14 +186,6 @@ class BranchResult:
     """Whether the fork checkpoint's tensors were hard-linked (else copied)."""
 
 
-def _read_state(directory: Path) -> dict[str, Any] | None:
-    try:
-        state = json.loads((directory / STATE_NAME).read_text())
-    except (OSError, ValueError):
-        return None
-    return state if isinstance(state, dict) else None
-
-
 def find_cycle_end(parent: LineLayout, cycle: int) -> Path:
     """The parent's kept checkpoint at the end of `cycle`; LineError when that cycle has not ended.
 
@@ -216,11 +197,10 @@ def find_cycle_end(parent: LineLayout, cycle: int) -> Path:
     for directory in list_checkpoints(parent.checkpoints):
         if latest_update is None or (update_of(directory) or 0) > latest_update:
             break  # oldest first: every later one is past `latest` too
-        state = _read_state(directory)
-        match = CYCLE_END_KEPT.match(str((state or {}).get("kept") or ""))
-        if match and int(match.group(1)) == cycle:
+        state = read_checkpoint_state(directory)
+        if cycle_of_kept((state or {}).get("kept")) == cycle:
             return directory
-    state = _read_state(parent.checkpoints / latest) if latest else None
+    state = read_checkpoint_state(parent.checkpoints / latest) if latest else None
     if state is None:
         raise LineError(f"{parent.root}: has no checkpoint yet; cycle {cycle} has not ended")
     position = state.get("position", {})
@@ -285,17 +265,6 @@ def _link_or_copy(source: Path, target: Path) -> bool:
         return False
 
 
-def _json_bytes(value: Any) -> bytes:
-    return (json.dumps(value, indent=1, sort_keys=True) + "\n").encode()
-
-
-def _write_durably(path: Path, data: bytes) -> None:
-    with open(path, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-
-
 def write_branch_checkpoint(
     fork: Path, checkpoints_dir: Path, state: dict[str, Any], run_json: bytes
 ) -> tuple[Path, bool]:
@@ -310,11 +279,11 @@ def write_branch_checkpoint(
     fork_meta = json.loads((fork / META_NAME).read_text())["files"]
     linked = all([_link_or_copy(fork / name, directory / name) for name in LINKED_FILES])
     files = {name: fork_meta[name] for name in LINKED_FILES}
-    for name, data in ((STATE_NAME, _json_bytes(state)), (RUN_JSON_FILE, run_json)):
-        _write_durably(directory / name, data)
+    for name, data in ((STATE_NAME, json_bytes(state)), (RUN_JSON_FILE, run_json)):
+        write_bytes_durably(directory / name, data)
         files[name] = {"blake2b": hashlib.blake2b(data, digest_size=32).hexdigest(), "bytes": len(data)}
-    _write_durably(
-        directory / META_NAME, _json_bytes({"format": FORMAT_VERSION, "files": dict(sorted(files.items()))})
+    write_bytes_durably(
+        directory / META_NAME, json_bytes({"format": FORMAT_VERSION, "files": dict(sorted(files.items()))})
     )
     fsync_directory(directory)
     fsync_directory(checkpoints_dir)
@@ -333,7 +302,7 @@ def branch_line(request: BranchRequest) -> BranchResult:
     plan = parse_plan(request.plan)
     fork = find_cycle_end(parent, request.at_cycle)
     verify_checkpoint(fork)
-    fork_state = _read_state(fork)
+    fork_state = read_checkpoint_state(fork)
     if fork_state is None:
         raise LineError(f"{fork / STATE_NAME}: unreadable")
     trunk = RunConfig.from_dict(
@@ -373,7 +342,7 @@ def branch_line(request: BranchRequest) -> BranchResult:
             "sample": 0,
         },  # fmt: skip
         "data": {"manifest_sha256": None, "order_digest": None, "seq_len": None},
-        "kept": BRANCH_KEPT,
+        "kept": BRANCH_START_KEPT,
         "rows": 0,
         "rows_bytes": 0,
         "branched_from": {
@@ -453,101 +422,3 @@ def record_branch(parent: LineLayout, branch: Path, request: BranchRequest, upda
 # -- rollback -------------------------------------------------------------------------------------
 
 
-@dataclass
-class RollbackResult:
-    """What a rollback did."""
-
-    to_update: int
-    """The update the line continues from."""
-    set_aside: list[str]
-    """Later checkpoints left for retention to remove once the line moves on."""
-    rows_kept: Path | None
-    """The copy of rows.jsonl as it was (None when there were no rows)."""
-    rows_now: int
-    """Rows left in rows.jsonl."""
-    reopened_cycles: list[int]
-    """Data cycles whose consumed mark was cleared (the preparer rebuilds their shards)."""
-
-
-def running_trainer(layout: LineLayout) -> int | None:
-    """The pid of the line's trainer when it is running (its heartbeat's pid is alive), else None."""
-    try:
-        heartbeat = json.loads(layout.heartbeat.read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(heartbeat, dict) or heartbeat.get("stage") == Stage.STOPPED:
-        return None
-    pid = heartbeat.get("pid")
-    if not pid_alive(pid):
-        return None
-    return int(pid)
-
-
-def rollback_line(line: Path | str, to_update: int) -> RollbackResult:
-    """Roll a line back to checkpoint u<to_update> (see the module docstring)."""
-    layout = open_line(line)
-    pid = running_trainer(layout)
-    if pid is not None:
-        raise LineError(f"{layout.root}: its trainer is running (pid {pid}); stop the line before a rollback")
-    target = layout.checkpoint(to_update)
-    available = [directory.name for directory in list_checkpoints(layout.checkpoints)]
-    latest = read_latest(layout.checkpoints)
-    if not target.is_dir():
-        raise LineError(f"{target}: no such checkpoint (the line has {', '.join(available) or 'none'})")
-    latest_update = update_of(Path(latest)) if latest else None
-    if latest_update is None or to_update >= latest_update:
-        raise LineError(
-            f"{target}: not before the line's latest checkpoint ({latest or 'none'}); a rollback goes back"
-        )
-    verify_checkpoint(target)
-    state = _read_state(target)
-    if state is None:
-        raise LineError(f"{target / STATE_NAME}: unreadable")
-    config = RunConfig.load(layout.run_json)
-
-    check_rows_prefix(layout.rows_jsonl, int(state["rows"]), int(state["rows_bytes"]))
-
-    rows_kept = None
-    if layout.rows_jsonl.exists():
-        rows_kept = _rolled_back_rows_path(layout)
-        shutil.copyfile(layout.rows_jsonl, rows_kept)
-        with open(rows_kept, "rb+") as handle:
-            os.fsync(handle.fileno())
-    plan_rollback(layout.root, to_update)
-    reopened = reopen_cycles(resolve_data_path(layout, config.data.line), int(state["position"]["cycle"]))
-    write_latest(layout.checkpoints, target.name)
-    RowsFile.cut_back(layout.rows_jsonl, int(state["rows"]), int(state["rows_bytes"]))
-    later = [name for name in available if (update_of(Path(name)) or 0) > to_update]
-    return RollbackResult(to_update, later, rows_kept, int(state["rows"]), reopened)
-
-
-def check_rows_prefix(path: Path, rows: int, size: int) -> None:
-    """Refuse before anything is written when rows.jsonl does not begin with the checkpoint's rows."""
-    try:
-        with open(path, "rb") as handle:
-            prefix = handle.read(size)
-    except FileNotFoundError:
-        prefix = b""
-    if len(prefix) < size or prefix.count(b"\n") != rows:
-        raise LineError(f"{path}: does not begin with the {rows} rows the checkpoint counts ({size} bytes)")
-
-
-def _rolled_back_rows_path(layout: LineLayout) -> Path:
-    """rows.rolledback-<UTC time>.jsonl, numbered when a rollback in the same second made one already."""
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    path = layout.root / f"rows.rolledback-{stamp}.jsonl"
-    number = 2
-    while path.exists():
-        path = layout.root / f"rows.rolledback-{stamp}-{number}.jsonl"
-        number += 1
-    return path
-
-
-def reopen_cycles(data_path: Path, from_cycle: int) -> list[int]:
-    """Clear the consumed mark of every cycle from `from_cycle` on: the line reads them again.
-
-    The preparer rebuilds a reopened cycle's shards from its permanent manifest and checks them
-    byte for byte, so the line trains exactly the samples it trained before.
-    """
-    data_line = open_data_line(data_path)
-    return [index for index in data_line.known_cycles() if index >= from_cycle and data_line.reopen(index)]

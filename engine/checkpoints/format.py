@@ -1,0 +1,300 @@
+"""The checkpoint format without tensors: names, `latest`, listing, verification, retention.
+
+A checkpoint directory `<line>/checkpoints/u<update:08d>/` holds
+
+    model.safetensors      fp32 weights by parameter name (loadable without this package's layout)
+    optimizer.safetensors  the flat AdamW moments (`exp_avg`, `exp_avg_sq`), the step, the EMA slot
+    extra.safetensors      the model's extra state (PSSA memory banks) and the RNG states (`rng/...`)
+    state.json             update, tokens, data position, rows count, kept reason, code version, layout
+    run.json               the line's full configuration as it was at this update
+    tokenizer.json         the tokenizer the weights were trained with (a checkpoint is self-contained)
+    meta.json              written last: the blake2b and size of every other file
+
+`latest` (a one-line file naming the directory) is replaced by an atomic rename only after the
+directory is complete and renamed into place (`engine.checkpoints.tensors` writes and loads the
+tensors). After each write the retention rule runs: the checkpoint `latest` names, the kept ones
+(line start, cycle ends, length changes) and the newest `keep_last` rolling ones stay. Nothing
+here imports torch, so branch, rollback, status and the supervisor can read checkpoints' files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from engine.atomic import write_text_atomic
+from engine.errors import CheckpointError
+
+FORMAT_VERSION = 1
+
+
+LATEST_NAME = "latest"
+
+
+META_NAME = "meta.json"
+
+
+STATE_NAME = "state.json"
+
+
+MODEL_FILE = "model.safetensors"
+
+
+OPTIMIZER_FILE = "optimizer.safetensors"
+
+
+EXTRA_FILE = "extra.safetensors"
+
+
+RUN_JSON_FILE = "run.json"
+
+
+TOKENIZER_FILE = "tokenizer.json"
+
+
+PARTIAL_SUFFIX = ".partial"
+
+
+_DIR_PATTERN = re.compile(r"^u(\d{8})$")
+
+
+_HASH_CHUNK_BYTES = 1 << 22
+
+
+LINE_START_KEPT = "line-start"
+"""The `kept` reason of a line's first checkpoint."""
+BRANCH_START_KEPT = "branch-start"
+"""The `kept` reason of a branch's first checkpoint (its fork point)."""
+_CYCLE_END_KEPT = re.compile(r"^cycle-end (\d+)$")
+
+
+def cycle_end_kept(cycle: int) -> str:
+    """The `kept` reason of the checkpoint that ends data cycle `cycle` (an exact fork point)."""
+    return f"cycle-end {cycle}"
+
+
+def stage_end_kept(stage: str) -> str:
+    """The `kept` reason of the checkpoint that ends the plan's stage `stage`."""
+    return f"stage-end {stage}"
+
+
+def cycle_of_kept(reason: object) -> int | None:
+    """The cycle a cycle-end `kept` reason names; None for any other reason."""
+    match = _CYCLE_END_KEPT.match(reason) if isinstance(reason, str) else None
+    return int(match.group(1)) if match else None
+
+
+def checkpoint_name(update: int) -> str:
+    return f"u{update:08d}"
+
+
+def update_of(directory: Path) -> int | None:
+    """The update number of a checkpoint directory's name, None for anything else."""
+    match = _DIR_PATTERN.match(directory.name)
+    return int(match.group(1)) if match else None
+
+
+@cache
+def code_version() -> str:
+    """`git describe` of the source tree when it is a checkout, else the installed package version."""
+    source_root = Path(__file__).resolve().parents[2]
+    try:
+        described = subprocess.run(
+            ["git", "describe", "--always", "--dirty", "--tags"],
+            cwd=source_root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+        if described:
+            return f"git:{described}"
+    except (OSError, subprocess.SubprocessError):
+        pass
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"nsconsole {version('nsconsole')}"
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def fsync_file(path: Path) -> None:
+    with open(path, "rb+") as handle:
+        os.fsync(handle.fileno())
+
+
+def write_bytes_durably(path: Path, data: bytes) -> None:
+    with open(path, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def blake2b_of(path: Path) -> str:
+    digest = hashlib.blake2b(digest_size=32)
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_HASH_CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def json_bytes(value: Any) -> bytes:
+    return (json.dumps(value, indent=1, sort_keys=True) + "\n").encode()
+
+
+def write_latest(checkpoints_dir: Path, name: str) -> None:
+    """Point `latest` at `name` atomically and durably."""
+    write_text_atomic(checkpoints_dir / LATEST_NAME, name + "\n")
+
+
+def read_latest(checkpoints_dir: Path) -> str | None:
+    """The directory name `latest` holds, None when there is no `latest` or it names nothing valid."""
+    try:
+        name = (checkpoints_dir / LATEST_NAME).read_text().strip()
+    except (FileNotFoundError, UnicodeDecodeError):
+        return None
+    return name if _DIR_PATTERN.match(name) else None
+
+
+CHECKPOINT_DISK_MARGIN = 1.5
+"""Free disk a checkpoint write needs, as a multiple of its expected size: the trainer does not
+start one with less (it would fail half-way), and `nsconsole check` says so before a start."""
+
+
+def expected_checkpoint_bytes(checkpoints_dir: Path, parameters: int) -> int:
+    """The next checkpoint's size on disk: the newest one's (the next is as large), or before any,
+    fp32 weights, two moments and an average (16 bytes a parameter)."""
+    name = read_latest(checkpoints_dir)
+    newest = checkpoints_dir / name if name is not None else None
+    if newest is None or not newest.is_dir():
+        return 16 * parameters
+    return sum(path.stat().st_size for path in newest.iterdir() if path.is_file())
+
+
+def discard_partial_writes(checkpoints_dir: Path) -> list[str]:
+    """Remove `*.partial` directories and stray `latest` temporaries; returns their names."""
+    if not checkpoints_dir.is_dir():
+        return []
+    removed = []
+    for path in sorted(checkpoints_dir.iterdir()):
+        if path.name.endswith(PARTIAL_SUFFIX) and path.is_dir():
+            shutil.rmtree(path)
+            removed.append(path.name)
+        elif path.name.startswith(f".{LATEST_NAME}.") and path.name.endswith(".tmp"):
+            path.unlink()  # an interrupted `latest` replacement
+            removed.append(path.name)
+    return removed
+
+
+def list_checkpoints(checkpoints_dir: Path) -> list[Path]:
+    """Checkpoint directories (complete renames only), oldest first."""
+    if not checkpoints_dir.is_dir():
+        return []
+    found = [path for path in checkpoints_dir.iterdir() if path.is_dir() and update_of(path) is not None]
+    return sorted(found, key=lambda path: update_of(path) or 0)
+
+
+def _kept_reason(directory: Path) -> str | None:
+    """The `kept` reason recorded in a checkpoint's state.json (None: rolling, or unreadable)."""
+    try:
+        return json.loads((directory / STATE_NAME).read_text()).get("kept")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def apply_retention(checkpoints_dir: Path, keep_last: int, abandoned_after: int | None = None) -> list[str]:
+    """Remove what the retention rule does not keep; returns the removed directory names.
+
+    Kept: the checkpoint `latest` names, every checkpoint whose state.json has a `kept` reason,
+    and the newest `keep_last` rolling ones. Removed: older rolling checkpoints and, when
+    `abandoned_after` is given (the update a resume started from), every checkpoint after it
+    other than `latest` -- the continuation that resume abandoned (e.g. a corrupted newest one).
+    """
+    latest = read_latest(checkpoints_dir)
+    rolling: list[Path] = []
+    removable: list[Path] = []
+    for directory in list_checkpoints(checkpoints_dir):
+        update = update_of(directory)
+        assert update is not None
+        if directory.name != latest and abandoned_after is not None and update > abandoned_after:
+            removable.append(directory)
+        elif _kept_reason(directory) is None:
+            rolling.append(directory)
+    # `latest` is normally the newest rolling checkpoint and counts among the `keep_last`.
+    newest_rolling = set(rolling[-keep_last:]) if keep_last > 0 else set()
+    removable += [
+        directory for directory in rolling if directory not in newest_rolling and directory.name != latest
+    ]
+    for directory in removable:
+        shutil.rmtree(directory, ignore_errors=True)
+    return [directory.name for directory in removable]
+
+
+def read_checkpoint_state(directory: Path) -> dict[str, Any] | None:
+    """A checkpoint's state.json, None when it is missing or unreadable (verify before trusting it)."""
+    try:
+        state = json.loads((directory / STATE_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+    return state if isinstance(state, dict) else None
+
+
+def verify_checkpoint(directory: Path) -> None:
+    """Check every file against meta.json (present, size, blake2b); raise `CheckpointError` naming it."""
+    meta_path = directory / META_NAME
+    try:
+        meta = json.loads(meta_path.read_text())
+        files = meta["files"]
+        if not isinstance(files, dict):
+            raise ValueError("files is not an object")
+    except FileNotFoundError:
+        raise CheckpointError(f"{meta_path}: missing (an incomplete checkpoint)") from None
+    except (ValueError, KeyError, UnicodeDecodeError) as error:
+        raise CheckpointError(f"{meta_path}: unreadable ({error})") from None
+    if meta.get("format") != FORMAT_VERSION:
+        raise CheckpointError(f"{meta_path}: format {meta.get('format')!r}, this code reads {FORMAT_VERSION}")
+    for required in (MODEL_FILE, OPTIMIZER_FILE, EXTRA_FILE, STATE_NAME, RUN_JSON_FILE, TOKENIZER_FILE):
+        if required not in files:
+            raise CheckpointError(f"{meta_path}: does not list {required}")
+    for name, expected in files.items():
+        path = directory / name
+        if not path.is_file():
+            raise CheckpointError(f"{path}: missing")
+        size = path.stat().st_size
+        if size != expected.get("bytes"):
+            expected_size = expected.get("bytes")
+            raise CheckpointError(f"{path}: {size} bytes, meta.json says {expected_size} (truncated?)")
+        if blake2b_of(path) != expected.get("blake2b"):
+            raise CheckpointError(f"{path}: blake2b mismatch (corrupted)")
+
+
+def verify_line_checkpoints(line_dir: Path) -> list[str]:
+    """Every problem with a line's checkpoints, one line each (empty list: all good)."""
+    checkpoints_dir = Path(line_dir) / "checkpoints"
+    problems: list[str] = []
+    directories = list_checkpoints(checkpoints_dir)
+    latest = read_latest(checkpoints_dir)
+    if directories and latest is None:
+        problems.append(f"{checkpoints_dir / LATEST_NAME}: missing or unreadable")
+    elif latest is not None and not (checkpoints_dir / latest).is_dir():
+        problems.append(f"{checkpoints_dir / LATEST_NAME}: names {latest}, which is missing")
+    for directory in directories:
+        try:
+            verify_checkpoint(directory)
+        except CheckpointError as error:
+            problems.append(str(error))
+    if checkpoints_dir.is_dir():
+        problems += [
+            f"{path}: an interrupted write (discarded at the next start)"
+            for path in sorted(checkpoints_dir.iterdir())
+            if path.name.endswith(PARTIAL_SUFFIX)
+        ]
+    return problems

@@ -1,0 +1,117 @@
+"""`nsconsole new`: create a training line with a validated run.json.
+
+It validates everything before it writes anything, and every file it writes is replaced
+atomically, so a refusal or a crash leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.config.run import (
+    DEFAULT_SEQ_LEN,
+    DEFAULT_TOKENS_PER_UPDATE,
+    DataConfig,
+    EMAConfig,
+    LengthConfig,
+    LRConfig,
+    ModelConfig,
+    OptimizerConfig,
+    RampPiece,
+    RunConfig,
+    StageConfig,
+)
+from engine.errors import LineError
+from engine.layout import LineLayout
+from engine.ops.lines import inspect_data_line, model_vocab_size
+
+
+@dataclass
+class NewLineOptions:
+    """The choices `nsconsole new` takes; everything else is run.json's default."""
+
+    preset: str
+    """The model preset."""
+    data: Path
+    """The data line directory (stored absolute in run.json)."""
+    peak_lr: float | None = None
+    """The peak learning rate (None: the default)."""
+    tokens_per_update: int | list[RampPiece] | None = None
+    """Tokens per update or a ramp (None: about 262,144, a whole number of rows)."""
+    weight_decay_batch: int | None = None
+    """Scale weight decay with the batch, 1x at this many tokens per update."""
+    ema_horizon_tokens: float | None = None
+    """Keep a parameter average with this horizon, starting at as many tokens trained."""
+    seq_len: int | None = None
+    """The trunk's sequence length (None: the default, 4096)."""
+    overrides: dict[str, Any] = field(default_factory=dict)
+    """Preset overrides."""
+
+
+def _check_preset_name(preset: str) -> None:
+    from engine.models.presets import preset_names
+
+    known = preset_names()
+    if preset not in known:
+        raise LineError(f"--model: {preset!r} is not a preset (known: {', '.join(known)})")
+
+
+def _preset_has_field(config: RunConfig, name: str) -> bool:
+    from engine.models.presets import preset_config
+
+    return hasattr(preset_config(config.model.preset, config.model.overrides), name)
+
+
+def default_tokens_per_update(seq_len: int) -> int:
+    """About DEFAULT_TOKENS_PER_UPDATE tokens, as a whole number of rows of `seq_len`."""
+    return max(1, round(DEFAULT_TOKENS_PER_UPDATE / seq_len)) * seq_len
+
+
+def new_line(root: Path | str, options: NewLineOptions) -> RunConfig:
+    """Create a training line: run.json and accepted_run.json, validated; nothing written on refusal."""
+    layout = LineLayout(root)
+    if layout.run_json.exists():
+        raise LineError(f"{layout.run_json}: already exists (a line is created once; edit its run.json)")
+    if layout.root.exists() and not layout.root.is_dir():
+        raise LineError(f"{layout.root}: exists and is not a directory")
+    _check_preset_name(options.preset)
+    data = inspect_data_line(options.data.absolute())
+    seq_len = options.seq_len or DEFAULT_SEQ_LEN
+    config = RunConfig(
+        model=ModelConfig(options.preset, dict(options.overrides)),
+        data=DataConfig(str(data.path)),
+        lengths=[LengthConfig(seq_len)],
+        plan=[StageConfig("trunk", seq_len, None)],
+        tokens_per_update=(
+            options.tokens_per_update
+            if options.tokens_per_update is not None
+            else default_tokens_per_update(seq_len)
+        ),
+        optimizer=OptimizerConfig(weight_decay_batch=options.weight_decay_batch),
+        ema=(
+            EMAConfig(options.ema_horizon_tokens, options.ema_horizon_tokens)
+            if options.ema_horizon_tokens is not None
+            else None
+        ),
+    )
+    if options.peak_lr is not None:
+        config.lr = LRConfig(peak=options.peak_lr)
+    source = str(layout.run_json)
+    config.validate(source=source)
+    # The model's vocabulary follows the data line's tokenizer unless the user overrode it.
+    follows_data = data.vocab_size is not None and "vocab_size" not in options.overrides
+    if follows_data and model_vocab_size(config) != data.vocab_size:
+        config.model.overrides["vocab_size"] = data.vocab_size
+        config.validate(source=source)
+    # Models that mark document boundaries (NS clocks, probes) read the data line's EOS id.
+    if data.eos_id is not None and "eos_id" not in options.overrides and _preset_has_field(config, "eos_id"):
+        config.model.overrides["eos_id"] = data.eos_id
+        config.validate(source=source)
+    layout.root.mkdir(parents=True, exist_ok=True)
+    layout.checkpoints.mkdir(exist_ok=True)
+    # accepted_run.json first: a directory holding run.json is a complete line.
+    config.save(layout.accepted_run_json)
+    config.save(layout.run_json)
+    return config

@@ -1,0 +1,140 @@
+"""Roll a line back to an earlier checkpoint.
+
+`rollback_line(LINE, U)`: the line continues from checkpoint u<U> as a new W&B run
+(`engine.wandb.mirror.plan_rollback`). `latest` names u<U>; the later checkpoints stay on disk until the
+line writes its next checkpoint, when retention removes them as an abandoned continuation
+(`abandoned_after`, engine.checkpoints.tensors); rows.jsonl is cut back to the checkpoint's rows after a copy of
+it is kept as rows.rolledback-<time>.jsonl; the data cycles the line will read again are reopened
+(their consumed mark cleared, so the preparer rebuilds their shards from the permanent manifests).
+Refused while the line's trainer runs.
+
+Every check runs before anything is written; each file is replaced atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from datalines import open_data_line
+from engine.checkpoints.format import (
+    STATE_NAME,
+    list_checkpoints,
+    read_checkpoint_state,
+    read_latest,
+    update_of,
+    verify_checkpoint,
+    write_latest,
+)
+from engine.config.run import RunConfig
+from engine.errors import LineError
+from engine.layout import LineLayout
+from engine.ops.lines import open_line, resolve_data_path
+from engine.ops.status import pid_alive
+from engine.protocol.facts import Stage
+from engine.rows import RowsFile
+from engine.wandb.mirror import plan_rollback
+
+
+@dataclass
+class RollbackResult:
+    """What a rollback did."""
+
+    to_update: int
+    """The update the line continues from."""
+    set_aside: list[str]
+    """Later checkpoints left for retention to remove once the line moves on."""
+    rows_kept: Path | None
+    """The copy of rows.jsonl as it was (None when there were no rows)."""
+    rows_now: int
+    """Rows left in rows.jsonl."""
+    reopened_cycles: list[int]
+    """Data cycles whose consumed mark was cleared (the preparer rebuilds their shards)."""
+
+
+def running_trainer(layout: LineLayout) -> int | None:
+    """The pid of the line's trainer when it is running (its heartbeat's pid is alive), else None."""
+    try:
+        heartbeat = json.loads(layout.heartbeat.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(heartbeat, dict) or heartbeat.get("stage") == Stage.STOPPED:
+        return None
+    pid = heartbeat.get("pid")
+    if not pid_alive(pid):
+        return None
+    return int(pid)
+
+
+def rollback_line(line: Path | str, to_update: int) -> RollbackResult:
+    """Roll a line back to checkpoint u<to_update> (see the module docstring)."""
+    layout = open_line(line)
+    pid = running_trainer(layout)
+    if pid is not None:
+        raise LineError(f"{layout.root}: its trainer is running (pid {pid}); stop the line before a rollback")
+    target = layout.checkpoint(to_update)
+    available = [directory.name for directory in list_checkpoints(layout.checkpoints)]
+    latest = read_latest(layout.checkpoints)
+    if not target.is_dir():
+        raise LineError(f"{target}: no such checkpoint (the line has {', '.join(available) or 'none'})")
+    latest_update = update_of(Path(latest)) if latest else None
+    if latest_update is None or to_update >= latest_update:
+        raise LineError(
+            f"{target}: not before the line's latest checkpoint ({latest or 'none'}); a rollback goes back"
+        )
+    verify_checkpoint(target)
+    state = read_checkpoint_state(target)
+    if state is None:
+        raise LineError(f"{target / STATE_NAME}: unreadable")
+    config = RunConfig.load(layout.run_json)
+
+    check_rows_prefix(layout.rows_jsonl, int(state["rows"]), int(state["rows_bytes"]))
+
+    rows_kept = None
+    if layout.rows_jsonl.exists():
+        rows_kept = _rolled_back_rows_path(layout)
+        shutil.copyfile(layout.rows_jsonl, rows_kept)
+        with open(rows_kept, "rb+") as handle:
+            os.fsync(handle.fileno())
+    plan_rollback(layout.root, to_update)
+    reopened = reopen_cycles(resolve_data_path(layout, config.data.line), int(state["position"]["cycle"]))
+    write_latest(layout.checkpoints, target.name)
+    RowsFile.cut_back(layout.rows_jsonl, int(state["rows"]), int(state["rows_bytes"]))
+    later = [name for name in available if (update_of(Path(name)) or 0) > to_update]
+    return RollbackResult(to_update, later, rows_kept, int(state["rows"]), reopened)
+
+
+def check_rows_prefix(path: Path, rows: int, size: int) -> None:
+    """Refuse before anything is written when rows.jsonl does not begin with the checkpoint's rows."""
+    try:
+        with open(path, "rb") as handle:
+            prefix = handle.read(size)
+    except FileNotFoundError:
+        prefix = b""
+    if len(prefix) < size or prefix.count(b"\n") != rows:
+        raise LineError(f"{path}: does not begin with the {rows} rows the checkpoint counts ({size} bytes)")
+
+
+def _rolled_back_rows_path(layout: LineLayout) -> Path:
+    """rows.rolledback-<UTC time>.jsonl, numbered when a rollback in the same second made one already."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    path = layout.root / f"rows.rolledback-{stamp}.jsonl"
+    number = 2
+    while path.exists():
+        path = layout.root / f"rows.rolledback-{stamp}-{number}.jsonl"
+        number += 1
+    return path
+
+
+def reopen_cycles(data_path: Path, from_cycle: int) -> list[int]:
+    """Clear the consumed mark of every cycle from `from_cycle` on: the line reads them again.
+
+    The preparer rebuilds a reopened cycle's shards from its permanent manifest and checks them
+    byte for byte, so the line trains exactly the samples it trained before.
+    """
+    data_line = open_data_line(data_path)
+    return [index for index in data_line.known_cycles() if index >= from_cycle and data_line.reopen(index)]

@@ -1,0 +1,60 @@
+"""`nsconsole stop`: a stop request in the line's STOP file, written atomically; the trainer stops
+on it with a checkpoint (at its next update, or at a cycle end) and removes it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from engine.atomic import write_text_atomic
+from engine.errors import LineError
+from engine.layout import LineLayout
+from engine.ops.lines import open_line
+
+
+@dataclass
+class StopRequest:
+    """The STOP file: stop with a checkpoint at the next update, or at the end of a data cycle."""
+
+    requested: str
+    """When the stop was requested (ISO 8601, UTC)."""
+    at_cycle_end: int | None
+    """Stop exactly at the end of this data cycle; None: at the next update."""
+
+    def when(self) -> str:
+        """Where the line will stop, in words."""
+        if self.at_cycle_end is None:
+            return "at the next update"
+        return f"at the end of cycle {self.at_cycle_end}"
+
+
+def request_stop(root: Path | str, at_cycle_end: int | None = None) -> StopRequest:
+    """Write the line's STOP file atomically (replacing an earlier request)."""
+    layout = open_line(root)
+    if at_cycle_end is not None and at_cycle_end < 0:
+        raise LineError(f"--at-cycle-end must be a cycle index (0 or more), got {at_cycle_end}")
+    request = StopRequest(
+        requested=datetime.fromtimestamp(time.time(), tz=timezone.utc).isoformat(timespec="seconds"),
+        at_cycle_end=at_cycle_end,
+    )
+    document = {"requested": request.requested, "at_cycle_end": request.at_cycle_end}
+    write_text_atomic(layout.stop, json.dumps(document, sort_keys=True) + "\n")
+    return request
+
+
+def read_stop(layout: LineLayout) -> StopRequest | None:
+    """The pending stop request (None when there is none); a malformed STOP is a LineError."""
+    try:
+        document = json.loads(layout.stop.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as error:
+        raise LineError(f"{layout.stop}: malformed stop request ({error})") from None
+    at_cycle_end = document.get("at_cycle_end") if isinstance(document, dict) else None
+    if not isinstance(document, dict) or not (at_cycle_end is None or isinstance(at_cycle_end, int)):
+        raise LineError(f"{layout.stop}: malformed stop request (expected requested and at_cycle_end)")
+    return StopRequest(str(document.get("requested", "")), at_cycle_end)
