@@ -25,7 +25,7 @@ import torch
 # would shadow the kernels package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.models.presets import build_model  # noqa: E402
+from engine.models.build import build_model  # noqa: E402
 
 ROWS, CHUNK, VOCAB = 8, 64, 2048
 

@@ -40,10 +40,11 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.models.base import recompute_off_cuda  # noqa: E402
+from engine.models.build import build_model
 from engine.models.ns.dendritic import DendriticLayer  # noqa: E402
 from engine.models.ns.model import NSLM  # noqa: E402
 from engine.models.ns.pool_read import per_key_bias, pool_read_explicit  # noqa: E402
-from engine.models.presets import build_model, preset_config  # noqa: E402
+from engine.models.presets import preset_config  # noqa: E402
 from kernels.plif import plif_scan_reference  # noqa: E402
 
 

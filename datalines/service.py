@@ -33,6 +33,20 @@ LOCK_NAME = "preparer.lock"
 StatusCallback = Callable[[PreparerStatus], None]
 
 
+class StatusLines:
+    """A status callback that prints one line per change of the preparer's status (for a log or a
+    pipe; a terminal gets a progress bar instead). Progress within a cycle is not a change."""
+
+    def __init__(self) -> None:
+        self.last_line = ""
+
+    def __call__(self, status: PreparerStatus) -> None:
+        line = f"{status.state}: {status.waiting_reason or status.message}"
+        if (status.state != "preparing" or status.progress in (0.0, 1.0)) and line != self.last_line:
+            print(f"preparer: {line}", flush=True)
+        self.last_line = line
+
+
 def default_min_free_bytes(line: DataLine) -> int:
     """Room for about three cycles of shards plus 1 GiB, or the env override."""
     override = os.environ.get(MIN_FREE_ENV)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from engine.config.json_fields import show
 from engine.errors import ConfigError
+from engine.models import presets
 
 if TYPE_CHECKING:
     from engine.config.run import RunConfig
@@ -65,8 +66,6 @@ class Validator:
             self.fail("data.heldout", "must be a data line directory or null, got \"\"")
 
     def check_preset(self) -> None:
-        # Imported here: the model modules are heavy (torch) and run.json is read by light tools.
-        from engine.models import presets
 
         known = presets.preset_names()
         if self.config.model.preset not in known:

@@ -2,7 +2,7 @@
 
 Contract (every model in `engine/models/` implements it; tests hold each model to it):
 
-- Built from a preset plus overrides by `engine.models.presets.build_model(name, overrides)`.
+- Built from a preset plus overrides by `engine.models.build.build_model(name, overrides)`.
 - `forward(tokens, targets, carry=None) -> (loss_per_token, carry)`:
   tokens and targets are int64 (B, T); a target of `IGNORE_INDEX` (-100) contributes no loss
   (its entry in loss_per_token is 0). loss_per_token is float32 (B, T): the cross-entropy of

@@ -16,7 +16,8 @@ from typing import Any
 import torch
 
 from engine.errors import ConfigError
-from engine.models.presets import build_model, preset_config
+from engine.models.build import build_model
+from engine.models.presets import preset_config
 from engine.protocol.facts import Engine
 from engine.training.optim import AdamWSettings, FlatAdamW
 from engine.training.step import EagerEngine, GraphEngine

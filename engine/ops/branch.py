@@ -51,6 +51,7 @@ from engine.checkpoints.format import (
 from engine.config.run import DataConfig, LengthConfig, LRPiece, RunConfig, StageConfig
 from engine.errors import LineError
 from engine.layout import LineLayout
+from engine.models.presets import preset_config
 from engine.ops.lines import inspect_data_line, open_line, resolve_data_path
 from engine.training.schedule import learning_rate, tokens_per_update
 from engine.wandb.mirror import plan_branch
@@ -380,7 +381,6 @@ LONGEST_CONTEXT_FIELDS = ("rope_max_seq_len", "context_len", "chunk_len")
 
 def _longest_context(config: RunConfig) -> int:
     """The model's longest context read from its preset (building a 2B model to ask it would cost minutes)."""
-    from engine.models.presets import preset_config
 
     preset = preset_config(config.model.preset, config.model.overrides)
     for name in LONGEST_CONTEXT_FIELDS:

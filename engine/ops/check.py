@@ -23,7 +23,7 @@ from engine.config.run import RunConfig
 from engine.errors import LineError
 from engine.layout import LineLayout, checkpoint_update
 from engine.metrics import METRICS_VERSION
-from engine.models.presets import build_model
+from engine.models.build import build_model
 from engine.ops.lines import (
     inspect_data_line,
     model_vocab_size,

@@ -17,6 +17,7 @@ from engine.config.run import (
 )
 from engine.errors import ConfigError, LineError
 from engine.layout import LineLayout
+from engine.models.presets import preset_config
 
 DATA_LINE_MARKER = "dataline.json"
 
@@ -69,7 +70,6 @@ def inspect_data_line(path: Path) -> DataLineFacts:
 
 def model_vocab_size(config: RunConfig) -> int:
     """The vocabulary of the model a configuration builds (its preset with overrides)."""
-    from engine.models.presets import preset_config
 
     return int(preset_config(config.model.preset, config.model.overrides).vocab_size)
 

@@ -25,6 +25,7 @@ from engine.config.run import (
 )
 from engine.errors import LineError
 from engine.layout import LineLayout
+from engine.models.presets import preset_config, preset_names
 from engine.ops.lines import inspect_data_line, model_vocab_size
 
 
@@ -51,7 +52,6 @@ class NewLineOptions:
 
 
 def _check_preset_name(preset: str) -> None:
-    from engine.models.presets import preset_names
 
     known = preset_names()
     if preset not in known:
@@ -59,7 +59,6 @@ def _check_preset_name(preset: str) -> None:
 
 
 def _preset_has_field(config: RunConfig, name: str) -> bool:
-    from engine.models.presets import preset_config
 
     return hasattr(preset_config(config.model.preset, config.model.overrides), name)
 

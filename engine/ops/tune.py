@@ -37,8 +37,9 @@ import torch
 from engine.config.run import LengthConfig, RunConfig, SharedShapeConfig
 from engine.errors import LineError, is_out_of_memory
 from engine.models.base import LanguageModel
-from engine.models.ns.model import NSLM, RECOMPUTE_CHOICES
-from engine.models.presets import build_model
+from engine.models.build import build_model
+from engine.models.ns.model import NSLM
+from engine.models.ns.presets import RECOMPUTE_CHOICES
 from engine.ops.lines import model_vocab_size, open_line
 from engine.ops.rollback import running_trainer
 from engine.training.arena import DEFAULT_SLACK_BYTES, Arena, release_step_caches

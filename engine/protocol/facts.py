@@ -150,6 +150,10 @@ class TrainerExitCode(IntEnum):
     """It left the GPU to other processes: relaunch once the GPU is free (EX_TEMPFAIL)."""
 
 
+SIGNAL_EXIT_BASE = 128
+"""A trainer stopped by signal n (with a checkpoint, on SIGTERM) exits with 128 + n, as a shell reports it."""
+
+
 class SupervisorExitCode(IntEnum):
     """The supervisor's (and `nsconsole run`'s) exit status."""
 

@@ -145,7 +145,7 @@ def service_command(facts: LogindFacts, line: Path | str, argv: Sequence[str]) -
 
 def foreground_argv(line: Path | str) -> list[str]:
     """The command a service runs: this Python, the supervisor in the foreground."""
-    return [sys.executable, "-m", "nsconsole", "run", os.path.realpath(line), "--foreground"]
+    return [sys.executable, "-m", "engine.supervisor.supervisor", os.path.realpath(line), "--foreground"]
 
 
 def _own_cgroup() -> str:

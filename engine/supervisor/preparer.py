@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +22,7 @@ from datalines.errors import DataLineError
 from datalines.service import preparer_running
 from datalines.status import read_status
 from engine.logrotate import rotate_if_needed
+from engine.supervisor.children import preparer_command
 
 LOG_NAME = "preparer.log"
 FAILING_AFTER = 3
@@ -44,11 +44,8 @@ class PreparerKeeper:
         self.data_path = data_path
         self.say = say
         self.notify_failing = notify_failing
-        # Through engine.supervisor.child: the preparer gets SIGTERM if the supervisor dies.
-        self.command = command or [
-            sys.executable, "-m", "engine.supervisor.child", str(os.getpid()),
-            sys.executable, "-m", "nsconsole", "data", "run-preparer",
-        ]
+        # It gets SIGTERM if the supervisor dies (engine.supervisor.children).
+        self.command = command or preparer_command()
         self.restart_delay = restart_delay
         """Pause before the first restart after a failed exit; doubles with each in a row (to 5 min)."""
         self._process: subprocess.Popen[bytes] | None = None

@@ -25,7 +25,6 @@ import dataclasses
 import hashlib
 import os
 import subprocess
-import sys
 import threading
 from array import array
 from collections.abc import Callable
@@ -42,6 +41,7 @@ from engine.layout import LineLayout
 from engine.ops.stop import request_stop
 from engine.protocol import wire
 from engine.protocol.facts import EventKind, LineState
+from engine.supervisor.children import tune_command
 from engine.supervisor.forks import ForkQueue, new_fork
 from engine.supervisor.reads import latest_update, parse_json
 
@@ -299,16 +299,13 @@ def check_rollback_target(layout: LineLayout, to: int) -> None:
 
 
 def tune_in_child(layout: LineLayout, shared: bool) -> dict[str, Any]:
-    """`nsconsole tune LINE [--shared]` in a child process; the shapes it wrote into run.json.
+    """A tune of the line (`engine.supervisor.children tune`) in a child process; the shapes it wrote into run.json.
 
     A child, not this process: the measurement builds the model on the line's device, and a CUDA
     context left in the supervisor would hold GPU memory and count as another process on the GPU.
     Its table goes to run.log; its one-line error becomes the refusal.
     """
-    command = [
-        sys.executable, "-m", "engine.supervisor.child", str(os.getpid()),  # it ends with the supervisor
-        sys.executable, "-m", "nsconsole", "tune", str(layout.root), *(["--shared"] if shared else []),
-    ]
+    command = tune_command(layout.root, shared)  # it ends with the supervisor
     with open(layout.run_log, "ab") as run_log:
         finished = subprocess.run(command, stdin=subprocess.DEVNULL, stdout=run_log, stderr=subprocess.PIPE)
     if finished.returncode != 0:

@@ -14,7 +14,14 @@ import signal
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from engine.protocol.facts import EventKind, LineState, StopReason, SupervisorExitCode, TrainerExitCode
+from engine.protocol.facts import (
+    SIGNAL_EXIT_BASE,
+    EventKind,
+    LineState,
+    StopReason,
+    SupervisorExitCode,
+    TrainerExitCode,
+)
 
 CRASHES_BESIDE_OTHERS = 3
 """Crashes in a row beside other GPU processes after which the line waits for a free GPU."""
@@ -187,7 +194,7 @@ def _crash_beside_others(outcome: TrainerExit, context: ExitContext, keep: dict[
 
 def signal_codes(number: int | None) -> tuple[int, ...]:
     """The exit statuses of a process ended by signal `number`: the trainer's 128 + n, or -n."""
-    return () if number is None else (128 + number, -number)
+    return () if number is None else (SIGNAL_EXIT_BASE + number, -number)
 
 
 def describe_code(code: int) -> str:

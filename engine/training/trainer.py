@@ -43,7 +43,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -65,13 +65,14 @@ from engine.errors import CheckpointError, ConfigError, DiskFull, LineError, is_
 from engine.gpu.sharing import GIB, Action, GpuBusy, GpuMode, GpuReading, GpuWatch, refuse_unshareable_lengths
 from engine.layout import LineLayout
 from engine.metrics import METRICS_VERSION
-from engine.models.presets import build_model
+from engine.models.build import build_model
 from engine.ops import lines as ops
 from engine.ops.stop import read_stop
-from engine.protocol.facts import Engine, Stage, StopReason
+from engine.protocol.facts import SIGNAL_EXIT_BASE, Engine, Stage, StopReason, TrainerExitCode
 from engine.rows import Heartbeat, RowsFile, RunLog, format_row
 from engine.training.engines import ArenaNotReleased, StepEngines
 from engine.training.optim import AdamWSettings, FlatAdamW, ParameterAverage
+from engine.training.position import Position
 from engine.training.schedule import learning_rate, tokens_per_update, update_weight_decay
 from engine.training.step import UpdateResult
 from engine.training.validation import Validator, format_probe_rows, format_validation
@@ -83,26 +84,8 @@ WAIT_POLL_SECONDS = 1.0
 WANDB_CLOSE_SECONDS = 30.0
 """How long an exiting trainer lets W&B take what is queued; the next start re-sends the rest."""
 
-EXIT_OK = 0
-EXIT_SIGNAL_BASE = 128
 
 
-@dataclass
-class Position:
-    """Where the line stands after `update` updates."""
-
-    update: int = 0
-    """Updates done (finite or skipped)."""
-    tokens_trained: int = 0
-    """Tokens of the finite updates (the learning-rate schedule's clock)."""
-    stage: int = 0
-    """Index of the plan stage in progress."""
-    stage_tokens: int = 0
-    """Tokens consumed by the current stage."""
-    cycle: int = 0
-    """The data cycle in progress."""
-    sample: int = 0
-    """Samples of that cycle consumed, at the stage's sequence length."""
 
 
 def resolve_device(setting: str, source: str = "run.json: device") -> torch.device:
@@ -480,7 +463,7 @@ class Trainer:
     def _update_rows(self, cycle: Cycle, seq_len: int) -> int:
         """Rows of the next update: the ramp's batch, cut at the cycle's and the stage's end."""
         position = self.position
-        data_tokens = self.data_line.cycle_start_tokens(position.cycle) + position.sample * seq_len
+        data_tokens = position.data_tokens(self.data_line, seq_len)
         wanted = max(1, tokens_per_update(self.config, data_tokens) // seq_len)
         left_in_cycle = cycle.num_samples(seq_len) - position.sample
         stage_budget = self.config.plan[position.stage].tokens
@@ -537,7 +520,7 @@ class Trainer:
         """The validation metrics after the update just done (engine.training.validation); the next update's
         rate and weight decay size the optimizer's next step, the data position the recipe mix."""
         position = self.position
-        data_tokens = self.data_line.cycle_start_tokens(position.cycle) + position.sample * seq_len
+        data_tokens = position.data_tokens(self.data_line, seq_len)
         next_lr = learning_rate(self.config, position.tokens_trained)
         next_weight_decay = update_weight_decay(self.config, tokens_per_update(self.config, data_tokens))
         with self.engines.from_the_arena():
@@ -557,7 +540,7 @@ class Trainer:
         row: dict[str, Any] = {
             "update": position.update,
             "tokens": position.tokens_trained,
-            "data_tokens": self.data_line.cycle_start_tokens(position.cycle) + position.sample * seq_len,
+            "data_tokens": position.data_tokens(self.data_line, seq_len),
             "cycle": position.cycle,
             "stage": self.config.plan[position.stage].name,
             "seq_len": seq_len,
@@ -730,7 +713,7 @@ class Trainer:
                 finally:
                     self._close_mirror()  # on every exit: a stop, a signal, a line error, a failed write
                     self.log.close()
-            return EXIT_SIGNAL_BASE + self._signal if self._signal is not None else EXIT_OK
+            return SIGNAL_EXIT_BASE + self._signal if self._signal is not None else TrainerExitCode.OK
         finally:
             for number, handler in previous.items():
                 signal.signal(number, handler)

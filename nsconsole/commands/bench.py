@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         value = getattr(args, name)
         if value < 1:
             raise ConfigError(f"bench: --{name.replace('_', '-')} must be at least 1, got {value}")
-    from engine.models.ns.model import RECOMPUTE_CHOICES
+    from engine.models.ns.presets import RECOMPUTE_CHOICES
     from engine.models.presets import preset_config
     from engine.ops.bench import bench_shape
 

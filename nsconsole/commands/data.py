@@ -219,6 +219,9 @@ class PreparerView:
         self.progress: Progress | None = None
         self.task: TaskID | None = None
         self.last_line = ""
+        from datalines.service import StatusLines  # the preparer's modules load only for run-preparer
+
+        self.plain = StatusLines()
 
     def __enter__(self) -> PreparerView:
         if self.interactive:
@@ -248,6 +251,6 @@ class PreparerView:
             )
             if status.state in ("waiting", "retrying", "failed") and line != self.last_line:
                 self.progress.console.print(f"[yellow]{line}[/]")
-        elif (status.state != "preparing" or status.progress in (0.0, 1.0)) and line != self.last_line:
-            print(f"preparer: {line}", flush=True)
+        else:
+            self.plain(status)
         self.last_line = line

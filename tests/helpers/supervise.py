@@ -49,7 +49,7 @@ def kill_line_processes(root: Path) -> list[str]:
     killed = []
     for process in psutil.process_iter(["cmdline", "status"]):
         cmdline = process.info["cmdline"] or []
-        ours = any(part.startswith("engine.supervisor.supervisor") or part == "run-preparer" for part in cmdline)
+        ours = any(part.startswith("engine.supervisor.supervisor") or part == "engine.supervisor.children" for part in cmdline)
         if ours and any(str(root) in part for part in cmdline) and process.info["status"] != psutil.STATUS_ZOMBIE:
             killed.append(" ".join(cmdline))
             with contextlib.suppress(psutil.NoSuchProcess):

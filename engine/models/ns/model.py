@@ -25,11 +25,8 @@ from engine.models.common import RMSNorm
 from engine.models.ns.config import NSConfig
 from engine.models.ns.dendritic import DendriticLayer
 from engine.models.ns.hippocampal import HippocampalLayer
+from engine.models.ns.presets import RECOMPUTE_CHOICES
 from engine.models.ns.probes import model_probes
-
-RECOMPUTE_CHOICES = ("none", "all", "dendritic", "hippocampal")
-
-__all__ = ["NSConfig", "NSLM", "PRESETS", "RECOMPUTE_CHOICES"]
 
 
 class NSLM(LanguageModel):
@@ -187,47 +184,3 @@ def _chunked_scan_flops(config: NSConfig, seq_len: int) -> float:
     return float(per_token + between_chunks)
 
 
-PRESETS: dict[str, NSConfig] = {
-    # CPU-sized: tests and the embedded demo line.
-    "ns-tiny": NSConfig(),
-    # Small, 32K longest context: long-row probes on one GPU.
-    "tiny-32k": NSConfig(
-        vocab_size=32768,
-        d_model=256,
-        n_layers=8,
-        dendritic_heads=8,
-        dendritic_head_dim=32,
-        dendritic_state=32,
-        attn_heads=4,
-        attn_head_dim=64,
-        rope_base=500_000.0,
-        rope_max_seq_len=32768,
-        ffn_dim=768,
-    ),
-    "ns-1p3b": NSConfig(
-        vocab_size=65536,
-        d_model=2048,
-        n_layers=48,
-        dendritic_heads=32,
-        dendritic_head_dim=64,
-        dendritic_state=64,
-        attn_heads=16,
-        attn_head_dim=128,
-        rope_base=500_000.0,
-        rope_max_seq_len=32768,
-        ffn_dim=6144,
-    ),
-    "ns-2b": NSConfig(
-        vocab_size=65536,
-        d_model=2560,
-        n_layers=48,
-        dendritic_heads=40,
-        dendritic_head_dim=64,
-        dendritic_state=64,
-        attn_heads=20,
-        attn_head_dim=128,
-        rope_base=500_000.0,
-        rope_max_seq_len=32768,
-        ffn_dim=7680,
-    ),
-}

@@ -11,8 +11,9 @@ from engine.errors import ConfigError
 from engine.models import common
 from engine.models.base import IGNORE_INDEX
 from engine.models.ns import hippocampal as ns_hippocampal
-from engine.models.ns.model import NSLM, PRESETS, NSConfig
+from engine.models.ns.model import NSLM, NSConfig
 from engine.models.ns.pool_read import pool_read_explicit
+from engine.models.ns.presets import PRESETS
 
 # Small enough for float64 gradient checks: three dendritic layers, then one hippocampal.
 MICRO = NSConfig(

@@ -13,8 +13,9 @@ from torch.func import functional_call
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from engine.models.base import IGNORE_INDEX
+from engine.models.pssa.config import PRESETS, PSSAConfig
 from engine.models.pssa.memory import to_poincare_ball
-from engine.models.pssa.model import PRESETS, PSSALM, PSSAConfig
+from engine.models.pssa.model import PSSALM
 
 # Tiny enough for float64 gradcheck: two blocks, two Ouro passes, a bank of three slots.
 GRADCHECK = PSSAConfig(

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from engine.models.base import IGNORE_INDEX
+from engine.models.pssa.config import PSSAConfig
 from engine.models.pssa.dream import LOSS_TOLERANCE
-from engine.models.pssa.model import PSSALM, PSSAConfig
+from engine.models.pssa.model import PSSALM
 
 # Threshold 0: every chunk is written and cached (a random model's loss, ~ln 24, is below 3.5).
 CONFIG = PSSAConfig(

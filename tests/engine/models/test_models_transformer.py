@@ -8,7 +8,8 @@ from torch.func import functional_call
 
 from engine.errors import ConfigError
 from engine.models.base import IGNORE_INDEX
-from engine.models.transformer import PRESETS, TransformerConfig, TransformerLM
+from engine.models.transformer.config import PRESETS, TransformerConfig
+from engine.models.transformer.model import TransformerLM
 
 # The article's peer shape, shrunk: sinusoidal positions, offset norms, two-matrix FFN.
 PEER_TINY = TransformerConfig(vocab_size=11, width=8, depth=2, heads=2, ffn_hidden=12, context_len=6)
@@ -30,7 +31,7 @@ def test_article_peer_has_exactly_1541120_parameters() -> None:
 
 def test_large_presets_match_the_ns_presets_within_two_percent() -> None:
     from engine.models.ns.model import NSLM
-    from engine.models.ns.model import PRESETS as NS_PRESETS
+    from engine.models.ns.presets import PRESETS as NS_PRESETS
 
     for transformer_name, ns_name in (("transformer-1p3b", "ns-1p3b"), ("transformer-2b", "ns-2b")):
         with torch.device("meta"):  # shapes only: no memory, no initialisation cost

@@ -136,5 +136,5 @@ def test_with_linger_the_command_is_systemd_run_alone() -> None:
 
 
 def test_the_service_runs_the_supervisor_in_the_foreground(tmp_path: Path) -> None:
-    expected = [sys.executable, "-m", "nsconsole", "run", str(tmp_path), "--foreground"]
+    expected = [sys.executable, "-m", "engine.supervisor.supervisor", str(tmp_path), "--foreground"]
     assert foreground_argv(tmp_path) == expected

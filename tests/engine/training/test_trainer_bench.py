@@ -7,7 +7,7 @@ import json
 import pytest
 from helpers.lines import one_torch_thread
 
-from engine.models.presets import build_model
+from engine.models.build import build_model
 from nsconsole.cli import main
 
 

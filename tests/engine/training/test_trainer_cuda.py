@@ -39,7 +39,7 @@ class PoisonableLoss:
 
 
 def build(preset: str, device: torch.device) -> tuple[torch.nn.Module, FlatAdamW, PoisonableLoss]:
-    from engine.models.presets import build_model
+    from engine.models.build import build_model
 
     torch.manual_seed(0)
     model = build_model(preset, {}).to(device)

@@ -17,7 +17,7 @@ from datalines import open_data_line
 from datalines.validation import build_validation
 from engine.config.run import EMAConfig, RunConfig
 from engine.errors import LineError
-from engine.models.presets import build_model
+from engine.models.build import build_model
 from engine.training.optim import AdamWSettings, FlatAdamW, ParameterAverage
 from engine.training.step import EagerEngine
 from engine.training.validation import Validator, probe_batch
