@@ -17,7 +17,7 @@ from helpers.lines import (
     make_line,
     rows_without_wall_clock,
 )
-from helpers.wandb import RecordingBackend, SimulatedServer, session
+from helpers.wandb_fakes import RecordingBackend, SimulatedServer, session
 
 from datalines import open_data_line
 from datalines.preparer import delete_consumed_shards, prepare_cycle

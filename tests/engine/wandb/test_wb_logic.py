@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.wandb import (
+from helpers.wandb_fakes import (
     FAST,
     ONLINE,
     RecordingBackend,
