@@ -24,7 +24,7 @@ RECOMPUTE_PATTERN = re.compile(r"^[a-z][a-z0-9_]*$")
 STAGE_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
-class Validator:
+class RunConfigChecks:
     """The value checks of a type-correct RunConfig; raises at the first problem."""
 
     def __init__(self, config: RunConfig, source: str) -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.atomic import write_text_atomic
-from engine.config.checks import Validator
+from engine.config.checks import RunConfigChecks
 from engine.config.json_fields import json_key, json_name, parse_value, show, unparse
 from engine.errors import ConfigError
 from engine.metrics import METRICS_VERSION
@@ -304,7 +304,7 @@ class RunConfig:
 
     def validate(self, source: str = "run.json") -> None:
         """Check every value; raise ConfigError `<source>: <key> ...` at the first problem."""
-        Validator(self, source).run()
+        RunConfigChecks(self, source).run()
 
     def length(self, seq_len: int) -> LengthConfig:
         """The `lengths` entry of a sequence length."""
