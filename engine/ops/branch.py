@@ -51,7 +51,7 @@ from engine.checkpoints.format import (
 from engine.config.run import DataConfig, LengthConfig, LRPiece, RunConfig, StageConfig
 from engine.errors import LineError
 from engine.layout import LineLayout
-from engine.models.presets import preset_config
+from engine.models import presets
 from engine.ops.lines import inspect_data_line, open_line, resolve_data_path
 from engine.training.schedule import learning_rate, tokens_per_update
 from engine.wandb.mirror import plan_branch
@@ -382,7 +382,7 @@ LONGEST_CONTEXT_FIELDS = ("rope_max_seq_len", "context_len", "chunk_len")
 def _longest_context(config: RunConfig) -> int:
     """The model's longest context read from its preset (building a 2B model to ask it would cost minutes)."""
 
-    preset = preset_config(config.model.preset, config.model.overrides)
+    preset = presets.preset_config(config.model.preset, config.model.overrides)
     for name in LONGEST_CONTEXT_FIELDS:
         if hasattr(preset, name):
             return int(getattr(preset, name))

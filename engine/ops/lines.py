@@ -17,7 +17,7 @@ from engine.config.run import (
 )
 from engine.errors import ConfigError, LineError
 from engine.layout import LineLayout
-from engine.models.presets import preset_config
+from engine.models import presets
 
 DATA_LINE_MARKER = "dataline.json"
 
@@ -71,7 +71,7 @@ def inspect_data_line(path: Path) -> DataLineFacts:
 def model_vocab_size(config: RunConfig) -> int:
     """The vocabulary of the model a configuration builds (its preset with overrides)."""
 
-    return int(preset_config(config.model.preset, config.model.overrides).vocab_size)
+    return int(presets.preset_config(config.model.preset, config.model.overrides).vocab_size)
 
 
 # -- new ------------------------------------------------------------------------------------------

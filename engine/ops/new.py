@@ -25,7 +25,7 @@ from engine.config.run import (
 )
 from engine.errors import LineError
 from engine.layout import LineLayout
-from engine.models.presets import preset_config, preset_names
+from engine.models import presets
 from engine.ops.lines import inspect_data_line, model_vocab_size
 
 
@@ -53,14 +53,14 @@ class NewLineOptions:
 
 def _check_preset_name(preset: str) -> None:
 
-    known = preset_names()
+    known = presets.preset_names()
     if preset not in known:
         raise LineError(f"--model: {preset!r} is not a preset (known: {', '.join(known)})")
 
 
 def _preset_has_field(config: RunConfig, name: str) -> bool:
 
-    return hasattr(preset_config(config.model.preset, config.model.overrides), name)
+    return hasattr(presets.preset_config(config.model.preset, config.model.overrides), name)
 
 
 def default_tokens_per_update(seq_len: int) -> int:
