@@ -38,6 +38,7 @@ from engine.config.run import RunConfig
 from engine.errors import LineError
 from engine.gpu.devices import gpu_snapshot, lease_holder
 from engine.layout import LineLayout
+from engine.ops.rollback import rollback_line
 from engine.ops.stop import request_stop
 from engine.protocol import wire
 from engine.protocol.facts import EventKind, LineState
@@ -251,8 +252,6 @@ class LineHandler:
         check_rollback_target(layout, to)  # before the trainer is stopped for nothing
 
         def roll_back() -> dict[str, Any]:
-            from engine.ops.branch import rollback_line  # imports torch: only once a rollback is asked for
-
             result = rollback_line(layout.root, to)
             reply = dataclasses.asdict(result)
             reply["rows_kept"] = None if result.rows_kept is None else str(result.rows_kept)
@@ -266,10 +265,8 @@ class LineHandler:
     def tune(self, shared: bool) -> dict[str, Any]:
         layout = self.supervisor.layout
         config = RunConfig.load(layout.run_json)
-        if shared and config.guards.share_reserve_gb is None:
-            raise LineError(
-                f"{layout.run_json}: a shared tune needs guards.share_reserve_gb (the memory left to others)"
-            )
+        if shared:  # refused here, before the trainer is paused for it (the tune asks again)
+            config.guards.shared_tune_reserve_bytes(str(layout.run_json), "a shared tune")
         return self.supervisor.between_launches(
             PausedWork("tune", LineState.TUNING, EventKind.TUNED, EventKind.TUNE_FAILED,
                        lambda: tune_in_child(layout, shared), needs_gpu=True)
