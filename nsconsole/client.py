@@ -330,8 +330,11 @@ class SupervisorLink:
         on_disconnected: Callable[[str], Awaitable[None]],
         initial_backoff: float = 0.2,
         max_backoff: float = 5.0,
+        call_timeout: float = 30.0,
     ) -> None:
         self.socket_path = Path(socket_path)
+        self.call_timeout = call_timeout
+        """How long a call waits for its reply unless it says otherwise (a mutation does)."""
         self.on_connected = on_connected
         self.on_notification = on_notification
         self.on_disconnected = on_disconnected
@@ -345,7 +348,7 @@ class SupervisorLink:
         """Stay attached until cancelled."""
         backoff = self.initial_backoff
         while True:
-            client = AsyncSupervisorClient(self.socket_path)
+            client = AsyncSupervisorClient(self.socket_path, timeout=self.call_timeout)
             try:
                 hello = await client.connect()
                 if hello.get("epoch") != self.epoch:

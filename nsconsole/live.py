@@ -65,7 +65,7 @@ class _Attachment:
         self.state = state
         self.link = SupervisorLink(
             socket_path, self._on_connected, self._on_notification, self._on_disconnected,
-            initial_backoff=owner.initial_backoff, max_backoff=owner.max_backoff,
+            initial_backoff=owner.initial_backoff, max_backoff=owner.max_backoff, call_timeout=owner.call_timeout,
         )
         self.task: asyncio.Task[None] | None = None
         self._poll: asyncio.Task[None] | None = None
@@ -105,11 +105,17 @@ class _Attachment:
                 return
 
     async def _poll_status(self, client: AsyncSupervisorClient) -> None:
-        with contextlib.suppress(SupervisorUnavailable):
-            while not client.closed.is_set():
-                await asyncio.sleep(self.owner.status_interval)
-                self.state.apply_status(await client.call("status"))
-                self.owner.changed(self.state)
+        while not client.closed.is_set():
+            await asyncio.sleep(self.owner.status_interval)
+            try:
+                status = await client.call("status")
+            except SupervisorUnavailable:
+                # A reply held up behind a mutation the supervisor is still carrying out (a tune, a
+                # rollback waiting for the update in flight) times out: ask again at the next poll.
+                # A lost connection sets `closed` and ends the loop.
+                continue
+            self.state.apply_status(status)
+            self.owner.changed(self.state)
 
     async def _on_notification(self, notification: Notification) -> None:
         self.state.apply_notification(notification.kind, notification.data, self.owner.clock())
@@ -137,6 +143,7 @@ class LiveLines:
         status_interval: float = STATUS_INTERVAL_S,
         initial_backoff: float = 0.2,
         max_backoff: float = 5.0,
+        call_timeout: float = 30.0,
     ) -> None:
         self.book = book
         self.on_change = on_change
@@ -146,6 +153,8 @@ class LiveLines:
         self.status_interval = status_interval
         self.initial_backoff = initial_backoff
         self.max_backoff = max_backoff
+        self.call_timeout = call_timeout
+        """How long a read call (a status poll) waits for its reply."""
         self._attachments: dict[str, _Attachment] = {}
         self.problem: str | None = None
         """Why discovery fails (None while it works)."""
