@@ -42,14 +42,16 @@ def hog(first_gib: float, then_gib: float, seconds: float) -> None:
     """The other process: hold `first_gib`, after a while `then_gib` in all, for `seconds`."""
     import torch
 
-    held = [torch.empty(int(first_gib * 2**30), dtype=torch.uint8, device="cuda")]
+    from engine.units import gib_bytes
+
+    held = [torch.empty(gib_bytes(first_gib), dtype=torch.uint8, device="cuda")]
     print(json.dumps({"hog": "holding", "gib": first_gib}), flush=True)
     started = time.monotonic()
     grown = then_gib <= first_gib
     while time.monotonic() - started < seconds:
         if not grown and time.monotonic() - started > seconds / 3:
             try:
-                held.append(torch.empty(int((then_gib - first_gib) * 2**30), dtype=torch.uint8, device="cuda"))
+                held.append(torch.empty(gib_bytes(then_gib - first_gib), dtype=torch.uint8, device="cuda"))
                 print(json.dumps({"hog": "grew", "gib": then_gib}), flush=True)
             except torch.OutOfMemoryError:
                 print(json.dumps({"hog": "could not grow", "gib": then_gib}), flush=True)

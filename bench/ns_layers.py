@@ -34,6 +34,7 @@ from engine.models.ns.hippocampal import HippocampalLayer  # noqa: E402
 from engine.models.ns.model import NSLM, PRESETS  # noqa: E402
 from engine.models.ns.pool_read import pool_read_flex  # noqa: E402
 from engine.models.ns.scan import chunked_scan, compiled_chunked_scan  # noqa: E402
+from engine.units import GIB  # noqa: E402
 
 
 def time_ms(step: Callable[[], None], iters: int, warmup: int = 3) -> float:
@@ -140,7 +141,7 @@ def model_rows(iters: int) -> list[dict]:
         ms = time_ms(step, iters, warmup=2)
         rows.append({"bench": "ns-2b_step", "compile_scan": compile_scan, "ms": ms, "tokens_per_s": 4096 / ms * 1e3,
                      "params": model.num_parameters(), "shape": "B1 T4096 bf16 eager",
-                     "peak_gib": torch.cuda.max_memory_allocated() / 2**30})  # fmt: skip
+                     "peak_gib": torch.cuda.max_memory_allocated() / GIB})  # fmt: skip
         del model
     return rows
 

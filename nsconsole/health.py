@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.protocol.facts import LineState, Stage
+from engine.units import GIB
 
 SPIKE_FACTOR = 1.5
 """A loss above this multiple of the mean of the rows before it is a spike."""
@@ -148,5 +149,5 @@ def full_disk(free_bytes: int | None, total_bytes: int | None, min_free_bytes: f
     below_guard = min_free_bytes is not None and free_bytes < min_free_bytes
     if not (low_fraction or below_guard):
         return None
-    gib = free_bytes / 2**30
+    gib = free_bytes / GIB
     return HealthFlag("disk", "■", "disk", f"disk nearly full: {gib:.1f} GiB free ({free_bytes / total_bytes:.1%})", "error")

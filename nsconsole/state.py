@@ -24,6 +24,7 @@ from typing import Any
 from engine.protocol import facts
 from engine.protocol.facts import EventKind, Stage
 from engine.supervisor.rpc import is_validation_row
+from engine.units import gib_bytes
 from nsconsole import health
 from nsconsole.health import HealthFlag
 from nsconsole.widgets.format import UNREACHABLE
@@ -101,9 +102,10 @@ class LineFacts:
     schedule: Callable[[float], float] | None = None
     """The learning rate at a number of tokens trained (None: unknown, no lr check)."""
     share_reserve_gb: float | None = None
-    """GPU memory left to other processes; None: sharing is off (the line waits for a free GPU)."""
+    """run.json's `guards.share_reserve_gb`, GiB (2**30 bytes) left to other processes on the GPU;
+    None: sharing is off (the line waits for a free GPU)."""
     min_free_disk_gb: float | None = None
-    """The line's own disk guard."""
+    """run.json's `guards.min_free_disk_gb`, the line's own disk guard in GiB (2**30 bytes)."""
 
     @property
     def is_pssa(self) -> bool:
@@ -112,6 +114,16 @@ class LineFacts:
     @property
     def sharing(self) -> bool:
         return self.share_reserve_gb is not None
+
+    @property
+    def share_reserve_bytes(self) -> int | None:
+        """The reserve in bytes, converted as GiB like the trainer's (`GuardsConfig.share_reserve_bytes`)."""
+        return None if self.share_reserve_gb is None else gib_bytes(self.share_reserve_gb)
+
+    @property
+    def min_free_disk_bytes(self) -> int | None:
+        """The disk guard in bytes, converted as GiB like the trainer's (`GuardsConfig.min_free_disk_bytes`)."""
+        return None if self.min_free_disk_gb is None else gib_bytes(self.min_free_disk_gb)
 
 
 @dataclass
@@ -274,6 +286,10 @@ class LineView:
             event_kind = str(data.get("event", "event"))
             severity = "error" if event_kind in ERROR_EVENTS else "info"
             self.add_event(float(data.get("time") or now), event_kind, str(data.get("message", "")), severity)
+            if event_kind in facts.ENDING_EVENTS:
+                # The line has ended: say so at once, not at the next status poll (which a supervisor
+                # exiting right after may never answer).
+                self.status = {**self.status, "state": facts.ENDING_EVENTS[event_kind].value, "trainer_pid": None}
         self.version += 1
 
     def mark_disconnected(self, reason: str, now: float) -> None:
@@ -297,7 +313,6 @@ class LineView:
         series = self.series
         heartbeat = self.heartbeat or {}
         newest_row = self.recent_rows[-1] if self.recent_rows else None
-        min_free = None if self.facts.min_free_disk_gb is None else self.facts.min_free_disk_gb * 1e9
         candidates = [
             health.loss_spike(series.loss[-health.SPIKE_WINDOW - 1 :]),
             health.slow_throughput(series.tokens_per_s[-health.SLOW_WINDOW - 1 :]),
@@ -305,7 +320,7 @@ class LineView:
             health.stale_heartbeat(self.supervisor_state, self.heartbeat_age(now)),
             health.skipped_updates(series.skipped[-health.SKIPPED_WINDOW :]),
             health.waiting_for_data(heartbeat.get("stage"), heartbeat.get("cycle")),
-            health.full_disk(self.disk_free, self.disk_total, min_free),
+            health.full_disk(self.disk_free, self.disk_total, self.facts.min_free_disk_bytes),
         ]
         flags = [flag for flag in candidates if flag is not None]
         before = {flag.kind for flag in self.health}

@@ -59,6 +59,7 @@ from engine.checkpoints.format import (
     write_latest,
 )
 from engine.errors import CheckpointError, DiskFull
+from engine.units import GIB
 
 
 @dataclass
@@ -221,7 +222,7 @@ class CheckpointWriter:
             if free < snapshot.nbytes:
                 error = DiskFull(
                     f"{self.checkpoints_dir}: the disk filled while checkpoint {name.removesuffix(PARTIAL_SUFFIX)} "
-                    f"was written ({free / 2**30:.2f} GiB free, it needs {snapshot.nbytes / 2**30:.2f} GiB; "
+                    f"was written ({free / GIB:.2f} GiB free, it needs {snapshot.nbytes / GIB:.2f} GiB; "
                     f"{error}); the newest complete one is {read_latest(self.checkpoints_dir) or 'none yet'}; "
                     "free some space and run the line again"
                 )

@@ -25,8 +25,9 @@ from typing import Any
 from engine.atomic import write_text_atomic
 from engine.config.checks import RunConfigChecks
 from engine.config.json_fields import json_key, json_name, parse_value, show, unparse
-from engine.errors import ConfigError
+from engine.errors import ConfigError, LineError
 from engine.metrics import METRICS_VERSION
+from engine.units import gib_bytes
 
 DEFAULT_SEQ_LEN = 4096
 DEFAULT_TOKENS_PER_UPDATE = 262_144
@@ -193,11 +194,34 @@ class GuardsConfig:
     gpu_check_every: int = 50
     """Look for other processes on the GPU every this many updates."""
     share_reserve_gb: float | None = None
-    """GPU memory left to other processes when they appear (None: checkpoint and wait for a free GPU)."""
+    """GPU memory left to other processes when they appear, in GiB (2**30 bytes); None: checkpoint
+    and wait for a free GPU. Read it as bytes through `share_reserve_bytes`."""
     watchdog_minutes: float = 30.0
     """Minutes without a heartbeat before the supervisor kills and restarts the trainer."""
     min_free_disk_gb: float = 20.0
-    """Free disk below which the trainer checkpoints and stops for the operator."""
+    """Free disk, in GiB (2**30 bytes), below which the trainer checkpoints and stops for the operator.
+    Read it as bytes through `min_free_disk_bytes`."""
+
+    @property
+    def share_reserve_bytes(self) -> int | None:
+        """`share_reserve_gb` in bytes (None: no reserve): the one GiB conversion of it."""
+        return None if self.share_reserve_gb is None else gib_bytes(self.share_reserve_gb)
+
+    @property
+    def min_free_disk_bytes(self) -> int:
+        """`min_free_disk_gb` in bytes: the one GiB conversion of it."""
+        return gib_bytes(self.min_free_disk_gb)
+
+    def shared_tune_reserve_bytes(self, source: str, asker: str = "--shared") -> int:
+        """The reserve in bytes that a shared tune (`nsconsole tune --shared`) leaves to the others;
+        without `share_reserve_gb` a `LineError` "`source`: `asker` needs guards.share_reserve_gb".
+
+        The one place of that refusal: the supervisor asks it before pausing its trainer for a tune
+        (here, since the supervisor imports no torch and the tune does), the tune again when it runs.
+        """
+        if self.share_reserve_bytes is None:
+            raise LineError(f"{source}: {asker} needs guards.share_reserve_gb (the memory left to others)")
+        return self.share_reserve_bytes
 
 
 @dataclass

@@ -29,7 +29,6 @@ from engine.config.run import RunConfig
 from engine.errors import ConfigError, LineError
 from engine.gpu.devices import GpuSnapshot, gpu_snapshot
 
-GIB = 1 << 30
 OWN_AFTER_ABSENT_CHECKS = 3
 """Checks in a row without other processes before a sharing line takes its own shapes back."""
 
@@ -142,8 +141,7 @@ class GpuWatch:
         `reader` and `enabled` replace the NVML reading and the device-kind condition (tests drive a
         CPU line through the sharing paths with them).
         """
-        reserve_gb = config.guards.share_reserve_gb
-        reserve_bytes = None if reserve_gb is None else int(reserve_gb * GIB)
+        reserve_bytes = config.guards.share_reserve_bytes
         if reader is None:
             index = device.index if device.index is not None else 0
             pid = os.getpid()
@@ -170,15 +168,25 @@ class GpuWatch:
         return action, reading
 
 
-def refuse_unshareable_lengths(config: RunConfig, source: str = "run.json") -> None:
-    """A reserve with a plan length that has no `shared` shape cannot share: refuse to start."""
+def unshareable_lengths_problem(config: RunConfig, source: str = "run.json") -> str | None:
+    """What is wrong when a reserve is set but a plan length has no `shared` shape (the line could not
+    share); None when it can. The one statement of that check: the trainer refuses to start on it
+    (`refuse_unshareable_lengths`), `nsconsole check` reports it (`engine.ops.check`)."""
     if config.guards.share_reserve_gb is None:
-        return
+        return None
     plan_lengths = {stage.seq_len for stage in config.plan}
     unmeasured = sorted(seq_len for seq_len in plan_lengths if config.length(seq_len).shared is None)
-    if unmeasured:
-        lengths = ", ".join(str(seq_len) for seq_len in unmeasured)
-        raise ConfigError(
-            f"{source}: guards.share_reserve_gb is set but lengths {lengths} have no shared shape "
-            "(run `nsconsole tune LINE --shared`)"
-        )
+    if not unmeasured:
+        return None
+    lengths = ", ".join(str(seq_len) for seq_len in unmeasured)
+    return (
+        f"{source}: guards.share_reserve_gb is set but lengths {lengths} have no shared shape "
+        "(run `nsconsole tune LINE --shared`)"
+    )
+
+
+def refuse_unshareable_lengths(config: RunConfig, source: str = "run.json") -> None:
+    """A reserve with a plan length that has no `shared` shape cannot share: refuse to start."""
+    problem = unshareable_lengths_problem(config, source)
+    if problem is not None:
+        raise ConfigError(problem)

@@ -22,6 +22,7 @@ from engine.protocol.facts import Engine
 from engine.training.optim import AdamWSettings, FlatAdamW
 from engine.training.step import EagerEngine, GraphEngine
 from engine.training.trainer import resolve_device
+from engine.units import GIB
 
 BENCH_LR = 1e-4
 BENCH_WEIGHT_DECAY = 0.1
@@ -196,6 +197,6 @@ def bench_shape(
         flops_per_token=flops_per_token,
         matmul_tflops=matmul_tflops,
         mfu=flops_per_token * tokens_per_s / (matmul_tflops * 1e12),
-        peak_memory_gib=torch.cuda.max_memory_allocated(target) / 2**30 if cuda else None,
+        peak_memory_gib=torch.cuda.max_memory_allocated(target) / GIB if cuda else None,
         top_kernels=top,
     )

@@ -21,6 +21,7 @@ from engine.checkpoints.format import (
 )
 from engine.config.run import RunConfig
 from engine.errors import LineError
+from engine.gpu.sharing import unshareable_lengths_problem
 from engine.layout import LineLayout, checkpoint_update
 from engine.metrics import METRICS_VERSION
 from engine.models.build import build_model
@@ -31,8 +32,7 @@ from engine.ops.lines import (
     resolve_data_path,
     unaccepted_changes,
 )
-
-GIB = 1024**3
+from engine.units import GIB
 
 
 @dataclass
@@ -141,27 +141,20 @@ def _check_metrics(config: RunConfig) -> CheckResult:
 def _check_sharing(config: RunConfig) -> list[CheckResult]:
     if config.guards.share_reserve_gb is None:
         return []
-    plan_lengths = {stage.seq_len for stage in config.plan}
-    unmeasured = sorted(seq_len for seq_len in plan_lengths if config.length(seq_len).shared is None)
-    if unmeasured:
-        lengths = ", ".join(str(seq_len) for seq_len in unmeasured)
-        return [
-            CheckResult(
-                False,
-                f"run.json: guards.share_reserve_gb is set but lengths {lengths} have no shared shape "
-                "(run `nsconsole tune LINE --shared`)",
-            )
-        ]
+    problem = unshareable_lengths_problem(config, "run.json")  # the trainer refuses to start on the same
+    if problem is not None:
+        return [CheckResult(False, problem)]
     return [CheckResult(True, "GPU sharing: every stage's length has a shared shape")]
 
 
 def _check_disk(layout: LineLayout, config: RunConfig, model: torch.nn.Module) -> CheckResult:
     """Free disk above the guard and room for the next checkpoint (the trainer stops without)."""
-    free_gb = shutil.disk_usage(layout.root).free / GIB
+    free = shutil.disk_usage(layout.root).free
+    free_gb = free / GIB
     minimum = config.guards.min_free_disk_gb
     parameters = sum(parameter.numel() for parameter in model.parameters())
     checkpoint_gb = expected_checkpoint_bytes(layout.checkpoints, parameters) / GIB
-    if free_gb < minimum:
+    if free < config.guards.min_free_disk_bytes:  # in bytes, as the trainer's guard compares
         return CheckResult(
             False, f"disk: {free_gb:.1f} GiB free at {layout.root}, below guards.min_free_disk_gb {minimum:g}"
         )

@@ -12,7 +12,7 @@ timed (tokens/s over whole updates after a warm-up) and its peak memory measured
 - CPU: the process's peak resident memory (VmHWM, reset through /proc/self/clear_refs before each
   setting, after glibc's free memory is handed back with malloc_trim) minus the resident memory
   before the model was built. Where the peak cannot be reset a sampling thread reads the RSS
-  instead. The budget is `--budget-gb`, else CPU_BUDGET_FRACTION of the available memory. A CPU
+  instead. The budget is `--budget-gb` (GiB), else CPU_BUDGET_FRACTION of the available memory. A CPU
   out of memory kills the process rather than raising, so the next rows are not tried when the
   growth measured so far, continued, would not fit; and recomputation is tried only when no
   setting without it fits (on a CPU it only trades time for memory).
@@ -47,8 +47,8 @@ from engine.training.optim import AdamWSettings, FlatAdamW
 from engine.training.schedule import tokens_per_update
 from engine.training.step import EagerEngine, GraphEngine
 from engine.training.trainer import resolve_device
+from engine.units import GIB, gib_bytes
 
-GIB = 1 << 30
 GPU_MARGIN_BYTES = DEFAULT_SLACK_BYTES
 """Left free on the GPU: the arena's slack for what a capture creates outside the allocator."""
 CPU_BUDGET_FRACTION = 0.5
@@ -180,17 +180,18 @@ def _can_reset_peak() -> bool:
         return False
 
 
-def memory_budget(device: torch.device, budget_gb: float | None, reserve_gb: float) -> int:
-    """Bytes a setting's peak may reach: --budget-gb, else the GPU's free memory or a share of the RAM."""
+def memory_budget(device: torch.device, budget_gb: float | None, reserve_bytes: int) -> int:
+    """Bytes a setting's peak may reach: --budget-gb (GiB), else the GPU's free memory or a share of
+    the RAM; less `reserve_bytes` (the share reserve with --shared, else 0)."""
     if budget_gb is not None:
-        budget = int(budget_gb * 1e9)
+        budget = gib_bytes(budget_gb)
     elif device.type == "cuda":
         torch.cuda.empty_cache()  # what this process holds cached is not taken
         free, _total = torch.cuda.mem_get_info(device)
         budget = free - GPU_MARGIN_BYTES
     else:
         budget = int(psutil.virtual_memory().available * CPU_BUDGET_FRACTION)
-    budget -= int(reserve_gb * 1e9)
+    budget -= reserve_bytes
     if budget <= 0:
         raise LineError(
             f"tune: no memory left for the line ({budget / GIB:.1f} GiB after the margin and reserve)"
@@ -353,15 +354,9 @@ def tune_line(
             f"{layout.root}: its trainer is running (pid {pid}); tune measures the line's model alone"
         )
     config = RunConfig.load(layout.run_json)
-    reserve_gb = 0.0
-    if shared:
-        if config.guards.share_reserve_gb is None:
-            raise LineError(
-                f"{layout.run_json}: --shared needs guards.share_reserve_gb (the memory left to others)"
-            )
-        reserve_gb = config.guards.share_reserve_gb
+    reserve_bytes = config.guards.shared_tune_reserve_bytes(str(layout.run_json)) if shared else 0
     device = resolve_device(config.device)
-    budget = memory_budget(device, budget_gb, reserve_gb)
+    budget = memory_budget(device, budget_gb, reserve_bytes)
     tuner = Tuner(config, device, budget, max_rows)
     tunings = [tuner.tune_length(seq_len) for seq_len in sorted({stage.seq_len for stage in config.plan})]
     missing = [tuning.seq_len for tuning in tunings if tuning.chosen is None]

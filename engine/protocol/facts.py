@@ -130,6 +130,15 @@ NOTIFIED_EVENTS: dict[EventKind, str] = {
 }
 """Every event the operator is told about (the spec's list) and what it means."""
 
+ENDING_EVENTS: dict[EventKind, LineState] = {
+    EventKind.FINISHED: LineState.FINISHED,
+    EventKind.STOPPED: LineState.STOPPED,
+    EventKind.FAILED: LineState.FAILED,
+    EventKind.STUCK: LineState.STUCK,
+    EventKind.DISK_FULL: LineState.DISK_FULL,
+}
+"""The events a supervisor publishes as its line ends, and the final state each leaves it in."""
+
 ERROR_EVENTS = frozenset({
     EventKind.FAILED, EventKind.STUCK, EventKind.SUPERVISOR_FAILED, EventKind.DISK_FULL,
     EventKind.BRANCH_FAILED, EventKind.BRANCH_START_FAILED, EventKind.ROLLBACK_FAILED, EventKind.TUNE_FAILED,

@@ -402,9 +402,9 @@ class Supervisor:
         if not self._others_may_stay:
             return False
         config = self._config or reload_config(self.layout, None)
-        reserve_gb = None if config is None else config.guards.share_reserve_gb
+        reserve = None if config is None else config.guards.share_reserve_bytes
         held = memory_of_others_on_gpu(index)
-        return reserve_gb is not None and held is not None and held <= reserve_gb * 2**30
+        return reserve is not None and held is not None and held <= reserve
 
     def _run_trainer(self, lease: GpuLease | None) -> TrainerExit:
         self._wait_for_an_earlier_trainer()

@@ -20,7 +20,8 @@ from contextlib import contextmanager
 
 import torch
 
-GIB = 1 << 30
+from engine.units import GIB
+
 DEFAULT_SLACK_BYTES = 4 * GIB
 """Left outside the arena for what a capture (cuBLAS workspaces, graph objects) creates outside it."""
 

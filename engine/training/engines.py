@@ -23,11 +23,12 @@ import torch
 
 from engine.config.run import RunConfig
 from engine.errors import is_out_of_memory
-from engine.gpu.sharing import GIB, GpuMode
+from engine.gpu.sharing import GpuMode
 from engine.models.base import LanguageModel
 from engine.protocol.facts import Engine
 from engine.training.optim import FlatAdamW
 from engine.training.step import EagerEngine, GraphEngine
+from engine.units import GIB
 
 ARENA_RELEASE_FRACTION = 0.9
 """A switch of shapes needs at least this much of the closed arena's memory back from the driver."""

@@ -62,7 +62,7 @@ from engine.checkpoints.format import (
 from engine.checkpoints.tensors import Checkpoint, CheckpointSnapshot, CheckpointWriter, find_resume_point
 from engine.config.run import RunConfig
 from engine.errors import CheckpointError, ConfigError, DiskFull, LineError, is_out_of_memory
-from engine.gpu.sharing import GIB, Action, GpuBusy, GpuMode, GpuReading, GpuWatch, refuse_unshareable_lengths
+from engine.gpu.sharing import Action, GpuBusy, GpuMode, GpuReading, GpuWatch, refuse_unshareable_lengths
 from engine.layout import LineLayout
 from engine.metrics import METRICS_VERSION
 from engine.models.build import build_model
@@ -76,6 +76,7 @@ from engine.training.position import Position
 from engine.training.schedule import learning_rate, tokens_per_update, update_weight_decay
 from engine.training.step import UpdateResult
 from engine.training.validation import Validator, format_probe_rows, format_validation
+from engine.units import GIB
 from engine.wandb.mirror import WandbMirror
 
 WAIT_POLL_SECONDS = 1.0
@@ -324,7 +325,7 @@ class Trainer:
             # Whatever the guard's threshold, a write that cannot fit would fail half-way.
             last = self._last_checkpoint_update
             newest = f"the newest is update {last}" if last is not None else "none written yet"
-            self._stop_for_disk(free, f"too little for the next checkpoint (about {size / 2**30:.2f} GiB); {newest}")
+            self._stop_for_disk(free, f"too little for the next checkpoint (about {size / GIB:.2f} GiB); {newest}")
         self.heartbeat.beat(self.position.update, Stage.CHECKPOINTING)
         snapshot = self._snapshot(kept)
         self.writer.save(snapshot, before_latest=self.rows.sync)
@@ -643,7 +644,7 @@ class Trainer:
         one behind (and `latest` only ever names a complete one in any case).
         """
         free = shutil.disk_usage(self.layout.checkpoints).free
-        minimum = self.config.guards.min_free_disk_gb * 2**30
+        minimum = self.config.guards.min_free_disk_bytes
         if free >= minimum:
             return
         update = self.position.update
@@ -660,7 +661,7 @@ class Trainer:
         """Stop for the operator (DiskFull: the supervisor does not relaunch); what is saved stays."""
         update = self.position.update
         message = (
-            f"{self.layout.root}: {free / 2**30:.2f} GiB free on its disk, {why}; "
+            f"{self.layout.root}: {free / GIB:.2f} GiB free on its disk, {why}; "
             "free some space and run the line again"
         )
         self.heartbeat.beat(update, Stage.STOPPED, reason=StopReason.DISK_FULL)

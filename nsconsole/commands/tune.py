@@ -33,7 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--shared", action="store_true", help="measure the shapes used beside other GPU processes"
     )
-    parser.add_argument("--budget-gb", type=float, default=None, metavar="X", help="the memory budget in GB")
+    parser.add_argument("--budget-gb", type=float, default=None, metavar="X", help="the memory budget in GiB")
     parser.add_argument(
         "--max-rows", type=int, default=None, metavar="N", help="the largest micro-batch tried"
     )

@@ -7,6 +7,7 @@ import math
 from textual.theme import Theme
 
 from engine.protocol.facts import FINAL_LINE_STATES, LineState, Stage
+from engine.units import GIB
 
 UNREACHABLE = "unreachable"
 """The console's own state of a line whose supervisor it has never reached."""
@@ -101,7 +102,8 @@ def signed(value: float, digits: int = 3) -> str:
 
 
 def gib(size: float) -> str:
-    return f"{size / 2**30:.1f}"
+    """Bytes shown in GiB (2**30 bytes, the unit of every `*_gb` setting), one decimal."""
+    return f"{size / GIB:.1f}"
 
 
 def severity_style(theme: Theme, severity: str) -> str:

@@ -98,7 +98,7 @@ class GpuPanel(Static):
             )
             others = max(0, device.memory_used - this_line)
             sharing = selected is not None and selected.facts.sharing
-            reserve = int((selected.facts.share_reserve_gb or 0) * 1e9) if sharing and selected else 0
+            reserve = (selected.facts.share_reserve_bytes or 0) if sharing and selected else 0
             reserve = min(reserve, max(0, device.memory_total - device.memory_used))
             text.append(f"GPU{device.index} ", style="bold")
             text.append(f"{device.name[:20]:<20} ")

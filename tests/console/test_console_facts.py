@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.protocol.facts import FINAL_LINE_STATES, EventKind, LineState
-from nsconsole.state import EVENT_GLYPHS, SHOWN_STAGES
+from engine.protocol.facts import ENDING_EVENTS, FINAL_LINE_STATES, EventKind, LineState
+from nsconsole.state import EVENT_GLYPHS, SHOWN_STAGES, LineView
 from nsconsole.widgets import format as fmt
 
 
@@ -28,3 +28,13 @@ def test_the_console_ends_a_line_in_exactly_the_states_a_supervisor_exits_in() -
 def test_every_supervisor_event_has_a_glyph_and_a_word(kind: EventKind) -> None:
     glyph, word = EVENT_GLYPHS[kind]
     assert glyph.strip() and word.strip()
+
+
+@pytest.mark.parametrize("kind", sorted(ENDING_EVENTS))
+def test_an_ending_event_sets_the_lines_final_state_at_once(kind: EventKind) -> None:
+    line = LineView("k", "/lines/a")
+    line.apply_hello({"epoch": "e1", "line": "/lines/a"}, 1.0)
+    line.apply_status({"state": "training", "trainer_pid": 42})
+    line.apply_notification("event", {"event": kind.value, "message": "over", "time": 2.0}, 2.0)
+    assert line.display_state == ENDING_EVENTS[kind] and line.display_state in fmt.FINAL_STATES
+    assert line.status["trainer_pid"] is None

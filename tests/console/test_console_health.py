@@ -60,6 +60,19 @@ def test_skipped_updates_waiting_data_and_full_disk() -> None:
     assert health.full_disk(None, None, 20e9) is None
 
 
+def test_the_line_guards_from_run_json_are_gib_like_the_trainers() -> None:
+    facts = LineFacts(share_reserve_gb=1.0, min_free_disk_gb=20.0)
+    assert facts.share_reserve_bytes == 1_073_741_824 and facts.min_free_disk_bytes == 21_474_836_480
+    assert LineFacts().share_reserve_bytes is None and LineFacts().min_free_disk_bytes is None
+    line = LineView("k", "/runs/trunk", facts)
+    # 21e9 bytes free is above 20e9 but below the trainer's 20 GiB (and 4.2 % of the disk): flagged
+    # as the trainer is about to stop, not only once the disk is 2 % free.
+    line.disk_free, line.disk_total = 21 * 10**9, 500 * 10**9
+    assert [flag.kind for flag in line.refresh_health(0.0)] == ["disk"]
+    line.disk_free = 22 * 10**9  # above 20 GiB: nothing to say
+    assert line.refresh_health(1.0) == [] and line.health == []
+
+
 def row(update: int, loss: float = 3.0, **extra: object) -> dict:
     return {"update": update, "tokens": update * 100, "loss": loss, "lr": 1e-3, "grad_norm": 1.0,
             "tokens_per_s": 1000.0, "cycle": update // 10, "stage": "trunk", **extra}

@@ -9,11 +9,13 @@ from pathlib import Path
 
 from helpers.console import NOW, console, frozen_book, settle
 
+from engine.gpu.devices import GpuDevice, GpuSnapshot
+from engine.units import GIB
 from nsconsole.app import ConsoleApp
 from nsconsole.screens.branch_form import parse_branch
-from nsconsole.state import LineBook
+from nsconsole.state import LineBook, LineFacts, LineView
 from nsconsole.widgets.checkpoint_list import read_checkpoints
-from nsconsole.widgets.gpu_panel import memory_bar
+from nsconsole.widgets.gpu_panel import GpuPanel, GpuReading, memory_bar
 from nsconsole.widgets.lines_table import LinesTable
 from nsconsole.widgets.plot import MARKER, draw, sparkline
 
@@ -141,6 +143,24 @@ def test_memory_bar_splits_the_width_by_segment() -> None:
     runs = memory_bar(100, 50, 25, 10, width=20)
     assert runs == [("█", 10, "line"), ("▓", 5, "others"), ("░", 2, "reserve"), ("·", 3, "free")]
     assert sum(cells for _, cells, _ in memory_bar(7, 1, 1, 1, width=13)) == 13
+
+
+def test_the_gpu_panel_draws_the_reserve_in_gib_like_the_trainer() -> None:
+    """share_reserve_gb 1.0 is 1 GiB = 1073741824 bytes: on an idle 11 GiB GPU that is 40/11 = 3.6
+    cells of 40, so 4 (as 1e9 bytes it was 3.4 cells, so 3)."""
+    book = LineBook()
+    book.add(LineView("s-id", "/srv/runs/s", LineFacts(preset="pssa-1.5m", share_reserve_gb=1.0)))
+    device = GpuDevice(0, "NVIDIA H200", "GPU-0", memory_total=11 * GIB, memory_used=0, utilization=0, processes=[])
+    reading = GpuReading(GpuSnapshot(True, "", "580", [device]), [None])
+    app = console(book=book, reading=reading)
+
+    async def scenario(pilot) -> None:
+        selected = book.get("s-id")
+        assert selected is not None and selected.facts.share_reserve_bytes == 1_073_741_824
+        first_line = app.screen.query_one(GpuPanel).render_text(reading, book, selected).plain.splitlines()[0]
+        assert first_line.count("░") == 4 and first_line.count("·") == 36
+
+    run(app, scenario)
 
 
 def test_checkpoints_are_listed_newest_first_with_kept_reasons(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from engine.gpu.devices import GpuDevice, GpuProcess, GpuSnapshot, LeaseHolder
+from engine.units import GIB
 from nsconsole.app import ConsoleApp
 from nsconsole.state import LineBook, LineFacts, LineView
 from nsconsole.widgets.gpu_panel import GpuPanel, GpuReading
@@ -13,9 +14,6 @@ NOW = 1_800_000_000.0
 
 
 SIZE = (150, 40)
-
-
-GIB = 2**30
 
 
 def _bank_probes(update: int, blocks: int) -> dict[str, float]:
@@ -68,7 +66,7 @@ def frozen_book(memory_blocks: int = 0) -> LineBook:
         ("ns-probe", "ns-tiny", 1, None, 3.1, 2.3),
     ]
     for index, (name, preset, launches, gpu, base, seed) in enumerate(specs):
-        reserve = 8.0 if gpu is not None else None  # the GPU line shares its GPU, leaving 8 GB to others
+        reserve = 8.0 if gpu is not None else None  # the GPU line shares its GPU, leaving 8 GiB to others
         facts = LineFacts(preset=preset, schedule=schedule, share_reserve_gb=reserve)
         line = LineView(f"{name}-id", f"/srv/runs/{name}", facts)
         line.apply_hello({"epoch": f"epoch{index}", "pid": 4100 + index}, NOW - 3600)

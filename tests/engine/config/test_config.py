@@ -17,8 +17,9 @@ from engine.config.run import (
     SharedShapeConfig,
     check_changes,
 )
-from engine.errors import ConfigError
+from engine.errors import ConfigError, LineError
 from engine.models import presets
+from engine.units import GIB
 
 
 @dataclasses.dataclass
@@ -231,6 +232,30 @@ def test_whole_float_is_accepted_for_integers() -> None:
     document = minimal()
     document["tokens_per_update"] = 5.24288e5
     assert loaded(document).tokens_per_update == 524288
+
+
+# -- units: every *_gb setting is GiB ------------------------------------------------------------
+
+
+def test_the_gb_guards_convert_to_bytes_as_gib() -> None:
+    guards = loaded(full()).guards  # share_reserve_gb 24, min_free_disk_gb 20 (the default)
+    assert GIB == 1_073_741_824
+    assert guards.share_reserve_bytes == 24 * 1_073_741_824 == 25_769_803_776  # not 24e9
+    assert guards.min_free_disk_bytes == 20 * 1_073_741_824 == 21_474_836_480  # not 20e9
+    document = minimal()
+    document["guards"] = {"share_reserve_gb": 1.5, "min_free_disk_gb": 0.25}
+    fractional = loaded(document).guards
+    assert (fractional.share_reserve_bytes, fractional.min_free_disk_bytes) == (1_610_612_736, 268_435_456)
+    assert loaded(minimal()).guards.share_reserve_bytes is None  # no reserve: no bytes either
+
+
+def test_a_shared_tune_needs_a_reserve_and_gets_it_in_bytes() -> None:
+    assert loaded(full()).guards.shared_tune_reserve_bytes("run.json") == 24 * GIB
+    guards = loaded(minimal()).guards
+    with pytest.raises(LineError, match=r"^x/run\.json: --shared needs guards\.share_reserve_gb \(the memory"):
+        guards.shared_tune_reserve_bytes("x/run.json")
+    with pytest.raises(LineError, match=r"^x/run\.json: a shared tune needs guards\.share_reserve_gb"):
+        guards.shared_tune_reserve_bytes("x/run.json", "a shared tune")
 
 
 # -- lifelong keys --------------------------------------------------------------------------------

@@ -24,7 +24,6 @@ from engine.config.run import RunConfig
 from engine.errors import ConfigError
 from engine.gpu.devices import GpuDevice, GpuProcess, GpuSnapshot
 from engine.gpu.sharing import (
-    GIB,
     Action,
     GpuBusy,
     GpuMode,
@@ -33,6 +32,8 @@ from engine.gpu.sharing import (
     SharingState,
     decide,
     reading_from_snapshot,
+    refuse_unshareable_lengths,
+    unshareable_lengths_problem,
 )
 from engine.protocol.facts import TrainerExitCode
 from engine.training import engines as step_engines
@@ -41,6 +42,7 @@ from engine.training import trainer as trainer_module
 from engine.training.engines import StepEngines
 from engine.training.step import EagerEngine, UpdateResult
 from engine.training.trainer import Trainer
+from engine.units import GIB
 
 RESERVE_GB = 1.0
 CHECK_EVERY = 2
@@ -260,6 +262,30 @@ def test_a_reserve_with_a_length_without_a_shared_shape_is_refused_before_anythi
         Trainer(line, echo=None).run()
     assert sorted(path.name for path in line.iterdir()) == ["accepted_run.json", "checkpoints", "run.json"]
     assert not any((line / "checkpoints").iterdir())
+
+
+def test_the_unshareable_lengths_check_is_one_statement_for_the_trainer_and_check() -> None:
+    document = {
+        "model": {"preset": "pssa-1.5m"}, "data": {"line": "d"},
+        "lengths": [{"seq_len": 64}, {"seq_len": 128, "shared": {"micro_batch_rows": 1}}, {"seq_len": 256}],
+        "plan": [{"name": "a", "seq_len": 256, "tokens": 1e6}, {"name": "b", "seq_len": 64, "tokens": 1e6},
+                 {"name": "c", "seq_len": 128, "tokens": None}],
+    }  # fmt: skip
+    assert unshareable_lengths_problem(RunConfig.from_dict(document)) is None  # no reserve: nothing to share
+    refuse_unshareable_lengths(RunConfig.from_dict(document))
+    document["guards"] = {"share_reserve_gb": 2.0}
+    config = RunConfig.from_dict(document)
+    problem = unshareable_lengths_problem(config, "x/run.json")
+    assert problem == (
+        "x/run.json: guards.share_reserve_gb is set but lengths 64, 256 have no shared shape "
+        "(run `nsconsole tune LINE --shared`)"
+    )
+    with pytest.raises(ConfigError) as refused:
+        refuse_unshareable_lengths(config, "x/run.json")
+    assert str(refused.value) == problem  # the trainer's refusal is `nsconsole check`'s finding
+    for length in document["lengths"]:
+        length["shared"] = {"micro_batch_rows": 1}
+    assert unshareable_lengths_problem(RunConfig.from_dict(document)) is None
 
 
 def test_the_supervised_trainer_maps_leaving_the_gpu_to_exit_75(

@@ -11,7 +11,8 @@ from helpers.lines import SEQ_LEN, make_data_line, make_line
 
 from engine.config.run import RunConfig
 from engine.errors import LineError
-from engine.ops.tune import CpuPeakMeter, LengthTuning, Measurement, Tuner, tune_line
+from engine.ops.tune import CpuPeakMeter, LengthTuning, Measurement, Tuner, memory_budget, tune_line
+from engine.units import GIB
 from nsconsole.cli import main as cli_main
 
 MIB = 1 << 20
@@ -59,12 +60,25 @@ def test_shared_needs_a_reserve_and_writes_the_shared_shape(line: Path) -> None:
     document["guards"]["share_reserve_gb"] = 1.0
     (line / "run.json").write_text(json.dumps(document))
     result = tune_line(line, shared=True, budget_gb=4.0, max_rows=2)
-    assert result.budget_bytes == 3_000_000_000  # the budget less the reserve
+    # The budget less the reserve, both GiB: 4 GiB - 1 GiB. (This was 3_000_000_000, 4e9 - 1e9, while
+    # tune converted *_gb as GB, unlike the trainer and the supervisor: issue #19.)
+    assert result.budget_bytes == 3 * GIB == 3_221_225_472
     entry = RunConfig.load(line / "run.json").length(SEQ_LEN)
     chosen = result.lengths[0].chosen
     assert chosen is not None and entry.shared is not None
     assert entry.shared.micro_batch_rows == chosen.micro_batch_rows
     assert entry.micro_batch_rows == 8  # the line's own shape is left as it was
+
+
+def test_the_budget_and_the_reserve_are_gib() -> None:
+    cpu = torch.device("cpu")
+    assert memory_budget(cpu, 4.0, 0) == 4 * GIB == 4_294_967_296  # --budget-gb 4: not 4e9
+    reserve = RunConfig.from_dict({"model": {"preset": "pssa-1.5m"}, "data": {"line": "d"},
+                                   "guards": {"share_reserve_gb": 1.0}}).guards.share_reserve_bytes
+    assert reserve == 1_073_741_824
+    assert memory_budget(cpu, 4.0, reserve) == 4 * GIB - reserve == 3_221_225_472  # less reserve x 2**30
+    with pytest.raises(LineError, match=r"tune: no memory left for the line \(-1\.0 GiB after"):
+        memory_budget(cpu, 1.0, 2 * GIB)
 
 
 def test_a_setting_that_ran_out_of_memory_or_over_budget_is_never_chosen() -> None:
