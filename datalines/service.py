@@ -31,6 +31,9 @@ POLL_SECONDS = 5.0
 LOCK_NAME = "preparer.lock"
 
 StatusCallback = Callable[[PreparerStatus], None]
+GIB = 1 << 30
+"""2**30 bytes: every `*_gb` setting is GiB. (engine.units holds the same for the layers above;
+datalines sits below them and imports nothing of theirs.)"""
 
 
 class StatusLines:
@@ -52,10 +55,10 @@ def default_min_free_bytes(line: DataLine) -> int:
     override = os.environ.get(MIN_FREE_ENV)
     if override:
         try:
-            return int(float(override) * 1e9)
+            return int(float(override) * GIB)
         except ValueError:
-            raise DataLineError(f"${MIN_FREE_ENV}: not a number of GB, got {override!r}") from None
-    return 3 * line.cycle_tokens * token_dtype(line.vocab_size).itemsize + (1 << 30)
+            raise DataLineError(f"${MIN_FREE_ENV}: not a number of GiB, got {override!r}") from None
+    return 3 * line.cycle_tokens * token_dtype(line.vocab_size).itemsize + GIB
 
 
 def wanted_cycles(line: DataLine, ahead: int) -> list[int]:
@@ -144,7 +147,7 @@ def run_preparer(
             free = shutil.disk_usage(line.path).free
             if free < threshold:
                 reason = (
-                    f"disk: {free / 1e9:.2f} GB free < {threshold / 1e9:.2f} GB needed "
+                    f"disk: {free / GIB:.2f} GiB free < {threshold / GIB:.2f} GiB needed "
                     f"to prepare cycle {index}"
                 )
                 publish(state="waiting", cycle=index, waiting_reason=reason, ready=ready, message=reason)

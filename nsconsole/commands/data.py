@@ -14,6 +14,7 @@ from rich.progress import BarColumn, Progress, TaskID, TaskProgressColumn, TextC
 
 from datalines.errors import DataLineError
 from datalines.status import PreparerStatus
+from engine.units import gib_bytes
 
 DEFAULT_VAL_SEQ_LEN = 512
 
@@ -48,7 +49,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     preparer.add_argument("--work", type=Path, required=True)
     preparer.add_argument("--ahead", type=int, default=2, help="cycles kept ready ahead of the trainer")
-    preparer.add_argument("--min-free-gb", type=float, help="wait while free disk is below this (GB)")
+    preparer.add_argument("--min-free-gb", type=float, help="wait while free disk is below this (GiB)")
     preparer.add_argument("--once", action="store_true", help="exit once the wanted cycles are ready")
     preparer.set_defaults(func=run_preparer_command)
 
@@ -184,7 +185,7 @@ def run_preparer_command(args: argparse.Namespace) -> int:
     from datalines.service import run_preparer
 
     line = open_data_line(args.work)
-    min_free = None if args.min_free_gb is None else int(args.min_free_gb * 1e9)
+    min_free = None if args.min_free_gb is None else gib_bytes(args.min_free_gb)
     # A SIGTERM stops it like Ctrl-C, so the status file says `stopped` rather than a stale state.
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:

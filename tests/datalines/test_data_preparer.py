@@ -129,7 +129,7 @@ def test_a_status_is_said_before_the_status_file_shows_it(inputs: dict[str, Path
 
 def test_low_disk_makes_the_preparer_wait_and_say_so(inputs: dict[str, Path], tmp_path: Path) -> None:
     line = new_line(inputs, tmp_path / "line")
-    environment = {**os.environ, MIN_FREE_ENV: "1e9"}  # a billion GB: never available
+    environment = {**os.environ, MIN_FREE_ENV: "1e9"}  # a billion GiB: never available
     process = subprocess.Popen(preparer_command(line.path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                env=environment, text=True)
     deadline = time.monotonic() + 120
@@ -145,7 +145,7 @@ def test_low_disk_makes_the_preparer_wait_and_say_so(inputs: dict[str, Path], tm
     assert read_status(line.path)["state"] == "stopped"  # a SIGTERM leaves no stale `waiting` behind
     assert status is not None and status["state"] == "waiting"
     assert status["waiting_reason"].startswith("disk: ")
-    assert "1000000000.00 GB needed" in status["waiting_reason"]
+    assert "1000000000.00 GiB needed" in status["waiting_reason"]  # GiB, as every *_gb setting
     assert status["pid"] == process.pid and status["cycle"] == 0
     assert "waiting: disk: " in out  # said on screen too
     assert not (line.path / "cycles" / "c0000").exists()
