@@ -210,20 +210,51 @@ def _kept_reason(directory: Path) -> str | None:
         return None
 
 
+PINNED_NAME = "pinned"
+"""`checkpoints/pinned`: checkpoints retention must keep whatever else happens, one name a line
+(a rollback's target, from the moment it is chosen until the rollback is done or refused)."""
+
+
+def read_pinned(checkpoints_dir: Path) -> set[str]:
+    """The pinned checkpoints' names (none when there is no pin file or it is unreadable)."""
+    try:
+        text = (checkpoints_dir / PINNED_NAME).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return set()
+    return {name for name in text.split() if _DIR_PATTERN.match(name)}
+
+
+def pin_checkpoint(checkpoints_dir: Path, name: str) -> None:
+    """Keep checkpoint `name` from retention until `unpin_checkpoint` (written atomically)."""
+    names = read_pinned(checkpoints_dir) | {name}
+    write_text_atomic(checkpoints_dir / PINNED_NAME, "".join(f"{n}\n" for n in sorted(names)))
+
+
+def unpin_checkpoint(checkpoints_dir: Path, name: str) -> None:
+    names = read_pinned(checkpoints_dir) - {name}
+    if names:
+        write_text_atomic(checkpoints_dir / PINNED_NAME, "".join(f"{n}\n" for n in sorted(names)))
+    else:
+        (checkpoints_dir / PINNED_NAME).unlink(missing_ok=True)
+
+
 def apply_retention(checkpoints_dir: Path, keep_last: int, abandoned_after: int | None = None) -> list[str]:
     """Remove what the retention rule does not keep; returns the removed directory names.
 
-    Kept: the checkpoint `latest` names, every checkpoint whose state.json has a `kept` reason,
-    and the newest `keep_last` rolling ones. Removed: older rolling checkpoints and, when
+    Kept: the checkpoint `latest` names, the pinned ones (`pin_checkpoint`), every checkpoint
+    whose state.json has a `kept` reason, and the newest `keep_last` rolling ones. Removed: older rolling checkpoints and, when
     `abandoned_after` is given (the update a resume started from), every checkpoint after it
     other than `latest` -- the continuation that resume abandoned (e.g. a corrupted newest one).
     """
     latest = read_latest(checkpoints_dir)
+    pinned = read_pinned(checkpoints_dir)
     rolling: list[Path] = []
     removable: list[Path] = []
     for directory in list_checkpoints(checkpoints_dir):
         update = update_of(directory)
         assert update is not None
+        if directory.name in pinned:
+            continue
         if directory.name != latest and abandoned_after is not None and update > abandoned_after:
             removable.append(directory)
         elif _kept_reason(directory) is None:

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
+from engine.checkpoints.format import pin_checkpoint, unpin_checkpoint
 from engine.config.host import HostSettings
 from engine.config.run import RunConfig
 from engine.errors import LineError
@@ -257,10 +258,17 @@ class LineHandler:
             reply["rows_kept"] = None if result.rows_kept is None else str(result.rows_kept)
             return reply
 
-        return self.supervisor.between_launches(
-            PausedWork("rollback", LineState.ROLLING_BACK, EventKind.ROLLED_BACK, EventKind.ROLLBACK_FAILED, roll_back,
-                       needs_gpu=False)
-        )
+        # The trainer stops with a checkpoint of its own first, and retention then keeps only the
+        # newest rolling ones: pinned, the chosen checkpoint stays whatever retention runs meanwhile.
+        target = layout.checkpoint(to).name
+        pin_checkpoint(layout.checkpoints, target)
+        try:
+            return self.supervisor.between_launches(
+                PausedWork("rollback", LineState.ROLLING_BACK, EventKind.ROLLED_BACK, EventKind.ROLLBACK_FAILED,
+                           roll_back, needs_gpu=False)
+            )
+        finally:
+            unpin_checkpoint(layout.checkpoints, target)
 
     def tune(self, shared: bool) -> dict[str, Any]:
         layout = self.supervisor.layout

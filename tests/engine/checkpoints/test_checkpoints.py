@@ -172,3 +172,18 @@ def test_apply_retention_without_latest_keeps_newest(tmp_path: Path) -> None:
     for update in (1, 2, 3):
         write_checkpoint(tmp_path, make_snapshot(update))
     assert apply_retention(tmp_path, keep_last=1) == ["u00000001", "u00000002"]
+
+
+def test_a_pinned_checkpoint_outlives_retention_until_it_is_unpinned(tmp_path: Path) -> None:
+    from engine.checkpoints.format import PINNED_NAME, pin_checkpoint, read_pinned, unpin_checkpoint
+
+    for update in (1, 2, 3, 4):
+        write_checkpoint(tmp_path, make_snapshot(update))
+    write_latest(tmp_path, "u00000004")
+    pin_checkpoint(tmp_path, "u00000002")
+    assert apply_retention(tmp_path, keep_last=1) == ["u00000001", "u00000003"]
+    assert apply_retention(tmp_path, keep_last=1, abandoned_after=1) == []  # an abandoned one too
+    assert read_pinned(tmp_path) == {"u00000002"}
+    unpin_checkpoint(tmp_path, "u00000002")
+    assert not (tmp_path / PINNED_NAME).exists()
+    assert apply_retention(tmp_path, keep_last=1) == ["u00000002"]
