@@ -35,7 +35,8 @@ from nsconsole.screens.line import LineScreen
 from nsconsole.screens.lines import LinesScreen
 from nsconsole.screens.picker import PickerScreen
 from nsconsole.state import LineBook, LineView
-from nsconsole.widgets.checkpoint_list import read_checkpoints
+from nsconsole.widgets import format as fmt
+from nsconsole.widgets.checkpoint_list import CheckpointInfo, read_checkpoints
 from nsconsole.widgets.gpu_panel import GpuPanel, GpuReader, GpuReading, read_gpus
 from themes import DEFAULT_THEME, STYLESHEET, THEMES
 
@@ -245,18 +246,19 @@ class ConsoleApp(App[None]):
         if line is None or not self.check_action("rollback", ()):
             return
         checkpoints = read_checkpoints(line.path)
+        latest = next((info for info in checkpoints if info.latest), None)
+        # A rollback goes back: only checkpoints before the one `latest` names can be chosen.
+        earlier = {info.update: info for info in checkpoints if latest is not None and info.update < latest.update}
         options = [
-            (str(info.update), f"update {info.update}  {'kept: ' + info.kept if info.kept else 'rolling'}"
-             + ("  ★ latest" if info.latest else ""))
-            for info in checkpoints
+            (str(info.update), f"update {info.update}  {'kept: ' + info.kept if info.kept else 'rolling'}")
+            for info in earlier.values()
         ]
-        choice = await self.push_screen_wait(
-            PickerScreen(f"Roll {line.name} back to:", options, empty="this line has no checkpoint")
-        )
+        empty = "this line has no checkpoint before its latest one"
+        choice = await self.push_screen_wait(PickerScreen(f"Roll {line.name} back to:", options, empty=empty))
         if choice is None:
             return
-        question = f"Roll {line.name} back to update {choice}?"
-        if await self.push_screen_wait(ConfirmScreen(question, "Rows after it are set aside; training resumes there.")):
+        question = f"Roll {line.path} back to update {choice}?"
+        if await self.push_screen_wait(ConfirmScreen(question, rollback_consequences(line, earlier[int(choice)]))):
             await self.mutate(line, "rollback", to=int(choice))
 
     @work(exclusive=True, group="mutation")
@@ -285,3 +287,13 @@ class ConsoleApp(App[None]):
         line.add_event(self.clock(), "request", f"{method} accepted: {result}")
         self.notify(f"✓ {line.name}: {method} accepted", timeout=4)
         return result
+
+
+def rollback_consequences(line: LineView, target: CheckpointInfo) -> str:
+    """What a rollback to `target` sets aside, in the confirmation's words."""
+    update = line.update
+    updates = "the updates after it" if update is None else f"updates {target.update + 1}-{update}"
+    tokens = None if line.tokens is None or target.tokens is None else line.tokens - target.tokens
+    trained = "" if tokens is None else f" ({fmt.count(tokens)} tokens)"
+    return (f"Sets aside {updates}{trained}: their rows are kept in rows.rolledback-<time>.jsonl and the later "
+            f"checkpoints go at the next checkpoint; training resumes at update {target.update}.")

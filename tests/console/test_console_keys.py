@@ -7,12 +7,14 @@ import json
 import math
 from pathlib import Path
 
-from helpers.console import NOW, console, frozen_book, settle
+from helpers.console import NOW, console, frozen_book, rows_of, settle
 
 from engine.gpu.devices import GpuDevice, GpuSnapshot
 from engine.units import GIB
 from nsconsole.app import ConsoleApp
 from nsconsole.screens.branch_form import parse_branch
+from nsconsole.screens.confirm import ConfirmScreen
+from nsconsole.screens.picker import PickerScreen
 from nsconsole.state import LineBook, LineFacts, LineView
 from nsconsole.widgets.checkpoint_list import read_checkpoints
 from nsconsole.widgets.gpu_panel import GpuPanel, GpuReading, memory_bar
@@ -221,3 +223,45 @@ def test_a_curve_of_few_rows_is_drawn_as_a_connected_stroke() -> None:
         bits = [ord(row[column // 2]) - 0x2800 if row[column // 2] != " " else 0 for row in grid.rows]
         mask = (0x01 | 0x02 | 0x04 | 0x40) if column % 2 == 0 else (0x08 | 0x10 | 0x20 | 0x80)
         assert any(cell & mask for cell in bits), f"dot column {column} is empty"
+
+
+def test_rollback_offers_only_checkpoints_before_latest_and_says_what_it_sets_aside(tmp_path: Path) -> None:
+    for update, kept in ((100, "cycle-end 0"), (200, None), (300, None)):
+        directory = tmp_path / "checkpoints" / f"u{update:08d}"
+        directory.mkdir(parents=True)
+        state = {"kept": kept, "position": {"tokens_trained": update * 512}}
+        (directory / "state.json").write_text(json.dumps(state))
+    (tmp_path / "checkpoints" / "latest").write_text("u00000300\n")
+    line = LineView("k", str(tmp_path), LineFacts(preset="ns-tiny"))
+    line.apply_hello({"epoch": "e", "pid": 1}, NOW - 60)
+    line.apply_status({"state": "training", "trainer_pid": 2, "latest_checkpoint": 300})
+    line.apply_rows(rows_of(340, 3.0, 1.0), 0)
+    book = LineBook()
+    book.add(line)
+    app = console(book=book)
+    sent: list[tuple[str, dict]] = []
+
+    class Live:
+        async def mutate(self, key: str, method: str, **params: object) -> dict:
+            sent.append((method, params))
+            return {"to_update": params["to"]}
+
+    async def scenario(pilot) -> None:
+        app.live = Live()
+        await pilot.press("r")
+        await pilot.pause()
+        picker = app.screen
+        assert isinstance(picker, PickerScreen)
+        assert [value for value, _label in picker.options] == ["200", "100"]  # not u300, which `latest` names
+        await pilot.press("enter")
+        await pilot.pause()
+        confirm = app.screen
+        assert isinstance(confirm, ConfirmScreen)
+        assert confirm.question == f"Roll {tmp_path} back to update 200?"
+        assert confirm.detail.startswith("Sets aside updates 201-340 (71.7K tokens): their rows are kept in "
+                                         "rows.rolledback-<time>.jsonl")
+        await pilot.press("y")
+        await pilot.pause(0.2)
+        assert sent == [("rollback", {"to": 200})]
+
+    run(app, scenario)

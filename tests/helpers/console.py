@@ -33,7 +33,7 @@ def _bank_probes(update: int, blocks: int) -> dict[str, float]:
     return probes
 
 
-def _rows(count: int, base: float, seed: float, memory_blocks: int = 0) -> list[dict]:
+def rows_of(count: int, base: float, seed: float, memory_blocks: int = 0) -> list[dict]:
     rows = []
     for update in range(1, count + 1):
         tokens = update * 512
@@ -75,7 +75,7 @@ def frozen_book(memory_blocks: int = 0) -> LineBook:
             "latest_checkpoint": 400, "preset": preset,
             "heartbeat": {"time": NOW - 2 - 50 * index, "update": 500, "stage": "training", "pid": 5100 + index},
         })
-        rows = _rows(500, base, seed, memory_blocks if preset.startswith("pssa") else 0)
+        rows = rows_of(500, base, seed, memory_blocks if preset.startswith("pssa") else 0)
         if name == "tf-baseline":
             rows[-2] = {**rows[-2], "loss": 9.5}  # a spike on the newest training row (before its validation)
         line.apply_rows(rows, 0)
