@@ -66,9 +66,6 @@ EVENT_GLYPHS: dict[str, tuple[str, str]] = {
 }
 """Glyph and word of each event kind: every supervisor event (`EventKind`) and the console's own."""
 
-ERROR_EVENTS = facts.ERROR_EVENTS
-"""Events shown (and rung) as errors."""
-
 SHOWN_STAGES = frozenset({Stage.CHECKPOINTING, Stage.WAITING_DATA, Stage.VALIDATING})
 """Trainer stages shown in place of the supervisor's `training`: they say more."""
 
@@ -284,7 +281,7 @@ class LineView:
                 self.heartbeat = data
         elif kind == "event":
             event_kind = str(data.get("event", "event"))
-            severity = "error" if event_kind in ERROR_EVENTS else "info"
+            severity = "error" if event_kind in facts.ERROR_EVENTS else "info"
             self.add_event(float(data.get("time") or now), event_kind, str(data.get("message", "")), severity)
             if event_kind in facts.ENDING_EVENTS:
                 # The line has ended: say so at once, not at the next status poll (which a supervisor

@@ -1,22 +1,12 @@
-"""Checkpoints: `<line>/checkpoints/u<update:08d>/`, written in the background, hashed, renamed atomically.
+"""Checkpoints' tensors: the snapshot, the background writer and the loader.
 
-A checkpoint directory holds
-
-    model.safetensors      fp32 weights by parameter name (loadable without this package's layout)
-    optimizer.safetensors  the flat AdamW moments (`exp_avg`, `exp_avg_sq`), the step, the EMA slot
-    extra.safetensors      the model's extra state (PSSA memory banks) and the RNG states (`rng/...`)
-    state.json             update, tokens, data position, rows count, kept reason, code version, layout
-    run.json               the line's full configuration as it was at this update
-    tokenizer.json         the tokenizer the weights were trained with (a checkpoint is self-contained)
-    meta.json              written last: the blake2b and size of every other file
-
-Writing: the training loop hands over a `CheckpointSnapshot` (host copies, taken between updates)
-and goes on; a thread writes `u<N>.partial/`, fsyncs every file and the directory, renames it to
-`u<N>/`, fsyncs `checkpoints/`, and only then replaces `latest` (a one-line file naming the
-directory) by an atomic rename. A crash at any point leaves either the old `latest` or the new
-one, never a half-written checkpoint behind `latest`; `.partial` directories are discarded at
-the next start. After each write the retention rule runs: the checkpoint `latest` names, the
-kept ones (line start, cycle ends, length changes) and the newest `keep_last` rolling ones stay.
+The directory's files and `latest` are described in `engine.checkpoints.format`. Writing: the
+training loop hands over a `CheckpointSnapshot` (host copies, taken between updates) and goes on;
+a thread writes `u<N>.partial/`, fsyncs every file and the directory, renames it to `u<N>/`,
+fsyncs `checkpoints/`, and only then replaces `latest` by an atomic rename. A crash at any point
+leaves either the old `latest` or the new one, never a half-written checkpoint behind `latest`;
+`.partial` directories are discarded at the next start. After each write the retention rule
+runs (`engine.checkpoints.format.apply_retention`).
 """
 
 from __future__ import annotations
