@@ -478,9 +478,15 @@ def test_the_real_preparer_stops_when_its_supervisor_is_killed(rig: Rig) -> None
     # run.json's data line is the module's prepared one: the real preparer finds it ready and polls.
     process = rig.start(["train-until-stop"], run_preparer=True)
     with rig.wait_for_socket() as client:
-        wait_until(lambda: (client.call("status")["preparer"] or {}).get("pid") is not None)
-        preparer = psutil.Process(client.call("status")["preparer"]["pid"])
-        trainer = psutil.Process(client.call("status")["trainer_pid"])
+        # Both pids first: psutil.Process(None) is this test's own process, which never ends.
+        def both_started() -> bool:
+            status = client.call("status")
+            return (status["preparer"] or {}).get("pid") is not None and status["trainer_pid"] is not None
+
+        wait_until(both_started)
+        status = client.call("status")
+        preparer = psutil.Process(status["preparer"]["pid"])
+        trainer = psutil.Process(status["trainer_pid"])
     process.kill()
     rig.finish()
     wait_gone(preparer)  # SIGTERM from the kernel when its parent died
