@@ -13,6 +13,7 @@
 <line>/wandb_run.json       the line's W&B run
 <line>/wandb/               the W&B client's local files (offline runs wait here for `wandb sync`)
 <line>/STOP                 a stop request
+<line>/trainer.lock         flocked by the one trainer of the line for its life
 <line>/branches.json        the branches forked from this line
 ```
 """
@@ -99,6 +100,11 @@ class LineLayout:
     @property
     def branches_json(self) -> Path:
         return self.root / "branches.json"
+
+    @property
+    def trainer_lock(self) -> Path:
+        """Held (flock) by the line's trainer for its life: two trainers never write one line."""
+        return self.root / "trainer.lock"
 
 
 def checkpoint_update(directory_name: str) -> int | None:

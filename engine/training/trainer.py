@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import shutil
 import signal
 import sys
@@ -71,6 +72,7 @@ from engine.ops.stop import read_stop
 from engine.protocol.facts import SIGNAL_EXIT_BASE, Engine, Stage, StopReason, TrainerExitCode
 from engine.rows import Heartbeat, RowsFile, RunLog, format_row
 from engine.training.engines import ArenaNotReleased, StepEngines
+from engine.training.line_lock import hold_trainer_lock
 from engine.training.optim import AdamWSettings, FlatAdamW, ParameterAverage
 from engine.training.position import Position
 from engine.training.schedule import learning_rate, tokens_per_update, update_weight_decay
@@ -692,6 +694,7 @@ class Trainer:
         if threading.current_thread() is threading.main_thread():
             for number in (signal.SIGTERM, signal.SIGINT):
                 previous[number] = signal.signal(number, self._on_signal)
+        lock = hold_trainer_lock(self.layout)  # before anything is read: one trainer per line
         try:
             self._start()
             try:
@@ -716,5 +719,6 @@ class Trainer:
                     self.log.close()
             return SIGNAL_EXIT_BASE + self._signal if self._signal is not None else TrainerExitCode.OK
         finally:
+            os.close(lock)
             for number, handler in previous.items():
                 signal.signal(number, handler)

@@ -45,8 +45,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     line = args.host_settings.resolve_line(args.line)
     if args.no_supervisor:
+        from engine.layout import LineLayout
+        from engine.training.line_lock import refuse_if_supervised
         from engine.training.trainer import Trainer
 
+        refuse_if_supervised(LineLayout(line))
         return Trainer(line, stop_at=args.stop_at, engine=args.engine).run()
     from engine.supervisor.supervisor import run_line
 
