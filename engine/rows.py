@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any, TextIO
@@ -104,11 +105,13 @@ class Heartbeat:
     def __init__(self, path: Path):
         self.path = path
         self._temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        self._lock = threading.Lock()  # a long phase beats from a side thread (training/phase_beat.py)
 
     def beat(self, update: int, stage: str, **details: Any) -> None:
         document = {"time": time.time(), "update": update, "stage": stage, "pid": os.getpid(), **details}
-        self._temporary.write_text(json.dumps(document, sort_keys=True) + "\n", encoding="utf-8")
-        os.replace(self._temporary, self.path)
+        with self._lock:
+            self._temporary.write_text(json.dumps(document, sort_keys=True) + "\n", encoding="utf-8")
+            os.replace(self._temporary, self.path)
 
 
 def format_row(row: dict[str, Any]) -> str:

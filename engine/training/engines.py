@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -25,7 +25,7 @@ from engine.config.run import RunConfig
 from engine.errors import is_out_of_memory
 from engine.gpu.sharing import GpuMode
 from engine.models.base import LanguageModel
-from engine.protocol.facts import Engine
+from engine.protocol.facts import Engine, Stage
 from engine.training.optim import FlatAdamW
 from engine.training.step import EagerEngine, GraphEngine
 from engine.units import GIB
@@ -57,6 +57,7 @@ class StepEngines:
         room_for_others: Callable[[], int],
         before_capture: Callable[[int], None],
         log: Callable[[str], None],
+        phase: Callable[..., AbstractContextManager[None]] = lambda stage, **details: nullcontext(),
     ) -> None:
         self.model = model
         self.optimizer = optimizer
@@ -67,6 +68,8 @@ class StepEngines:
         """Bytes a shared arena leaves free (the reserve less what the others hold)."""
         self.before_capture = before_capture
         self.log = log
+        self.phase = phase
+        """`phase(stage, **details)`: a context that beats the heartbeat through a long phase."""
         self.gpu_mode = GpuMode.OWN
         """Whose shapes the engines use: the lengths' own, or their `shared` ones beside other processes."""
         self.arena: Any = None
@@ -80,6 +83,10 @@ class StepEngines:
             return length.shared.micro_batch_rows, length.shared.recompute
         return length.micro_batch_rows, length.recompute
 
+    def made(self, seq_len: int) -> bool:
+        """Whether the length's engine exists (its first update may still be ahead)."""
+        return seq_len in self._engines
+
     def for_length(self, seq_len: int) -> EagerEngine | GraphEngine:
         """The length's engine, made (and on CUDA captured) on first use."""
         if seq_len not in self._engines:
@@ -87,7 +94,8 @@ class StepEngines:
             engine: EagerEngine | GraphEngine | None = None
             if self.device.type == "cuda" and self.engine_choice in (Engine.AUTO, Engine.GRAPH):
                 try:
-                    engine = self._captured(seq_len, rows)
+                    with self.phase(Stage.CAPTURING, seq_len=seq_len):
+                        engine = self._captured(seq_len, rows)
                 except RuntimeError as error:
                     if is_out_of_memory(error) or self.engine_choice == Engine.GRAPH:
                         raise

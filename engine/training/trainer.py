@@ -74,9 +74,10 @@ from engine.rows import Heartbeat, RowsFile, RunLog, format_row
 from engine.training.engines import ArenaNotReleased, StepEngines
 from engine.training.line_lock import hold_trainer_lock
 from engine.training.optim import AdamWSettings, FlatAdamW, ParameterAverage
+from engine.training.phase_beat import PhaseBeats
 from engine.training.position import Position
 from engine.training.schedule import learning_rate, tokens_per_update, update_weight_decay
-from engine.training.step import UpdateResult
+from engine.training.step import EagerEngine, UpdateResult
 from engine.training.validation import Validator, format_probe_rows, format_validation
 from engine.units import GIB
 from engine.wandb.mirror import WandbMirror
@@ -182,6 +183,7 @@ class Trainer:
             room_for_others=self.gpu_watch.room_for_others,
             before_capture=self._probe_rows_before_capture,
             log=self.log.write,
+            phase=lambda stage, **details: self.beats.phase(stage, self.position.update, **details),
         )
         self.position = Position()
         if resume.checkpoint is not None:
@@ -197,6 +199,7 @@ class Trainer:
             self.log.write(f"new line: {config.model.preset}, {parameters:,} parameters on {self.device}")
         self.rows = RowsFile(layout.rows_jsonl)
         self.heartbeat = Heartbeat(layout.heartbeat)
+        self.beats = PhaseBeats(self.heartbeat)
         self.writer = CheckpointWriter(layout.checkpoints, config.checkpoints.keep_last, abandoned_after)
         ops.accept(layout.root, config)  # the start passed its checks: this is the accepted configuration
         if resume.checkpoint is None:
@@ -328,11 +331,11 @@ class Trainer:
             last = self._last_checkpoint_update
             newest = f"the newest is update {last}" if last is not None else "none written yet"
             self._stop_for_disk(free, f"too little for the next checkpoint (about {size / GIB:.2f} GiB); {newest}")
-        self.heartbeat.beat(self.position.update, Stage.CHECKPOINTING)
-        snapshot = self._snapshot(kept)
-        self.writer.save(snapshot, before_latest=self.rows.sync)
-        if wait:
-            self.writer.wait()
+        with self.beats.phase(Stage.CHECKPOINTING, self.position.update):
+            snapshot = self._snapshot(kept)
+            self.writer.save(snapshot, before_latest=self.rows.sync)
+            if wait:
+                self.writer.wait()
         self._last_checkpoint_update = self.position.update
 
     # -----------------------------------------------------------------------------------------
@@ -361,7 +364,7 @@ class Trainer:
         Run before every capture (the spec): a probe that fails, or does not fit beside the
         arena, stops the line now rather than at its first validation, hours in.
         """
-        with self.engines.from_the_arena():
+        with self.beats.phase(Stage.PROBING, self.position.update, seq_len=seq_len), self.engines.from_the_arena():
             readings = self.validator.probe_rows(seq_len)
         self.log.write(format_probe_rows(seq_len, readings))
 
@@ -486,13 +489,17 @@ class Trainer:
         if hasattr(self.model, "recompute"):  # the length's activation recomputation (nsconsole tune)
             self.model.recompute = self.engines.shape(seq_len)[1]
         self.model.on_update(position.update)
+        first_update = not self.engines.made(seq_len)
         try:
             engine = self.engines.for_length(seq_len)
         except RuntimeError as error:
             self._out_of_memory(f"capturing seq_len {seq_len}", error)
             raise
+        # A length's first eager update on CUDA builds its compiled kernels (minutes at 1-2B).
+        compiling = first_update and self.device.type == "cuda" and engine.name == EagerEngine.name
         try:
-            result = engine.run_update(windows, lr, weight_decay)
+            with self.beats.phase(Stage.COMPILING, position.update, seq_len=seq_len) if compiling else contextlib.nullcontext():
+                result = engine.run_update(windows, lr, weight_decay)
         except RuntimeError as error:
             self._out_of_memory(f"in update {self.position.update + 1}", error)
             raise
@@ -508,8 +515,8 @@ class Trainer:
         row = self._row(result, seq_len, update_tokens, lr, weight_decay, elapsed)
         validating = position.update % config.validation.every_updates == 0
         if validating:
-            self.heartbeat.beat(position.update, Stage.VALIDATING)
-            row.update(self._validate(seq_len))
+            with self.beats.phase(Stage.VALIDATING, position.update):
+                row.update(self._validate(seq_len))
         self.rows.append(row)
         self.mirror.log(row)  # after rows.jsonl has it: W&B mirrors the line's record, never leads it
         # The row of an update that validated is printed whatever print_every.

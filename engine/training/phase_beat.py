@@ -1,0 +1,78 @@
+"""Heartbeats through the trainer's long phases.
+
+The trainer beats after every update, but some phases take far longer than an update: a 2B line's
+validation over long rows, the first capture of a length (its warm-up compiles kernels), the probe
+rows before a capture, a length's first eager update on CUDA (compiling), a checkpoint's snapshot.
+Silent for that long, the line looks hung to the supervisor's watchdog (which kills a trainer whose
+heartbeat is older than `watchdog_minutes`) and to the console. So while a phase runs, a side
+thread beats its stage every `interval_s`, with the time the phase began. Phases nest (the probe
+rows run inside a capture): the innermost one is beaten. A phase that outlasts `limit_s` is taken
+as hung: its beats stop, and the watchdog ends it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from engine.rows import Heartbeat
+
+PHASE_BEAT_INTERVAL_S = 30.0
+"""How often a long phase beats: far inside the watchdog's minutes, cheap (one small file)."""
+PHASE_BEAT_LIMIT_S = 6 * 3600.0
+"""A phase still running after this is taken as hung: no more beats, so the watchdog acts."""
+
+
+@dataclass
+class _Phase:
+    stage: str
+    update: int
+    details: dict[str, object]
+    began: float = field(default_factory=time.time)
+
+    def beat(self, heartbeat: Heartbeat) -> None:
+        heartbeat.beat(self.update, self.stage, phase_began=self.began, **self.details)
+
+
+class PhaseBeats:
+    """Beats `heartbeat` with the running phase's stage (see the module docstring)."""
+
+    def __init__(
+        self, heartbeat: Heartbeat, interval_s: float = PHASE_BEAT_INTERVAL_S, limit_s: float = PHASE_BEAT_LIMIT_S
+    ) -> None:
+        self.heartbeat = heartbeat
+        self.interval_s = interval_s
+        self.limit_s = limit_s
+        self._running: list[_Phase] = []
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def phase(self, stage: str, update: int, **details: object) -> Iterator[None]:
+        """Beat `stage` now and every `interval_s` until the block ends (or `limit_s` passes)."""
+        current = _Phase(stage, update, details)
+        with self._lock:
+            self._running.append(current)
+            current.beat(self.heartbeat)
+        done = threading.Event()
+
+        def keep_beating() -> None:
+            deadline = time.monotonic() + self.limit_s
+            while not done.wait(self.interval_s) and time.monotonic() < deadline:
+                with self._lock:
+                    if self._running and self._running[-1] is current and not done.is_set():
+                        current.beat(self.heartbeat)
+
+        beater = threading.Thread(target=keep_beating, name=f"heartbeat-{stage}", daemon=True)
+        beater.start()
+        try:
+            yield
+        finally:
+            done.set()
+            beater.join()  # no beat of this phase may land after the next stage's
+            with self._lock:
+                self._running.remove(current)
+                if self._running:  # back in the enclosing phase: say so at once
+                    self._running[-1].beat(self.heartbeat)
