@@ -63,13 +63,25 @@ def trainer_process(line: Path) -> subprocess.Popen:
     )
 
 
+STATEFUL_CHANGES = {
+    "ema": {"horizon_tokens": 256, "from_tokens": 128},
+    "validation.long_seq_len": 2 * SEQ_LEN,  # ns-tiny reads 512 tokens; the test rows are this long
+}
+"""run.json changes that give every family state beyond weights and moments (EMA, long probes)."""
+
+
 @pytest.mark.slow
-def test_sigkill_at_random_points_then_resume_is_bit_identical(tmp_path: Path, data_template: Path) -> None:
-    reference = make_line(tmp_path / "reference", copy_data_line(data_template, tmp_path / "reference"))
+@pytest.mark.parametrize("preset", ["transformer-tiny", "pssa-tiny", "ns-tiny"])
+def test_sigkill_at_random_points_then_resume_is_bit_identical(
+    tmp_path: Path, data_template: Path, preset: str
+) -> None:
+    changes = {} if preset == "transformer-tiny" else {"model.preset": preset, **STATEFUL_CHANGES}
+    reference_data = copy_data_line(data_template, tmp_path / "reference")
+    reference = make_line(tmp_path / "reference", reference_data, **changes)
     assert Trainer(reference, echo=None).run() == 0
     total = count_rows(reference)
 
-    line = make_line(tmp_path / "killed", copy_data_line(data_template, tmp_path / "killed"))
+    line = make_line(tmp_path / "killed", copy_data_line(data_template, tmp_path / "killed"), **changes)
     chooser = random.Random(1234)
     kills = 0
     target = chooser.randint(2, 12)
@@ -95,11 +107,7 @@ def test_sigkill_at_random_points_then_resume_is_bit_identical(tmp_path: Path, d
 @pytest.mark.parametrize("preset", ["pssa-tiny", "ns-tiny"])
 def test_stateful_models_resume_exactly(tmp_path: Path, data_template: Path, preset: str) -> None:
     """Memory banks (PSSA), the EMA slot and the RNG state survive a stop and resume."""
-    changes = {
-        "model.preset": preset,
-        "ema": {"horizon_tokens": 256, "from_tokens": 128},
-        "validation.long_seq_len": 2 * SEQ_LEN,  # ns-tiny reads 512 tokens; the test rows are this long
-    }
+    changes = {"model.preset": preset, **STATEFUL_CHANGES}
     reference_data = copy_data_line(data_template, tmp_path / "reference")
     reference = make_line(tmp_path / "reference", reference_data, **changes)
     assert Trainer(reference, stop_at=6, echo=None).run() == 0
