@@ -158,10 +158,23 @@ def write_latest(checkpoints_dir: Path, name: str) -> None:
 def read_latest(checkpoints_dir: Path) -> str | None:
     """The directory name `latest` holds, None when there is no `latest` or it names nothing valid."""
     try:
-        name = (checkpoints_dir / LATEST_NAME).read_text().strip()
-    except (FileNotFoundError, UnicodeDecodeError):
+        name = (checkpoints_dir / LATEST_NAME).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):  # missing, a directory, unreadable, not text
         return None
     return name if _DIR_PATTERN.match(name) else None
+
+
+def latest_file_problem(checkpoints_dir: Path) -> str | None:
+    """What stops `latest` from being replaced (it is not a regular file), in one line; else None.
+
+    The trainer replaces `latest` by a rename after every checkpoint: over a directory (or
+    anything else) that rename fails, so a start refuses it rather than fail after training.
+    """
+    path = checkpoints_dir / LATEST_NAME
+    if not os.path.lexists(path) or (path.is_file() and not path.is_symlink()):
+        return None
+    kind = "a symbolic link" if path.is_symlink() else "a directory" if path.is_dir() else "not a regular file"
+    return f"{path}: {kind}, not the file naming the newest checkpoint; move it away (the checkpoints are kept)"
 
 
 CHECKPOINT_DISK_MARGIN = 1.5
@@ -282,13 +295,15 @@ def verify_checkpoint(directory: Path) -> None:
     """Check every file against meta.json (present, size, blake2b); raise `CheckpointError` naming it."""
     meta_path = directory / META_NAME
     try:
-        meta = json.loads(meta_path.read_text())
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        if not isinstance(meta, dict):
+            raise ValueError(f"a JSON {type(meta).__name__}, not an object")
         files = meta["files"]
-        if not isinstance(files, dict):
-            raise ValueError("files is not an object")
+        if not isinstance(files, dict) or not all(isinstance(entry, dict) for entry in files.values()):
+            raise ValueError("files is not an object of {name: {bytes, blake2b}}")
     except FileNotFoundError:
         raise CheckpointError(f"{meta_path}: missing (an incomplete checkpoint)") from None
-    except (ValueError, KeyError, UnicodeDecodeError) as error:
+    except (OSError, ValueError, KeyError, UnicodeDecodeError) as error:
         raise CheckpointError(f"{meta_path}: unreadable ({error})") from None
     if meta.get("format") != FORMAT_VERSION:
         raise CheckpointError(f"{meta_path}: format {meta.get('format')!r}, this code reads {FORMAT_VERSION}")
@@ -313,7 +328,10 @@ def verify_line_checkpoints(line_dir: Path) -> list[str]:
     problems: list[str] = []
     directories = list_checkpoints(checkpoints_dir)
     latest = read_latest(checkpoints_dir)
-    if directories and latest is None:
+    latest_problem = latest_file_problem(checkpoints_dir)
+    if latest_problem is not None:
+        problems.append(latest_problem)
+    elif directories and latest is None:
         problems.append(f"{checkpoints_dir / LATEST_NAME}: missing or unreadable")
     elif latest is not None and not (checkpoints_dir / latest).is_dir():
         problems.append(f"{checkpoints_dir / LATEST_NAME}: names {latest}, which is missing")

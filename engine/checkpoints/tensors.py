@@ -41,6 +41,7 @@ from engine.checkpoints.format import (
     code_version,
     fsync_file,
     json_bytes,
+    latest_file_problem,
     list_checkpoints,
     read_latest,
     update_of,
@@ -266,6 +267,9 @@ def find_resume_point(checkpoints_dir: Path) -> ResumePoint:
     Raises `CheckpointError` when checkpoints exist but none of them is good (training from
     scratch over a line's history would silently lose it).
     """
+    latest_problem = latest_file_problem(checkpoints_dir)
+    if latest_problem is not None:
+        raise CheckpointError(latest_problem)
     candidates = list_checkpoints(checkpoints_dir)
     latest = read_latest(checkpoints_dir)
     problems: list[str] = []

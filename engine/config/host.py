@@ -14,13 +14,12 @@ Every key is optional. The default file missing means defaults; a file named by
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.config.json_fields import INTERNAL, parse_value
+from engine.config.json_fields import INTERNAL, parse_json_text, parse_value
 from engine.errors import ConfigError
 
 HOST_ENV_VARIABLE = "NSCONSOLE_HOST"
@@ -59,12 +58,7 @@ class HostSettings:
             return cls()
         except (OSError, UnicodeDecodeError) as error:
             raise ConfigError(f"{source}: cannot be read ({error})") from None
-        try:
-            document: Any = json.loads(text)
-        except json.JSONDecodeError as error:
-            raise ConfigError(
-                f"{source}: malformed JSON at line {error.lineno} column {error.colno}: {error.msg}"
-            ) from None
+        document: Any = parse_json_text(text, source)
         settings: HostSettings = parse_value(document, HostSettings, "", source)
         settings.source = source
         return settings

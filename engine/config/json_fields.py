@@ -3,7 +3,7 @@
 `parse_value(document, hint, path, source)` checks parsed JSON against a type hint (dataclasses,
 lists, 2-tuples, dicts, unions with None, int / float / str / bool) and builds the typed value;
 every problem is one `ConfigError` naming the file and the dotted key (`run.json: lengths[0].seq_len
-must be an integer, got "4k"`, `run.json: unknown key optimizer.beta1`). `unparse` is the inverse.
+must be an integer, got "4k"`, `run.json: unknown key optimizer.beta1`). `unparse` is the inverse; `parse_json_text` reads the text itself.
 A field stored under another JSON key carries it in its metadata (`json_key`).
 """
 
@@ -26,6 +26,16 @@ def json_key(name: str) -> dict[str, str]:
 
 INTERNAL: dict[str, bool] = {"internal": True}
 """Field metadata for a field that is not part of the JSON form."""
+
+
+def parse_json_text(text: str, source: str) -> Any:
+    """`json.loads(text)`, every failure one `ConfigError` naming `source` and where it is."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"{source}: malformed JSON at line {error.lineno} column {error.colno}: {error.msg}") from None
+    except ValueError as error:  # e.g. an integer past Python's 4,300-digit conversion limit
+        raise ConfigError(f"{source}: cannot be parsed ({str(error).split(';')[0]})") from None
 
 
 def json_name(spec: dataclasses.Field[Any]) -> str:

@@ -24,7 +24,7 @@ from typing import Any
 
 from engine.atomic import write_text_atomic
 from engine.config.checks import RunConfigChecks
-from engine.config.json_fields import json_key, json_name, parse_value, show, unparse
+from engine.config.json_fields import json_key, json_name, parse_json_text, parse_value, show, unparse
 from engine.errors import ConfigError, LineError
 from engine.metrics import METRICS_VERSION
 from engine.units import gib_bytes
@@ -297,12 +297,7 @@ class RunConfig:
             raise ConfigError(f"{source}: no such file") from None
         except (OSError, UnicodeDecodeError) as error:
             raise ConfigError(f"{source}: cannot be read ({error})") from None
-        try:
-            document = json.loads(text)
-        except json.JSONDecodeError as error:
-            raise ConfigError(
-                f"{source}: malformed JSON at line {error.lineno} column {error.colno}: {error.msg}"
-            ) from None
+        document = parse_json_text(text, source)
         config = cls.from_dict(document, source=source)
         config.validate(source=source)
         return config

@@ -130,12 +130,16 @@ class WandbRunState:
             return cls()
         except OSError as error:
             raise WandbStateError(f"{path.name}: cannot be read: {error.strerror}") from error
+        except UnicodeDecodeError as error:
+            raise WandbStateError(f"{path.name}: not UTF-8 text (byte {error.start})") from error
         try:
             data = json.loads(text)
         except json.JSONDecodeError as error:
             raise WandbStateError(
                 f"{path.name}: malformed JSON at line {error.lineno} column {error.colno}: {error.msg}"
             ) from error
+        except ValueError as error:  # an integer past Python's 4,300-digit conversion limit
+            raise WandbStateError(f"{path.name}: cannot be parsed ({str(error).split(';')[0]})") from error
         return cls.from_dict(data, source=path.name)
 
     @classmethod

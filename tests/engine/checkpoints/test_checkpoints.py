@@ -187,3 +187,48 @@ def test_a_pinned_checkpoint_outlives_retention_until_it_is_unpinned(tmp_path: P
     unpin_checkpoint(tmp_path, "u00000002")
     assert not (tmp_path / PINNED_NAME).exists()
     assert apply_retention(tmp_path, keep_last=1) == ["u00000002"]
+
+
+@pytest.mark.parametrize(
+    "meta", ["[]", '"text"', '{"format": 1}', '{"format": 1, "files": {"model.safetensors": 3}}', "\xff"]
+)
+def test_meta_json_of_the_wrong_shape_is_named_and_the_previous_checkpoint_used(tmp_path: Path, meta: str) -> None:
+    for update in (1, 2):
+        save(tmp_path, make_snapshot(update), keep_last=5)
+    (tmp_path / "u00000002" / "meta.json").write_bytes(meta.encode("latin-1"))
+    with pytest.raises(CheckpointError, match="u00000002/meta.json: unreadable"):
+        verify_checkpoint(tmp_path / "u00000002")
+    point = find_resume_point(tmp_path)
+    assert point.checkpoint is not None and point.checkpoint.update == 1
+    assert "u00000002/meta.json" in point.problems[0]
+
+
+def test_latest_replaced_by_a_directory_is_refused_and_nothing_is_removed(tmp_path: Path) -> None:
+    for update in (1, 2):
+        save(tmp_path, make_snapshot(update), keep_last=5)
+    (tmp_path / LATEST_NAME).unlink()
+    (tmp_path / LATEST_NAME).mkdir()
+    assert read_latest(tmp_path) is None
+    with pytest.raises(CheckpointError, match="latest: a directory, not the file naming the newest checkpoint"):
+        find_resume_point(tmp_path)
+    [problem] = verify_line_checkpoints(_as_line(tmp_path))
+    assert "latest: a directory" in problem
+    assert [path.name for path in list_checkpoints(tmp_path)] == ["u00000001", "u00000002"]
+
+
+def test_latest_that_is_not_utf8_falls_back_to_the_newest_good(tmp_path: Path) -> None:
+    for update in (1, 2):
+        save(tmp_path, make_snapshot(update), keep_last=5)
+    (tmp_path / LATEST_NAME).write_bytes(b"\xff\xfeu00000002\n")
+    assert read_latest(tmp_path) is None
+    point = find_resume_point(tmp_path)
+    assert point.checkpoint is not None and point.checkpoint.update == 2
+    assert point.problems == [f"{tmp_path / LATEST_NAME}: unreadable"]
+
+
+def _as_line(checkpoints_dir: Path) -> Path:
+    """A line directory whose `checkpoints` is `checkpoints_dir` (verify_line_checkpoints takes a line)."""
+    line = checkpoints_dir.parent / "line"
+    line.mkdir()
+    (line / "checkpoints").symlink_to(checkpoints_dir)
+    return line

@@ -127,6 +127,13 @@ def test_missing_file_and_malformed_json(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         RunConfig.load(path)
     assert str(info.value) == f"{path}: malformed JSON at line 3 column 11: Expecting value"
+    path.write_text('{"print_every": ' + "9" * 5000 + "}")
+    with pytest.raises(ConfigError) as info:
+        RunConfig.load(path)
+    assert str(info.value) == (
+        f"{path}: cannot be parsed (Exceeds the limit (4300 digits) for integer string conversion: value has "
+        "5000 digits)"
+    )
 
 
 @pytest.mark.parametrize(

@@ -337,6 +337,9 @@ def test_a_damaged_state_file_is_set_aside_and_a_new_run_gets_every_row(tmp_path
     ("content", "message"),
     [
         ('{"version": 1, "run_id": ', "wandb_run.json: malformed JSON at line 1 column 26"),
+        ('{"version": 1, "acknowledged_step": ' + "9" * 5000 + "}",
+         "wandb_run.json: cannot be parsed (Exceeds the limit (4300 digits)"),
+        ("\udcff{}", "wandb_run.json: not UTF-8 text (byte 0)"),
         ('{"version": 2}', "wandb_run.json: version must be 1, got 2"),
         ('{"version": 1, "acknowledged_step": "7"}', 'wandb_run.json: acknowledged_step must be int or null'),
         ('{"version": 1, "start": "restart"}', "wandb_run.json: start must be one of new, resume, fork"),
@@ -346,13 +349,13 @@ def test_a_damaged_state_file_is_set_aside_and_a_new_run_gets_every_row(tmp_path
     ],
 )
 def test_state_file_errors_name_the_file_and_the_key(tmp_path: Path, content: str, message: str) -> None:
-    (tmp_path / "wandb_run.json").write_text(content)
+    (tmp_path / "wandb_run.json").write_bytes(content.encode("utf-8", "surrogateescape"))
     with pytest.raises(WandbStateError) as raised:
         WandbRunState.load(tmp_path / "wandb_run.json")
     assert str(raised.value).startswith(message)
     with pytest.raises(LineError):  # rollback refuses, leaving the file as it is
         plan_rollback(tmp_path, 3)
-    assert (tmp_path / "wandb_run.json").read_text() == content
+    assert (tmp_path / "wandb_run.json").read_bytes() == content.encode("utf-8", "surrogateescape")
 
 
 def test_local_files_of_cleanly_finished_runs_are_removed(tmp_path: Path) -> None:
