@@ -23,6 +23,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,7 +68,7 @@ raise SystemExit(Supervisor(sys.argv[1], SupervisorSettings(**json.loads(sys.arg
 
 
 def make_lines(root: Path, count: int) -> list[Path]:
-    from test_trainer_lines import make_data_line, make_line
+    from helpers.lines import make_data_line, make_line
 
     data = make_data_line(root / "data_root", prepare=1)
     template = make_line(root, data)
@@ -101,33 +103,31 @@ async def watch(seconds: float, warmup: float, open_line: bool) -> dict:
     return {"cpu_s": cpu, "wall_s": wall, "rows_received": rows, "lines_connected": connected}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--lines", type=int, default=8)
-    parser.add_argument("--rate", type=float, default=5.0, help="rows a second per line")
-    parser.add_argument("--seconds", type=float, default=30.0)
-    parser.add_argument("--warmup", type=float, default=5.0)
-    args = parser.parse_args()
+def bench_environment(root: Path, rate: float) -> dict[str, str]:
+    """The environment of every process of a bench under `root`: a private runtime directory (the
+    discovery registry: a console sees these lines and no other) and an empty host.json."""
+    return {"XDG_RUNTIME_DIR": str(root / "run"), "NSCONSOLE_HOST": str(root / "host.json"),
+            "BENCH_ROWS_PER_S": str(rate)}
+
+
+@contextmanager
+def supervised_lines(count: int, rate: float) -> Iterator[Path]:
+    """`count` real supervisors over scripted trainers logging `rate` rows a second; yields the
+    bench's root (a console started with `bench_environment(root, rate)` finds them); removes it after."""
     root = Path(tempfile.mkdtemp(prefix="console-bench-"))
     (root / "run").mkdir(mode=0o700)
     (root / "host.json").write_text("{}")
-    os.environ.update({"XDG_RUNTIME_DIR": str(root / "run"), "NSCONSOLE_HOST": str(root / "host.json"),
-                       "BENCH_ROWS_PER_S": str(args.rate)})
+    environment = {**os.environ, **bench_environment(root, rate)}
     trainer = root / "scripted_trainer.py"
     trainer.write_text(SCRIPTED_TRAINER)
     settings = json.dumps({"poll_seconds": 0.2, "trainer_command": [sys.executable, str(trainer)]})
     supervisors = []
     try:
-        for line in make_lines(root, args.lines):
+        for line in make_lines(root, count):
             supervisors.append(subprocess.Popen([sys.executable, "-c", RUNNER, str(line), settings],
-                                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        for screen, open_line in (("lines", False), ("line-curves", True)):
-            result = asyncio.run(watch(args.seconds, args.warmup, open_line))
-            print(json.dumps({
-                "bench": "console_cpu", "screen": screen, "lines": args.lines, "rows_per_s_per_line": args.rate,
-                "cpu_fraction_of_a_core": round(result["cpu_s"] / result["wall_s"], 4),
-                **{key: round(value, 2) if isinstance(value, float) else value for key, value in result.items()},
-            }), flush=True)
+                                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                                env=environment))
+        yield root
     finally:
         for process in supervisors:
             process.terminate()
@@ -137,6 +137,24 @@ def main() -> None:
             except subprocess.TimeoutExpired:
                 process.kill()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--lines", type=int, default=8)
+    parser.add_argument("--rate", type=float, default=5.0, help="rows a second per line")
+    parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--warmup", type=float, default=5.0)
+    args = parser.parse_args()
+    with supervised_lines(args.lines, args.rate) as root:
+        os.environ.update(bench_environment(root, args.rate))  # the console runs in this process
+        for screen, open_line in (("lines", False), ("line-curves", True)):
+            result = asyncio.run(watch(args.seconds, args.warmup, open_line))
+            print(json.dumps({
+                "bench": "console_cpu", "screen": screen, "lines": args.lines, "rows_per_s_per_line": args.rate,
+                "cpu_fraction_of_a_core": round(result["cpu_s"] / result["wall_s"], 4),
+                **{key: round(value, 2) if isinstance(value, float) else value for key, value in result.items()},
+            }), flush=True)
 
 
 if __name__ == "__main__":

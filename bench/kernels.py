@@ -117,8 +117,9 @@ def bench_adamw(count: int, copy_gbs: float, compile_reference: bool) -> None:
     size = f"{count:.2e} fp32"
     buffers = [torch.randn(count, device="cuda") * s for s in (1.0, 0.5, 0.05)]
     buffers.append(torch.rand(count, device="cuda") * 1e-4)
-    scalars = {k: torch.tensor(v, device="cuda") for k, v in
-               (("step", 10.0), ("lr", 3e-4), ("weight_decay", 0.1), ("grad_norm", 0.8))}
+    scalars = {k: torch.tensor(v, dtype=dtype, device="cuda") for k, v, dtype in
+               (("step", 10, torch.int64), ("lr", 3e-4, torch.float32), ("weight_decay", 0.1, torch.float32),
+                ("grad_norm", 0.8, torch.float64))}
     hyper = {"max_norm": 1.0, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8}
     nbytes = count * 4 * 7  # read param, grad, m, v; write param, m, v
     emit("adamw", size, "triton", time_ms(lambda: adamw_step(*buffers, **scalars, **hyper)), nbytes, copy_gbs)

@@ -33,9 +33,12 @@ EMBEDDED_RECIPE: dict[str, Any] = {
 }
 
 
-def _refuse_existing(work: Path) -> None:
+def _check_init_arguments(work: Path, cycle_tokens: int) -> None:
+    """Refuse, before anything is read or trained, a line that exists or a cycle size that cannot be."""
     if (work / CONFIG_NAME).exists():
         raise DataLineError(f"{work / CONFIG_NAME}: a data line already exists here; choose another --work")
+    if cycle_tokens < 1:
+        raise DataLineError(f"--cycle-tokens must be >= 1, got {cycle_tokens}")
 
 
 def _write_line(
@@ -51,8 +54,6 @@ def _write_line(
         raise DataLineError(
             f"{tokenizer.where}: --eos-id {eos_id} is outside the vocab of {tokenizer.vocab_size}"
         )
-    if cycle_tokens < 1:
-        raise DataLineError(f"--cycle-tokens must be >= 1, got {cycle_tokens}")
     check_schedule_on_cycles(recipe, cycle_tokens, "recipe")
     work.mkdir(parents=True, exist_ok=True)
     pins: dict[str, Any] = {}
@@ -82,7 +83,7 @@ def init_data_line(
     work: Path, recipe_file: Path, eos_id: int, cycle_tokens: int, tokenizer_file: Path | None
 ) -> DataLine:
     """Create a data line from a recipe JSON file (see `datalines.recipe` for the format)."""
-    _refuse_existing(work)
+    _check_init_arguments(work, cycle_tokens)
     raw = read_json(recipe_file)
     recipe = parse_recipe(raw, str(recipe_file))
     if tokenizer_file is None:
@@ -93,13 +94,13 @@ def init_data_line(
     return _write_line(work, recipe, load_tokenizer(tokenizer_file), eos_id, cycle_tokens)
 
 
-def init_embedded_line(work: Path) -> DataLine:
-    """The demo line: the stdlib's sources, a BPE trained on them now, cycles of about 1M tokens.
+def init_embedded_line(work: Path, cycle_tokens: int = EMBEDDED_CYCLE_TOKENS) -> DataLine:
+    """The demo line: the stdlib's sources, a BPE trained on them now, cycles of `cycle_tokens`.
 
     Every cycle is planned at once (the corpus is local and small), so `last_cycle()` is known
     from the start and the demo finishes cleanly where the corpus ends.
     """
-    _refuse_existing(work)
+    _check_init_arguments(work, cycle_tokens)
     recipe = parse_recipe(EMBEDDED_RECIPE, "embedded recipe")
     spec = recipe.sources[0]
     source = open_source(spec, work, None)
@@ -109,7 +110,7 @@ def init_embedded_line(work: Path) -> DataLine:
     tokenizer_json = train_byte_level_bpe(training_texts, EMBEDDED_VOCAB, [EMBEDDED_EOS_TOKEN])
     tokenizer = PlainTextTokenizer(tokenizer_json, "embedded tokenizer")
     eos_id = tokenizer.full.token_to_id(EMBEDDED_EOS_TOKEN)
-    line = _write_line(work, recipe, tokenizer, eos_id, EMBEDDED_CYCLE_TOKENS, {spec.name: source})
+    line = _write_line(work, recipe, tokenizer, eos_id, cycle_tokens, {spec.name: source})
     index = 0
     while not ensure_plan(line, index)["last"]:
         index += 1

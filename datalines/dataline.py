@@ -152,11 +152,21 @@ class DataLine:
         return None
 
     def cycle_state(self, index: int) -> str:
-        """`consumed`, `ready`, `damaged` (manifest kept, shards missing or wrong), `planned`, `unplanned`."""
+        """`consumed`, `ready`, `empty`, `damaged`, `planned` or `unplanned`.
+
+        `damaged`: the manifest is kept, shards are missing or wrong. `empty`: prepared, but a source
+        with a share in it has not one token and its target, so no trainer can read it; the planner
+        never plans such a cycle, but a line planned by an older nsconsole may hold one, and it must
+        not pass for ready.
+        """
         if self.is_consumed(index):
             return "consumed"
         if (self.cycle_dir(index) / MANIFEST_NAME).is_file():
-            return "ready" if self.cycle_ready(index) else "damaged"
+            if not self.cycle_ready(index):
+                return "damaged"
+            cycle = self.cycle(index)
+            weighted = [name for name in cycle.source_names if cycle.manifest["sources"][name]["weight"]]
+            return "empty" if any(cycle.windows(name, 1) == 0 for name in weighted) else "ready"
         return "planned" if (self.path / "plans" / f"c{index:04d}.json").is_file() else "unplanned"
 
     def known_cycles(self) -> list[int]:

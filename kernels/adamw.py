@@ -7,10 +7,14 @@
     t     = step + 1
     param = param (1 - lr wd) - lr (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps)
 
-step, lr, weight_decay and grad_norm are 0-d fp32 device tensors, read on the device so that a
-captured CUDA graph replays with new values and nothing waits on the host. When grad_norm is
-NaN or Inf the update is skipped: param, m and v keep their exact bits. `step` is advanced
-separately, once for all groups, by `advance_step_`.
+lr and weight_decay are 0-d fp32 device tensors, grad_norm a 0-d float64 one and step a 0-d
+int64 one, read on the device so that a captured CUDA graph replays with new values and nothing
+waits on the host. The norm is float64 because its squares are summed in float64
+(`kernels.grad_norms`): a huge but finite gradient then has a finite norm and is clipped, with
+the scale taken in float64 and applied to the fp32 gradient before the moments. The step is an
+integer because an fp32 counter stops at 2^24 (2^24 + 1 rounds back to 2^24); t ln(beta) is
+formed in float64 from it. When grad_norm is NaN or Inf the update is skipped: param, m and v
+keep their exact bits. `step` is advanced separately, once for all groups, by `advance_step_`.
 """
 
 from __future__ import annotations
@@ -37,22 +41,43 @@ def _check_buffers(
             raise ValueError(f"adamw_step: {name} has {buffer.numel()} elements, param has {param.numel()}")
 
 
+_SCALARS = {"step": torch.int64, "lr": torch.float32, "weight_decay": torch.float32, "grad_norm": torch.float64}
+"""The dtype of each device scalar `adamw_step` reads."""
+
+
+def _check_scalars(param: torch.Tensor, scalars: dict[str, torch.Tensor]) -> None:
+    """Both paths take the same scalars: an fp32 step or norm would bring the old limits back."""
+    for name, scalar in scalars.items():
+        dtype = _SCALARS[name]
+        if scalar.dim() != 0 or scalar.dtype != dtype or scalar.device != param.device:
+            raise ValueError(f"adamw_step: {name} must be a 0-d {dtype} tensor on {param.device}")
+
+
 def bias_correction(beta: float, t: torch.Tensor) -> torch.Tensor:
-    """1 - beta^t as -expm1(t ln beta): 1 - beta^t in fp32 loses most digits when beta^t is near 1."""
-    return -torch.expm1(t * math.log(beta))
+    """1 - beta^t as an fp32 device scalar, from an integer (or float) update count t.
+
+    Computed as -expm1(t ln beta) in float64: 1 - beta^t in fp32 loses most digits when beta^t
+    is near 1, and t itself is not exact in fp32 beyond 2^24.
+    """
+    return (-torch.expm1(t.to(torch.float64) * math.log(beta))).to(torch.float32)
 
 
 def clip_scale(grad_norm: torch.Tensor, max_norm: float) -> torch.Tensor:
-    """The global-norm clip factor as a 0-d device tensor (1 when clipping is off)."""
+    """The global-norm clip factor as a 0-d fp32 device tensor (1 when clipping is off).
+
+    Divided in float64 by the float64 norm, which may exceed fp32's range even when every
+    gradient element is finite.
+    """
     if max_norm <= 0:
-        return torch.ones_like(grad_norm)
-    return torch.clamp(max_norm / (grad_norm + CLIP_EPS), max=1.0)
+        return torch.ones_like(grad_norm, dtype=torch.float32)
+    return torch.clamp(max_norm / (grad_norm + CLIP_EPS), max=1.0).to(torch.float32)
 
 
 _BLOCK = 4096
 """Elements per program: 16 per thread at 8 warps, i.e. four 16-byte loads in flight per buffer."""
 
-_FLT_MAX = tl.constexpr(3.4028234663852886e38)
+_DBL_MAX = tl.constexpr(1.7976931348623157e308)
+"""The largest float64: a norm above it (Inf) or unordered with it (NaN) skips the update."""
 
 
 @triton.jit
@@ -76,19 +101,20 @@ def _adamw_kernel(
     count, max_norm, beta1, beta2, log_beta1, log_beta2, eps,
     CLIP: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    grad_norm = tl.load(grad_norm_ptr)
+    grad_norm = tl.load(grad_norm_ptr)  # float64
     # A non-finite norm (NaN fails both comparisons) masks every load and store off: nothing is
     # read or written.
-    finite = tl.abs(grad_norm) <= _FLT_MAX
+    finite = tl.abs(grad_norm) <= _DBL_MAX
     offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offsets < tl.where(finite, count, 0)
     if CLIP:
-        scale = tl.minimum(max_norm / (grad_norm + 1e-6), 1.0)
+        scale = tl.minimum(max_norm / (grad_norm + 1e-6), 1.0).to(tl.float32)
     else:
         scale = 1.0
-    t = tl.load(step_ptr) + 1.0
-    bias_correction1 = _neg_expm1(t * log_beta1)
-    bias_correction2 = _neg_expm1(t * log_beta2)
+    # Scalar float64 work once per program: t ln(beta) with t an exact integer past 2^24.
+    t = (tl.load(step_ptr) + 1).to(tl.float64)
+    bias_correction1 = _neg_expm1((t * log_beta1).to(tl.float32))
+    bias_correction2 = _neg_expm1((t * log_beta2).to(tl.float32))
     lr = tl.load(lr_ptr)
     decay = 1.0 - lr * tl.load(weight_decay_ptr)
 
@@ -121,6 +147,7 @@ def adamw_step_reference(
 ) -> None:
     """The update in PyTorch ops, in place; no host synchronisation (the skip is a `where`)."""
     _check_buffers(param, grad, exp_avg, exp_avg_sq)
+    _check_scalars(param, {"step": step, "lr": lr, "weight_decay": weight_decay, "grad_norm": grad_norm})
     finite = torch.isfinite(grad_norm)
     g = grad * clip_scale(grad_norm, max_norm)
     new_exp_avg = beta1 * exp_avg + (1 - beta1) * g
@@ -159,10 +186,7 @@ def adamw_step(
     """
     if wants_triton(param, use_triton):
         _check_buffers(param, grad, exp_avg, exp_avg_sq)
-        scalars = {"step": step, "lr": lr, "weight_decay": weight_decay, "grad_norm": grad_norm}
-        for name, scalar in scalars.items():
-            if scalar.dim() != 0 or scalar.dtype != torch.float32 or scalar.device != param.device:
-                raise ValueError(f"adamw_step: {name} must be a 0-d fp32 tensor on {param.device}")
+        _check_scalars(param, {"step": step, "lr": lr, "weight_decay": weight_decay, "grad_norm": grad_norm})
         count = param.numel()
         if count == 0:
             return

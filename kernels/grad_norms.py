@@ -3,6 +3,14 @@
 Entry i of `segment_sq_sums(flat, offsets)` is sum(flat[offsets[i]:offsets[i+1]] ** 2); the
 caller adds segments up into layers, groups and the global norm, so one read of the buffer
 gives every gradient norm the trainer reports.
+
+The squares are taken and summed in float64 (the sums come back as float64): a finite fp32
+gradient element above about 1.8e19 has a square beyond fp32's range, so an fp32 sum would turn
+a huge but finite gradient into an infinite norm, and the update would be skipped instead of
+clipped. In float64 every finite fp32 buffer has a finite sum; a NaN or Inf element still gives a
+non-finite one. The cost on the GPU is one conversion and one fp64 multiply-add per element in a
+kernel bound by reading the buffer (the H200's fp64 rate is half its fp32 rate, tens of TFLOP/s
+against about 1.2e12 elements/s of bandwidth), and fp64 adds for the partial sums.
 """
 
 from __future__ import annotations
@@ -38,7 +46,7 @@ def _chunk_partials_kernel(
     end = tl.minimum(start + CHUNK, count)
     positions = start + tl.arange(0, CHUNK)
     # The load goes first so that the search below runs while the bytes are on their way.
-    values = tl.load(flat_ptr + positions, mask=positions < end, other=0.0)
+    values = tl.load(flat_ptr + positions, mask=positions < end, other=0.0).to(tl.float64)
     squares = values * values
     # Binary search for the segment holding `start`: the largest s with offsets[s] <= start
     # (it is never empty, since offsets[s + 1] > start by the choice of s).
@@ -73,7 +81,7 @@ def _segment_totals_kernel(
     # The chunks whose first element lies in the segment, in a fixed order (deterministic).
     first_chunk = tl.cdiv(segment_start, CHUNK)
     last_chunk = tl.cdiv(segment_end, CHUNK)
-    partial = tl.zeros([BLOCK], dtype=tl.float32)
+    partial = tl.zeros([BLOCK], dtype=tl.float64)
     for block_start in range(first_chunk, last_chunk, BLOCK):
         chunks = block_start + tl.arange(0, BLOCK)
         partial += tl.load(head_ptr + chunks, mask=chunks < last_chunk, other=0.0)
@@ -85,7 +93,7 @@ def _segment_totals_kernel(
 
 
 def segment_sq_sums_reference(flat: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    """One reduction per segment (reads the offsets on the host) -> (S,) fp32."""
+    """One reduction per segment (reads the offsets on the host) -> (S,) float64."""
     _check_inputs(flat, offsets)
     bounds = offsets.tolist()
     if bounds[0] != 0 or bounds[-1] != flat.numel() or any(a > b for a, b in zip(bounds, bounds[1:])):
@@ -95,14 +103,14 @@ def segment_sq_sums_reference(flat: torch.Tensor, offsets: torch.Tensor) -> torc
         for start, end in zip(bounds, bounds[1:])
     ]
     if not sums:
-        return flat.new_zeros(0)
-    return torch.stack(sums).to(torch.float32)
+        return flat.new_zeros(0, dtype=torch.float64)
+    return torch.stack(sums)
 
 
 def segment_sq_sums(
     flat: torch.Tensor, offsets: torch.Tensor, *, use_triton: bool | None = None
 ) -> torch.Tensor:
-    """(S,) fp32 sums of squares of the segments (see the module docstring): Triton on CUDA.
+    """(S,) float64 sums of squares of the segments (see the module docstring): Triton on CUDA.
 
     use_triton: None picks Triton on CUDA; True forces it (off CUDA only under
     TRITON_INTERPRET=1); False forces the reference. The Triton path trusts the offsets to ascend
@@ -114,14 +122,14 @@ def segment_sq_sums(
     _check_inputs(flat, offsets)
     segments = offsets.numel() - 1
     count = flat.numel()
-    sums = new_buffer((segments,), torch.float32, flat.device)
+    sums = new_buffer((segments,), torch.float64, flat.device)
     if segments == 0:
         return sums
     chunks = triton.cdiv(count, _CHUNK)
     # head[c]: the chunk's part of the segment its first element belongs to; inner[s]: the
     # whole part of segment s inside the chunk where s starts (when it starts mid-chunk).
-    head = new_buffer((max(chunks, 1),), torch.float32, flat.device)
-    inner = new_buffer((segments,), torch.float32, flat.device)
+    head = new_buffer((max(chunks, 1),), torch.float64, flat.device)
+    inner = new_buffer((segments,), torch.float64, flat.device)
     search_steps = max(1, segments.bit_length())
     if chunks:
         _chunk_partials_kernel[(chunks,)](

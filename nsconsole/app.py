@@ -2,26 +2,37 @@
 
 Screens: the lines screen (`screens/lines.py`) and a line's screen (`screens/line.py`). The
 keys that change a line (`s` stop, `b` branch, `r` rollback, `t` tune) are App bindings: each
-asks for confirmation with No focused, then calls the supervisor (`LiveLines.mutate`: one
-request_id across reconnects, so a retry is applied once). They are off with `--readonly` and
-for a line whose supervisor does not answer. Every binding has an id and shows in the footer,
-in `?` help and in the command palette (ctrl+p).
+asks for confirmation (naming the line's full path) with No focused, then calls the supervisor
+(`LiveLines.mutate`: one request_id across reconnects, so a retry is applied once); until the
+reply a progress line under the screen says what waits and for how long. They act on the line
+under the cursor (or the line screen's line), and are off with `--readonly`, for a line whose
+supervisor does not answer and while the same request waits for its reply: pressed then, a toast
+says why. Every binding has an id and shows in the footer, in `?` help and in the command
+palette (ctrl+p), which offers what the screen under it offers.
 
 The app refreshes its views every `refresh_interval` seconds (only changed cells are redrawn),
-re-runs the health checks (a new flag rings the bell and becomes an event), reads the GPUs every
+re-runs the health checks (a new flag becomes an event), rings the terminal bell for new events
+of the severities chosen (`bell`, `nsconsole --bell`; errors only by default), reads the GPUs every
 `GPU_INTERVAL_S` and the lines' disks every `DISK_INTERVAL_S`, off the UI thread.
+
+`R` (binding `resume`) starts the supervisor of a line that none runs (one listed from the
+history: stopped, failed, finished) as `nsconsole run LINE` does, after a confirmation with No
+focused; discovery then attaches to it like to any new supervisor.
 """
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import time
 from collections.abc import Callable, Iterable
 from functools import partial
+from pathlib import Path
 
-from textual import work
+from textual import events, work
 from textual.app import App, SystemCommand
 from textual.binding import Binding
+from textual.command import CommandPalette
 from textual.css.query import NoMatches
 from textual.screen import Screen
 
@@ -34,10 +45,11 @@ from nsconsole.screens.help import HelpScreen, KeyHelp
 from nsconsole.screens.line import LineScreen
 from nsconsole.screens.lines import LinesScreen
 from nsconsole.screens.picker import PickerScreen
-from nsconsole.state import LineBook, LineView
+from nsconsole.state import DEFAULT_BELL, LineBook, LineView
 from nsconsole.widgets import format as fmt
 from nsconsole.widgets.checkpoint_list import CheckpointInfo, read_checkpoints
 from nsconsole.widgets.gpu_panel import GpuPanel, GpuReader, GpuReading, read_gpus
+from nsconsole.widgets.request_progress import PendingRequest, RequestProgress
 from themes import DEFAULT_THEME, STYLESHEET, THEMES
 
 REFRESH_INTERVAL_S = 0.5
@@ -58,6 +70,8 @@ class ConsoleApp(App[None]):
                 tooltip="fork a new line at the end of a cycle (a later cycle: it waits for it)"),
         Binding("r", "rollback", "Rollback", id="rollback", tooltip="resume the line from a checkpoint you pick"),
         Binding("t", "tune", "Tune", id="tune", tooltip="measure the micro-batch shapes (alone or shared)"),
+        Binding("R", "resume", "Resume", id="resume",
+                tooltip="start the supervisor of a line that none runs (as nsconsole run LINE): it trains on"),
         Binding("p", "pause", "Pause", id="pause", tooltip="freeze the views (data keeps arriving)"),
         Binding("question_mark", "help", "Help", key_display="?", id="help", tooltip="this list"),
         Binding("q", "quit", "Quit", id="quit", tooltip="leave the console (the lines keep training)"),
@@ -74,8 +88,10 @@ class ConsoleApp(App[None]):
         gpu_reader: GpuReader = read_gpus,
         discover: Callable[[], list[SupervisorEntry]] = list_supervisors,
         refresh_interval: float = REFRESH_INTERVAL_S,
+        bell: frozenset[str] = DEFAULT_BELL,
     ) -> None:
-        """`attach=False` shows `book` as given (no discovery, no supervisor): the snapshot tests."""
+        """`attach=False` shows `book` as given (no discovery, no supervisor): the snapshot tests.
+        `bell`: the event severities that ring the terminal bell."""
         super().__init__()
         self.readonly = readonly
         self.theme_name = theme_name
@@ -85,8 +101,12 @@ class ConsoleApp(App[None]):
         self.refresh_interval = refresh_interval
         self.gpu_reading: GpuReading | None = None
         self.paused = False
+        self.bell_severities = bell
         self.live: LiveLines | None = LiveLines(self.book, self._line_changed, clock, discover) if attach else None
+        self.pending: list[PendingRequest] = []
+        """Requests sent to a supervisor and not yet answered, oldest first (the progress line shows them)."""
         self._connected_keys: set[str] = set()
+        self._resumable_keys: set[str] = set()
 
     # ---- life ----------------------------------------------------------------------------------
 
@@ -94,7 +114,7 @@ class ConsoleApp(App[None]):
         for theme in THEMES.values():
             self.register_theme(theme)
         self.theme = self.theme_name
-        self.sub_title = "read-only" if self.readonly else ""
+        self.sub_title = self.header_note()
         self.push_screen(LinesScreen())
         if self.live is not None:
             self.run_worker(self.live.run(), name="discovery", group="live")
@@ -106,16 +126,19 @@ class ConsoleApp(App[None]):
         self.call_after_refresh(self.refresh_views)
 
     def _line_changed(self, line: LineView) -> None:
-        # A line that came or went changes which mutating keys are on.
+        # A line that came or went changes which mutating keys are on, and whether `resume` is.
         connected = {state.key for state in self.book if state.connected}
-        if connected != self._connected_keys:
-            self._connected_keys = connected
+        resumable = {state.key for state in self.book if state.resumable}
+        if (connected, resumable) != (self._connected_keys, self._resumable_keys):
+            self._connected_keys, self._resumable_keys = connected, resumable
             self.refresh_bindings()
 
     def refresh_views(self) -> None:
         now = self.clock()
-        new_flags = [flag for line in self.book for flag in line.refresh_health(now)]
-        if new_flags:
+        for line in self.book:
+            line.refresh_health(now)
+        alerts = [event for line in self.book for event in line.take_alerts()]
+        if any(event.severity in self.bell_severities for event in alerts):
             self.bell()
         if self.paused:
             return
@@ -155,27 +178,76 @@ class ConsoleApp(App[None]):
         if line is not None:
             self.push_screen(LineScreen(line))
 
-    def selected_line(self) -> LineView | None:
+    def line_screen(self) -> LinesScreen | LineScreen | None:
+        """The screen whose line the keys act on: the one shown, or the one the command palette is over."""
         screen = self.screen
-        key = screen.selected_line_key() if isinstance(screen, (LinesScreen, LineScreen)) else None
+        if isinstance(screen, CommandPalette) and len(self.screen_stack) > 1:
+            screen = self.screen_stack[-2]
+        return screen if isinstance(screen, (LinesScreen, LineScreen)) else None
+
+    def selected_line(self) -> LineView | None:
+        screen = self.line_screen()
+        key = None if screen is None else screen.selected_line_key()
         return None if key is None else self.book.get(key)
+
+    def header_note(self) -> str:
+        """What the header says of the console itself on every screen: read-only, paused."""
+        return " · ".join(
+            part for part in ("read-only" if self.readonly else "", "⏸ refresh paused" if self.paused else "") if part
+        )
 
     # ---- keys ----------------------------------------------------------------------------------
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action in MUTATING_ACTIONS:
-            if self.readonly:
-                return None  # shown, greyed: the console is read-only
-            line = self.selected_line()
-            if line is None or not line.mutable or self.live is None:
-                return None
+        if action in MUTATING_ACTIONS and self.refusal(action) is not None:
+            return None  # shown, greyed; pressed, a toast says why
+        if action == "resume" and self.resume_refusal() is not None:
+            return None
         return True
+
+    def _no_line_to_act_on(self) -> str | None:
+        """Why no key that acts on a line works now (None: the selected line can be acted on)."""
+        if self.readonly:
+            return "the console is read-only (--readonly)"
+        if self.live is None:
+            return "this console is not attached to any supervisor"
+        if self.selected_line() is None:
+            return "no line is selected"
+        return None
+
+    def refusal(self, action: str) -> str | None:
+        """Why a mutating key does nothing now (None: it works)."""
+        reason = self._no_line_to_act_on()
+        if reason is not None:
+            return reason
+        line = self.selected_line()
+        assert line is not None
+        if not line.mutable:
+            if line.display_state in fmt.FINAL_STATES:
+                return f"{line.path} has ended ({line.display_state}); its supervisor has exited"
+            return f"{line.path}: its supervisor is not attached ({line.disconnect_reason or 'not yet reached'})"
+        waiting = next((request for request in self.pending if (request.key, request.method) == (line.key, action)), None)
+        if waiting is not None:
+            return f"a {action} of {line.path} is still waiting for the supervisor's reply"
+        return None
+
+    def on_key(self, event: events.Key) -> None:
+        # A mutating key that is off reaches here unhandled: say why instead of doing nothing.
+        if self.line_screen() is not self.screen:
+            return
+        active = self.screen.active_bindings.get(event.key)
+        if active is None or active.enabled or active.binding.action not in MUTATING_ACTIONS:
+            return
+        reason = self.refusal(active.binding.action)
+        if reason is not None:
+            self.notify(f"{active.binding.description}: {reason}", severity="warning", timeout=6)
 
     def action_pause(self) -> None:
         self.paused = not self.paused
-        self.sub_title = " · ".join(
-            part for part in ("read-only" if self.readonly else "", "⏸ refresh paused" if self.paused else "") if part
-        )
+        self.sub_title = self.header_note()
+        for screen in self.screen_stack:
+            if isinstance(screen, LineScreen):
+                screen.show_header_note(self.sub_title)
         if not self.paused:
             self.refresh_views()
 
@@ -211,7 +283,7 @@ class ConsoleApp(App[None]):
                 partial(self.run_action, binding.action, active.node),
             )
 
-    @work(exclusive=True, group="mutation")
+    @work(group="mutation")
     async def action_stop(self) -> None:
         line = self.selected_line()
         if line is None or not self.check_action("stop", ()):
@@ -224,10 +296,10 @@ class ConsoleApp(App[None]):
             return
         at_cycle_end = line.cycle if choice == "cycle" else None
         when = "at the next update" if at_cycle_end is None else f"at the end of cycle {at_cycle_end}"
-        if await self.push_screen_wait(ConfirmScreen(f"Stop {line.name} {when}?", "It stops with a checkpoint.")):
+        if await self.push_screen_wait(ConfirmScreen(f"Stop {line.path} {when}?", "It stops with a checkpoint.")):
             await self.mutate(line, "stop", at_cycle_end=at_cycle_end)
 
-    @work(exclusive=True, group="mutation")
+    @work(group="mutation")
     async def action_branch(self) -> None:
         line = self.selected_line()
         if line is None or not self.check_action("branch", ()):
@@ -236,11 +308,11 @@ class ConsoleApp(App[None]):
         if request is None:
             return
         waits = "" if line.cycle is None or request.at_cycle < line.cycle else " (it waits for that cycle to end)"
-        question = f"Branch {line.name} into {request.path} at the end of cycle {request.at_cycle}?"
+        question = f"Branch {line.path} into {request.path} at the end of cycle {request.at_cycle}?"
         if await self.push_screen_wait(ConfirmScreen(question, f"A new line is forked{waits}.")):
             await self.mutate(line, "branch", **request.params())
 
-    @work(exclusive=True, group="mutation")
+    @work(group="mutation")
     async def action_rollback(self) -> None:
         line = self.selected_line()
         if line is None or not self.check_action("rollback", ()):
@@ -261,7 +333,7 @@ class ConsoleApp(App[None]):
         if await self.push_screen_wait(ConfirmScreen(question, rollback_consequences(line, earlier[int(choice)]))):
             await self.mutate(line, "rollback", to=int(choice))
 
-    @work(exclusive=True, group="mutation")
+    @work(group="mutation")
     async def action_tune(self) -> None:
         line = self.selected_line()
         if line is None or not self.check_action("tune", ()):
@@ -270,23 +342,72 @@ class ConsoleApp(App[None]):
         choice = await self.push_screen_wait(PickerScreen(f"Tune {line.name}'s micro-batch shape for:", options))
         if choice is None:
             return
-        question = f"Tune {line.name} ({options[0][1] if choice == 'alone' else options[1][1]})?"
+        question = f"Tune {line.path} ({options[0][1] if choice == 'alone' else options[1][1]})?"
         if await self.push_screen_wait(ConfirmScreen(question, "The line pauses while the shapes are measured.")):
             await self.mutate(line, "tune", shared=choice == "shared")
+
+    def resume_refusal(self) -> str | None:
+        """Why `resume` does nothing now (None: it starts the selected line's supervisor)."""
+        reason = self._no_line_to_act_on()
+        if reason is not None:
+            return reason
+        line = self.selected_line()
+        assert line is not None
+        if not line.resumable:
+            return f"{line.path}: its supervisor runs"
+        return None
+
+    @work(exclusive=True, group="resume")
+    async def action_resume(self) -> None:
+        line = self.selected_line()
+        if line is None or not self.check_action("resume", ()):
+            return
+        question = f"Resume {line.path}?"
+        detail = ("Its supervisor starts in the background, as `nsconsole run` starts it, and the trainer goes on "
+                  "from the latest checkpoint.")
+        if not await self.push_screen_wait(ConfirmScreen(question, detail)):
+            return
+        line.add_event(self.clock(), "request", "resume: starting its supervisor")
+        # Imported here, when a line is resumed: the supervisor's module is not needed to start the console.
+        from engine.supervisor.supervisor import SupervisorSettings, start_detached
+
+        try:
+            pid = await asyncio.to_thread(start_detached, Path(line.path), SupervisorSettings())
+        except (LineError, OSError) as error:
+            line.add_event(self.clock(), "refused", f"resume: {error}", "error")
+            self.notify(f"✗ {line.name}: resume failed: {error}", severity="error", timeout=8)
+            return
+        line.add_event(self.clock(), "request", f"resume: its supervisor runs (pid {pid})")
+        self.notify(f"✓ {line.name}: resumed (supervisor pid {pid})", timeout=4)
 
     async def mutate(self, line: LineView, method: str, **params: object) -> object | None:
         """Call a mutation; the outcome becomes a notification and an event of the line."""
         assert self.live is not None
         line.add_event(self.clock(), "request", f"{method} {params} sent")
+        request = PendingRequest(line.key, line.name, method, self.clock())
+        self.pending.append(request)
+        self.refresh_progress()
         try:
             result = await self.live.mutate(line.key, method, **params)
         except LineError as error:
             line.add_event(self.clock(), "refused", f"{method}: {error}", "error")
             self.notify(f"✗ {line.name}: {method} refused: {error}", severity="error", timeout=8)
             return None
+        finally:
+            self.pending.remove(request)
+            self.refresh_progress()
         line.add_event(self.clock(), "request", f"{method} accepted: {result}")
         self.notify(f"✓ {line.name}: {method} accepted", timeout=4)
         return result
+
+    def refresh_progress(self) -> None:
+        """Redraw the progress line of every screen (a request was sent or answered)."""
+        if not self.screen_stack:
+            return  # the console is closing
+        for screen in self.screen_stack:
+            for progress in screen.query(RequestProgress):
+                progress.show(self.pending, self.clock())
+        self.refresh_bindings()
 
 
 def rollback_consequences(line: LineView, target: CheckpointInfo) -> str:

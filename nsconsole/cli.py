@@ -3,6 +3,9 @@
 `nsconsole` alone opens the console; `nsconsole --run [LINE]` starts a line's supervisor
 headless; every other command is a module in `nsconsole/commands/` that registers its own
 subparser. User errors (`LineError`, `DataLineError`) print one line and exit with status 2.
+
+Nothing heavy loads before a command runs: `--help`, `status`, `stop` and the console start in a
+fraction of a second without torch (or numpy); a command imports what it needs when it runs.
 """
 
 from __future__ import annotations
@@ -11,11 +14,19 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from datalines.errors import DataLineError
 from engine.config.host import load_and_apply
 from engine.errors import LineError
 from engine.protocol.facts import SupervisorExitCode
 from nsconsole.commands import COMMAND_MODULES
+
+EXAMPLES = """\
+examples:
+  nsconsole                       # the console: every line on this host, live
+  nsconsole --run                 # create (or resume) the demo line and run it in the background
+  nsconsole new runs/trunk --model ns-2b --data /data/lines/trunk
+  nsconsole run runs/trunk
+  nsconsole COMMAND --help        # each command's description and examples
+"""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,6 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
             "Pre-training for spiking and state-space language models. With no command, opens "
             "the console that attaches to every running line's supervisor on this host."
         ),
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
         "--run",
@@ -35,6 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--readonly", action="store_true", help="console: disable every mutating key")
     parser.add_argument("--theme", default=None, help="console: colour theme (dark, light, colorblind)")
+    parser.add_argument(
+        "--bell", default=None, metavar="SEVERITIES",
+        help="console: ring the terminal bell for new events of these severities, comma-separated "
+        "(error, warning, info; none: never); default: error",
+    )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in COMMAND_MODULES:
         module.register(subparsers)
@@ -55,12 +73,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             return int(run_headless(args.run or None, args.host_settings) or 0)
         from nsconsole.commands.console import open_console
 
-        return int(open_console(readonly=args.readonly, theme=args.theme) or 0)
-    except (LineError, DataLineError) as error:
+        return int(open_console(readonly=args.readonly, theme=args.theme, bell=args.bell) or 0)
+    except Exception as error:
+        if not isinstance(error, user_errors()):
+            raise
         print(f"nsconsole: {error}", file=sys.stderr)
         return SupervisorExitCode.USER_ERROR
     except KeyboardInterrupt:
         return 130
+
+
+def user_errors() -> tuple[type[Exception], ...]:
+    """The errors printed as one line: `LineError`, and `DataLineError` once datalines is loaded
+    (a command that never loaded it cannot have raised it, and loading it costs numpy and pyarrow)."""
+    data_errors = sys.modules.get("datalines.errors")
+    return (LineError,) if data_errors is None else (LineError, data_errors.DataLineError)
 
 
 if __name__ == "__main__":

@@ -22,10 +22,19 @@ SPIKE_WINDOW = 8
 """Rows whose mean loss a new row is compared with."""
 SLOW_FRACTION = 0.6
 """Throughput below this fraction of its running median is slow."""
+SLOW_CLEAR_FRACTION = 0.8
+"""A raised slow flag clears only once throughput is back above this fraction of the median (so a
+rate hovering about `SLOW_FRACTION` is one episode, not an alarm per row)."""
+SLOW_SUSTAIN = 3
+"""Rows in a row that must all be slow to raise the flag, or all recovered to clear it: one slow
+update (a checkpoint written beside it, a validation) is no episode."""
+SLOW_SKIP_AFTER_START = 20
+"""The updates after each trainer start that are never judged (imports, compilation, CUDA graph
+captures, cold caches): the first rows of a relaunch are slow by nature."""
 SLOW_MIN_HISTORY = 8
 """Rows of throughput needed before slowness is judged (the first updates warm up)."""
 SLOW_WINDOW = 256
-"""The running median covers at most this many rows before the newest."""
+"""The running median covers at most this many rows before the judged ones."""
 LR_RELATIVE_TOLERANCE = 1e-3
 """The logged lr may differ from the schedule's by this fraction (float32 rounding) and more is off."""
 SKIPPED_WINDOW = 64
@@ -79,17 +88,32 @@ def loss_spike(losses: Sequence[float | None]) -> HealthFlag | None:
     return None
 
 
-def slow_throughput(tokens_per_s: Sequence[float | None]) -> HealthFlag | None:
-    """The newest throughput against the running median of the rows before it."""
+def slow_throughput(
+    tokens_per_s: Sequence[float | None], rows_since_start: int | None = None, raised: HealthFlag | None = None
+) -> HealthFlag | None:
+    """The newest `SLOW_SUSTAIN` throughputs against the running median of the rows before them.
+
+    One episode, one flag: `raised` (the flag as it stands) stays until the rate has recovered
+    (`SLOW_CLEAR_FRACTION`), and is kept as it is while the newest rows are among the first
+    `SLOW_SKIP_AFTER_START` of the running trainer (`rows_since_start`; None: unknown, all judged).
+    """
+    if rows_since_start is not None and rows_since_start < SLOW_SKIP_AFTER_START + SLOW_SUSTAIN:
+        return raised
     values = [value for value in (_finite(item) for item in tokens_per_s) if value is not None]
-    if len(values) < SLOW_MIN_HISTORY + 1:
-        return None
-    newest = values[-1]
-    median = statistics.median(values[-SLOW_WINDOW - 1 : -1])
-    if median > 0 and newest < SLOW_FRACTION * median:
+    if len(values) < SLOW_MIN_HISTORY + SLOW_SUSTAIN:
+        return raised
+    newest = values[-SLOW_SUSTAIN:]
+    median = statistics.median(values[-SLOW_WINDOW - SLOW_SUSTAIN : -SLOW_SUSTAIN])
+    if median <= 0:
+        return raised
+    if raised is not None:
+        recovered = all(value >= SLOW_CLEAR_FRACTION * median for value in newest)
+        return None if recovered else raised
+    if all(value < SLOW_FRACTION * median for value in newest):
         return HealthFlag(
             "slow", "▼", "slow",
-            f"throughput {newest:,.0f} tokens/s is {newest / median:.0%} of its running median {median:,.0f}",
+            f"throughput {newest[-1]:,.0f} tokens/s is {newest[-1] / median:.0%} of its running median "
+            f"{median:,.0f} ({SLOW_SUSTAIN} updates in a row under {SLOW_FRACTION:.0%})",
         )
     return None
 
@@ -112,9 +136,14 @@ def lr_off_schedule(row: dict[str, Any], schedule: Callable[[float], float] | No
     return None
 
 
-def stale_heartbeat(state: str | None, heartbeat_age_s: float | None, limit_s: float = STALE_HEARTBEAT_S) -> HealthFlag | None:
-    """A training line's heartbeat older than `limit_s` (a stopped line's old heartbeat is fine)."""
-    if state != LineState.TRAINING or heartbeat_age_s is None or heartbeat_age_s <= limit_s:
+def stale_heartbeat(
+    state: str | None, heartbeat_age_s: float | None, limit_s: float = STALE_HEARTBEAT_S, stage: str | None = None
+) -> HealthFlag | None:
+    """A training line's heartbeat older than `limit_s`. A line that ended (a final state, or a
+    trainer whose last heartbeat's `stage` says it stopped) beats no more, and that is no alarm."""
+    if state != LineState.TRAINING or stage == Stage.STOPPED:
+        return None
+    if heartbeat_age_s is None or heartbeat_age_s <= limit_s:
         return None
     return HealthFlag(
         "stale", "◷", "stale", f"no heartbeat for {heartbeat_age_s:,.0f} s (more than {limit_s:,.0f} s)", "error"

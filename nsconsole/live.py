@@ -5,8 +5,13 @@ seconds, keeps one `SupervisorLink` per line (reconnects with backoff, re-subscr
 when it is back) and feeds each line's `LineView`: on every (re)connection the hello, the
 status and, from a new supervisor, every row of rows.jsonl (fetched in pages); then the pushed
 notifications, and a status poll while connected. A line whose supervisor is gone stays in the
-book with its last state (the link keeps trying); mutations go through `mutate`, which keeps one
+book with its last state (the link keeps trying), marked `orphaned` once the trainer's pid has
+gone too (nothing runs it then, whatever its last state said); mutations go through `mutate`, which keeps one
 request_id across reconnects so a retry is applied once.
+
+Lines no supervisor runs (ended, stopped, failed; in the work roots or the history of registered
+lines, `nsconsole/history.py`) are read from their files at rest every `HISTORY_INTERVAL_S` and
+shown with the state they ended in; once a supervisor registers for one, it is attached as any other.
 
 Everything runs on the console's asyncio loop; `on_change(line)` is called after each change.
 """
@@ -15,15 +20,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from engine.config.run import RunConfig
 from engine.errors import LineError
+from engine.layout import LineLayout
 from engine.protocol import wire
-from engine.supervisor.registry import SupervisorEntry, list_supervisors
+from engine.supervisor.reads import read_log_chunk
+from engine.supervisor.registry import SupervisorEntry, line_id, list_supervisors
 from engine.training.schedule import learning_rate
 from nsconsole.client import (
     AsyncSupervisorClient,
@@ -32,9 +42,12 @@ from nsconsole.client import (
     SupervisorUnavailable,
     new_request_id,
 )
+from nsconsole.history import RestingLine, Signature, files_signature, line_candidates, read_at_rest
 from nsconsole.state import LineBook, LineFacts, LineView
 
 DISCOVERY_INTERVAL_S = 2.0
+HISTORY_INTERVAL_S = 10.0
+"""How often the lines that no supervisor runs are looked for (their files read again only when changed)."""
 STATUS_INTERVAL_S = 1.0
 MUTATION_ATTEMPTS = 5
 MUTATION_REPLY_TIMEOUT_S = 3600.0
@@ -57,14 +70,33 @@ def read_line_facts(line: str | Path) -> LineFacts:
     )
 
 
+def process_running(pid: int | None) -> bool:
+    """Whether `pid` is a process that has not exited (a zombie has)."""
+    if pid is None:
+        return False
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:
+        return True  # it exists
+
+
+def nothing_runs(entry: SupervisorEntry, trainer_pid: int | None) -> bool:
+    """The supervisor is gone (its socket removed, or its process dead) and so is the trainer."""
+    supervisor_gone = not os.path.exists(entry.socket) or not entry.is_alive()
+    return supervisor_gone and not process_running(trainer_pid)
+
+
 class _Attachment:
     """One line's link, the task running it and its status poll."""
 
-    def __init__(self, owner: LiveLines, state: LineView, socket_path: str) -> None:
+    def __init__(self, owner: LiveLines, state: LineView, entry: SupervisorEntry) -> None:
         self.owner = owner
         self.state = state
+        self.entry = entry
         self.link = SupervisorLink(
-            socket_path, self._on_connected, self._on_notification, self._on_disconnected,
+            entry.socket, self._on_connected, self._on_notification, self._on_disconnected,
             initial_backoff=owner.initial_backoff, max_backoff=owner.max_backoff, call_timeout=owner.call_timeout,
         )
         self.task: asyncio.Task[None] | None = None
@@ -127,7 +159,17 @@ class _Attachment:
             self._poll.cancel()
             self._poll = None
         self.state.mark_disconnected(reason, self.owner.clock())
+        self.check_orphaned()
         self.owner.changed(self.state)
+
+    def check_orphaned(self) -> None:
+        """While detached: mark the line orphaned once its supervisor and its trainer are both gone."""
+        state = self.state
+        orphaned = not state.connected and nothing_runs(self.entry, state.trainer_pid)
+        if orphaned != state.orphaned:
+            state.orphaned = orphaned
+            state.version += 1
+            self.owner.changed(state)
 
 
 class LiveLines:
@@ -144,6 +186,8 @@ class LiveLines:
         initial_backoff: float = 0.2,
         max_backoff: float = 5.0,
         call_timeout: float = 30.0,
+        find_lines: Callable[[], list[str]] = line_candidates,
+        history_interval: float = HISTORY_INTERVAL_S,
     ) -> None:
         self.book = book
         self.on_change = on_change
@@ -158,6 +202,11 @@ class LiveLines:
         self._attachments: dict[str, _Attachment] = {}
         self.problem: str | None = None
         """Why discovery fails (None while it works)."""
+        self.find_lines = find_lines
+        """Every line that may have ended (`nsconsole.history.line_candidates`)."""
+        self.history_interval = history_interval
+        self._history_due = 0.0  # time.monotonic() of the next look for lines at rest
+        self._rested: dict[str, Signature] = {}  # the files' signature of each line read at rest
 
     def changed(self, state: LineView) -> None:
         self.on_change(state)
@@ -179,14 +228,58 @@ class LiveLines:
             self.problem = str(error)  # the runtime directory is unusable: the lines screen says why
             return
         self.problem = None
+        for attachment in self._attachments.values():
+            if not attachment.state.connected and attachment.state.ever_connected:
+                attachment.check_orphaned()
         for entry in entries:
             if entry.id in self._attachments:
                 continue
             state = self.book.add(LineView(entry.id, entry.line))
-            attachment = _Attachment(self, state, entry.socket)
+            attachment = _Attachment(self, state, entry)
             self._attachments[entry.id] = attachment
             attachment.start()
             self.changed(state)
+        registered = {entry.id for entry in entries}
+        for line in self.book:
+            if line.registered != (line.key in registered):
+                line.registered = line.key in registered
+                self.changed(line)
+        if time.monotonic() >= self._history_due:
+            self._history_due = time.monotonic() + self.history_interval
+            await self.discover_at_rest(registered)
+
+    async def discover_at_rest(self, registered: set[str]) -> None:
+        """Read the lines that no supervisor runs (the ones not attached, not registered) whose files changed."""
+        try:
+            resting = await asyncio.to_thread(self._read_resting, registered | set(self._attachments))
+        except LineError as error:
+            self.problem = str(error)  # host.json is unusable: the lines screen says why
+            return
+        for line_key, found, facts in resting:
+            state = self.book.add(LineView(line_key, found.path))
+            state.facts = facts
+            state.apply_rest(found.supervisor, found.heartbeat, found.rows, self.clock())
+            self._rested[line_key] = found.signature
+            self.changed(state)
+
+    def _read_resting(self, skip: set[str]) -> list[tuple[str, RestingLine, LineFacts]]:
+        """(key, line at rest, run.json's facts) of each candidate not in `skip` whose files changed."""
+        found = []
+        for path in self.find_lines():
+            key = line_id(path)
+            if key in skip or self._rested.get(key) == files_signature(path):
+                continue
+            resting = read_at_rest(path)
+            if resting is not None:
+                found.append((key, resting, read_line_facts(path)))
+        return found
+
+    async def read_log(self, key: str, offset: int, length: int) -> dict[str, Any]:
+        """run.log from `offset`: through the line's supervisor, or from the file of a line at rest."""
+        line = self.book.get(key)
+        if line is not None and line.at_rest and self.client_of(key) is None:
+            return await asyncio.to_thread(read_log_chunk, LineLayout(line.path).run_log, offset, length)
+        return await self.call(key, "log", offset=offset, length=length)
 
     def client_of(self, key: str) -> AsyncSupervisorClient | None:
         attachment = self._attachments.get(key)

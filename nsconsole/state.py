@@ -3,8 +3,9 @@
 A `LineView` is fed by the console's link to the line's supervisor (`nsconsole/live.py`):
 `apply_hello` and `apply_status` after each (re)connection and at every status poll,
 `apply_rows` with fetched rows, `apply_notification` with every pushed notification, and
-`mark_disconnected` when the link drops (the last state stays, marked stale). The widgets only
-read it. Nothing here touches a socket or the clock: times are passed in, so it is testable as is.
+`mark_disconnected` when the link drops (the last state stays, marked stale). A line that no
+supervisor runs is read from its files instead (`apply_rest`, `nsconsole/history.py`). The widgets
+only read it. Nothing here touches a socket or the clock: times are passed in, so it is testable as is.
 
 Rows are kept compactly (`Series`: the handful of numbers the table and the curves need, for
 every row), plus the newest full rows and every validation row. A resumed trainer writes the
@@ -27,7 +28,7 @@ from engine.supervisor.rpc import is_validation_row
 from engine.units import gib_bytes
 from nsconsole import health
 from nsconsole.health import HealthFlag
-from nsconsole.widgets.format import UNREACHABLE
+from nsconsole.widgets.format import PAUSING_FOR, SUPERVISOR_LOST, UNREACHABLE
 
 RECENT_ROWS = 256
 """Full rows kept per line (the health checks look at these)."""
@@ -35,6 +36,10 @@ MAX_VALIDATIONS = 512
 """Validation rows kept per line."""
 MAX_EVENTS = 500
 """Events kept per line."""
+SEVERITIES = ("info", "warning", "error")
+"""An event's severities, mildest first (the theme colours them; `--bell` picks those that ring)."""
+DEFAULT_BELL = frozenset({"error"})
+"""The severities that ring the terminal bell unless `--bell` says otherwise (a warning is seen, not heard)."""
 
 EVENT_GLYPHS: dict[str, tuple[str, str]] = {
     EventKind.LAUNCHED: ("▶", "launched"),
@@ -66,7 +71,9 @@ EVENT_GLYPHS: dict[str, tuple[str, str]] = {
 }
 """Glyph and word of each event kind: every supervisor event (`EventKind`) and the console's own."""
 
-SHOWN_STAGES = frozenset({Stage.CHECKPOINTING, Stage.WAITING_DATA, Stage.VALIDATING})
+SHOWN_STAGES = frozenset(
+    {Stage.CHECKPOINTING, Stage.WAITING_DATA, Stage.VALIDATING, Stage.CAPTURING, Stage.COMPILING, Stage.PROBING}
+)
 """Trainer stages shown in place of the supervisor's `training`: they say more."""
 
 _VAL_MIX = re.compile(r"^val_(\d+)/mix$")
@@ -88,6 +95,31 @@ class ConsoleEvent:
     """What happened."""
     severity: str = "info"
     """`info`, `warning` or `error`."""
+
+
+@dataclass(frozen=True)
+class ForkView:
+    """A branch the line's supervisor holds for a cycle end: queued, or failed (the status reply's
+    `queued_forks` and `failed_forks`), so the lines table can show it before, or instead of, the fork."""
+
+    path: str
+    """The branch line's directory."""
+    at_cycle: int | None
+    """The trunk cycle at whose end it forks (None when the supervisor did not say)."""
+    reason: str | None = None
+    """Why it failed (None for a queued fork)."""
+
+
+def _fork_views(records: Any, failed: bool) -> list[ForkView]:
+    """The status reply's fork records as `ForkView`s (records without a path are skipped)."""
+    views = []
+    for record in records if isinstance(records, list) else []:
+        if not isinstance(record, dict) or not isinstance(record.get("path"), str):
+            continue
+        at_cycle = record.get("at_cycle")
+        reason = str(record.get("reason", "")) if failed else None
+        views.append(ForkView(record["path"], at_cycle if isinstance(at_cycle, int) else None, reason))
+    return views
 
 
 @dataclass(frozen=True)
@@ -134,6 +166,10 @@ class Series:
     grad_norm: list[float] = field(default_factory=list)
     tokens_per_s: list[float] = field(default_factory=list)
     skipped: list[bool] = field(default_factory=list)
+    time: list[float] = field(default_factory=list)
+    """When each row was written (Unix time; the curves' time axis)."""
+    cycle: list[float] = field(default_factory=list)
+    """The data cycle of each row's update (the curves mark where one ends)."""
 
     def __len__(self) -> int:
         return len(self.update)
@@ -146,6 +182,8 @@ class Series:
         self.grad_norm.append(_number(row.get("grad_norm")))
         self.tokens_per_s.append(_number(row.get("tokens_per_s")))
         self.skipped.append(bool(row.get("skipped")))
+        self.time.append(_number(row.get("time")))
+        self.cycle.append(_number(row.get("cycle")))
 
     def cut_from(self, update: int) -> None:
         """Drop every row of `update` and later (a resume writes them again)."""
@@ -156,7 +194,10 @@ class Series:
             del column[keep:]
 
     def _columns(self) -> tuple[list[Any], ...]:
-        return (self.update, self.tokens, self.loss, self.lr, self.grad_norm, self.tokens_per_s, self.skipped)
+        return (
+            self.update, self.tokens, self.loss, self.lr, self.grad_norm, self.tokens_per_s, self.skipped,
+            self.time, self.cycle,
+        )
 
 
 def _number(value: Any) -> float:
@@ -205,8 +246,20 @@ class LineView:
         self.rows_next = 0
         """The index in rows.jsonl of the next row to fetch."""
         self.health: list[HealthFlag] = []
+        self.alerts: deque[ConsoleEvent] = deque(maxlen=MAX_EVENTS)
+        """Events not yet told (`take_alerts`): the app rings the bell for those of the chosen severities."""
+        self.trainer_started: float | None = None
+        """When the running trainer was launched (its `launched` event, the status' `trainer_launched`):
+        the slow check skips its first updates."""
+        self.at_rest = False
+        """Read from the line's files: no supervisor runs it (a line that ended, listed from the history)."""
+        self.registered = False
+        """Discovery found a live supervisor of the line in the registry at its last look."""
         self.disk_free: int | None = None
         self.disk_total: int | None = None
+        self.orphaned = False
+        """The supervisor is gone (its socket or its pid) and so is the trainer's pid: nothing runs the
+        line, whatever its last state says (set by the console's link while it cannot reattach)."""
         self.version = 0
         """Bumped by every change, so a widget redraws only lines that changed."""
 
@@ -224,6 +277,8 @@ class LineView:
         self.epoch = epoch
         self.supervisor_pid = hello.get("pid")
         self.connected, self.ever_connected, self.disconnect_reason = True, True, None
+        self.at_rest = False
+        self.orphaned = False
         if fresh:
             # rows.jsonl may have been cut back by a resume since: read it again from the start.
             self.rows_next = 0
@@ -233,6 +288,7 @@ class LineView:
     def apply_status(self, status: dict[str, Any]) -> None:
         if status != self.status:
             self.status = status
+            self._trainer_launched_at(status.get("trainer_launched"))
             heartbeat = status.get("heartbeat")
             if isinstance(heartbeat, dict) and _beat_time(heartbeat) >= _beat_time(self.heartbeat or {}):
                 self.heartbeat = heartbeat
@@ -282,7 +338,10 @@ class LineView:
         elif kind == "event":
             event_kind = str(data.get("event", "event"))
             severity = "error" if event_kind in facts.ERROR_EVENTS else "info"
-            self.add_event(float(data.get("time") or now), event_kind, str(data.get("message", "")), severity)
+            event = self.add_event(float(data.get("time") or now), event_kind, str(data.get("message", "")), severity)
+            if event_kind == EventKind.LAUNCHED:
+                # Before the new trainer's first row (one stream, in order): its warm-up is not judged slow.
+                self._trainer_launched_at(event.time)
             if event_kind in facts.ENDING_EVENTS:
                 # The line has ended: say so at once, not at the next status poll (which a supervisor
                 # exiting right after may never answer).
@@ -296,12 +355,59 @@ class LineView:
         self.disconnect_reason = reason
         self.version += 1
 
-    def add_event(self, now: float, kind: str, message: str, severity: str = "info") -> ConsoleEvent:
+    def add_event(
+        self, now: float, kind: str, message: str, severity: str = "info", alert: bool = True
+    ) -> ConsoleEvent:
+        """A new event; `alert` False for one that is history, not news (read from a line at rest)."""
         glyph, word = EVENT_GLYPHS.get(kind, ("•", kind))
         event = ConsoleEvent(now, kind, glyph, word, message, severity)
         self.events.append(event)
+        if alert and not self.at_rest:
+            self.alerts.append(event)
         self.version += 1
         return event
+
+    def take_alerts(self) -> list[ConsoleEvent]:
+        """The events that came since the last call (each is told once)."""
+        alerts = list(self.alerts)
+        self.alerts.clear()
+        return alerts
+
+    def _trainer_launched_at(self, launched: Any) -> None:
+        if isinstance(launched, (int, float)) and not isinstance(launched, bool):
+            self.trainer_started = max(self.trainer_started or 0.0, float(launched))
+
+    def apply_rest(
+        self, supervisor: dict[str, Any], heartbeat: dict[str, Any] | None, rows: Iterable[dict[str, Any]], now: float
+    ) -> None:
+        """The line as its files left it, no supervisor running it: supervisor.json (`supervisor`, its
+        state and counters), the trainer's last heartbeat and every row of rows.jsonl.
+
+        Its state is the one its supervisor ended in. A supervisor that died while the line ran
+        (killed, the host went down) left a state that is not final: the line is `orphaned`, as a
+        live line whose supervisor and trainer have gone, and an event says what happened.
+        """
+        saved = supervisor.get("state")
+        self.at_rest, self.connected, self.registered = True, False, False
+        self.orphaned = saved not in facts.FINAL_LINE_STATES
+        self.disconnect_reason = "no supervisor runs the line"
+        self.status = {**supervisor, "trainer_pid": None}
+        self.heartbeat = heartbeat
+        self.apply_rows(rows, 0)
+        told = {(event.time, event.kind, event.message) for event in self.events}
+        notes = []
+        last_event = supervisor.get("last_event")
+        if isinstance(last_event, dict) and isinstance(last_event.get("time"), (int, float)):
+            kind = str(last_event.get("event", "event"))
+            severity = "error" if kind in facts.ERROR_EVENTS else "info"
+            notes.append((float(last_event["time"]), kind, str(last_event.get("message", "")), severity))
+        if self.orphaned:
+            message = (f"its supervisor (pid {supervisor.get('pid', '?')}) ended while the line was {saved} "
+                       "(killed, or the host went down); a resume starts from its latest checkpoint")
+            notes.append((_beat_time(heartbeat or {}) or now, "crashed", message, "warning"))
+        for when, kind, message, severity in notes:
+            if (when, kind, message) not in told:
+                self.add_event(when, kind, message, severity)
 
     # ---- health --------------------------------------------------------------------------------
 
@@ -310,11 +416,18 @@ class LineView:
         series = self.series
         heartbeat = self.heartbeat or {}
         newest_row = self.recent_rows[-1] if self.recent_rows else None
+        slow = next((flag for flag in self.health if flag.kind == "slow"), None)
         candidates = [
             health.loss_spike(series.loss[-health.SPIKE_WINDOW - 1 :]),
-            health.slow_throughput(series.tokens_per_s[-health.SLOW_WINDOW - 1 :]),
+            health.slow_throughput(
+                series.tokens_per_s[-health.SLOW_WINDOW - health.SLOW_SUSTAIN :], self.rows_since_start(), slow
+            ),
             None if newest_row is None else health.lr_off_schedule(newest_row, self.facts.schedule),
-            health.stale_heartbeat(self.supervisor_state, self.heartbeat_age(now)),
+            # A line that nothing runs any more (read at rest, or orphaned) has ended: its old heartbeat is no alarm.
+            health.stale_heartbeat(
+                None if self.at_rest or self.orphaned else self.supervisor_state, self.heartbeat_age(now),
+                stage=heartbeat.get("stage"),
+            ),
             health.skipped_updates(series.skipped[-health.SKIPPED_WINDOW :]),
             health.waiting_for_data(heartbeat.get("stage"), heartbeat.get("cycle")),
             health.full_disk(self.disk_free, self.disk_total, self.facts.min_free_disk_bytes),
@@ -325,10 +438,25 @@ class LineView:
         for flag in new:
             event = ConsoleEvent(now, flag.kind, flag.glyph, flag.word, flag.detail, flag.severity)
             self.events.append(event)
+            if not self.at_rest:
+                self.alerts.append(event)
         if [flag.label for flag in flags] != [flag.label for flag in self.health]:
             self.version += 1
         self.health = flags
         return new
+
+    def rows_since_start(self) -> int | None:
+        """Rows the running trainer has written (those after its launch; counted up to the
+        `RECENT_ROWS` kept); None when its launch is unknown."""
+        if self.trainer_started is None:
+            return None
+        count = 0
+        for row in reversed(self.recent_rows):
+            written = row.get("time")
+            if not isinstance(written, (int, float)) or written < self.trainer_started:
+                break
+            count += 1
+        return count
 
     # ---- what the table shows ------------------------------------------------------------------
 
@@ -338,18 +466,37 @@ class LineView:
         return "branch" if self.status.get("parent") else "trunk"
 
     @property
+    def parent(self) -> str | None:
+        """The path of the line this branch was forked from (None: a trunk)."""
+        parent = self.status.get("parent")
+        return parent if isinstance(parent, str) and parent else None
+
+    @property
     def supervisor_state(self) -> str | None:
         return self.status.get("state")
 
     @property
     def display_state(self) -> str:
-        """The supervisor's state, or the trainer's stage where that says more (checkpointing...)."""
-        if not self.ever_connected:
+        """The supervisor's state, or what says more: the trainer's stage (checkpointing...), a stop
+        asked for (`stopping`), what a pause is for (`pausing → tuning`), nothing left running."""
+        if not (self.ever_connected or self.at_rest):
             return UNREACHABLE
         state = self.supervisor_state or facts.LineState.STARTING
-        stage = (self.heartbeat or {}).get("stage")
-        if state == facts.LineState.TRAINING and stage in SHOWN_STAGES:
-            return stage
+        if self.orphaned and not self.connected and state not in facts.FINAL_LINE_STATES:
+            return SUPERVISOR_LOST
+        if state == facts.LineState.PAUSING:
+            # The supervisor's `under_way`: the mutations it has taken, oldest (the one it pauses for) first.
+            for entry in self.status.get("under_way") or ():
+                if isinstance(entry, dict) and entry.get("method") in PAUSING_FOR:
+                    return PAUSING_FOR[entry["method"]]
+        if state == facts.LineState.TRAINING:
+            stop = self.status.get("stop")
+            if isinstance(stop, dict):
+                cycle = stop.get("at_cycle_end")
+                return facts.LineState.STOPPING if cycle is None else f"{facts.LineState.STOPPING} after cycle {cycle}"
+            stage = (self.heartbeat or {}).get("stage")
+            if stage in SHOWN_STAGES:
+                return stage
         return state
 
     def heartbeat_age(self, now: float) -> float | None:
@@ -413,9 +560,10 @@ class LineView:
 
     @property
     def restarts(self) -> int:
-        """Trainer launches after the first one, by this supervisor."""
-        launches = self.status.get("launches")
-        return max(0, launches - 1) if isinstance(launches, int) else 0
+        """Crashes the supervisor restarted the trainer after (supervisor.json's `crashes`, over every
+        life of the line's supervisor); relaunches the line asked for (a rollback, a tune, a resume) are none."""
+        crashes = self.status.get("crashes")
+        return crashes if isinstance(crashes, int) and not isinstance(crashes, bool) else 0
 
     @property
     def gpu_index(self) -> int | None:
@@ -440,9 +588,24 @@ class LineView:
         return update if isinstance(update, int) else None
 
     @property
+    def queued_forks(self) -> list[ForkView]:
+        """Branches waiting for the end of their trunk cycle (the supervisor's `queued_forks`)."""
+        return _fork_views(self.status.get("queued_forks"), failed=False)
+
+    @property
+    def failed_forks(self) -> list[ForkView]:
+        """Queued branches that could not be made (the supervisor's `failed_forks`, with the reason)."""
+        return _fork_views(self.status.get("failed_forks"), failed=True)
+
+    @property
     def mutable(self) -> bool:
         """Mutating keys work only on a line whose supervisor answers now."""
         return self.connected
+
+    @property
+    def resumable(self) -> bool:
+        """No supervisor runs the line (none answers, none is registered): `resume` may start one."""
+        return not self.connected and not self.registered
 
 
 def _present(value: float) -> float | None:

@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import torch
+from helpers.environment import scoped_environment, wandb_environment
+
+from engine.supervisor.registry import HISTORY_ENV_VARIABLE
 
 if not torch.cuda.is_available():
     # Triton kernels run on the CPU through the interpreter (needs numpy); must be set
@@ -40,40 +42,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip_cuda)
 
 
-@contextmanager
-def scoped_environment(values: dict[str, str]) -> Iterator[None]:
-    """Set environment variables for a block, then restore what was there (or remove them)."""
-    saved = {key: os.environ.get(key) for key in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-def wandb_environment(home: Path) -> dict[str, str]:
-    """Silent wandb with every file of the client under `home` and no way to the network."""
-    return {
-        "WANDB_SILENT": "true",
-        "WANDB_DIR": str(home),
-        "WANDB_CONFIG_DIR": str(home / "config"),
-        "WANDB_CACHE_DIR": str(home / "cache"),
-        "WANDB_DATA_DIR": str(home / "data"),
-        # Should anything try the network anyway, it fails at once instead of reaching W&B.
-        "WANDB_BASE_URL": "http://127.0.0.1:9",
-    }
-
-
 @pytest.fixture(scope="module")
 def offline_wandb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A module's wandb clients write under one temporary home (yielded)."""
     home = tmp_path_factory.mktemp("wandb_home")
     with scoped_environment(wandb_environment(home)):
         yield home
+
+
+@pytest.fixture(autouse=True)
+def private_line_history(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`$NSCONSOLE_HISTORY` in a directory of the test's own: never the user's `~/.nsconsole/history`,
+    and no line of an earlier test listed by a console (a test may point it elsewhere)."""
+    monkeypatch.setenv(HISTORY_ENV_VARIABLE, str(tmp_path_factory.mktemp("line_history")))
 
 
 @pytest.fixture

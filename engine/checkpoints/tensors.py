@@ -70,7 +70,8 @@ class CheckpointSnapshot:
     extra: dict[str, torch.Tensor]
     """Model extra state and RNG states (keys prefixed `rng/`)."""
     state: dict[str, Any]
-    """JSON trainer state: tokens, data position, rows count, counters, `kept` reason (or None)."""
+    """JSON trainer state: tokens, data position, rows count, counters, `kept` reason (or None), and
+    `wandb`: the line's W&B run at this checkpoint (`run_id`, `acknowledged_step`; None when disabled)."""
     run_json: bytes
     """The line's run.json, byte for byte."""
     tokenizer_json: bytes

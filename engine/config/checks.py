@@ -6,6 +6,7 @@ Each check raises `ConfigError("<file>: <key> <problem>")` at the first problem,
 
 from __future__ import annotations
 
+import math
 import re
 from typing import TYPE_CHECKING, NoReturn
 
@@ -22,6 +23,10 @@ WANDB_MODES = ("online", "offline", "disabled")
 DEVICES = ("auto", "cpu", "cuda")
 RECOMPUTE_PATTERN = re.compile(r"^[a-z][a-z0-9_]*$")
 STAGE_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+MAX_SAMPLE_PROMPTS = 8
+MAX_SAMPLE_TOKENS = 256
+"""Bounds of `validation.samples`: a validation row carries every sample's text and must stay far
+below the supervisor's 64 KiB line (a longer row reaches the console as `omitted`, its losses too)."""
 
 
 class RunConfigChecks:
@@ -37,6 +42,10 @@ class RunConfigChecks:
     def at_least(self, key: str, value: float | None, minimum: float) -> None:
         if value is not None and value < minimum:
             self.fail(key, f"must be at least {minimum:g}, got {show(value)}")
+
+    def at_most(self, key: str, value: float, maximum: float) -> None:
+        if value > maximum:
+            self.fail(key, f"must be at most {maximum:g}, got {show(value)}")
 
     def positive(self, key: str, value: float | None) -> None:
         if value is not None and value <= 0:
@@ -181,6 +190,19 @@ class RunConfigChecks:
             else:
                 previous_end = piece.until_tokens
 
+    def check_samples(self) -> None:
+        samples = self.config.validation.samples
+        key = "validation.samples"
+        self.at_least(f"{key}.prompts", samples.prompts, 0)
+        self.at_most(f"{key}.prompts", samples.prompts, MAX_SAMPLE_PROMPTS)
+        for name, tokens in (("prompt_tokens", samples.prompt_tokens), ("new_tokens", samples.new_tokens)):
+            self.at_least(f"{key}.{name}", tokens, 1)
+            self.at_most(f"{key}.{name}", tokens, MAX_SAMPLE_TOKENS)
+        if not (math.isfinite(samples.temperature) and samples.temperature >= 0):
+            self.fail(f"{key}.temperature", f"must be finite and at least 0 (0: greedy), got {show(samples.temperature)}")
+        if not 0 < samples.top_p <= 1:
+            self.fail(f"{key}.top_p", f"must be in (0, 1], got {show(samples.top_p)}")
+
     def check_rest(self) -> None:
         # Imported here: engine.config.run imports this module.
         from engine.config.run import LIFELONG_KEY_NAMES
@@ -194,6 +216,7 @@ class RunConfigChecks:
         self.at_least("validation.every_updates", config.validation.every_updates, 1)
         self.at_least("validation.rows_per_source", config.validation.rows_per_source, 1)
         self.at_least("validation.long_seq_len", config.validation.long_seq_len, 2)
+        self.check_samples()
         self.at_least("guards.gpu_check_every", config.guards.gpu_check_every, 1)
         self.positive("guards.share_reserve_gb", config.guards.share_reserve_gb)
         self.positive("guards.watchdog_minutes", config.guards.watchdog_minutes)

@@ -176,6 +176,33 @@ class CheckpointConfig:
 
 
 @dataclass
+class SamplesConfig:
+    """The short generations each validation records in its row (`samples`, the console's samples tab):
+    what the model writes at that update, from the weights as they stand (not the moving average)."""
+
+    prompts: int = 2
+    """Prompts generated from at each validation, taken from the held-out rows of the training length
+    that validation reads (the sources in turn, each one's first rows first, so every validation
+    continues the same prompts; no more than `rows_per_source` of each source); 0 turns samples off.
+    At most 8, which keeps a validation row far below the supervisor's 64 KiB line."""
+    prompt_tokens: int = 32
+    """Tokens of each prompt: the start of its held-out row (the whole row when it is shorter); at most 256."""
+    new_tokens: int = 48
+    """Tokens generated after each prompt (fewer when the model ends the document); at most 256."""
+    temperature: float = 0.8
+    """Logits are divided by it before the softmax; 0 takes the most likely token (greedy). The draws
+    come from a generator seeded by `seeds.model` and the update, so a resumed line writes the same text."""
+    top_p: float = 0.95
+    """Draw only among the most likely tokens whose probabilities first reach top_p together
+    (the most likely one always stays); 1 draws from the whole distribution."""
+
+
+SAMPLES_KEY = "samples"
+"""The validation row's key of its samples: a list of `{"source", "prompt", "text"}` (text, not a
+metric: W&B's numeric history leaves it out, the console's samples tab shows it)."""
+
+
+@dataclass
 class ValidationConfig:
     """Held-out validation and probes."""
 
@@ -185,6 +212,8 @@ class ValidationConfig:
     """Held-out rows per source at the training length."""
     long_seq_len: int | None = None
     """The long-row probe's length; None: the model's longest context when it exceeds the training length."""
+    samples: SamplesConfig = field(default_factory=SamplesConfig)
+    """The short generations recorded at each validation."""
 
 
 @dataclass

@@ -28,6 +28,32 @@ Contract (every model in `engine/models/` implements it; tests hold each model t
 - Lifecycle calls from the trainer (no-ops by default): `on_update(update)` before each update,
   `on_cycle_end(cycle)` after a data cycle's last update, `release_device_caches()` when the
   captured graphs are dropped.
+
+Decoding (what `nsconsole sample` and `chat` use; a family has it when its class overrides
+`decode`, which `decodes()` checks, and the commands refuse a model that does not):
+
+- `logits(tokens) -> (B, T, V)`: the full forward's next-token logits of fresh rows (no carry),
+  computed by the very code `forward` takes its loss from (so `token_losses(logits(x), y)`
+  equals `forward(x, y)[0]` in eval mode), long rows treated as `forward` treats them (the
+  transformer's independent windows, PSSA's chunks). It writes nothing (no memory writes,
+  whatever the mode). float32 logits (float64 for a float64 model).
+- `decode_state(batch, device) -> state`: a fresh state for `batch` rows that have seen no token,
+  on `device`: what the family carries from one token to the next (the transformer: a KV cache
+  per layer; PSSA: the SSM state of every block and Ouro pass; NS: compartments, somas, clocks,
+  and a cache of the pool read's keys, values, write tags and key clocks). Non-parameter model
+  state (PSSA's memory banks) is not copied into it: decoding reads it as it stands in the model
+  and never changes it (no writes, no update clocks), so decoding leaves the model as it found it.
+- `decode(tokens, state) -> (logits, state)`: int64 tokens (B, T >= 1) that follow those `state`
+  has seen (a prompt's prefill: T = its length; then T = 1 per generated token) -> the next-token
+  logits of every one of the T positions (dtype as `logits`) and the state after them. The state
+  passed in may be updated in place or replaced: callers use only the returned one. Runs under
+  `torch.no_grad()` (the caller's) and in eval mode.
+- The contract the tests hold every decoder to: for any sequence S and any split of S into
+  consecutive pieces, the logits of decoding the pieces one after another from `decode_state`
+  equal those of one `decode` of S and those of `logits(S)`: in float64 on the CPU to 1e-9
+  (not always bitwise: a matrix product over T rows and over one row may add in another order),
+  and to bf16 rounding on CUDA under bf16 autocast. Each new token costs O(1) in the tokens seen
+  for the recurrent families (attention over a KV cache costs O(tokens in the window)).
 """
 
 from __future__ import annotations
@@ -132,6 +158,23 @@ class LanguageModel(nn.Module, ABC):
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+    @classmethod
+    def decodes(cls) -> bool:
+        """Whether this family has a stepwise decoder (its class overrides `decode`)."""
+        return cls.decode is not LanguageModel.decode
+
+    def logits(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(B, T) tokens of fresh rows -> (B, T, V) next-token logits of the full forward."""
+        raise NotImplementedError(f"{type(self).__name__} has no full-forward logits path yet")
+
+    def decode_state(self, batch: int, device: torch.device) -> Any:
+        """A fresh decoding state for `batch` rows that have seen no token."""
+        raise NotImplementedError(f"{type(self).__name__} has no stepwise decoder yet")
+
+    def decode(self, tokens: torch.Tensor, state: Any) -> tuple[torch.Tensor, Any]:
+        """(B, T) tokens after those `state` has seen -> (B, T, V) next-token logits, the new state."""
+        raise NotImplementedError(f"{type(self).__name__} has no stepwise decoder yet")
 
 
 _RECOMPUTE_OFF_CUDA: list[bool] = [False]

@@ -72,16 +72,21 @@ class RotaryEmbedding(nn.Module):
     def tables(
         self, length: int, offset: int, device: torch.device, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(length, head_dim) cos and sin for positions offset .. offset + length - 1."""
-        key = (offset + length, device, dtype)
+        """(length, head_dim) cos and sin for positions offset .. offset + length - 1.
+
+        Tables are kept for lengths rounded up to a power of two, so a decoder asking for one
+        more position per token reuses a few tables instead of keeping one per offset (each
+        position's angle is the same whatever the table's length)."""
+        table_length = 1 << max(offset + length - 1, 0).bit_length()
+        key = (table_length, device, dtype)
         if key not in self._cache:
             # Angles in float64 so positions in the hundreds of thousands keep their phase.
-            position = torch.arange(offset + length, dtype=torch.float64, device=device)
+            position = torch.arange(table_length, dtype=torch.float64, device=device)
             angles = position.unsqueeze(1) * self.inv_freq.to(device, torch.float64)  # (L, hd/2)
             angles = torch.cat([angles, angles], dim=-1)  # (L, hd)
             self._cache[key] = (angles.cos().to(dtype), angles.sin().to(dtype))
         cos, sin = self._cache[key]
-        return cos[offset:], sin[offset:]
+        return cos[offset : offset + length], sin[offset : offset + length]
 
     def clear_device_cache(self) -> None:
         """Forget the tables (see the class docstring)."""

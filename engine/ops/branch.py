@@ -10,7 +10,11 @@ and tokens trained carry on; stage, data cycle and sample start at 0 on the bran
 no rows yet). The parent's branches.json records the branch, and the branch's first start forks
 the parent's W&B run (`engine.wandb.mirror.plan_branch`).
 
-Every check runs before anything is written; each file is replaced atomically.
+Every check runs before anything is written; each file is replaced atomically. A branch of a
+cycle that has not ended yet is checked in full when it is asked for (`check_branch_request`:
+against the position the trunk is expected to have at that cycle's end), so that a running
+line's supervisor queues only a fork it can make, and `nsconsole branch` names what would stop
+the fork rather than only that the cycle has not ended.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from datalines import open_data_line
+import datalines
 from engine.atomic import fsync_directory, write_text_atomic
 from engine.checkpoints.format import (
     BRANCH_START_KEPT,
@@ -52,7 +56,9 @@ from engine.config.run import DataConfig, LengthConfig, LRPiece, RunConfig, Stag
 from engine.errors import LineError
 from engine.layout import LineLayout
 from engine.models import presets
+from engine.ops.fork_point import check_cycle_comes, expected_fork_position, latest_position
 from engine.ops.lines import inspect_data_line, open_line, resolve_data_path
+from engine.training.heldout_rows import heldout_line_path, missing_rows_problem, validation_lengths
 from engine.training.schedule import learning_rate, tokens_per_update
 from engine.wandb.mirror import plan_branch
 
@@ -187,8 +193,17 @@ class BranchResult:
     """Whether the fork checkpoint's tensors were hard-linked (else copied)."""
 
 
+class CycleNotEnded(LineError):
+    """The trunk's cycle a branch forks at has not ended yet (a running line's supervisor can queue it)."""
+
+
+WAIT_OR_QUEUE = "branch once it has, or ask the line's supervisor (the console's b key), which forks it then"
+"""What a user can do about a branch of a cycle that has not ended (it passed every other check)."""
+
+
 def find_cycle_end(parent: LineLayout, cycle: int) -> Path:
-    """The parent's kept checkpoint at the end of `cycle`; LineError when that cycle has not ended.
+    """The parent's kept checkpoint at the end of `cycle`; CycleNotEnded when that cycle has not
+    ended, LineError when it has but its kept checkpoint is missing.
 
     Only checkpoints up to `latest` count: those after it were set aside by a rollback (retention
     removes them at the line's next checkpoint) and belong to a history the line no longer has.
@@ -203,13 +218,13 @@ def find_cycle_end(parent: LineLayout, cycle: int) -> Path:
             return directory
     state = read_checkpoint_state(parent.checkpoints / latest) if latest else None
     if state is None:
-        raise LineError(f"{parent.root}: has no checkpoint yet; cycle {cycle} has not ended")
+        raise CycleNotEnded(f"{parent.root}: has no checkpoint yet; cycle {cycle} has not ended; {WAIT_OR_QUEUE}")
     position = state.get("position", {})
     at = position.get("cycle", 0)
     if at <= cycle:
-        raise LineError(
+        raise CycleNotEnded(
             f"{parent.root}: cycle {cycle} has not ended (the line is in cycle {at} at update "
-            f"{state.get('update')}); branch once it has"
+            f"{state.get('update')}); {WAIT_OR_QUEUE}"
         )
     raise LineError(f"{parent.checkpoints}: the kept checkpoint of cycle {cycle}'s end is missing")
 
@@ -250,7 +265,7 @@ def branch_config(
 
 def _fork_data_tokens(trunk: RunConfig, trunk_layout: LineLayout, fork_state: dict[str, Any]) -> float:
     """The trunk's data-line token count at the fork (the start of the cycle after the fork)."""
-    data_line = open_data_line(resolve_data_path(trunk_layout, trunk.data.line))
+    data_line = datalines.open_data_line(resolve_data_path(trunk_layout, trunk.data.line))
     return float(data_line.cycle_start_tokens(int(fork_state["position"]["cycle"])))
 
 
@@ -292,23 +307,23 @@ def write_branch_checkpoint(
     return directory, linked
 
 
-def branch_line(request: BranchRequest) -> BranchResult:
-    """Fork a branch line (see the module docstring); nothing is written when a check fails."""
-    parent = open_line(request.parent)
+def checked_request(request: BranchRequest) -> tuple[LineLayout, list[PlanItem]]:
+    """The checks that need neither the trunk nor its fork: a free target, a cycle index, a plan."""
     new = LineLayout(request.new.absolute())
     if new.root.exists() and (not new.root.is_dir() or any(new.root.iterdir())):
         raise LineError(f"{new.root}: already exists (a branch is a new line directory)")
     if request.at_cycle < 0:
         raise LineError(f"--at-cycle must be a cycle index (0 or more), got {request.at_cycle}")
-    plan = parse_plan(request.plan)
-    fork = find_cycle_end(parent, request.at_cycle)
-    verify_checkpoint(fork)
-    fork_state = read_checkpoint_state(fork)
-    if fork_state is None:
-        raise LineError(f"{fork / STATE_NAME}: unreadable")
-    trunk = RunConfig.from_dict(
-        json.loads((fork / RUN_JSON_FILE).read_text()), source=str(fork / RUN_JSON_FILE)
-    )
+    return new, parse_plan(request.plan)
+
+
+def checked_branch_config(
+    trunk: RunConfig, trunk_layout: LineLayout, fork_state: dict[str, Any], request: BranchRequest,
+    plan: list[PlanItem], trained_tokenizer: bytes, new: LineLayout,
+) -> RunConfig:  # fmt: skip
+    """The branch's run.json once everything the fork decides is checked: the long length, the
+    branch's data line (there, with the tokenizer the trunk was trained with, `trained_tokenizer`),
+    the schedule at the fork, the whole configuration, and the held-out rows its validation reads."""
     position = fork_state["position"]
     train_len = trunk.plan[min(int(position["stage"]), len(trunk.plan) - 1)].seq_len
     long_len = request.long_seq_len or trunk.validation.long_seq_len or _longest_context(trunk)
@@ -317,14 +332,72 @@ def branch_line(request: BranchRequest) -> BranchResult:
             f"--long-seq-len: the long length must exceed the training length {train_len}, got {long_len}"
         )
     data = inspect_data_line(request.data.absolute())
-    branch_tokenizer = open_data_line(data.path).tokenizer_json.encode("utf-8")
-    if branch_tokenizer != (fork / TOKENIZER_FILE).read_bytes():
+    if datalines.open_data_line(data.path).tokenizer_json.encode("utf-8") != trained_tokenizer:
         raise LineError(
-            f"{data.path}: its tokenizer differs from the one {parent.root.name} was trained with"
+            f"{data.path}: its tokenizer differs from the one {trunk_layout.root.name} was trained with"
         )
-
-    config = branch_config(trunk, parent, fork_state, request, plan, train_len, long_len)
+    config = branch_config(trunk, trunk_layout, fork_state, request, plan, train_len, long_len)
     config.validate(source=str(new.run_json))
+    # The branch's trainer refuses to start without them: refused here, before anything is made.
+    heldout = datalines.open_data_line(heldout_line_path(new, config))
+    problem = missing_rows_problem(heldout, validation_lengths(config, _longest_context(config)))
+    if problem is not None:
+        raise LineError(problem)
+    return config
+
+
+def check_branch_request(request: BranchRequest) -> None:
+    """Refuse now (LineError, DataLineError) what `branch_line` would refuse at the end of a trunk
+    cycle still to come: everything but the fork checkpoint itself, against the trunk's run.json as
+    it is and the position it is expected to have at that cycle's end (`engine.ops.fork_point`)."""
+    parent = open_line(request.parent)
+    new, plan = checked_request(request)
+    trunk = RunConfig.load(parent.run_json)
+    trunk_data = datalines.open_data_line(resolve_data_path(parent, trunk.data.line))
+    position = latest_position(parent)
+    check_cycle_comes(parent, trunk_data, position, request.at_cycle)
+    fork_position = expected_fork_position(parent, trunk, trunk_data, position, request.at_cycle)
+    try:
+        schedule_to_fork(trunk, fork_position["tokens_trained"])
+    except LineError as error:
+        raise LineError(
+            f"{parent.run_json}: cycle {request.at_cycle} is expected to end at about "
+            f"{fork_position['tokens_trained']:,} tokens trained; {error}"
+        ) from None
+    checked_branch_config(
+        trunk, parent, {"position": fork_position}, request, plan, _trained_tokenizer(parent, trunk_data), new
+    )
+
+
+def _trained_tokenizer(layout: LineLayout, data_line: datalines.DataLine) -> bytes:
+    """The tokenizer the line's latest checkpoint carries (a fork checkpoint carries the same one);
+    its data line's before the first checkpoint."""
+    latest = read_latest(layout.checkpoints)
+    carried = None if latest is None else layout.checkpoints / latest / TOKENIZER_FILE
+    if carried is not None and carried.is_file():
+        return carried.read_bytes()
+    return data_line.tokenizer_json.encode("utf-8")
+
+
+def branch_line(request: BranchRequest) -> BranchResult:
+    """Fork a branch line (see the module docstring); nothing is written when a check fails."""
+    parent = open_line(request.parent)
+    new, plan = checked_request(request)
+    try:
+        fork = find_cycle_end(parent, request.at_cycle)
+    except CycleNotEnded:
+        check_branch_request(request)  # what would stop the fork is said now, not once the cycle ends
+        raise
+    verify_checkpoint(fork)
+    fork_state = read_checkpoint_state(fork)
+    if fork_state is None:
+        raise LineError(f"{fork / STATE_NAME}: unreadable")
+    trunk = RunConfig.from_dict(
+        json.loads((fork / RUN_JSON_FILE).read_text()), source=str(fork / RUN_JSON_FILE)
+    )
+    position = fork_state["position"]
+    trained_tokenizer = (fork / TOKENIZER_FILE).read_bytes()
+    config = checked_branch_config(trunk, parent, fork_state, request, plan, trained_tokenizer, new)
     update = int(fork_state["update"])
     state = {
         **{

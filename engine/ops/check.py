@@ -23,7 +23,7 @@ from engine.config.run import RunConfig
 from engine.errors import LineError
 from engine.gpu.sharing import unshareable_lengths_problem
 from engine.layout import LineLayout, checkpoint_update
-from engine.metrics import METRICS_VERSION
+from engine.metrics import METRICS_VERSION, metrics_mismatch
 from engine.models.build import build_model
 from engine.ops.lines import (
     inspect_data_line,
@@ -45,8 +45,12 @@ class CheckResult:
     """One line: what was checked and found (names the file on a failure)."""
 
 
-def check_line(root: Path | str) -> tuple[RunConfig, list[CheckResult]]:
-    """Run every start check that needs no GPU; a bad run.json raises ConfigError."""
+def check_line(root: Path | str, *, verify_checkpoints: bool = True) -> tuple[RunConfig, list[CheckResult]]:
+    """Run every start check that needs no GPU; a bad run.json raises ConfigError.
+
+    `verify_checkpoints=False` (`nsconsole run`, before it starts a line) leaves out hashing every
+    checkpoint: the trainer's start skips a bad one and discards an interrupted write itself.
+    """
     layout = open_line(root)
     config = RunConfig.load(layout.run_json)
     stages = ", ".join(f"{stage.name}@{stage.seq_len}" for stage in config.plan)
@@ -58,7 +62,8 @@ def check_line(root: Path | str) -> tuple[RunConfig, list[CheckResult]]:
     results.append(_check_metrics(config))
     results += _check_sharing(config)
     results.append(_check_disk(layout, config, model))
-    results += _check_checkpoints(layout)
+    if verify_checkpoints:
+        results += _check_checkpoints(layout)
     return config, results
 
 
@@ -74,10 +79,6 @@ def _check_data(layout: LineLayout, config: RunConfig) -> list[CheckResult]:
         except (LineError, DataLineError) as error:
             results.append(CheckResult(False, f"{label}: {error}"))
             continue
-        if facts.vocab_size is None:
-            note = "vocabulary not read: no datalines reader yet"
-            results.append(CheckResult(True, f"{label}: {path} present ({note})"))
-            continue
         model_vocab = model_vocab_size(config)
         if facts.vocab_size != model_vocab:
             results.append(
@@ -87,7 +88,7 @@ def _check_data(layout: LineLayout, config: RunConfig) -> list[CheckResult]:
                     f"vocab_size is {model_vocab} (set model.overrides.vocab_size to {facts.vocab_size})",
                 )
             )
-        elif facts.eos_id is not None and not 0 <= facts.eos_id < model_vocab:
+        elif not 0 <= facts.eos_id < model_vocab:
             problem = f"eos_id {facts.eos_id} is outside the vocabulary"
             results.append(CheckResult(False, f"{label}: {path} {problem}"))
         else:
@@ -105,7 +106,7 @@ def _meta_model(config: RunConfig) -> torch.nn.Module:
 
 def _check_heldout_rows(layout: LineLayout, config: RunConfig, model: torch.nn.Module) -> CheckResult:
     """The rows every validation length reads exist (the trainer refuses to start without them)."""
-    from engine.training.validation import heldout_line_path, missing_rows_problem, validation_lengths
+    from engine.training.heldout_rows import heldout_line_path, missing_rows_problem, validation_lengths
 
     try:
         heldout = open_data_line(heldout_line_path(layout, config))
@@ -131,11 +132,7 @@ def _check_lifelong(layout: LineLayout, config: RunConfig) -> list[CheckResult]:
 def _check_metrics(config: RunConfig) -> CheckResult:
     if config.metrics == METRICS_VERSION:
         return CheckResult(True, f"metrics: version {config.metrics} = this code's")
-    return CheckResult(
-        False,
-        f"run.json: metrics is version {config.metrics} but this code computes version {METRICS_VERSION} "
-        "(a line keeps the metric set it started with; run it with the matching code)",
-    )
+    return CheckResult(False, metrics_mismatch("run.json", config.metrics))
 
 
 def _check_sharing(config: RunConfig) -> list[CheckResult]:

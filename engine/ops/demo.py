@@ -3,9 +3,11 @@
 Data: the Python standard library's source (`nsconsole data init --embedded`: strata by top-level
 package, a byte-level BPE of vocab 8192 trained on the spot, about 3M tokens in three cycles of
 about 1M). Model: `ns-tiny` (0.6M parameters), rows of 256 tokens, 16 rows per update. Schedule:
-a short warmup, then a cosine decay that ends where the corpus does, so the line finishes by itself
-after every token was trained once (minutes on a 2-core CPU). Validation and checkpoints every 100
-updates, so the console has curves and probes to show early.
+a short warmup, then a linear decay that ends where the corpus does, so the line finishes by itself
+after every token was trained once (minutes on a 2-core CPU); linear, because a branch continues
+the trunk's schedule exactly only from a point inside a constant or linear piece, and the quick
+start branches the demo at its cycle ends. Validation and checkpoints every 100 updates, so the
+console has curves and probes to show early.
 """
 
 from __future__ import annotations
@@ -13,9 +15,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from datalines import open_data_line
-from datalines.creation import init_embedded_line
-from datalines.validation import build_validation
 from engine.config.run import CheckpointConfig, LengthConfig, LRConfig, LRPiece, RunConfig, ValidationConfig
 from engine.layout import LineLayout
 from engine.ops.new import NewLineOptions, new_line
@@ -51,6 +50,11 @@ def ensure_demo_line(paths: DemoPaths, echo=print) -> Path:
     Idempotent: an existing data line is reused (it is pinned, so the same inputs give the same
     line), an existing training line is left as it is, so `nsconsole --run` resumes it.
     """
+    # Imported here: the console reads `demo_paths` and must not load numpy and pyarrow for it.
+    from datalines import open_data_line
+    from datalines.creation import init_embedded_line
+    from datalines.validation import build_validation
+
     if not (paths.data / "dataline.json").is_file():
         echo(f"creating the demo data line in {paths.data} (the Python standard library, a BPE trained now)")
         init_embedded_line(paths.data)
@@ -90,13 +94,14 @@ def _corpus_tokens(data_line) -> int:
 
 
 def _demo_schedule(config: RunConfig, corpus_tokens: int) -> RunConfig:
-    """Warmup, a cosine decay to 10 % of the peak at the corpus's end, and a constant tail after it."""
+    """Warmup, a linear decay to 10 % of the peak at the corpus's end (a branch may fork anywhere in
+    it), and a constant tail after it."""
     config.lengths = [LengthConfig(DEMO_SEQ_LEN, micro_batch_rows=DEMO_ROWS_PER_UPDATE)]
     config.lr = LRConfig(
         peak=DEMO_PEAK_LR,
         pieces=[
             LRPiece("warmup", DEMO_WARMUP_TOKENS, 1.0),
-            LRPiece("decay", float(corpus_tokens), 0.1, "cosine"),
+            LRPiece("decay", float(corpus_tokens), 0.1, "linear"),
             LRPiece("constant", None, 0.1),
         ],
     )

@@ -7,10 +7,10 @@ replaced atomically, so a refusal or a crash leaves the line as it was.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from dataclasses import dataclass
 from pathlib import Path
 
+import datalines
 from engine.config.run import (
     RunConfig,
     check_changes,
@@ -47,10 +47,10 @@ class DataLineFacts:
 
     path: Path
     """The data line directory."""
-    vocab_size: int | None
-    """The tokenizer's vocabulary size (None: `datalines.open_data_line` is not available yet)."""
-    eos_id: int | None
-    """The end-of-document token id (None: as above)."""
+    vocab_size: int
+    """The tokenizer's vocabulary size."""
+    eos_id: int
+    """The end-of-document token id."""
 
 
 def inspect_data_line(path: Path) -> DataLineFacts:
@@ -59,12 +59,7 @@ def inspect_data_line(path: Path) -> DataLineFacts:
         raise LineError(f"{path}: no such data line directory")
     if not (path / DATA_LINE_MARKER).is_file():
         raise LineError(f"{path}: not a data line (no {DATA_LINE_MARKER})")
-    # The data lines package grows its reader alongside this one; until `open_data_line` exists
-    # only the directory and its dataline.json can be checked.
-    open_data_line = getattr(importlib.import_module("datalines"), "open_data_line", None)
-    if open_data_line is None:
-        return DataLineFacts(path, None, None)
-    data_line = open_data_line(path)
+    data_line = datalines.open_data_line(path)  # loads numpy and pyarrow: only when a line is opened
     return DataLineFacts(path, int(data_line.vocab_size), int(data_line.eos_id))
 
 

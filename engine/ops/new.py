@@ -1,7 +1,9 @@
 """`nsconsole new`: create a training line with a validated run.json.
 
 It validates everything before it writes anything, and every file it writes is replaced
-atomically, so a refusal or a crash leaves nothing behind.
+atomically, so a refusal or a crash leaves nothing behind. It writes no accepted_run.json: the
+configuration, its learning-rate schedule included, is locked by the line's first start that
+passes its checks (the trainer accepts it then), so run.json may be edited freely until then.
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ def default_tokens_per_update(seq_len: int) -> int:
 
 
 def new_line(root: Path | str, options: NewLineOptions) -> RunConfig:
-    """Create a training line: run.json and accepted_run.json, validated; nothing written on refusal."""
+    """Create a training line: its run.json, validated; nothing written on refusal."""
     layout = LineLayout(root)
     if layout.run_json.exists():
         raise LineError(f"{layout.run_json}: already exists (a line is created once; edit its run.json)")
@@ -100,17 +102,15 @@ def new_line(root: Path | str, options: NewLineOptions) -> RunConfig:
     source = str(layout.run_json)
     config.validate(source=source)
     # The model's vocabulary follows the data line's tokenizer unless the user overrode it.
-    follows_data = data.vocab_size is not None and "vocab_size" not in options.overrides
+    follows_data = "vocab_size" not in options.overrides
     if follows_data and model_vocab_size(config) != data.vocab_size:
         config.model.overrides["vocab_size"] = data.vocab_size
         config.validate(source=source)
     # Models that mark document boundaries (NS clocks, probes) read the data line's EOS id.
-    if data.eos_id is not None and "eos_id" not in options.overrides and _preset_has_field(config, "eos_id"):
+    if "eos_id" not in options.overrides and _preset_has_field(config, "eos_id"):
         config.model.overrides["eos_id"] = data.eos_id
         config.validate(source=source)
     layout.root.mkdir(parents=True, exist_ok=True)
     layout.checkpoints.mkdir(exist_ok=True)
-    # accepted_run.json first: a directory holding run.json is a complete line.
-    config.save(layout.accepted_run_json)
     config.save(layout.run_json)
     return config

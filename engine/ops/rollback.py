@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from datalines import open_data_line
+import datalines
 from engine.checkpoints.format import (
     STATE_NAME,
     list_checkpoints,
@@ -136,5 +136,5 @@ def reopen_cycles(data_path: Path, from_cycle: int) -> list[int]:
     The preparer rebuilds a reopened cycle's shards from its permanent manifest and checks them
     byte for byte, so the line trains exactly the samples it trained before.
     """
-    data_line = open_data_line(data_path)
+    data_line = datalines.open_data_line(data_path)
     return [index for index in data_line.known_cycles() if index >= from_cycle and data_line.reopen(index)]

@@ -1,5 +1,8 @@
 """`nsconsole stop`: a stop request in the line's STOP file, written atomically; the trainer stops
 on it with a checkpoint (at its next update, or at a cycle end) and removes it.
+
+`stop_line` (the command) writes it only while the line runs: nothing would remove a STOP left in
+a stopped line, and the line's next start would stop at once on it.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from engine.atomic import write_text_atomic
 from engine.errors import LineError
 from engine.layout import LineLayout
 from engine.ops.lines import open_line
+from engine.supervisor.registry import find_supervisor
 
 
 @dataclass
@@ -32,11 +36,24 @@ class StopRequest:
         return f"at the end of cycle {self.at_cycle_end}"
 
 
-def request_stop(root: Path | str, at_cycle_end: int | None = None) -> StopRequest:
-    """Write the line's STOP file atomically (replacing an earlier request)."""
+def stop_line(root: Path | str, at_cycle_end: int | None = None) -> StopRequest:
+    """`nsconsole stop`: `request_stop` while the line's supervisor, or a trainer of its own, runs;
+    a LineError naming the line, and nothing written, while neither does."""
+    # engine.ops.rollback imports this module (through engine.ops.status): imported when called.
+    from engine.ops.rollback import running_trainer
+
     layout = open_line(root)
-    if at_cycle_end is not None and at_cycle_end < 0:
-        raise LineError(f"--at-cycle-end must be a cycle index (0 or more), got {at_cycle_end}")
+    _check_cycle_index(at_cycle_end)
+    if find_supervisor(layout.root) is None and running_trainer(layout) is None:
+        raise LineError(f"{layout.root}: not running (no supervisor or trainer); nothing to stop, no STOP written")
+    return request_stop(layout.root, at_cycle_end)
+
+
+def request_stop(root: Path | str, at_cycle_end: int | None = None) -> StopRequest:
+    """Write the line's STOP file atomically (replacing an earlier request), running or not: the
+    supervisor's `stop` call and a stop queued before a start (tests) come here directly."""
+    layout = open_line(root)
+    _check_cycle_index(at_cycle_end)
     request = StopRequest(
         requested=datetime.fromtimestamp(time.time(), tz=timezone.utc).isoformat(timespec="seconds"),
         at_cycle_end=at_cycle_end,
@@ -44,6 +61,11 @@ def request_stop(root: Path | str, at_cycle_end: int | None = None) -> StopReque
     document = {"requested": request.requested, "at_cycle_end": request.at_cycle_end}
     write_text_atomic(layout.stop, json.dumps(document, sort_keys=True) + "\n")
     return request
+
+
+def _check_cycle_index(at_cycle_end: int | None) -> None:
+    if at_cycle_end is not None and at_cycle_end < 0:
+        raise LineError(f"--at-cycle-end must be a cycle index (0 or more), got {at_cycle_end}")
 
 
 def read_stop(layout: LineLayout) -> StopRequest | None:

@@ -133,8 +133,10 @@ NOTIFIED_EVENTS: dict[EventKind, str] = {
     EventKind.GPU_WAIT: "the line has waited for the GPU longer than the watchdog interval",
     EventKind.PREPARER_FAILING: "the data preparer keeps failing",
     EventKind.SUPERVISOR_FAILED: "the supervisor itself failed",
+    EventKind.BRANCH_FAILED: "a queued branch could not be forked at its cycle end, or its cycle never came",
 }
-"""Every event the operator is told about (the spec's list) and what it means."""
+"""Every event the operator is told about (the spec's list, and `branch_failed`: a branch asked
+for hours before fails while nobody watches) and what it means."""
 
 ENDING_EVENTS: dict[EventKind, LineState] = {
     EventKind.FINISHED: LineState.FINISHED,

@@ -2,15 +2,18 @@
 
 A `branch` call names a cycle of the trunk. When that cycle's kept "cycle-end" checkpoint is
 part of the line, `engine.ops.branch.branch_line` forks the branch there and then. When the cycle has
-not ended yet, what can be checked already is checked (the plan, the target directory, the data
-line, the trunk's cycles) and the request waits in a queue that the supervisor keeps in
-supervisor.json, so a restarted supervisor still performs it. The supervisor's loop calls `poll`:
+not ended yet, everything but the fork checkpoint itself is checked now
+(`engine.ops.branch.check_branch_request`: the plan, the target directory, the data line, its
+tokenizer and held-out rows, whether the trunk reaches that cycle's end, the schedule there) and
+the request waits in a queue that the supervisor keeps in supervisor.json, so a restarted
+supervisor still performs it. The supervisor's loop calls `poll`:
 whenever `latest` moves (or a request joins the queue), the cycle ends are looked for, and the due
 forks are made on a worker thread, so that hashing a large fork checkpoint does not hold up the
 trainer's watch. A branch forked at once is announced (`on_forked`, where the supervisor starts the
 branch's own supervisor) on a worker thread too, so that the `branch` call is answered without
 waiting for that start. When the line reaches its end, `finish_line` reports the forks whose cycle
-never came as failed.
+never came as failed. Failed forks stay listed (`failed`, for the `status` reply) until a branch
+into the same directory is asked for again.
 
 The supervisor starts without torch (seconds, and memory, for a process that only watches): this
 module and `engine.ops.branch` read checkpoints through the torch-free `engine.checkpoints.format`.
@@ -26,13 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from datalines import open_data_line
 from datalines.errors import DataLineError
 from engine.checkpoints.format import BRANCH_START_KEPT, cycle_end_kept, read_checkpoint_state
 from engine.errors import LineError
 from engine.layout import LineLayout, checkpoint_update
-from engine.ops.branch import BranchRequest, BranchResult, branch_line, parse_plan
-from engine.ops.lines import inspect_data_line
+from engine.ops.branch import BranchRequest, BranchResult, branch_line, check_branch_request
 from engine.supervisor.reads import latest_update
 
 
@@ -72,6 +73,20 @@ class QueuedFork:
             return None
         typed = isinstance(fork.path, str) and isinstance(fork.plan, str) and isinstance(fork.data, str)
         return fork if typed and isinstance(fork.at_cycle, int) else None
+
+
+@dataclass
+class FailedFork:
+    """A queued branch that could not be made (the `status` reply's `failed_forks`)."""
+
+    path: str
+    """The branch line's directory (absolute)."""
+    at_cycle: int
+    """The trunk's data cycle at whose end it was to fork."""
+    reason: str
+    """Why it was not made (one line)."""
+    time: float
+    """When it failed (Unix time)."""
 
 
 def checkpoint_directories(layout: LineLayout) -> list[tuple[int, Path]]:
@@ -123,27 +138,6 @@ def branched_from(layout: LineLayout) -> str | None:
     return str(origin["line"]) if isinstance(origin.get("line"), str) else None
 
 
-def check_before_queueing(layout: LineLayout, trunk_data: Path, fork: QueuedFork) -> None:
-    """Refuse now what `branch_line` would refuse at the cycle's end anyway (LineError)."""
-
-    parse_plan(fork.plan)
-    target = Path(fork.path)
-    if target.exists() and (not target.is_dir() or any(target.iterdir())):
-        raise LineError(f"{target}: already exists (a branch is a new line directory)")
-    inspect_data_line(Path(fork.data))
-    last = open_data_line(trunk_data).last_cycle()
-    if last is not None and fork.at_cycle > last:
-        raise LineError(
-            f"{trunk_data}: the trunk's data line ends with cycle {last}; cycle {fork.at_cycle} never comes"
-        )
-    now = current_cycle(layout)
-    if now is not None and now > fork.at_cycle:
-        raise LineError(
-            f"{layout.checkpoints}: cycle {fork.at_cycle} has ended (the line is in cycle {now}) but its "
-            "kept checkpoint is missing"
-        )
-
-
 class ForkQueue:
     """The line's branch requests (see the module docstring). Thread-safe.
 
@@ -156,18 +150,17 @@ class ForkQueue:
     def __init__(
         self,
         layout: LineLayout,
-        trunk_data: Callable[[], Path],
         on_forked: Callable[[QueuedFork, BranchResult], None],
         on_failed: Callable[[QueuedFork, str], None],
         on_change: Callable[[], None],
     ) -> None:
         self.layout = layout
-        self.trunk_data = trunk_data
         self.on_forked = on_forked
         self.on_failed = on_failed
         self.on_change = on_change
         self._forks: list[QueuedFork] = []
-        self._lock = threading.Lock()  # guards _forks, _latest_seen and _changed
+        self._failed: list[FailedFork] = []
+        self._lock = threading.Lock()  # guards _forks, _failed, _latest_seen and _changed
         self._forking = threading.Lock()  # one branch_line at a time (a queued and an asked one may meet)
         self._latest_seen: int | None = None
         self._changed = True  # look for cycle ends at the next poll, whatever `latest` says
@@ -177,6 +170,11 @@ class ForkQueue:
     def export(self) -> list[dict[str, Any]]:
         with self._lock:
             return [dataclasses.asdict(fork) for fork in self._forks]
+
+    def failed(self) -> list[dict[str, Any]]:
+        """The forks that failed (oldest first), as the `status` reply lists them."""
+        with self._lock:
+            return [dataclasses.asdict(fork) for fork in self._failed]
 
     def restore(self, records: Any) -> None:
         """Take back what `export` gave (a previous supervisor's queue)."""
@@ -194,9 +192,10 @@ class ForkQueue:
                 raise LineError(f"{fork.path}: a branch into it is already queued")
             checkpoint = cycle_end_checkpoint(self.layout, fork.at_cycle)
             if checkpoint is None:
-                check_before_queueing(self.layout, self.trunk_data(), fork)
+                check_branch_request(fork.request(self.layout.root))
                 self._forks.append(fork)
                 self._changed = True
+            self._failed = [failed for failed in self._failed if failed.path != fork.path]
         if checkpoint is None:
             self.on_change()
             return {"state": "queued", "path": fork.path, "at_cycle": fork.at_cycle}
@@ -223,11 +222,17 @@ class ForkQueue:
         self._make(self._take_due(force=True))
         if not line_ended:
             return
+        cycle = current_cycle(self.layout)
         with self._lock:
             never, self._forks = self._forks, []
-        cycle = current_cycle(self.layout)
-        for fork in never:
-            self.on_failed(fork, f"the line ended in cycle {cycle} before cycle {fork.at_cycle} ended")
+            failures = [
+                FailedFork(fork.path, fork.at_cycle, f"the line ended in cycle {cycle} before cycle "
+                           f"{fork.at_cycle} ended", time.time())
+                for fork in never
+            ]  # fmt: skip
+            self._failed += failures
+        for fork, failure in zip(never, failures, strict=True):
+            self.on_failed(fork, failure.reason)
         if never:
             self.on_change()
 
@@ -272,6 +277,8 @@ class ForkQueue:
                 failure = f"internal error: {type(error).__name__}: {error}"
             with self._lock:
                 self._forks.remove(fork)
+                if result is None:
+                    self._failed.append(FailedFork(fork.path, fork.at_cycle, failure, time.time()))
             self.on_change()
             # Told once it has left the queue: whoever hears of it then sees the queue without it.
             if result is not None:

@@ -121,3 +121,33 @@ def last_error_line(run_log: Path) -> str | None:
         return None
     errors = [line[len("nsconsole: "):] for line in tail.splitlines() if line.startswith("nsconsole: ")]
     return errors[-1] if errors else None
+
+
+def read_log_chunk(run_log: Path, offset: int, length: int) -> dict[str, Any]:
+    """The `log {offset, length}` reply: run.log's bytes from `offset` (at most `length`, whole UTF-8
+    characters only, so the next read starts with the cut one whole), `next` and the file's `size`.
+
+    The supervisor answers it on its socket; the console reads a line at rest (no supervisor) the same way.
+    """
+    try:
+        with open(run_log, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            handle.seek(offset)
+            chunk = handle.read(min(length, max(0, size - offset)))
+    except FileNotFoundError:
+        size, chunk = 0, b""
+    chunk = _whole_characters(chunk)
+    text = chunk.decode("utf-8", errors="replace")
+    return {"offset": offset, "text": text, "next": offset + len(chunk), "size": size}
+
+
+def _whole_characters(chunk: bytes) -> bytes:
+    """`chunk` without a UTF-8 character cut at its end (the next read starts with it whole)."""
+    for back in range(1, min(4, len(chunk)) + 1):
+        byte = chunk[-back]
+        if byte < 0x80:
+            return chunk
+        if byte >= 0xC0:  # a lead byte: is its character complete?
+            needed = 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
+            return chunk if back >= needed else chunk[:-back]
+    return chunk

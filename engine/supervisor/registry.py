@@ -9,6 +9,11 @@ if someone else owns it (a planted directory in /tmp would otherwise redirect th
 `list_supervisors()` drops stale entries: the pid is gone, or it now belongs to another process
 (its start time differs: the pid was reused). The GPU lease's lock files live in the same
 directory (`engine/gpu/devices.py`).
+
+The runtime dir forgets a line once its supervisor exits (and all of it at the last logout), so
+each supervisor also remembers its line in a history that lasts: `<history dir>/<id>.json`, the
+history dir being `$NSCONSOLE_HISTORY`, else `~/.nsconsole/history`. The console lists the lines
+there that have ended, to open and resume them.
 """
 
 from __future__ import annotations
@@ -29,6 +34,9 @@ from engine.errors import LineError
 
 CREATE_TIME_TOLERANCE_S = 0.05
 """psutil's process start times are derived from clock ticks; allow for their rounding."""
+HISTORY_ENV_VARIABLE = "NSCONSOLE_HISTORY"
+"""Names the history directory in place of `DEFAULT_HISTORY_DIR` (tests point it at their own)."""
+DEFAULT_HISTORY_DIR = Path("~/.nsconsole/history")
 
 
 def runtime_dir() -> Path:
@@ -126,6 +134,42 @@ def find_supervisor(line: Path | str) -> SupervisorEntry | None:
     """The live supervisor of `line`, if one is registered."""
     entry = _read_entry(runtime_dir() / f"{line_id(line)}.json")
     return entry if entry is not None and entry.is_alive() else None
+
+
+def history_dir() -> Path:
+    """Where lines are remembered: `$NSCONSOLE_HISTORY`, else `~/.nsconsole/history`."""
+    return Path(os.environ.get(HISTORY_ENV_VARIABLE) or DEFAULT_HISTORY_DIR).expanduser()
+
+
+def remember_line(line: Path | str) -> Path:
+    """Record `line` in the history (once per line: its entry is rewritten); the entry's path.
+
+    `LineError` naming the file when it cannot be written (the supervisor says so and runs on).
+    """
+    real = os.path.realpath(line)
+    path = history_dir() / f"{line_id(real)}.json"
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        write_text_atomic(path, json.dumps({"line": real, "registered": time.time()}, indent=1) + "\n")
+    except OSError as error:
+        raise LineError(f"{path}: cannot record the line in the history ({error})") from None
+    return path
+
+
+def remembered_lines() -> list[str]:
+    """Every line in the history (real paths, sorted); unreadable entries are left out."""
+    lines = set()
+    try:
+        paths = sorted(history_dir().glob("*.json"))
+    except OSError:
+        return []
+    for path in paths:
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+            lines.add(str(record["line"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return sorted(lines)
 
 
 def _read_entry(path: Path) -> SupervisorEntry | None:

@@ -8,9 +8,11 @@ applies each request_id once:
 
 - `stop {at_cycle_end}` writes the STOP request and replies at once.
 - `branch {path, at_cycle, plan, data}` forks now when the trunk's cycle has ended (`{"state":
-  "forked"}`), else queues the fork for that cycle's end (`{"state": "queued"}`); either way a
-  `branched` event follows the fork (`branch_failed` when a queued one cannot be made, or its cycle
-  never comes). Relative paths are taken under host.json's `work_root`, else beside the line.
+  "forked"}`), else checks everything the fork will decide against the position the trunk is
+  expected to have at that cycle's end and queues it (`{"state": "queued"}`; `status` lists it in
+  `queued_forks`); either way a `branched` event follows the fork (a notified `branch_failed` when
+  a queued one cannot be made, or its cycle never comes; `status` then lists it in
+  `failed_forks`). Relative paths are taken under host.json's `work_root`, else beside the line.
 - `rollback {to}` and `tune {shared}` need the trainer stopped: the supervisor stops it (a
   checkpoint at its next update), does the work, relaunches it, and only then replies (with what
   was done: the rollback's outcome, the tuned shapes); the `rolled_back` / `tuned` event carries
@@ -45,7 +47,7 @@ from engine.protocol import wire
 from engine.protocol.facts import EventKind, LineState
 from engine.supervisor.children import tune_command
 from engine.supervisor.forks import ForkQueue, new_fork
-from engine.supervisor.reads import latest_update, parse_json
+from engine.supervisor.reads import latest_update, parse_json, read_log_chunk
 
 REPLY_BUDGET_BYTES = wire.MAX_LINE_BYTES - 4096
 """What the rows of one reply may take, leaving room for the envelope."""
@@ -205,17 +207,7 @@ class LineHandler:
         return {"rows": rows, "next": next_index, "total": self.supervisor.rows_tail.count}
 
     def log(self, offset: int, length: int) -> dict[str, Any]:
-        path = self.supervisor.layout.run_log
-        try:
-            with open(path, "rb") as handle:
-                size = os.fstat(handle.fileno()).st_size
-                handle.seek(offset)
-                chunk = handle.read(min(length, max(0, size - offset)))
-        except FileNotFoundError:
-            size, chunk = 0, b""
-        chunk = _whole_characters(chunk)
-        text = chunk.decode("utf-8", errors="replace")
-        return {"offset": offset, "text": text, "next": offset + len(chunk), "size": size}
+        return read_log_chunk(self.supervisor.layout.run_log, offset, length)
 
     def gpu(self) -> dict[str, Any]:
         snapshot = gpu_snapshot().to_json()
@@ -329,15 +321,3 @@ def tune_in_child(layout: LineLayout, shared: bool) -> dict[str, Any]:
         lengths.append({"seq_len": entry.seq_len, "micro_batch_rows": shape.micro_batch_rows,
                         "recompute": shape.recompute})  # fmt: skip
     return {"shared": shared, "lengths": lengths}
-
-
-def _whole_characters(chunk: bytes) -> bytes:
-    """`chunk` without a UTF-8 character cut at its end (the next read starts with it whole)."""
-    for back in range(1, min(4, len(chunk)) + 1):
-        byte = chunk[-back]
-        if byte < 0x80:
-            return chunk
-        if byte >= 0xC0:  # a lead byte: is its character complete?
-            needed = 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
-            return chunk if back >= needed else chunk[:-back]
-    return chunk

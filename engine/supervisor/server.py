@@ -7,15 +7,21 @@ supervisor's main loop stays plain synchronous code: `publish()` may be called f
 
 Calls other than `hello` and `subscribe` go to a handler object: `handler.<method>(**params)`
 runs in a worker thread (mutations one at a time, in arrival order) and returns a JSON-able
-result; a `LineError` it raises is the line refusing (`REFUSED`, its message sent as is), any
-other exception an internal error (logged, answered, the server stays up). Nothing a client sends
-can crash the server or reach the handler without passing `wire.parse_request`.
+result. A connection's calls are answered as each is done, not in the order they came: a `status`
+sent behind a rollback or a tune (which replies only once done, minutes later) is answered at
+once, and the JSON-RPC id pairs each reply with its call. While mutations are taken and not yet
+answered, the `status` reply carries them as `under_way`, oldest first (`[{"method", "since"}]`:
+the line is pausing for a tune, a rollback waits for the trainer's checkpoint...). A `LineError` the handler
+raises is the line refusing (`REFUSED`, its message sent as is), any other exception an internal
+error (logged, answered, the server stays up). Nothing a client sends can crash the server or
+reach the handler without passing `wire.parse_request`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import socket
@@ -25,6 +31,7 @@ import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -37,11 +44,15 @@ from engine.protocol.wire import ProtocolError
 logger = logging.getLogger("nsconsole.server")
 
 READ_CHUNK = 64 * 1024
+SHUTDOWN_REPLY_GRACE_S = 2.0
+"""At close, how long calls in flight get to send the replies they are about to send."""
 MAX_CONNECTIONS = 64
 SUBSCRIBER_BUFFER_LIMIT = 4 * 1024 * 1024
 """A live subscriber that lets this much go unread is dropped (it reconnects and catches up from the ring)."""
 REPLAY_CHUNK_BYTES = 256 * 1024
 """A replay of the ring waits for the client to read past this much buffered."""
+MAX_CALLS_IN_FLIGHT = 32
+"""Calls of one connection answered at the same time; past this, its next lines wait to be read."""
 
 
 def peer_uid(connection: socket.socket) -> int:
@@ -52,13 +63,14 @@ def peer_uid(connection: socket.socket) -> int:
 
 
 class _Connection:
-    """One client: its writer, whether it said hello, and what it was last pushed."""
+    """One client: its writer, whether it said hello, what it was last pushed, its calls in flight."""
 
     def __init__(self, writer: asyncio.StreamWriter) -> None:
         self.writer = writer
         self.greeted = False
         self.subscribed = False
         self.last_sent_seq = 0
+        self.calls: set[asyncio.Task[None]] = set()
 
     def send(self, line: bytes) -> None:
         if not self.writer.is_closing():
@@ -97,6 +109,8 @@ class SupervisorServer:
         self._readers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="rpc-read")
         # One worker: mutations are applied one at a time, in the order they arrived.
         self._mutator = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rpc-mutate")
+        self._under_way: dict[int, dict[str, Any]] = {}  # mutations taken, not yet answered (loop thread only)
+        self._mutation_numbers = itertools.count()
 
     # ---- life cycle -------------------------------------------------------------------------
 
@@ -152,6 +166,11 @@ class SupervisorServer:
     async def _shutdown(self) -> None:
         if self._server is not None:
             self._server.close()
+        in_flight = [call for connection in self._connections for call in connection.calls if not call.done()]
+        if in_flight:
+            # Replies already decided (work refused as the supervisor ends) reach their clients before
+            # the connections close; a call still waiting on work past the grace is dropped.
+            await asyncio.wait(in_flight, timeout=SHUTDOWN_REPLY_GRACE_S)
         for connection in list(self._connections):
             connection.writer.close()
         self._connections.clear()
@@ -256,6 +275,9 @@ class SupervisorServer:
         except (ConnectionError, OSError):
             pass  # the client went away: nothing to answer
         finally:
+            # Its replies have nowhere to go; a mutation under way goes on (a retry gets its outcome).
+            for call in connection.calls:
+                call.cancel()
             self._connections.discard(connection)
             writer.close()
             with contextlib.suppress(ConnectionError, OSError):
@@ -328,13 +350,22 @@ class SupervisorServer:
             await self._reply(connection, wire.make_result(request.id, result))
             await self._replay_then_go_live(connection, result["seq"] if since_seq is None else since_seq)
             return True
+        if len(connection.calls) >= MAX_CALLS_IN_FLIGHT:
+            await asyncio.wait(connection.calls, return_when=asyncio.FIRST_COMPLETED)
+        call = asyncio.create_task(self._answer(connection, request))
+        connection.calls.add(call)
+        call.add_done_callback(connection.calls.discard)
+        return True
+
+    async def _answer(self, connection: _Connection, request: wire.Request) -> None:
+        """One call's reply, sent whenever it is ready (the connection reads on meanwhile)."""
         try:
             result = await self._dispatch(request)
             reply = wire.make_result(request.id, result)
         except ProtocolError as error:
             reply = wire.make_error(request.id, error)
-        await self._reply(connection, reply)
-        return True
+        with contextlib.suppress(ConnectionError, OSError):
+            await self._reply(connection, reply)
 
     def _hello_result(self) -> dict[str, Any]:
         return {
@@ -348,8 +379,23 @@ class SupervisorServer:
     async def _dispatch(self, request: wire.Request) -> Any:
         loop = asyncio.get_running_loop()
         if request.method in wire.MUTATIONS:
-            return await loop.run_in_executor(self._mutator, self._request_log_run, request)
-        return await loop.run_in_executor(self._readers, self._call_handler, request)
+            # Taken, it is carried out even if its client goes away meanwhile (a retry gets its outcome).
+            number = next(self._mutation_numbers)
+            self._under_way[number] = {"method": request.method, "since": time.time()}
+            applied = self._mutator.submit(self._request_log_run, request)
+            applied.add_done_callback(lambda _: self._call_in_loop(self._under_way.pop, number, None))
+            return await asyncio.shield(asyncio.wrap_future(applied))
+        result = await loop.run_in_executor(self._readers, self._call_handler, request)
+        if request.method == "status" and isinstance(result, dict) and self._under_way:
+            result = {**result, "under_way": list(self._under_way.values())}
+        return result
+
+    def _call_in_loop(self, function: Callable[..., object], *args: object) -> None:
+        """`function(*args)` on the server's loop, from any thread (nothing once the server has closed)."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # closed between the check and the call
+                loop.call_soon_threadsafe(function, *args)
 
     def _request_log_run(self, request: wire.Request) -> Any:
         assert request.request_id is not None

@@ -21,9 +21,10 @@ The supervisor (one per line: an exclusive flock on the line directory):
 - keeps the data line's preparer running beside the trainer (`engine/supervisor/preparer.py`);
 - on SIGTERM, SIGINT or SIGHUP (or a `stop` call) stops the trainer with a checkpoint and exits;
 - serves the line's socket (`engine/supervisor/server.py`, `engine/supervisor/rpc.py`), registers for
-  discovery (`engine/supervisor/registry.py`), pushes heartbeats, rows and events to subscribers, tells the
-  operator through host.json's `notify` (`engine/supervisor/notify.py`), and keeps its state in
-  `supervisor.json`;
+  discovery and remembers the line in the history (`engine/supervisor/registry.py`), pushes
+  heartbeats, rows and events to subscribers, tells the operator through host.json's `notify`
+  (`engine/supervisor/notify.py`), and keeps its state in `supervisor.json` (its crash count
+  carried over from the supervisor before);
 - forks the branches asked of it at the end of their trunk cycle (`engine/supervisor/forks.py`:
   at once when it has ended, else queued in supervisor.json until the cycle-end checkpoint appears),
   and starts each branch's own supervisor, detached, with this one's engine and no `--stop-at`
@@ -63,6 +64,7 @@ from engine.logrotate import RotatingLog, rotate_if_needed
 from engine.ops import lines as ops
 from engine.protocol.facts import (
     ENGINE_CHOICES,
+    FINAL_LINE_STATES,
     NOTIFIED_EVENTS,
     Engine,
     EventKind,
@@ -152,6 +154,12 @@ class SupervisorState:
     """The running trainer's pid."""
     launches: int = 0
     """Trainer launches by this supervisor."""
+    trainer_launched: float | None = None
+    """When the running trainer was launched (Unix time; None while none runs): the console judges
+    its throughput only past its first updates (compilation, warm-up)."""
+    crashes: int = 0
+    """Trainer exits nobody asked for (`Verdict.crashed`), and supervisors that died with the line
+    running, over every life of this line's supervisor (carried over from the supervisor.json before)."""
     failures_in_a_row: int = 0
     """Crashes since the last one that left a newer checkpoint."""
     crashes_beside_others: int = 0
@@ -196,8 +204,7 @@ class Supervisor:
         self._parent: str | None = None  # the line this one was branched from
         self._branch_supervisors: list[int] = []  # started by this one: reaped when they exit (guarded by _lock)
         self.forks = ForkQueue(
-            self.layout, trunk_data=self._data_path, on_forked=self._on_forked,
-            on_failed=self._on_fork_failed, on_change=self._save,
+            self.layout, on_forked=self._on_forked, on_failed=self._on_fork_failed, on_change=self._save,
         )
 
     # ---- the RPC handler's view ----------------------------------------------------------------
@@ -207,6 +214,7 @@ class Supervisor:
             state = asdict(self.state)
         state.pop("requests")
         state["queued_forks"] = self.forks.export()
+        state["failed_forks"] = self.forks.failed()
         heartbeat = read_json(self.layout.heartbeat)
         stop = pending_stop(self.layout)
         config = self._config
@@ -252,10 +260,6 @@ class Supervisor:
         finally:
             work.answered.set()
 
-    def _data_path(self) -> Path:
-        config = self._config or supervisor_config(self.layout)
-        return ops.resolve_data_path(self.layout, config.data.line)
-
     # ---- life -----------------------------------------------------------------------------------
 
     def run(self) -> int:
@@ -268,6 +272,7 @@ class Supervisor:
             if isinstance(previous.get("requests"), list):
                 self.request_log.restore(previous["requests"])
             self.forks.restore(previous.get("queued_forks"))
+            self.state.crashes = self._crashes_before(previous)
             self._parent = branched_from(self.layout)
             self.state.gpu_index = gpu_index(self._config.device)
             if self.settings.run_preparer:
@@ -289,6 +294,10 @@ class Supervisor:
             )
             self._server.start()
             entry = registry.register(self.layout.root, self.layout.supervisor_sock)
+            try:
+                registry.remember_line(self.layout.root)
+            except LineError as error:
+                self._say(f"{error}; once the line ends, the console lists it only if it lies in a work root")
             previous_handlers = {}
             # Signals reach only the main thread (a supervisor run in a thread is stopped by STOP).
             if threading.current_thread() is threading.main_thread():
@@ -320,6 +329,18 @@ class Supervisor:
                     thread.join(timeout=max(0.0, deadline - time.monotonic()))
         finally:
             os.close(line_lock)
+
+    def _crashes_before(self, previous: dict[str, Any]) -> int:
+        """The crash count of the supervisors before this one, plus one when the last of them died
+        with the line running (killed, or the host went down): it ended in a state that is not final."""
+        crashes = previous.get("crashes")
+        count = crashes if isinstance(crashes, int) and not isinstance(crashes, bool) and crashes > 0 else 0
+        state = previous.get("state")
+        if state is not None and state not in FINAL_LINE_STATES:
+            self._say(f"the previous supervisor (pid {previous.get('pid')}) ended in state {state} without "
+                      "ending the line: counted as a crash")
+            count += 1
+        return count
 
     def _on_signal(self, number: int, _frame: Any) -> None:
         self._stop_signal = number
@@ -428,7 +449,8 @@ class Supervisor:
             lease.record_holder(trainer.pid)
             lease.release()  # the trainer holds it now, for exactly its life
         launched = time.time()
-        self._set(state=LineState.TRAINING, trainer_pid=trainer.pid, launches=self.state.launches + 1)
+        self._set(state=LineState.TRAINING, trainer_pid=trainer.pid, launches=self.state.launches + 1,
+                  trainer_launched=launched)
         self._say(f"trainer launched (pid {trainer.pid}, launch {self.state.launches})")
         self._publish_event(EventKind.LAUNCHED, f"trainer launched (pid {trainer.pid})")
         outcome = self._watch(trainer, launched)
@@ -436,7 +458,7 @@ class Supervisor:
         self._pump()
         exit_record = {"code": outcome.code, "ran_seconds": round(outcome.ran_seconds, 3),
                        "latest_checkpoint": latest_update(self.layout), "time": time.time()}
-        self._set(trainer_pid=None, last_exit=exit_record)
+        self._set(trainer_pid=None, trainer_launched=None, last_exit=exit_record)
         return outcome
 
     def _watch(self, trainer: subprocess.Popen[bytes], launched: float) -> TrainerExit:
@@ -564,6 +586,8 @@ class Supervisor:
             self._others_may_stay = verdict.others_may_stay
         changes: dict[str, Any] = {"failures_in_a_row": verdict.failures_in_a_row,
                                    "crashes_beside_others": verdict.crashes_beside_others}
+        if verdict.crashed:
+            changes["crashes"] = self.state.crashes + 1
         if verdict.state is not None:
             changes["state"] = verdict.state  # before the events: a client told of the end sees it
         self._set(**changes)
@@ -659,9 +683,9 @@ class Supervisor:
             with self._lock:
                 self._branch_supervisors = [pid for pid in self._branch_supervisors if pid not in ended]
 
-    def _on_fork_failed(self, fork: QueuedFork, message: str) -> None:
-        self._say(f"the branch into {fork.path} at the end of cycle {fork.at_cycle} failed: {message}")
-        self._publish_event(EventKind.BRANCH_FAILED, message, path=fork.path, at_cycle=fork.at_cycle)
+    def _on_fork_failed(self, fork: QueuedFork, reason: str) -> None:
+        message = f"the branch into {fork.path} at the end of cycle {fork.at_cycle} failed: {reason}"
+        self._event(EventKind.BRANCH_FAILED, message, path=fork.path, at_cycle=fork.at_cycle, reason=reason)
 
     def _pause_before_relaunch(self) -> bool:
         """Wait before the next launch; False when a stop arrives meanwhile."""
@@ -738,11 +762,11 @@ class Supervisor:
             self._server.publish("event", event)
         return event
 
-    def _event(self, kind: str, message: str) -> None:
+    def _event(self, kind: str, message: str, **details: Any) -> None:
         """An event the operator is told about: run.log, subscribers, supervisor.json, notify."""
         assert kind in NOTIFIED_EVENTS
         self._say(f"{kind}: {message}")
-        event = make_event(kind, str(self.layout.root), message, update=heartbeat_update(self.layout))
+        event = make_event(kind, str(self.layout.root), message, update=heartbeat_update(self.layout), **details)
         if self._server is not None:
             self._server.publish("event", event)
         self._set(last_event=event)

@@ -112,6 +112,10 @@ class Verdict:
     """Relaunch only once no other process is on the GPU ..."""
     others_may_stay: bool = False
     """... or once they hold no more than the share reserve (the trainer trained, then left)."""
+    crashed: bool = False
+    """The trainer ended without being asked to (a crash, a kill, the watchdog's kill, a SIGTERM the
+    supervisor did not send): counted in supervisor.json's `crashes`, the console's restarts. A
+    relaunch the line asked for (a rollback, a tune, a stop and resume, the GPU left to others) is none."""
 
 
 def judge_exit(outcome: TrainerExit, context: ExitContext) -> Verdict:
@@ -120,7 +124,8 @@ def judge_exit(outcome: TrainerExit, context: ExitContext) -> Verdict:
     keep = {"failures_in_a_row": context.failures_in_a_row, "crashes_beside_others": context.crashes_beside_others}
     if code is None:
         message = "the trainer was killed but does not exit (the GPU may hang); stopping"
-        return Verdict(SupervisorExitCode.FAILED, LineState.STUCK, (Notice(EventKind.STUCK, message, True),), **keep)
+        return Verdict(SupervisorExitCode.FAILED, LineState.STUCK, (Notice(EventKind.STUCK, message, True),),
+                       crashed=True, **keep)
     if outcome.paused_for_work and not outcome.stopped_by_us:
         if context.stopping or context.heartbeat_reason == StopReason.STOP_FILE or context.stop_pending_now:
             return _stopped("the line stopped on request", keep)
@@ -169,8 +174,8 @@ def judge_exit(outcome: TrainerExit, context: ExitContext) -> Verdict:
                    f"(last exit: {describe_code(code)})")
         notices += (Notice(EventKind.FAILED, message, True),)
         return Verdict(SupervisorExitCode.FAILED, LineState.FAILED, notices, said, failures,
-                       context.crashes_beside_others)
-    return Verdict(None, None, notices, said, failures, context.crashes_beside_others)
+                       context.crashes_beside_others, crashed=True)
+    return Verdict(None, None, notices, said, failures, context.crashes_beside_others, crashed=True)
 
 
 def _stopped(message: str, keep: dict[str, Any]) -> Verdict:
@@ -185,7 +190,8 @@ def _crash_beside_others(outcome: TrainerExit, context: ExitContext, keep: dict[
     crashes = 1 if outcome.progressed else context.crashes_beside_others + 1
     message = (f"the trainer exited with status {describe_code(outcome.code)} beside other processes on "
                f"GPU {context.gpu_index} (pids {outcome.others_on_gpu}): not counted as a failure")
-    verdict = Verdict(None, notices=(Notice(EventKind.CRASHED, message, False),), said=(message,), **keep)
+    verdict = Verdict(None, notices=(Notice(EventKind.CRASHED, message, False),), said=(message,), crashed=True,
+                      **keep)
     if crashes >= CRASHES_BESIDE_OTHERS:
         said = (message, f"{crashes} crashes in a row beside other processes: waiting for a free GPU")
         return replace(verdict, said=said, crashes_beside_others=0, wait_for_free_gpu=True)

@@ -6,7 +6,9 @@ views into the grad buffer, so backward accumulates straight into the flat gradi
 one `segment_sq_sums` pass gives every per-parameter, per-layer, per-group and global gradient
 norm, and one `adamw_step` per group updates the weights. Learning rate, weight decay, the clip
 norm input and the step count are 0-d device tensors: the update never waits on the host and a
-captured CUDA graph replays with new values.
+captured CUDA graph replays with new values. The norms are float64 (squares summed in float64, so
+a huge but finite gradient is clipped rather than taken for an overflow) and the step count is
+int64 (exact at any length of training; an fp32 count stopped at 2^24 updates).
 
 A gradient norm that is not finite skips the update: `adamw_step` writes nothing and
 `advance_step_` does not count it. The host learns about it when it reads the norm for the row
@@ -124,12 +126,12 @@ class FlatAdamW:
         self._bind(parameters)
 
         # Device scalars read by the kernels (and by a captured graph on replay).
-        self.step = torch.zeros((), dtype=torch.float32, device=device)
+        self.step = torch.zeros((), dtype=torch.int64, device=device)
         self.lr = torch.zeros((), dtype=torch.float32, device=device)
         self.weight_decay = {
             group.name: torch.zeros((), dtype=torch.float32, device=device) for group in groups
         }
-        self.grad_norm = torch.zeros((), dtype=torch.float32, device=device)
+        self.grad_norm = torch.zeros((), dtype=torch.float64, device=device)
 
         # Norm bookkeeping: segment sums of squares -> layers and groups by a 0/1 matrix product
         # (deterministic on every device, unlike an atomic scatter).
@@ -139,16 +141,16 @@ class FlatAdamW:
         self.group_names = [group.name for group in groups]
         self._layer_matrix = self._membership([segment.layer for segment in segments], self.layer_names)
         self._group_matrix = self._membership([segment.group for segment in segments], self.group_names)
-        self.segment_sq = torch.zeros(len(segments), dtype=torch.float32, device=device)
-        self.layer_sq = torch.zeros(len(self.layer_names), dtype=torch.float32, device=device)
-        self.group_sq = torch.zeros(len(groups), dtype=torch.float32, device=device)
+        self.segment_sq = torch.zeros(len(segments), dtype=torch.float64, device=device)
+        self.layer_sq = torch.zeros(len(self.layer_names), dtype=torch.float64, device=device)
+        self.group_sq = torch.zeros(len(groups), dtype=torch.float64, device=device)
 
         self.nonfinite_in_a_row = 0
         """Updates skipped for a non-finite gradient norm since the last finite one (host count)."""
 
     def _membership(self, keys: list[str], names: list[str]) -> torch.Tensor:
-        """(len(names), segments) fp32 0/1 matrix: row i selects the segments of names[i]."""
-        matrix = torch.zeros(len(names), len(keys), dtype=torch.float32)
+        """(len(names), segments) float64 0/1 matrix: row i selects the segments of names[i]."""
+        matrix = torch.zeros(len(names), len(keys), dtype=torch.float64)
         for column, key in enumerate(keys):
             matrix[names.index(key), column] = 1.0
         return matrix.to(self.device)
@@ -254,6 +256,8 @@ class FlatAdamW:
         for key, buffer in (("exp_avg", self.exp_avg), ("exp_avg_sq", self.exp_avg_sq), ("step", self.step)):
             if key not in state or state[key].shape != buffer.shape:
                 raise ValueError(f"optimizer state {key!r} missing or of the wrong shape")
+            # Checkpoints written before the int64 counter hold the step in fp32, always a whole
+            # number (it could not pass 2^24): copy_ converts it exactly.
             buffer.copy_(state[key])
 
 

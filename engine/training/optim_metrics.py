@@ -39,7 +39,7 @@ CHUNK_ELEMENTS = 1 << 24
 def optimizer_summary(optimizer: FlatAdamW, next_lr: float, next_weight_decay: float) -> dict[str, float]:
     """The `opt/...` metrics (see the module docstring); nothing in the optimizer changes."""
     settings = optimizer.settings
-    step = optimizer.step.detach()  # 0-d fp32: finite updates applied so far
+    step = optimizer.step.detach()  # 0-d int64: finite updates applied so far
     started = bool(step.item() > 0)
     correction1 = bias_correction(settings.beta1, step) if started else None
     correction2 = bias_correction(settings.beta2, step) if started else None

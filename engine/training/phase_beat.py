@@ -6,8 +6,10 @@ rows before a capture, a length's first eager update on CUDA (compiling), a chec
 Silent for that long, the line looks hung to the supervisor's watchdog (which kills a trainer whose
 heartbeat is older than `watchdog_minutes`) and to the console. So while a phase runs, a side
 thread beats its stage every `interval_s`, with the time the phase began. Phases nest (the probe
-rows run inside a capture): the innermost one is beaten. A phase that outlasts `limit_s` is taken
-as hung: its beats stop, and the watchdog ends it.
+rows run inside a capture): the innermost one is beaten, and the enclosing one, or `between` (the
+trainer's `training`) once the outermost ends, is beaten at once, so no stage word outlives its
+phase by an update. A phase that outlasts `limit_s` is taken as hung: its beats stop, and the
+watchdog ends it.
 """
 
 from __future__ import annotations
@@ -41,9 +43,15 @@ class PhaseBeats:
     """Beats `heartbeat` with the running phase's stage (see the module docstring)."""
 
     def __init__(
-        self, heartbeat: Heartbeat, interval_s: float = PHASE_BEAT_INTERVAL_S, limit_s: float = PHASE_BEAT_LIMIT_S
+        self,
+        heartbeat: Heartbeat,
+        between: str,
+        interval_s: float = PHASE_BEAT_INTERVAL_S,
+        limit_s: float = PHASE_BEAT_LIMIT_S,
     ) -> None:
         self.heartbeat = heartbeat
+        self.between = between
+        """The stage beaten when the outermost phase ends (what the trainer does between phases)."""
         self.interval_s = interval_s
         self.limit_s = limit_s
         self._running: list[_Phase] = []
@@ -76,3 +84,5 @@ class PhaseBeats:
                 self._running.remove(current)
                 if self._running:  # back in the enclosing phase: say so at once
                     self._running[-1].beat(self.heartbeat)
+                else:
+                    self.heartbeat.beat(update, self.between)

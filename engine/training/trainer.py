@@ -17,8 +17,9 @@ Kept checkpoints: the line's start (update 0), every cycle end, every stage end.
 every `checkpoints.every_updates`, and one at exit.
 
 Every `validation.every_updates` updates the update's row also carries the validation's readings
-(engine.training.validation: held-out losses, probes, the optimizer's state, the moving average's losses) and
-is printed whatever `print_every`; validation leaves everything training depends on untouched.
+(engine.training.validation: held-out losses, probes, the optimizer's state, the moving average's losses)
+and its samples (engine.training.samples: short generations on held-out prompts, as text), and is
+printed whatever `print_every`; validation leaves everything training depends on untouched.
 
 On a CUDA line, every `guards.gpu_check_every` updates (and at the start) the trainer looks for other
 processes on its GPU (engine.gpu.sharing): beside them, within `guards.share_reserve_gb`, it trains with
@@ -65,7 +66,7 @@ from engine.config.run import RunConfig
 from engine.errors import CheckpointError, ConfigError, DiskFull, LineError, is_out_of_memory
 from engine.gpu.sharing import Action, GpuBusy, GpuMode, GpuReading, GpuWatch, refuse_unshareable_lengths
 from engine.layout import LineLayout
-from engine.metrics import METRICS_VERSION
+from engine.metrics import METRICS_VERSION, metrics_mismatch
 from engine.models.build import build_model
 from engine.ops import lines as ops
 from engine.ops.stop import read_stop
@@ -76,6 +77,7 @@ from engine.training.line_lock import hold_trainer_lock
 from engine.training.optim import AdamWSettings, FlatAdamW, ParameterAverage
 from engine.training.phase_beat import PhaseBeats
 from engine.training.position import Position
+from engine.training.samples import ValidationSampler
 from engine.training.schedule import learning_rate, tokens_per_update, update_weight_decay
 from engine.training.step import EagerEngine, UpdateResult
 from engine.training.validation import Validator, format_probe_rows, format_validation
@@ -139,9 +141,7 @@ class Trainer:
         layout = self.layout
         self.config = config = RunConfig.load(layout.run_json)
         if config.metrics != METRICS_VERSION:
-            raise ConfigError(
-                f"{layout.run_json}: metrics is {config.metrics}, this trainer computes set {METRICS_VERSION}"
-            )
+            raise ConfigError(metrics_mismatch(str(layout.run_json), config.metrics))
         refuse_unshareable_lengths(config, str(layout.run_json))
         problems = ops.unaccepted_changes(layout, config)  # lifelong keys changed without allow_changes
         if problems:
@@ -174,6 +174,12 @@ class Trainer:
             layout, config, self.model, self.optimizer, self.average, self.device
         )
         self.validator.require_rows()
+        self.sampler = ValidationSampler(
+            self.model, self.device, config.validation.samples, config.seeds.model,
+            self.validator.heldout, self.validator.rows,
+        )  # fmt: skip
+        if self.sampler.unavailable is not None:
+            self.log.write(self.sampler.unavailable)
         self.engines = StepEngines(
             self.model,
             self.optimizer,
@@ -199,14 +205,15 @@ class Trainer:
             self.log.write(f"new line: {config.model.preset}, {parameters:,} parameters on {self.device}")
         self.rows = RowsFile(layout.rows_jsonl)
         self.heartbeat = Heartbeat(layout.heartbeat)
-        self.beats = PhaseBeats(self.heartbeat)
+        self.beats = PhaseBeats(self.heartbeat, between=Stage.TRAINING)
         self.writer = CheckpointWriter(layout.checkpoints, config.checkpoints.keep_last, abandoned_after)
         ops.accept(layout.root, config)  # the start passed its checks: this is the accepted configuration
+        # Made before the first checkpoint, which records the line's W&B run (`_snapshot`).
+        self.mirror = WandbMirror(layout.root, config.wandb, run_config=config.to_dict(), report=self.log.write)
         if resume.checkpoint is None:
             self._checkpoint(kept=LINE_START_KEPT, wait=True)
         # Only now, with rows.jsonl cut back to the state resumed, may the mirror read it to re-send
         # what W&B lacks; a start refused by its checks leaves W&B untouched.
-        self.mirror = WandbMirror(layout.root, config.wandb, run_config=config.to_dict())
         self.mirror.start()
 
     def _restore(self, checkpoint: Checkpoint) -> None:
@@ -312,6 +319,7 @@ class Trainer:
             "layout": optimizer.layout(),
             "preset": self.config.model.preset,
             "overrides": self.config.model.overrides,
+            "wandb": self.mirror.checkpoint_record(),
         }
         return CheckpointSnapshot(
             update=position.update,
@@ -526,15 +534,18 @@ class Trainer:
             self.log.write(format_validation(position.update, row))
         self.heartbeat.beat(position.update, Stage.TRAINING)
 
-    def _validate(self, seq_len: int) -> dict[str, float]:
-        """The validation metrics after the update just done (engine.training.validation); the next update's
-        rate and weight decay size the optimizer's next step, the data position the recipe mix."""
+    def _validate(self, seq_len: int) -> dict[str, Any]:
+        """The validation metrics after the update just done (engine.training.validation), then its
+        samples (engine.training.samples); the next update's rate and weight decay size the optimizer's
+        next step, the data position the recipe mix."""
         position = self.position
         data_tokens = position.data_tokens(self.data_line, seq_len)
         next_lr = learning_rate(self.config, position.tokens_trained)
         next_weight_decay = update_weight_decay(self.config, tokens_per_update(self.config, data_tokens))
         with self.engines.from_the_arena():
-            return self.validator.run(seq_len, data_tokens, next_lr, next_weight_decay)
+            readings: dict[str, Any] = self.validator.run(seq_len, data_tokens, next_lr, next_weight_decay)
+            readings.update(self.sampler.run(seq_len, position.update))
+            return readings
 
     def _row(
         self,

@@ -11,9 +11,11 @@
                                 (recipe-weighted over the sources); targets of a document the row
                                 cuts into (no EOS before them in the row) are left out
     val_<L>/docpos/tokens_frac  the share of targets counted (recipe-weighted)
+    val_<L>/bpb/<source>, /bpb/mix   bits per UTF-8 byte of the targets' text, per source and for
+                                the recipe's mix (engine.training.bits_per_byte)
     val_<L>/<probe>             the model's probes (`dendritic/...`, `hippocampal/...`, `pssa/...`)
     opt/...                     the optimizer's state (engine.training.optim_metrics)
-    ema/val_<L>/<source>, /mix, /mean   the same losses with the parameters' moving average
+    ema/val_<L>/<source>, /mix, /mean, /bpb/...   the same losses with the parameters' moving average
     val_<P>/..., ema/val_<P>/...        the long-row probe (engine.training.validation_long) when the model
                                         reads rows longer than L
 
@@ -32,7 +34,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 import torch
 
@@ -41,7 +42,8 @@ from engine.config.run import RunConfig
 from engine.errors import LineError
 from engine.layout import LineLayout
 from engine.models.base import LanguageModel
-from engine.ops.lines import resolve_data_path
+from engine.training.bits_per_byte import bits_per_byte_metrics, token_byte_lengths
+from engine.training.heldout_rows import heldout_line_path, missing_rows_problem, validation_lengths
 from engine.training.optim import FlatAdamW, ParameterAverage
 from engine.training.optim_metrics import optimizer_summary
 from engine.training.validation_long import long_row_losses, long_row_metrics
@@ -56,39 +58,10 @@ from engine.training.validation_losses import (
 EMA_PREFIX = "ema/"
 
 
-def heldout_line_path(layout: LineLayout, config: RunConfig) -> Path:
-    """The data line whose held-out rows validate the line (`data.heldout`, else `data.line`)."""
-    return resolve_data_path(layout, config.data.heldout or config.data.line)
-
-
 def long_seq_len(config: RunConfig, model: LanguageModel, train_len: int) -> int | None:
     """The long-row probe's length at training length `train_len`, None when there is none."""
     length = config.validation.long_seq_len or model.longest_context
     return length if length > train_len else None
-
-
-def validation_lengths(config: RunConfig, longest_context: int) -> list[int]:
-    """Every row length a validation of the line reads: the stages' and their long lengths (for
-    a model whose longest context is `longest_context`)."""
-    lengths: set[int] = set()
-    for stage in config.plan:
-        lengths.add(stage.seq_len)
-        long = config.validation.long_seq_len or longest_context
-        if long > stage.seq_len:
-            lengths.add(long)
-    return sorted(lengths)
-
-
-def missing_rows_problem(heldout: DataLine, lengths: list[int]) -> str | None:
-    """One line naming the held-out data line, the lengths whose rows were never built and the
-    commands that build them; None when every length has its rows."""
-    missing = [length for length in lengths if not (heldout.validation_dir(length) / "index.json").is_file()]
-    if not missing:
-        return None
-    path = heldout.path
-    commands = " and ".join(f"`nsconsole data val --work {path} --seq-len {length}`" for length in missing)
-    listed = ", ".join(str(length) for length in missing)
-    return f"{path}: no held-out rows of length {listed} for this line's validation; build them with {commands}"
 
 
 @contextmanager
@@ -159,6 +132,7 @@ class Validator:
         self.heldout = heldout
         self.device = device
         self._rows: dict[int, HeldOutRows] = {}
+        self._byte_lengths: torch.Tensor | None = None
 
     @classmethod
     def for_line(
@@ -192,6 +166,12 @@ class Validator:
                 self.heldout, length, self.config.validation.rows_per_source
             )
         return self._rows[length]
+
+    def byte_lengths(self) -> torch.Tensor:
+        """The UTF-8 bytes of each token id of the held-out line's tokenizer, built once."""
+        if self._byte_lengths is None:
+            self._byte_lengths = token_byte_lengths(self.heldout.tokenizer)
+        return self._byte_lengths
 
     def _micro_batch_rows(self, seq_len: int) -> int:
         for entry in self.config.lengths:
@@ -251,6 +231,7 @@ class Validator:
         losses = {source: token_losses(self.model, windows, batch, self.device)
                   for source, windows in rows.rows.items()}  # fmt: skip
         metrics = loss_metrics(prefix, losses, weights)
+        metrics.update(bits_per_byte_metrics(prefix, rows.rows, losses, weights, self.byte_lengths()))
         metrics.update(docpos_metrics(prefix, rows.rows, losses, weights, self.heldout.eos_id))
         probe_rows = probe_rows.to(self.device)
         probes = self.model.probes(probe_rows[:, :-1], probe_rows[:, 1:], self.heldout.eos_id)
@@ -265,7 +246,9 @@ class Validator:
         with averaged_weights(self.optimizer, self.average):
             losses = {source: token_losses(self.model, windows, batch, self.device)
                       for source, windows in rows.rows.items()}  # fmt: skip
-            metrics.update(loss_metrics(f"{EMA_PREFIX}val_{rows.seq_len}", losses, weights))
+            prefix = f"{EMA_PREFIX}val_{rows.seq_len}"
+            metrics.update(loss_metrics(prefix, losses, weights))
+            metrics.update(bits_per_byte_metrics(prefix, rows.rows, losses, weights, self.byte_lengths()))
             if long is not None:
                 first_long_rows = {source: windows[:1] for source, windows in self.rows(long).rows.items()}
                 long_losses = long_row_losses(self.model, first_long_rows, self.device)

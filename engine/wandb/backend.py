@@ -2,13 +2,16 @@
 
 Everything the continuity logic needs from W&B is here: start or continue a run (plainly, as a
 fork of another run, or rewound to a step), log a row at a step, ask which steps are
-acknowledged, finish, and mark an old run superseded. Any exception from these calls means "W&B
-failed this time"; the logic above retries with backoff, so no method here retries by itself.
-The logic tests drive the same logic through a recording backend that simulates the server.
+acknowledged, read back the server's rows at some steps, finish, and mark an old run superseded.
+Any exception from these calls means "W&B failed this time"; the logic above retries with
+backoff, so no method here retries by itself. The logic tests drive the same logic through a
+recording backend that simulates the server; the online tests run this client against a local
+server (tests/helpers/wandb_server.py).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,12 +19,17 @@ from typing import Any, Protocol
 
 from engine.config.run import WandbConfig
 from engine.layout import LineLayout
+from engine.wandb.server_history import ServerHistory
 from engine.wandb.state import RunPoint
 from engine.wandb.txlog import TransactionLogReader, transaction_log_of
+
+logger = logging.getLogger("nsconsole.wandb")
 
 SUPERSEDED_TAG = "superseded"
 LOCAL_LOG_POLL_S = 0.02
 """How often a finishing offline run's local log is read until it holds every step logged."""
+SERVER_QUERY_TIMEOUT_S = 30
+"""The HTTP timeout of one query to the server (its last step, its rows at some steps)."""
 
 
 @dataclass(frozen=True)
@@ -61,6 +69,13 @@ class WandbBackend(Protocol):
         """The highest step of the started run the server holds durably (None: not known yet)."""
         ...
 
+    def server_rows(self, after: int, through: int) -> dict[int, dict[str, Any]] | None:
+        """The started run's rows the server holds with `after < step <= through`, by step.
+
+        None when there is no server copy to read (offline: the rows reach W&B only by `wandb sync`).
+        """
+        ...
+
     def finish(self) -> bool:
         """Finish the started run; True when everything was handed over in time."""
         ...
@@ -95,6 +110,7 @@ class RealWandbBackend:
         self._last_logged_step: int | None = None
         self._local_log: TransactionLogReader | None = None
         self._locally_written_step: int | None = None
+        self._server: ServerHistory | None = None
 
     def _client_settings(self) -> Any:
         import wandb
@@ -114,16 +130,23 @@ class RealWandbBackend:
         # The client writes its run directories under `dir`/wandb/ (use_dot_wandb=False: never
         # `dir`/.wandb/), which is the line's wandb_dir.
         self.layout.wandb_dir.mkdir(exist_ok=True)
-        return wandb.init(
-            project=self.settings.project,
-            entity=self.settings.entity,
-            mode=self.settings.mode,
-            dir=str(self.line_dir),
-            name=self.line_dir.name,
-            settings=self._client_settings(),
-            reinit="create_new",
-            **arguments,
-        )
+        try:
+            return wandb.init(
+                project=self.settings.project,
+                entity=self.settings.entity,
+                mode=self.settings.mode,
+                dir=str(self.line_dir),
+                name=self.line_dir.name,
+                settings=self._client_settings(),
+                reinit="create_new",
+                **arguments,
+            )
+        except Exception:
+            # wandb-core keeps the id of a start that failed (the server unreachable) "in use" for
+            # the life of its service, refusing every retry of the same run: the next try gets a
+            # fresh service. The mirror runs one W&B run at a time, so no other run is cut short.
+            wandb.teardown()
+            raise
 
     def init(
         self,
@@ -150,9 +173,15 @@ class RealWandbBackend:
         self._locally_written_step = None
         local_dir = Path(run.dir).parent
         self._local_log = None
+        self._server = None
         if run.offline:
             log_path = transaction_log_of(local_dir)
             self._local_log = TransactionLogReader(log_path) if log_path else None
+        else:
+            settings = run.settings
+            self._server = ServerHistory(
+                settings.base_url, settings.api_key, run.entity, run.project, run.id, SERVER_QUERY_TIMEOUT_S
+            )
         # Online, `starting_step` is the server's next step for this run (0 for a run the server
         # did not have). Offline it reads 0 for a resumed run, which says nothing: unknown.
         next_step = None if run.offline else int(run.starting_step)
@@ -161,7 +190,9 @@ class RealWandbBackend:
     def log(self, row: dict[str, Any], step: int) -> None:
         if self._run is None:
             raise RuntimeError("no W&B run is started")
-        self._run.log(row, step=step)
+        # commit: the row is whole, so the client sends it now instead of holding it until a
+        # higher step is logged (a crash would otherwise lose each session's last row).
+        self._run.log(row, step=step, commit=True)
         self._last_logged_step = step
 
     def acknowledged_step(self) -> int | None:
@@ -169,13 +200,20 @@ class RealWandbBackend:
             return None
         if self._run.offline:
             return self._read_local_log(self._run)
-        # Online: every item handed to the client before this query is on the server once the
-        # client reports nothing pending and at least one successful sync.
-        logged = self._last_logged_step
-        status = self._run.status()
-        if status.sync_items_pending == 0 and status.sync_time is not None:
-            return logged
-        return None
+        # Online the server's own count decides. (wandb 0.31's `run.status()` reports no sync
+        # time against a server, so the client cannot say what arrived.) A failed query is no
+        # outage of the run: the client keeps retrying its uploads; the step is asked again later.
+        assert self._server is not None
+        try:
+            return self._server.last_step()
+        except Exception as error:  # the server is unreachable or answers nonsense: not known now
+            logger.debug("W&B: reading the run's last step failed: %s", error)
+            return None
+
+    def server_rows(self, after: int, through: int) -> dict[int, dict[str, Any]] | None:
+        if self._run is None or self._server is None:
+            return None
+        return self._server.rows(after, through)
 
     def _read_local_log(self, run: Any) -> int | None:
         """Offline: the highest step present in the run's local transaction log."""

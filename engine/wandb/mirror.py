@@ -8,6 +8,9 @@ rollback, a branch) is sent again from it, in order, so the W&B curve has no hol
 - Start: continue the line's run (`wandb_run.json` keeps its id) and re-send every row after the
   last step the server acknowledged; carry out a rewind or fork planned by `plan_rollback` /
   `plan_branch` (see engine.wandb.start for what each sends).
+- Replayed updates: online, the rows of updates the trainer trains again after a resume (the
+  server got them before the crash) are compared with the server's copy instead of being sent
+  again; a difference is recorded in wandb_run.json and reported (run.log), one line per update.
 - Outage: each W&B call that fails is retried with exponential backoff. After `give_up_after_s`
   (2 h) of failures the rows held in memory are dropped and recorded as a gap in
   wandb_run.json; they are re-sent from rows.jsonl when W&B answers again, or by the next start.
@@ -17,9 +20,10 @@ rollback, a branch) is sent again from it, in order, so the W&B curve has no hol
 
 The trainer uses:
 
-    mirror = WandbMirror(line_dir, config.wandb, run_config=config.to_dict())
+    mirror = WandbMirror(line_dir, config.wandb, run_config=config.to_dict(), report=run_log.write)
     mirror.start()
     ...; append row to rows.jsonl; mirror.log(row)          # never blocks
+    state["wandb"] = mirror.checkpoint_record()               # in each checkpoint
     mirror.close(timeout_s=30.0)                              # at exit
 
 Call `start()` once rows.jsonl is consistent with the state being resumed (the trainer has cut
@@ -44,9 +48,10 @@ from engine.config.run import WandbConfig
 from engine.errors import LineError
 from engine.layout import LineLayout
 from engine.wandb.backend import RealWandbBackend, WandbBackend
+from engine.wandb.replay import ReplayWindow, describe
 from engine.wandb.rows import read_rows, row_update, row_values
 from engine.wandb.start import StartContext, mark_superseded_runs, start_run
-from engine.wandb.state import Gap, PendingStart, WandbRunState, WandbStateError
+from engine.wandb.state import Gap, PendingStart, ReplayMismatch, WandbRunState, WandbStateError
 
 logger = logging.getLogger("nsconsole.wandb")
 
@@ -113,7 +118,9 @@ class WandbMirror:
         backend: WandbBackend | None = None,
         options: MirrorOptions | None = None,
         new_run_id: Callable[[], str] | None = None,
+        report: Callable[[str], None] | None = None,
     ) -> None:
+        """`report` writes a line for the operator (the trainer's run.log); default: a warning."""
         self.layout = LineLayout(line_dir)
         self.settings = settings
         self.options = options or MirrorOptions()
@@ -121,6 +128,7 @@ class WandbMirror:
         self._backend = backend
         self._run_config = run_config or {}
         self._new_run_id = new_run_id or _generate_run_id
+        self._report = report or logger.warning
         self._state = WandbRunState()
         self._lock = threading.Lock()
         self._wakeup = threading.Condition(self._lock)
@@ -134,6 +142,11 @@ class WandbMirror:
         self._outage_since: float | None = None
         self._delay = self.options.retry.first_delay_s
         self._next_acknowledge = 0.0
+        self._replay_through: int | None = None
+        """The last step the server held when the run was continued: replayed rows up to it are compared."""
+        self._replay_window: ReplayWindow | None = None
+        self._replayed: list[dict[str, Any]] = []
+        """Replayed rows taken off the queue, waiting to be compared with the server's copy."""
         self._thread: threading.Thread | None = None
 
     # The trainer's side: never blocks on W&B.
@@ -142,6 +155,8 @@ class WandbMirror:
         """Start the background thread (it connects, re-sends what W&B lacks, then mirrors)."""
         if not self.enabled or self._thread is not None:
             return
+        # Read here, not in the thread: a checkpoint taken right after the start names the run.
+        self._load_state()
         self._thread = threading.Thread(target=self._work, name="nsconsole-wandb", daemon=True)
         self._thread.start()
 
@@ -177,6 +192,17 @@ class WandbMirror:
         self._thread.join(timeout_s)
         return not self._thread.is_alive()
 
+    def checkpoint_record(self) -> dict[str, Any] | None:
+        """The line's W&B run as a checkpoint's state.json keeps it (None: W&B is disabled).
+
+        A rollback or branch from the checkpoint can tell which run (and how far acknowledged)
+        the checkpoint's updates belong to.
+        """
+        if not self.enabled:
+            return None
+        with self._lock:
+            return {"run_id": self._state.run_id, "acknowledged_step": self._state.acknowledged_step}
+
     def status(self) -> MirrorStatus:
         with self._lock:
             gap = (self._gap.from_update, self._gap.to_update) if self._gap else None
@@ -196,7 +222,6 @@ class WandbMirror:
 
     def _work(self) -> None:
         try:
-            self._load_state()
             remove_finished_local_files(self._state)
             self._save_state()
             if self._backend is None:
@@ -221,6 +246,7 @@ class WandbMirror:
             if self._gap is not None and not self._attempt(self._catch_up):
                 continue
             row = self._next_row(wait=True)
+            self._compare_replayed()
             if row is not None and not self._attempt(functools.partial(self._send, row)):
                 continue
             self._acknowledge_when_due()
@@ -232,6 +258,8 @@ class WandbMirror:
         with self._lock:
             self._sent_through = sent_through
             self._connected = True
+            self._replay_through = context.server_through
+            self._replay_window = None
             if self._gap is not None and sent_through is not None and sent_through >= self._gap.to_update:
                 self._gap = None
             self._state.gap = self._gap
@@ -261,8 +289,12 @@ class WandbMirror:
                     update = row_update(self._queue[0])
                     if self._sent_through is None or update > self._sent_through:
                         return self._queue[0]
-                    self._queue.popleft()  # already sent (re-sent from rows.jsonl at the start)
-                if not wait or self._closing or self._gap is not None:
+                    # Already sent (from rows.jsonl at the start), or a replayed update the server
+                    # had before the crash: that one is compared with the server's copy.
+                    sent = self._queue.popleft()
+                    if self._replay_through is not None and update <= self._replay_through:
+                        self._replayed.append(sent)
+                if not wait or self._closing or self._gap is not None or self._replayed:
                     return None
                 timeout = max(0.0, self._next_acknowledge - time.monotonic())
                 if timeout == 0.0:
@@ -300,6 +332,53 @@ class WandbMirror:
             self._last_error = None
         self._delay = self.options.retry.first_delay_s
         return True
+
+    def _compare_replayed(self) -> None:
+        """Compare the replayed rows taken off the queue with the server's rows at their steps."""
+        with self._lock:
+            replayed, self._replayed = self._replayed, []
+        found: list[list[ReplayMismatch]] = []
+        for row in replayed:
+            update = row_update(row)
+            assert update is not None
+            window = self._replay_window
+            if window is None or not window.covers(update):
+                window = self._read_replay_window(after=update - 1)
+                if window is None:
+                    break  # no server copy to compare with (offline, or it could not be read)
+            mismatches = window.compare(update, row_values(row))
+            if mismatches:
+                found.append(mismatches)
+        if not found:
+            return
+        with self._lock:
+            for mismatches in found:
+                self._state.record_replay_mismatches(mismatches)
+            run_id = self._state.run_id
+        self._save_state()
+        for mismatches in found:
+            self._report(describe(run_id, mismatches))
+
+    def _read_replay_window(self, after: int) -> ReplayWindow | None:
+        """The server's rows from `after` to the step it held at the resume; None: none to compare."""
+        with self._lock:
+            through = self._replay_through
+        if through is None or after >= through:
+            return None
+        try:
+            rows = self._backend.server_rows(after, through)
+        except Exception as error:  # reading back is a check: its failure never stops the mirror
+            self._report(
+                f"W&B: could not read the server's copy of updates {after + 1}..{through} ({error}); "
+                "the replayed updates are not compared"
+            )
+            rows = None
+        if rows is None:
+            with self._lock:
+                self._replay_through = None
+            return None
+        self._replay_window = ReplayWindow(after, through, rows)
+        return self._replay_window
 
     def _give_up_queued_rows(self) -> None:
         """Drop the rows held in memory, recording them as the gap (caller holds the lock)."""

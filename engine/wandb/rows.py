@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from engine.config.run import SAMPLES_KEY
+
 logger = logging.getLogger("nsconsole.wandb")
 
 
@@ -27,8 +29,10 @@ def row_update(row: Any) -> int | None:
 
 
 def row_values(row: dict[str, Any]) -> dict[str, Any]:
-    """What W&B gets of a row: every key but `update`, which is the step."""
-    return {key: value for key, value in row.items() if key != "update"}
+    """What W&B gets of a row: every key but `update`, which is the step, and a validation's
+    samples: text that W&B's history would keep as an opaque list per step, no series to plot
+    (rows.jsonl and the console's samples tab hold them)."""
+    return {key: value for key, value in row.items() if key not in ("update", SAMPLES_KEY)}
 
 
 def read_rows(path: Path, after: int | None = None, through: int | None = None) -> Iterator[dict[str, Any]]:

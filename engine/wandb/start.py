@@ -48,6 +48,9 @@ class StartContext:
     """The run's W&B config (the line's run.json)."""
     new_run_id: Callable[[], str]
     """Chooses the id of a run that does not exist yet."""
+    server_through: int | None = None
+    """Set when the attempt continued an existing run online: the last step the server said it
+    holds. The trainer's replayed updates up to it are compared with the server's, not sent."""
 
     def save(self) -> None:
         self.state.save(self.layout.wandb_run_json)
@@ -210,6 +213,7 @@ def _continue(context: StartContext, run_id: str) -> int | None:
     started = _init(context, run_id, resume=True)
     if started.next_step is not None:
         context.state.acknowledged_step = started.next_step - 1 if started.next_step > 0 else None
+        context.server_through = context.state.acknowledged_step
     return context.state.acknowledged_step
 
 

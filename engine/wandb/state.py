@@ -4,7 +4,8 @@ The file is small and replaced atomically on every change (engine.atomic), so a 
 old state or the new one. It holds the run id, how the run was started and from what parent, the
 last step the server acknowledged (a resume re-sends every row after it), a start that a rollback
 or a branch planned and the next start carries out, the rows the mirror gave up on, the runs this
-line superseded, and the client's local directories (removed at a later start once finished).
+line superseded, the client's local directories (removed at a later start once finished), and the
+replayed updates whose rows differed from the server's copy.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from engine.errors import LineError
 STATE_VERSION = 1
 START_KINDS = ("new", "resume", "fork", "rewind")
 METHODS = ("native", "backfill")
+KEPT_REPLAY_MISMATCHES = 100
+"""wandb_run.json keeps the latest this many replay mismatches (all are counted, and each is in run.log)."""
 
 
 class WandbStateError(LineError):
@@ -95,6 +98,20 @@ class LocalRunFiles:
 
 
 @dataclass
+class ReplayMismatch:
+    """A metric of a replayed update whose value differs from the server's copy of that step."""
+
+    update: int
+    """The update (W&B step) trained again after a resume."""
+    metric: str
+    """The differing key of the row (`(row)`: the server has no row at that step)."""
+    line_value: str
+    """The value rows.jsonl holds now, as JSON (`absent`: the row lacks the key)."""
+    server_value: str
+    """The value the server holds, as JSON (`absent`: the server's row lacks the key)."""
+
+
+@dataclass
 class WandbRunState:
     """The content of `wandb_run.json`."""
 
@@ -120,6 +137,14 @@ class WandbRunState:
     """The server refused a native fork once: branches of this line are backfilled."""
     rewind_unsupported: bool = False
     """The server refused a native rewind once: rollbacks start a new, backfilled run."""
+    replay_mismatches: list[ReplayMismatch] = field(default_factory=list)
+    """The latest replayed updates' values that differed from the server's copy (not sent again)."""
+    replay_mismatch_count: int = 0
+    """How many such differences were found over the line's life (the list keeps the latest ones)."""
+
+    def record_replay_mismatches(self, mismatches: list[ReplayMismatch]) -> None:
+        self.replay_mismatch_count += len(mismatches)
+        self.replay_mismatches = (self.replay_mismatches + mismatches)[-KEPT_REPLAY_MISMATCHES:]
 
     @classmethod
     def load(cls, path: Path) -> WandbRunState:
@@ -156,6 +181,7 @@ class WandbRunState:
             acknowledged_step=reader.optional(data, "acknowledged_step", int),
             fork_unsupported=reader.optional(data, "fork_unsupported", bool) or False,
             rewind_unsupported=reader.optional(data, "rewind_unsupported", bool) or False,
+            replay_mismatch_count=reader.optional(data, "replay_mismatch_count", int) or 0,
         )
         if data.get("parent") is not None:
             state.parent = reader.record(data, "parent", RunPoint)
@@ -168,6 +194,7 @@ class WandbRunState:
             state.gap = reader.record(data, "gap", Gap)
         state.superseded = reader.records(data, "superseded", SupersededRun)
         state.local_files = reader.records(data, "local_files", LocalRunFiles)
+        state.replay_mismatches = reader.records(data, "replay_mismatches", ReplayMismatch)
         return state
 
     def to_dict(self) -> dict[str, Any]:

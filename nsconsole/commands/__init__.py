@@ -6,6 +6,20 @@
 
 from __future__ import annotations
 
-from nsconsole.commands import bench, branch, check, data, new, rollback, run, status, stop, tune
+from nsconsole.commands import (
+    bench,
+    branch,
+    chat,
+    check,
+    data,
+    evaluate,
+    new,
+    rollback,
+    run,
+    sample,
+    status,
+    stop,
+    tune,
+)
 
-COMMAND_MODULES = (data, new, tune, check, run, status, stop, branch, rollback, bench)
+COMMAND_MODULES = (data, new, tune, check, run, status, stop, branch, rollback, bench, sample, chat, evaluate)

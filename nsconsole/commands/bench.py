@@ -8,20 +8,24 @@ import json
 from engine.errors import ConfigError
 from engine.protocol.facts import ENGINE_CHOICES, Engine
 from nsconsole.commands.new import parse_override
+from nsconsole.commands.parser import add_command
 
 HELP = "--model P --seq-len T --rows R --accum A: throughput and MFU of one training shape"
+DESCRIPTION = """\
+Time whole training updates (forward, backward, norms, AdamW) of a preset on random tokens and
+print one JSON row: tokens/s, MFU against this device's measured matmul rate (bf16 on CUDA, fp32
+on the CPU), and with --profile the top kernels by time.
+"""
+EXAMPLES = """\
+examples:
+  nsconsole bench --model ns-2b --seq-len 4096 --rows 8 --accum 4
+  nsconsole bench --model ns-tiny --seq-len 256 --rows 16 --device cpu --updates 3
+  nsconsole bench --model pssa-1.5m --seq-len 64 --rows 8 --device cpu --profile
+"""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "bench",
-        help=HELP,
-        description=(
-            "Time whole training updates (forward, backward, norms, AdamW) of a preset on random "
-            "tokens and print one JSON row: tokens/s, MFU against this device's measured matmul "
-            "rate (bf16 on CUDA, fp32 on the CPU), and with --profile the top kernels by time."
-        ),
-    )
+    parser = add_command(subparsers, "bench", summary=HELP, description=DESCRIPTION, examples=EXAMPLES)
     parser.add_argument("--model", required=True, metavar="PRESET", help="model preset, e.g. ns-2b")
     parser.add_argument("--seq-len", type=int, required=True, metavar="T", help="tokens per row")
     parser.add_argument("--rows", type=int, default=1, metavar="R", help="rows per micro-batch")

@@ -5,13 +5,17 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from engine.ops.branch import BranchRequest, branch_line
+from nsconsole.commands.parser import add_command
 
 HELP = "NEW --from LINE --at-cycle N --plan PLAN --data DIR: fork a branch line from a trunk cycle end"
 DESCRIPTION = """\
-Create the line NEW from LINE's kept checkpoint at the end of data cycle N (refused while that
-cycle has not ended). The branch continues LINE's learning-rate schedule up to the fork and
-trains the stages of PLAN in order on its own data line DIR:
+Create the line NEW from LINE's kept checkpoint at the end of data cycle N. While that cycle has
+not ended the branch is refused, but checked first as if the cycle had ended where LINE is
+expected to end it, so that a branch which could never be made says why now (the console's b key
+asks LINE's supervisor, which queues a branch that passes these checks and forks it then).
+The branch continues LINE's learning-rate schedule up to the fork (which must not fall inside a
+cosine or sqrt decay piece) and trains the stages of PLAN in order on its own data line DIR
+(LINE's tokenizer, with held-out rows of every length the branch validates at):
 
   decay:T[:shape]  a stage of T tokens at LINE's training length; the rate decays to 0 from the
                    start of the first decay stage to the end of the plan (linear, cosine or sqrt)
@@ -20,7 +24,8 @@ trains the stages of PLAN in order on its own data line DIR:
 
 The branch's first checkpoint is the fork checkpoint (hard-linked); LINE's branches.json records
 the branch; its first start forks LINE's W&B run. Run `nsconsole tune NEW` for a new length.
-
+"""
+EXAMPLES = """\
 examples:
   nsconsole branch runs/b1 --from runs/trunk --at-cycle 1 --plan decay:10e9,long:2e9 --data /data/lines/b1
   nsconsole branch runs/b2 --from runs/trunk --at-cycle 3 --plan decay:5e9:sqrt --data /data/lines/b2
@@ -28,9 +33,7 @@ examples:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "branch", help=HELP, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = add_command(subparsers, "branch", summary=HELP, description=DESCRIPTION, examples=EXAMPLES)
     parser.add_argument("new", metavar="NEW", help="the branch line's directory (new)")
     parser.add_argument("--from", dest="parent", required=True, metavar="LINE", help="the line to fork from")
     parser.add_argument(
@@ -47,6 +50,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from engine.ops.branch import BranchRequest, branch_line
+
     host = args.host_settings
     request = BranchRequest(
         new=host.resolve_line(args.new),

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import argparse
 
-from engine.ops.check import check_line
+from nsconsole.commands.parser import add_command
 
 HELP = "LINE: every start check that needs no GPU (run.json, data line, lifelong keys, metrics, disk)"
 DESCRIPTION = """\
 Run every start check that needs no GPU: run.json valid, the data line present and matching the
-model's vocabulary, lifelong keys unchanged since accepted_run.json (or listed in allow_changes),
-the metric set's version, GPU-sharing shapes, free disk, checkpoints. Prints `ok: ...` for each
-pass and `FAIL: ...` for each failure. Exit status 0 when all pass, 1 when one fails, 2 when
-run.json itself is missing or invalid.
-
-example:
+model's vocabulary, held-out rows, lifelong keys unchanged since accepted_run.json (or listed in
+allow_changes; a line never started has none yet), the metric set's version, GPU-sharing shapes,
+free disk, checkpoints. Prints `ok: ...` for each pass and `FAIL: ...` for each failure. Exit
+status 0 when all pass, 1 when one fails, 2 when run.json itself is missing or invalid.
+`nsconsole run` runs the same checks (all but the checkpoints') before it starts a line.
+"""
+EXAMPLES = """\
+examples:
   nsconsole check runs/trunk
 """
 
@@ -22,14 +24,14 @@ EXIT_CHECK_FAILED = 1
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "check", help=HELP, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = add_command(subparsers, "check", summary=HELP, description=DESCRIPTION, examples=EXAMPLES)
     parser.add_argument("line", metavar="LINE", help="the training line directory")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from engine.ops.check import check_line  # torch: the checks size the line's model
+
     _config, results = check_line(args.host_settings.resolve_line(args.line))
     for result in results:
         print(f"{'ok' if result.ok else 'FAIL'}: {result.message}")

@@ -8,57 +8,172 @@ import signal
 import sys
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING
 
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TaskID, TaskProgressColumn, TextColumn, TimeElapsedColumn
-
-from datalines.errors import DataLineError
-from datalines.status import PreparerStatus
 from engine.units import gib_bytes
+from nsconsole.commands.parser import add_command
+
+# datalines (numpy, pyarrow), rich and the preparer's modules load only in the commands that use
+# them: `nsconsole --help` and the other commands start without them.
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress, TaskID
+
+    from datalines.status import PreparerStatus
 
 DEFAULT_VAL_SEQ_LEN = 512
 
+SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
+    "init": (
+        "create a data line (pins inputs, calibrates)",
+        """\
+Create a data line in --work: pin every input (hub commit shas, each file's sha256, the
+tokenizer's sha256), calibrate the tokens per byte of every stratum and plan the cycles.
+--embedded makes the demo line from the Python standard library, with a byte-level BPE (vocab
+8192) trained on the spot; a line from a recipe needs --recipe, --eos-id and --cycle-tokens (and
+--tokenizer where the recipe names none).
+""",
+        """\
+examples:
+  nsconsole data init --work lines/demo --embedded
+  nsconsole data init --work lines/trunk --recipe recipe.json --tokenizer tok.json --eos-id 0 \\
+      --cycle-tokens 2e10
+""",
+    ),
+    "val": (
+        "build validation rows from the held-out documents",
+        """\
+Build validation rows of --seq-len tokens (and of --long-seq-len, for the long-row probes) from
+the held-out documents of every source, every stratum at its share, into <work>/val/T<length>/.
+A trainer refuses to start without the rows of every length it validates at.
+""",
+        """\
+examples:
+  nsconsole data val --work lines/trunk --seq-len 4096 --long-seq-len 32768
+""",
+    ),
+    "run-preparer": (
+        "keep the next cycles ready (download, tokenize, delete)",
+        """\
+Keep the next --ahead cycles ready: download, tokenize and write each cycle's shards (retrying
+failures with backoff), wait while free disk is low, delete the shards of consumed cycles. Runs
+until interrupted, or with --once until the wanted cycles are ready; its state is in
+<work>/preparer.json. A training line's supervisor runs one itself.
+""",
+        """\
+examples:
+  nsconsole data run-preparer --work lines/trunk --ahead 2
+  nsconsole data run-preparer --work lines/demo --once
+""",
+    ),
+    "status": (
+        "cycles (planned, ready, consumed), validation, preparer",
+        """\
+Show a data line: its sources' shares, the tokens per cycle, the last cycle (once the data's end
+is known), every cycle's state (planned, ready, empty, consumed, damaged), the validation row
+lengths built and the preparer's state; --json prints it as one JSON object.
+""",
+        """\
+examples:
+  nsconsole data status --work lines/trunk
+  nsconsole data status --work lines/trunk --json
+""",
+    ),
+    "schedule": (
+        "append a piece of shares to the schedule's end",
+        """\
+Append a piece to the line's schedule: from the cycle boundary --from-tokens (after the last
+piece's start) the sources are mixed at --shares (normalised). The schedule is append-only; a
+piece applies from the first cycle starting at or after it.
+""",
+        """\
+examples:
+  nsconsole data schedule --work lines/trunk --from-tokens 6e10 --shares '{"web": 0.5, "chat": 0.5}'
+""",
+    ),
+    "rebuild": (
+        "rebuild a cycle from its manifest, byte for byte",
+        """\
+Rebuild a cycle's shards from its permanent manifest (its plan, the pinned inputs and the
+tokenizer) and check every shard against the manifest byte for byte, or fail naming the
+difference.
+""",
+        """\
+examples:
+  nsconsole data rebuild --work lines/trunk --cycle 3
+""",
+    ),
+    "tokenizer": (
+        "train a byte-level BPE tokenizer",
+        """\
+Train a byte-level BPE tokenizer of --vocab tokens on every --source (a directory of text, jsonl
+or parquet files, or `embedded`: the Python standard library) and write it to --out as a
+tokenizers JSON. The special tokens get ids 0, 1, ... (default: <|endoftext|>).
+""",
+        """\
+examples:
+  nsconsole data tokenizer --train --source /data/chat --source /data/web --vocab 8192 --out tok.json
+  nsconsole data tokenizer --train --source embedded --vocab 2048 --out stdlib.json
+""",
+    ),
+}
+"""Each subcommand's summary (its line in `nsconsole data --help`), description and examples."""
+DESCRIPTION = """\
+Data lines: directories of pre-tokenized data trained in fixed-size cycles, every input pinned so
+that any cycle can be rebuilt byte for byte. Create one (init), build its validation rows (val),
+keep its next cycles ready (run-preparer), inspect it (status), extend its schedule (schedule),
+rebuild a cycle (rebuild); train a tokenizer (tokenizer).
+"""
+EXAMPLES = """\
+examples:
+  nsconsole data init --work lines/demo --embedded
+  nsconsole data val --work lines/demo --seq-len 256
+  nsconsole data status --work lines/demo
+"""
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "data",
-        help="data lines: init, val, run-preparer, status, schedule, rebuild, tokenizer",
-        description=__doc__,
+        summary="data lines: init, val, run-preparer, status, schedule, rebuild, tokenizer",
+        description=DESCRIPTION,
+        examples=EXAMPLES,
     )
     commands = parser.add_subparsers(dest="data_command", metavar="SUBCOMMAND", required=True)
 
-    init = commands.add_parser("init", help="create a data line (pins inputs, calibrates)")
+    init = _subcommand(commands, "init")
     init.add_argument("--work", type=Path, required=True, help="the data line directory to create")
     init.add_argument("--embedded", action="store_true", help="the demo line on Python's standard library")
     init.add_argument(
         "--recipe", type=Path, help="recipe JSON (sources, shares, held-out, markers, schedule)"
     )
     init.add_argument("--eos-id", type=int, help="the tokenizer's end-of-document id")
-    init.add_argument("--cycle-tokens", type=float, help="tokens per cycle (e.g. 2e10)")
+    init.add_argument(
+        "--cycle-tokens", type=float, help="tokens per cycle (e.g. 2e10; --embedded: 1e6 unless given)"
+    )
     init.add_argument("--tokenizer", type=Path, help="tokenizers JSON (overrides the recipe's)")
     init.set_defaults(func=run_init)
 
-    val = commands.add_parser("val", help="build validation rows from the held-out documents")
+    val = _subcommand(commands, "val")
     val.add_argument("--work", type=Path, required=True)
     val.add_argument("--seq-len", type=int, default=DEFAULT_VAL_SEQ_LEN, help="training row length")
     val.add_argument("--long-seq-len", type=int, help="also rows of this (longer) length")
     val.set_defaults(func=run_val)
 
-    preparer = commands.add_parser(
-        "run-preparer", help="keep the next cycles ready (download, tokenize, delete)"
-    )
+    preparer = _subcommand(commands, "run-preparer")
     preparer.add_argument("--work", type=Path, required=True)
     preparer.add_argument("--ahead", type=int, default=2, help="cycles kept ready ahead of the trainer")
     preparer.add_argument("--min-free-gb", type=float, help="wait while free disk is below this (GiB)")
     preparer.add_argument("--once", action="store_true", help="exit once the wanted cycles are ready")
     preparer.set_defaults(func=run_preparer_command)
 
-    status = commands.add_parser("status", help="cycles (planned, ready, consumed), validation, preparer")
+    status = _subcommand(commands, "status")
     status.add_argument("--work", type=Path, required=True)
     status.add_argument("--json", action="store_true", help="print one JSON object")
     status.set_defaults(func=run_status)
 
-    schedule = commands.add_parser("schedule", help="append a piece of shares to the schedule's end")
+    schedule = _subcommand(commands, "schedule")
     schedule.add_argument("--work", type=Path, required=True)
     schedule.add_argument(
         "--from-tokens", type=float, required=True, help="a cycle boundary after the last piece"
@@ -66,12 +181,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     schedule.add_argument("--shares", required=True, help='JSON, e.g. \'{"web": 0.5, "code": 0.5}\'')
     schedule.set_defaults(func=run_schedule)
 
-    rebuild = commands.add_parser("rebuild", help="rebuild a cycle from its manifest, byte for byte")
+    rebuild = _subcommand(commands, "rebuild")
     rebuild.add_argument("--work", type=Path, required=True)
     rebuild.add_argument("--cycle", type=int, required=True)
     rebuild.set_defaults(func=run_rebuild)
 
-    tokenizer = commands.add_parser("tokenizer", help="train a byte-level BPE tokenizer")
+    tokenizer = _subcommand(commands, "tokenizer")
     tokenizer.add_argument("--train", action="store_true", required=True, help="train (the only action)")
     tokenizer.add_argument(
         "--source",
@@ -88,20 +203,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     tokenizer.set_defaults(func=run_tokenizer)
 
 
-def run_init(args: argparse.Namespace) -> int:
-    from datalines.creation import init_data_line, init_embedded_line
+def _subcommand(commands: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
+    summary, description, examples = SUBCOMMANDS[name]
+    return add_command(commands, name, summary=summary, description=description, examples=examples)
 
+
+def run_init(args: argparse.Namespace) -> int:
+    from datalines.creation import EMBEDDED_CYCLE_TOKENS, init_data_line, init_embedded_line
+    from datalines.errors import DataLineError
+
+    if args.cycle_tokens is not None and not args.cycle_tokens.is_integer():
+        raise DataLineError(f"--cycle-tokens must be a whole number, got {args.cycle_tokens}")
     if args.embedded:
-        if args.recipe or args.eos_id is not None or args.cycle_tokens is not None:
-            raise DataLineError("data init --embedded takes no --recipe, --eos-id or --cycle-tokens")
-        line = init_embedded_line(args.work)
+        if args.recipe or args.eos_id is not None or args.tokenizer:
+            raise DataLineError(
+                "data init --embedded takes no --recipe, --eos-id or --tokenizer (it trains its own)"
+            )
+        cycle_tokens = EMBEDDED_CYCLE_TOKENS if args.cycle_tokens is None else int(args.cycle_tokens)
+        line = init_embedded_line(args.work, cycle_tokens)
     else:
         missing = [flag for flag, value in (("--recipe", args.recipe), ("--eos-id", args.eos_id),
                                             ("--cycle-tokens", args.cycle_tokens)) if value is None]
         if missing:
             raise DataLineError(f"data init needs {', '.join(missing)} (or --embedded)")
-        if args.cycle_tokens != int(args.cycle_tokens):
-            raise DataLineError(f"--cycle-tokens must be a whole number, got {args.cycle_tokens}")
         line = init_data_line(args.work, args.recipe, args.eos_id, int(args.cycle_tokens), args.tokenizer)
     last = line.last_cycle()
     print(
@@ -156,6 +280,7 @@ def run_status(args: argparse.Namespace) -> int:
 
 def run_schedule(args: argparse.Namespace) -> int:
     from datalines import open_data_line
+    from datalines.errors import DataLineError
     from datalines.schedule import append_schedule_piece
 
     try:
@@ -215,6 +340,8 @@ class PreparerView:
     """What run-preparer shows: a rich progress bar on a terminal, one line per change otherwise."""
 
     def __init__(self, interactive: bool, console: Console | None = None) -> None:
+        from rich.console import Console
+
         self.interactive = interactive
         self.console = console or Console()
         self.progress: Progress | None = None
@@ -225,6 +352,8 @@ class PreparerView:
         self.plain = StatusLines()
 
     def __enter__(self) -> PreparerView:
+        from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+
         if self.interactive:
             self.progress = Progress(
                 TextColumn("[bold]{task.fields[state]}[/]"),

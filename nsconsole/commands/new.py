@@ -9,14 +9,18 @@ from typing import Any
 from engine.config.json_fields import parse_value
 from engine.config.run import RampPiece
 from engine.errors import ConfigError
-from engine.ops.new import NewLineOptions, new_line
+from nsconsole.commands.parser import add_command
 
 HELP = "LINE --model PRESET --data DIR: create a training line (its run.json) from a model preset"
 DESCRIPTION = """\
-Create the training line directory LINE with a validated run.json (and accepted_run.json).
-Refuses, writing nothing, when LINE already holds a run.json, the preset is unknown or the data
-line is missing. The model's vocab_size follows the data line's tokenizer.
-
+Create the training line directory LINE with a validated run.json. Refuses, writing nothing,
+when LINE already holds a run.json, the preset is unknown or the data line is missing. The
+model's vocab_size follows the data line's tokenizer. Until the line's first start run.json may
+be edited freely (the learning-rate schedule, the batch ramp, the seeds): the first start that
+passes its checks accepts it (accepted_run.json), and from then on its lifelong keys may only
+change as allow_changes permits.
+"""
+EXAMPLES = """\
 examples:
   nsconsole new runs/trunk --model ns-2b --data /data/lines/trunk --peak-lr 3e-4
   nsconsole new runs/small --model ns-tiny --data /data/lines/demo --seq-len 512 \\
@@ -29,9 +33,7 @@ examples:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "new", help=HELP, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = add_command(subparsers, "new", summary=HELP, description=DESCRIPTION, examples=EXAMPLES)
     parser.add_argument("line", metavar="LINE", help="the training line directory to create")
     parser.add_argument("--model", required=True, metavar="PRESET", help="model preset (e.g. ns-2b)")
     parser.add_argument("--data", required=True, metavar="DIR", help="the data line directory")
@@ -97,6 +99,8 @@ def parse_tokens_per_update(text: str) -> int | list[RampPiece]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from engine.ops.new import NewLineOptions, new_line
+
     host = args.host_settings
     line = host.resolve_line(args.line)
     options = NewLineOptions(

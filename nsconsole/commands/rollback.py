@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from engine.ops.rollback import rollback_line
+from nsconsole.commands.parser import add_command
 
 HELP = "LINE --to UPDATE: continue a line from an earlier checkpoint as a new W&B run"
 DESCRIPTION = """\
@@ -13,7 +13,8 @@ where the server can, else backfilled; the old run is marked superseded). rows.j
 to that checkpoint after a copy is kept as rows.rolledback-<time>.jsonl; the later checkpoints
 are removed once the line writes its next checkpoint; data cycles it will read again are
 reopened. Refused while the line's trainer is running (stop it first).
-
+"""
+EXAMPLES = """\
 examples:
   nsconsole rollback runs/trunk --to 30000
   nsconsole run runs/trunk
@@ -21,15 +22,15 @@ examples:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "rollback", help=HELP, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = add_command(subparsers, "rollback", summary=HELP, description=DESCRIPTION, examples=EXAMPLES)
     parser.add_argument("line", metavar="LINE", help="the training line directory")
     parser.add_argument("--to", type=int, required=True, metavar="UPDATE", help="the checkpoint's update")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from engine.ops.rollback import rollback_line
+
     line = args.host_settings.resolve_line(args.line)
     result = rollback_line(line, args.to)
     print(f"{line}: continues from update {result.to_update} at its next start ({result.rows_now} rows kept)")

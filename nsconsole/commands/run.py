@@ -3,29 +3,38 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from engine.config.host import HostSettings
+from engine.errors import LineError
 from engine.protocol.facts import ENGINE_CHOICES
+from nsconsole.commands.parser import add_command
 
 HELP = (
     "LINE [--foreground] [--stop-at UPDATE]: run a line under its supervisor "
     "(in the background unless --foreground)"
 )
+DESCRIPTION = """\
+Run a line under its supervisor. The supervisor launches the trainer and the data preparer,
+restarts them after a crash, a hang or a stray SIGTERM, and stops the line with a checkpoint on
+request. In the background (the default) the start checks of `nsconsole check` run first (all
+but the checkpoints'), so a line its trainer would refuse is refused here, in the terminal, with
+a non-zero exit; then the supervisor detaches and this command returns once it answers.
+--foreground keeps the supervisor in this terminal and echoes run.log; --no-supervisor trains in
+this process alone (no restarts), a row every print_every updates.
+"""
+EXAMPLES = """\
+examples:
+  nsconsole run runs/trunk
+  nsconsole run runs/trunk --stop-at 1000 --foreground
+  nsconsole run runs/small --no-supervisor --engine eager
+  nsconsole --run                 # create (or resume) the demo line and run it in the background
+"""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "run",
-        help=HELP,
-        description=(
-            HELP + ". The supervisor launches the trainer and the data preparer, restarts them after a "
-            "crash, a hang or a stray SIGTERM, and stops the line with a checkpoint on request. "
-            "--foreground keeps the supervisor in this terminal and echoes run.log; --no-supervisor "
-            "trains in this process alone (no restarts), a row every print_every updates. "
-            "Example: nsconsole run runs/trunk"
-        ),
-    )
-    parser.add_argument("line", help="the training line's directory")
+    parser = add_command(subparsers, "run", summary=HELP, description=DESCRIPTION, examples=EXAMPLES)
+    parser.add_argument("line", metavar="LINE", help="the training line directory")
     parser.add_argument("--foreground", action="store_true", help="supervise in this terminal")
     parser.add_argument(
         "--no-supervisor",
@@ -53,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
         return Trainer(line, stop_at=args.stop_at, engine=args.engine).run()
     from engine.supervisor.supervisor import run_line
 
+    if not args.foreground:
+        refuse_a_failing_start(line)
     return run_line(line, foreground=args.foreground, stop_at=args.stop_at, engine=args.engine)
 
 
@@ -61,10 +72,13 @@ def run_headless(line: str | None, host: HostSettings) -> int:
     from engine.supervisor.supervisor import run_line
 
     if line is not None:
-        return run_line(host.resolve_line(line), foreground=False)
+        path = host.resolve_line(line)
+        refuse_a_failing_start(path)
+        return run_line(path, foreground=False)
     from engine.ops.demo import demo_paths, ensure_demo_line
 
     demo = ensure_demo_line(demo_paths(host.work_root))
+    refuse_a_failing_start(demo)
     status = run_line(demo, foreground=False)
     if status == 0:
         print(
@@ -72,3 +86,19 @@ def run_headless(line: str | None, host: HostSettings) -> int:
             f"(or: nsconsole status {demo}; stop it: nsconsole stop {demo})"
         )
     return status
+
+
+def refuse_a_failing_start(line: Path) -> None:
+    """`LineError` (one line, every failure) when a start check that the trainer would fail on
+    fails: said here before the supervisor detaches, not as a success and a failure in
+    supervisor.out seconds later. The checkpoints are not verified (hashing them all takes long,
+    and the trainer's start skips a bad one itself)."""
+    from engine.ops.check import check_line  # torch: the checks size the line's model
+
+    _config, results = check_line(line, verify_checkpoints=False)
+    failures = [result.message for result in results if not result.ok]
+    if failures:
+        raise LineError(
+            f"{line}: not started, a start check fails: {'; '.join(failures)} "
+            f"(`nsconsole check {line}` lists every check)"
+        )

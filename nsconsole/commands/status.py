@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from engine.ops.status import LineStatus, line_status, pid_alive
+from nsconsole.commands.parser import add_command
+
+if TYPE_CHECKING:
+    from engine.ops.status import LineStatus
 
 HELP = "LINE: configuration, newest rows, heartbeat, checkpoints, pending stop and disk use of a line"
 DESCRIPTION = """\
 Show a line's state from its files: the configuration in brief, the newest rows of rows.jsonl,
 the trainer's heartbeat and its age, the checkpoints present, a pending STOP and the disk the
 line uses.
-
+"""
+EXAMPLES = """\
 examples:
   nsconsole status runs/trunk
   nsconsole status runs/trunk --rows 20
@@ -26,15 +30,15 @@ FALLBACK_COLUMNS = 6
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "status", help=HELP, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = add_command(subparsers, "status", summary=HELP, description=DESCRIPTION, examples=EXAMPLES)
     parser.add_argument("line", metavar="LINE", help="the training line directory")
     parser.add_argument("--rows", type=int, default=5, metavar="N", help="newest rows to show (default 5)")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from engine.ops.status import line_status
+
     status = line_status(args.host_settings.resolve_line(args.line), rows=max(0, args.rows))
     for line in format_status(status):
         print(line)
@@ -114,6 +118,8 @@ def _heartbeat_line(status: LineStatus) -> str:
     heartbeat = status.heartbeat
     if heartbeat is None or status.heartbeat_age_s is None:
         return "heartbeat: none"
+    from engine.ops.status import pid_alive
+
     pid = heartbeat.get("pid")
     alive = "alive" if pid_alive(pid) else "not running"
     return (

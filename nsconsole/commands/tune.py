@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from engine.ops.tune import format_table, tune_line
+from nsconsole.commands.parser import add_command
 
 HELP = (
     "LINE [--shared] [--budget-gb X]: the fastest micro-batch shape of every length that fits, into run.json"
@@ -17,7 +17,8 @@ free memory less a 4 GiB margin (on a CPU line: half the available memory), or -
 --shared, less guards.share_reserve_gb too, written as each length's `shared` shape (used while
 other processes share the GPU). A setting that ran out of memory is never chosen. Refused while the
 line's trainer runs.
-
+"""
+EXAMPLES = """\
 examples:
   nsconsole tune runs/trunk
   nsconsole tune runs/trunk --shared
@@ -26,9 +27,7 @@ examples:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "tune", help=HELP, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = add_command(subparsers, "tune", summary=HELP, description=DESCRIPTION, examples=EXAMPLES)
     parser.add_argument("line", metavar="LINE", help="the training line directory")
     parser.add_argument(
         "--shared", action="store_true", help="measure the shapes used beside other GPU processes"
@@ -41,6 +40,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from engine.ops.tune import format_table, tune_line  # torch: it measures real updates
+
     line = args.host_settings.resolve_line(args.line)
     result = tune_line(line, shared=args.shared, budget_gb=args.budget_gb, max_rows=args.max_rows)
     for text in format_table(result):

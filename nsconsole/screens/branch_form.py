@@ -62,18 +62,23 @@ class BranchForm(ModalScreen[BranchRequest | None]):
 
     def compose(self) -> ComposeResult:
         suggested = str(Path(self.line_path).with_name(f"{self.line_name}-c{self.current_cycle}"))
+        # A label beside each field: the form fits 80x24; a smaller terminal scrolls it.
         with Vertical():
-            yield Static(f"Branch {self.line_name}", classes="question")
-            yield Label("new line (directory)")
-            yield Input(suggested, id="path")
-            yield Label(f"at the end of cycle (now in cycle {self.current_cycle})")
-            yield Input(str(self.current_cycle), id="at_cycle", type="integer")
-            yield Label("plan (e.g. decay:10e9,long:2e9)")
-            yield Input("", id="plan")
-            yield Label("data line (the branch's own directory)")
-            yield Input("", id="data")
+            yield Static(f"Branch {self.line_path}", classes="question")
+            with Horizontal(classes="field"):
+                yield Label("new line (directory)")
+                yield Input(suggested, id="path")
+            with Horizontal(classes="field"):
+                yield Label(f"at the end of cycle (now {self.current_cycle})")
+                yield Input(str(self.current_cycle), id="at_cycle", type="integer")
+            with Horizontal(classes="field"):
+                yield Label("plan (e.g. decay:10e9,long:2e9)")
+                yield Input("", id="plan")
+            with Horizontal(classes="field"):
+                yield Label("data line (its own directory)")
+                yield Input("", id="data")
             yield Static("", id="error")
-            with Horizontal():
+            with Horizontal(classes="buttons"):
                 yield Button("Branch", id="submit", variant="warning")
                 yield Button("Cancel", id="cancel", variant="primary")
 

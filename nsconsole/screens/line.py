@@ -1,5 +1,6 @@
-"""A line's screen (Enter on the lines screen): tabs for curves, probes, checkpoints, log, events
-and, for a PSSA line, its memory. While the supervisor is away the last state stays, dimmed.
+"""A line's screen (Enter on the lines screen): tabs for curves, probes, samples, checkpoints, log,
+events and, for a PSSA line, its memory. While the supervisor is away the last state stays, dimmed.
+The header says what comes next (`widgets/line_header.py`); `j` shows the line's run.json.
 """
 
 from __future__ import annotations
@@ -9,19 +10,22 @@ import contextlib
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Container
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Static, TabbedContent, TabPane
+from textual.widgets import Footer, Header, Input, Static, TabbedContent, TabPane
 
 from engine.errors import LineError
+from nsconsole.screens.run_config import RunConfigScreen
 from nsconsole.state import LineView
 from nsconsole.widgets import format as fmt
 from nsconsole.widgets.checkpoint_list import CheckpointList, read_checkpoints
-from nsconsole.widgets.curves import CURVES, CurvePlot
+from nsconsole.widgets.curves_tab import CurvesTab
 from nsconsole.widgets.event_list import EventList
+from nsconsole.widgets.line_header import EtaLine
 from nsconsole.widgets.log_follower import LogFollower
 from nsconsole.widgets.memory_tab import MemoryTab
 from nsconsole.widgets.probe_table import ProbeTable
+from nsconsole.widgets.request_progress import RequestProgress
+from nsconsole.widgets.samples_tab import SamplesTab
 
 CHECKPOINT_REFRESH_TICKS = 10
 """The checkpoint directory is listed every this many view refreshes (it changes seldom)."""
@@ -31,7 +35,7 @@ def summary(line: LineView, now: float) -> Text:
     """The one-line header above the tabs."""
     text = Text()
     text.append(f"{line.name}", style="bold")
-    text.append(f"  {line.kind}  {fmt.state_label(line.display_state)}")
+    text.append(f"  {line.kind if line.parent is None else f'branch of {line.parent}'}  {fmt.state_label(line.display_state)}")
     if not line.connected and line.display_state in fmt.FINAL_STATES:
         text.append("  the supervisor has exited; last state shown, changes off")
     elif not line.connected:
@@ -58,6 +62,16 @@ class LineScreen(Screen[None]):
     BINDINGS = [
         Binding("escape", "app.pop_screen", "Lines", id="back", tooltip="back to the lines"),
         Binding("l", "toggle_log_y", "Log y", id="log_y", tooltip="switch the curves between a linear and a log axis"),
+        Binding("m", "smoothing", "Smooth", id="smoothing",
+                tooltip="curves: smoothing off, EMA 0.6, 0.9, 0.99 (the raw readings dimmed under it)"),
+        Binding("x", "x_axis", "X axis", id="x_axis", tooltip="curves: x axis by tokens, updates or wall time"),
+        Binding("left", "cursor(-1)", "Cursor ←", id="cursor_left", priority=True, show=False,
+                tooltip="curves: move the cursor left (its row's readings show under the plots)"),
+        Binding("right", "cursor(1)", "Cursor →", id="cursor_right", priority=True, show=False,
+                tooltip="curves: move the cursor right (the first press puts it at the newest row)"),
+        Binding("slash", "search_probes", "Search", key_display="/", id="probe_search",
+                tooltip="probes: show only readings whose name has these words"),
+        Binding("j", "run_json", "run.json", id="run_json", tooltip="show the line's run.json"),
     ]
 
     def __init__(self, line: LineView) -> None:
@@ -69,12 +83,15 @@ class LineScreen(Screen[None]):
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
         yield Static(id="summary")
+        yield EtaLine(id="eta")
         with TabbedContent(initial="tab-curves"):
-            with TabPane("curves", id="tab-curves"), Container(id="curves"):
-                for column, title in CURVES:
-                    yield CurvePlot(self.line, column, title, id=f"curve-{column}")
+            with TabPane("curves", id="tab-curves"):
+                yield CurvesTab(self.line, id="curves-tab")
             with TabPane("probes", id="tab-probes"):
+                yield Input(placeholder="search readings: words in their names", id="probe-search")
                 yield ProbeTable(id="probes")
+            with TabPane("samples", id="tab-samples"):
+                yield SamplesTab(id="samples")
             with TabPane("checkpoints", id="tab-checkpoints"):
                 yield CheckpointList(id="checkpoints")
             with TabPane("log", id="tab-log"):
@@ -84,11 +101,16 @@ class LineScreen(Screen[None]):
             if self.line.is_pssa:
                 with TabPane("memory", id="tab-memory"):
                     yield MemoryTab(id="memory")
+        yield RequestProgress(id="progress")
         yield Footer()
 
     def on_mount(self) -> None:
-        self.sub_title = self.line.name
+        self.show_header_note(self.app.header_note())  # type: ignore[attr-defined]
         self.refresh_view(self.app.clock())  # type: ignore[attr-defined]
+
+    def show_header_note(self, note: str) -> None:
+        """The line's name in the header, and what the console says of itself (paused...) beside it."""
+        self.sub_title = " · ".join(part for part in (self.line.name, note) if part)
 
     def selected_line_key(self) -> str | None:
         return self.line.key
@@ -97,13 +119,20 @@ class LineScreen(Screen[None]):
         line = self.line
         header = self.query_one("#summary", Static)
         header.update(summary(line, now))
+        eta = self.query_one(EtaLine)
+        eta.show(line)
+        curves = self.query_one(CurvesTab)
+        if eta.plan is not None:
+            curves.fork = eta.plan.fork
         self.set_class(not line.connected, "detached")
         active = self.query_one(TabbedContent).active
         if active == "tab-curves":
-            for plot in self.query(CurvePlot):
-                plot.refresh_if_changed()
+            curves.refresh_if_changed()
         elif active == "tab-probes":
-            self.query_one(ProbeTable).show(line)
+            query = self.query_one("#probe-search", Input).value
+            self.query_one(ProbeTable).show(line, query, curves.settings.pinned)
+        elif active == "tab-samples":
+            self.query_one(SamplesTab).show(line)
         elif active == "tab-checkpoints":
             if self._ticks % CHECKPOINT_REFRESH_TICKS == 0:
                 self.query_one(CheckpointList).show(read_checkpoints(line.path))
@@ -121,12 +150,13 @@ class LineScreen(Screen[None]):
 
     def _follow_log(self) -> None:
         live = self.app.live  # type: ignore[attr-defined]
-        if live is None or self._log_busy or not self.line.connected:
+        if live is None or self._log_busy or not (self.line.connected or self.line.at_rest):
             return
         self._log_busy = True
 
         async def fetch(offset: int, length: int) -> dict:
-            return await live.call(self.line.key, "log", offset=offset, length=length)
+            # Through the supervisor; a line at rest (none runs it) from its run.log.
+            return await live.read_log(self.line.key, offset, length)
 
         async def follow() -> None:
             try:
@@ -137,6 +167,49 @@ class LineScreen(Screen[None]):
 
         self.run_worker(follow(), group="log", exclusive=True)
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        # The cursor keys are the curves tab's; elsewhere left/right go to the tabs and tables.
+        if action == "cursor":
+            tabs = self.query(TabbedContent)
+            return bool(tabs) and tabs.first().active == "tab-curves"
+        return True
+
     def action_toggle_log_y(self) -> None:
-        for plot in self.query(CurvePlot):
-            plot.log_y = not plot.log_y
+        curves = self.query_one(CurvesTab)
+        curves.settings.log_y = not curves.settings.log_y
+        curves.changed()
+
+    def action_smoothing(self) -> None:
+        curves = self.query_one(CurvesTab)
+        curves.settings.next_smoothing()
+        curves.changed()
+
+    def action_x_axis(self) -> None:
+        curves = self.query_one(CurvesTab)
+        curves.settings.next_x_axis()
+        curves.changed()
+
+    def action_cursor(self, step: int) -> None:
+        self.query_one(CurvesTab).move_cursor(step)
+
+    def action_search_probes(self) -> None:
+        self.query_one(TabbedContent).active = "tab-probes"
+        self.query_one("#probe-search", Input).focus()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        self.refresh_view(self.app.clock())  # type: ignore[attr-defined]
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self.query_one(ProbeTable).focus()
+
+    def on_probe_table_pin_toggled(self, event: ProbeTable.PinToggled) -> None:
+        self.query_one(CurvesTab).toggle_pin(event.name)
+        self.refresh_view(self.app.clock())  # type: ignore[attr-defined]
+
+    def action_run_json(self) -> None:
+        eta = self.query_one(EtaLine)
+        if eta.plan is None:
+            self.notify(f"run.json: {eta.problem or 'not read yet'}", severity="warning")
+            return
+        self.app.push_screen(RunConfigScreen(str(self.line.path) + "/run.json", eta.plan.run_json))

@@ -7,9 +7,11 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Input, Static
 
-from nsconsole.state import LineView
+from nsconsole.state import LineBook, LineView
+from nsconsole.widgets import format as fmt
 from nsconsole.widgets.gpu_panel import GpuPanel
 from nsconsole.widgets.lines_table import LinesTable
+from nsconsole.widgets.request_progress import RequestProgress
 
 NO_LINES = (
     "No line is running on this host. Start one with `nsconsole --run` (the demo line) or "
@@ -21,6 +23,14 @@ def matches(line: LineView, text: str) -> bool:
     """The filter: every word appears in the line's name, path, kind, state or stage."""
     haystack = " ".join((line.name, line.path, line.kind, line.display_state, line.plan_stage or "")).lower()
     return all(word in haystack for word in text.lower().split())
+
+
+def selection_title(line: LineView | None) -> str:
+    """The table's title: the line the keys act on, by its (short) path, and a branch's parent."""
+    if line is None:
+        return "lines"
+    parent = "" if line.parent is None else f" · branch of {fmt.short_path(line.parent, 32)}"
+    return f"lines · ▸ {fmt.short_path(line.path, 48)}{parent}"
 
 
 class LinesScreen(Screen[None]):
@@ -38,6 +48,7 @@ class LinesScreen(Screen[None]):
     def __init__(self) -> None:
         super().__init__()
         self.filter_text = ""
+        self._shared_names: set[str] = set()
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
@@ -49,6 +60,7 @@ class LinesScreen(Screen[None]):
         panel = GpuPanel(id="gpus")
         panel.border_title = "GPUs"
         yield panel
+        yield RequestProgress(id="progress")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -66,6 +78,7 @@ class LinesScreen(Screen[None]):
         book = app.book  # type: ignore[attr-defined]
         shown = [line for line in book if matches(line, self.filter_text)]
         self.table.show(shown, now)
+        self._warn_of_shared_names(book)
         empty = self.query_one("#empty", Static)
         problem = app.live.problem if app.live is not None else None  # type: ignore[attr-defined]
         empty.update(NO_LINES if problem is None else f"✗ cannot look for lines: {problem}")
@@ -73,13 +86,27 @@ class LinesScreen(Screen[None]):
         self.table.border_subtitle = f"{len(shown)} of {len(book)}" if self.filter_text else f"{len(book)}"
         key = self.table.selected_key
         selected = book.get(key) if key else None
+        self.table.border_title = selection_title(selected)
         self.query_one(GpuPanel).show(app.gpu_reading, book, selected)  # type: ignore[attr-defined]
+
+    def _warn_of_shared_names(self, book: LineBook) -> None:
+        """A toast when two lines come to share a name (the table then shows each by its path)."""
+        paths: dict[str, list[str]] = {}
+        for line in book:
+            paths.setdefault(line.name, []).append(line.path)
+        shared = {name for name, named in paths.items() if len(named) > 1}
+        for name in sorted(shared - self._shared_names):
+            self.notify(f"⚠ {len(paths[name])} lines are named {name}: {', '.join(paths[name])}",
+                        severity="warning", timeout=10)
+        self._shared_names = shared
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         event.stop()
         self.app.open_line(event.row_key.value)  # type: ignore[attr-defined]
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        key = self.table.selected_key
+        self.table.border_title = selection_title(self.app.book.get(key) if key else None)  # type: ignore[attr-defined]
         self.app.refresh_bindings()
 
     async def action_open_line(self) -> None:

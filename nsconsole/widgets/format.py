@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 from textual.theme import Theme
 
@@ -11,6 +12,13 @@ from engine.units import GIB
 
 UNREACHABLE = "unreachable"
 """The console's own state of a line whose supervisor it has never reached."""
+SUPERVISOR_LOST = "supervisor lost, trainer exited"
+"""The console's own state of a line whose supervisor and trainer are both gone: nothing runs it."""
+PAUSING_FOR = {
+    "tune": f"{LineState.PAUSING} → {LineState.TUNING}",
+    "rollback": f"{LineState.PAUSING} → {LineState.ROLLING_BACK}",
+}
+"""What a `pausing` line shows, by the mutation it pauses for (the trainer checkpoints first)."""
 
 STATE_LOOKS: dict[str, tuple[str, str]] = {
     LineState.STARTING: ("○", "warning"),
@@ -29,11 +37,16 @@ STATE_LOOKS: dict[str, tuple[str, str]] = {
     Stage.CHECKPOINTING: ("⤓", "success"),
     Stage.VALIDATING: ("◇", "success"),
     Stage.WAITING_DATA: ("…", "warning"),
+    Stage.CAPTURING: ("◎", "success"),
+    Stage.COMPILING: ("⚙", "success"),
+    Stage.PROBING: ("◇", "success"),
     UNREACHABLE: ("⚡", "error"),
+    SUPERVISOR_LOST: ("✗", "error"),
 }
 """The glyph and theme colour ("" for the plain foreground) of every state a line's row shows: each
 supervisor state, the trainer stages shown in its place while it trains, and `unreachable`. The
-glyph makes the state read without its colour; the word is the state's own."""
+glyph makes the state read without its colour; the word is the state's own. A state with more
+words after it (`pausing → tuning`, `stopping after cycle 3`) looks like its first word."""
 
 FINAL_STATES = FINAL_LINE_STATES
 """States a supervisor exits in: its socket then goes quiet, which is no connection problem."""
@@ -42,13 +55,33 @@ FRESH_HEARTBEAT_S = 30.0
 """A heartbeat younger than this is fresh; older than `health.STALE_HEARTBEAT_S` is stale."""
 
 
+def _looks(state: str) -> tuple[str, str]:
+    return STATE_LOOKS.get(state) or STATE_LOOKS.get(state.split(" ", 1)[0], ("•", ""))
+
+
 def state_label(state: str) -> str:
-    return f"{STATE_LOOKS.get(state, ('•', ''))[0]} {state}"
+    return f"{_looks(state)[0]} {state}"
 
 
 def state_severity(state: str) -> str:
     """The theme colour of a state ("" for the plain foreground, and for a state this code does not know)."""
-    return STATE_LOOKS.get(state, ("•", ""))[1]
+    return _looks(state)[1]
+
+
+def short_path(path: str, width: int = 32) -> str:
+    """A line's path in at most about `width` cells: `~` for the home directory, then its last parts."""
+    home = str(Path.home())
+    if path == home or path.startswith(home + "/"):
+        path = "~" + path[len(home):]
+    if len(path) <= width:
+        return path
+    parts = Path(path).parts
+    shown = parts[-1]
+    for part in reversed(parts[:-1]):
+        if len(part) + 1 + len(shown) + 2 > width:
+            break
+        shown = f"{part}/{shown}"
+    return f"…/{shown}"
 
 
 def count(value: float | None) -> str:

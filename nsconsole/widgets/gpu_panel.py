@@ -1,6 +1,7 @@
 """The GPU panel: every GPU's memory split between the selected line, other processes, the
 reserve and what is free; its utilisation as a sparkline; who holds its lease; whether the
-selected line shares the GPU. A machine without a GPU shows why, once.
+selected line shares the GPU. A machine without a GPU shows why, once. Beside it, the host:
+CPU, memory and each line's trainer process (`widgets/host_panel.py`), read with the GPUs.
 
 Memory segments are drawn with different characters (█ this line, ▓ other processes,
 ░ the reserve, · free) with a legend, so the split reads without colour.
@@ -13,18 +14,23 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rich.cells import cell_len
+from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
 from engine.gpu.devices import GpuSnapshot, LeaseHolder, gpu_snapshot, lease_holder
 from nsconsole.state import LineBook, LineView
 from nsconsole.widgets import format as fmt
+from nsconsole.widgets.host_panel import HOST_SAMPLER, HostReading, host_text
 from nsconsole.widgets.plot import sparkline
 
 UTILISATION_HISTORY = 120
 """Utilisation samples kept per GPU (a minute at the panel's 2 Hz)."""
 BAR_WIDTH = 40
 SPARK_WIDTH = 60
+HOST_GAP = 3
+"""Cells between the GPUs and the host beside them."""
 
 
 @dataclass(frozen=True)
@@ -35,6 +41,8 @@ class GpuReading:
     """What NVML reports (or why there is nothing)."""
     leases: list[LeaseHolder | None] = field(default_factory=list)
     """The holder of each device's lease, by index (None: free)."""
+    host: HostReading | None = None
+    """The host's CPU, memory and trainer processes, read at the same time (None: not read)."""
 
 
 GpuReader = Callable[[], GpuReading]
@@ -42,9 +50,9 @@ GpuReader = Callable[[], GpuReading]
 
 
 def read_gpus() -> GpuReading:
-    """The GPUs now, from NVML and the lease files (call it off the UI thread)."""
+    """The GPUs and the host now, from NVML, the lease files and psutil (call it off the UI thread)."""
     snapshot = gpu_snapshot()
-    return GpuReading(snapshot, [lease_holder(device.index) for device in snapshot.devices])
+    return GpuReading(snapshot, [lease_holder(device.index) for device in snapshot.devices], HOST_SAMPLER.read())
 
 
 def memory_bar(
@@ -74,7 +82,18 @@ class GpuPanel(Static):
             history.append(None if device.utilization is None else float(device.utilization))
 
     def show(self, reading: GpuReading | None, book: LineBook, selected: LineView | None) -> None:
-        self.update(self.render_text(reading, book, selected))
+        HOST_SAMPLER.watch(line.trainer_pid for line in book if line.trainer_pid)
+        gpus = self.render_text(reading, book, selected)
+        if reading is None or reading.host is None:
+            self.update(gpus)
+            return
+        host = host_text(reading.host, book)
+        if _widest(gpus) + HOST_GAP + _widest(host) <= self.content_size.width:
+            beside = Table.grid(padding=(0, HOST_GAP, 0, 0))
+            beside.add_row(gpus, host)
+            self.update(beside)
+        else:  # too narrow for both side by side: the host under the GPUs
+            self.update(Text("\n").join([gpus, host]))
 
     def render_text(self, reading: GpuReading | None, book: LineBook, selected: LineView | None) -> Text:
         theme = self.app.current_theme
@@ -116,6 +135,10 @@ class GpuPanel(Static):
             text.append(sparkline(list(history), SPARK_WIDTH, 0.0, 100.0), style=theme.success or "")
         text.append("\n█ this line  ▓ other processes  ░ reserve  · free", style="dim")
         return text
+
+
+def _widest(text: Text) -> int:
+    return max((cell_len(line) for line in text.plain.splitlines()), default=0)
 
 
 def _holder_name(

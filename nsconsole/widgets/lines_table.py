@@ -2,12 +2,21 @@
 
 A line whose supervisor does not answer keeps its last values, dimmed, with `⚡` before its
 state; every state and the heartbeat's age carry a glyph, so nothing is told by colour alone.
+
+The cursor stays on its line (by key) whatever rows come, go or are filtered away around it:
+the keys act on the line under the cursor. Rows keep the order they are given in. A table too
+narrow for every column shows the most important ones (`PRIORITY`) and drops the rest. Two lines
+of one name are each shown by a short path, marked `⚠`; a branch's kind names its parent; `forks`
+lists the branches its supervisor holds for a cycle end (queued `⑂`, failed `✗`).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
+from pathlib import Path
 
+from rich.cells import cell_len
 from rich.text import Text
 from textual.widgets import DataTable
 
@@ -18,6 +27,7 @@ from nsconsole.widgets import format as fmt
 COLUMNS = (
     ("line", "line"),
     ("kind", "kind"),
+    ("forks", "forks"),
     ("state", "state"),
     ("stage", "stage"),
     ("update", "update"),
@@ -33,6 +43,10 @@ COLUMNS = (
 )
 """(column key, heading) in display order."""
 
+PRIORITY = ("line", "state", "health", "beat", "loss", "update", "forks", "tokens", "cycle", "val_loss",
+            "tokens_per_s", "kind", "stage", "gpu", "restarts")
+"""The columns in the order they are kept when the table is too narrow for all of them."""
+
 RIGHT_ALIGNED = {"update", "tokens", "cycle", "loss", "val_loss", "tokens_per_s", "restarts"}
 
 
@@ -42,12 +56,20 @@ class LinesTable(DataTable):
     def __init__(self, **kwargs: object) -> None:
         super().__init__(cursor_type="row", zebra_stripes=False, **kwargs)  # type: ignore[arg-type]
         self._cells: dict[str, dict[str, Text]] = {}
+        self._shown_columns: tuple[str, ...] = ()
         self.cells_written = 0
         """Cells written since mounting (the benchmark and the tests read it)."""
 
     def on_mount(self) -> None:
-        for key, heading in COLUMNS:
-            self.add_column(heading, key=key)
+        self._lay_out([column for column, _ in COLUMNS])
+
+    def on_resize(self) -> None:
+        self._fit_columns()
+
+    @property
+    def shown_columns(self) -> tuple[str, ...]:
+        """The keys of the columns on screen now, in display order."""
+        return self._shown_columns
 
     @property
     def selected_key(self) -> str | None:
@@ -57,30 +79,75 @@ class LinesTable(DataTable):
         return self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value
 
     def show(self, lines: Iterable[LineView], now: float) -> None:
-        wanted = {line.key: line for line in lines}
+        selected = self.selected_key
+        shown = list(lines)
+        wanted = {line.key: line for line in shown}
+        names = Counter(line.name for line in shown)
         for key in [key for key in self._cells if key not in wanted]:
             self.remove_row(key)
             del self._cells[key]
         for key, line in wanted.items():
-            cells = self.render_cells(line, now)
+            cells = self.render_cells(line, now, shared_name=names[line.name] > 1)
             previous = self._cells.get(key)
             if previous is None:
-                self.add_row(*(cells[column] for column, _ in COLUMNS), key=key)
-                self.cells_written += len(cells)
+                self.add_row(*(cells[column] for column in self._shown_columns), key=key)
+                self.cells_written += len(self._shown_columns)
             else:
-                for column, _ in COLUMNS:
+                for column in self._shown_columns:
                     if cells[column] != previous[column]:
                         self.update_cell(key, column, cells[column], update_width=True)
                         self.cells_written += 1
             self._cells[key] = cells
+        if [row.key.value for row in self.ordered_rows] != list(wanted):
+            # A line came back (the filter cleared, a supervisor restarted): in its place again.
+            self._cells = {key: self._cells[key] for key in wanted}
+            self._lay_out(self._shown_columns)
+        self._fit_columns()
+        self._keep_cursor_on(selected)
 
-    def render_cells(self, line: LineView, now: float) -> dict[str, Text]:
+    def _keep_cursor_on(self, key: str | None) -> None:
+        if key is not None and key in self._cells and self.selected_key != key:
+            self.move_cursor(row=self.get_row_index(key), animate=False)
+
+    def _fit_columns(self) -> None:
+        """Show the columns that fit the width, most important first (see `PRIORITY`)."""
+        width = self.scrollable_content_region.width
+        if width <= 0:
+            return
+        headings = dict(COLUMNS)
+        room, fitting = width, set()
+        for column in PRIORITY:
+            needed = 2 * self.cell_padding + max(
+                [cell_len(headings[column])] + [cells[column].cell_len for cells in self._cells.values()]
+            )
+            if needed > room and fitting:
+                break
+            fitting.add(column)
+            room -= needed
+        shown = [column for column, _ in COLUMNS if column in fitting]
+        if tuple(shown) != self._shown_columns:
+            selected = self.selected_key
+            self._lay_out(shown)
+            self._keep_cursor_on(selected)
+
+    def _lay_out(self, columns: Iterable[str]) -> None:
+        """Every column and row anew (rows in the order `_cells` has them)."""
+        headings = dict(COLUMNS)
+        self.clear(columns=True)
+        self._shown_columns = tuple(columns)
+        for column in self._shown_columns:
+            self.add_column(headings[column], key=column)
+        for key, cells in self._cells.items():
+            self.add_row(*(cells[column] for column in self._shown_columns), key=key)
+
+    def render_cells(self, line: LineView, now: float, shared_name: bool = False) -> dict[str, Text]:
+        """Every column's cell; `shared_name`: another line shown has this line's name."""
         theme = self.app.current_theme
         dim = not line.connected
         state = line.display_state
         state_text = fmt.state_label(state)
         state_severity = fmt.state_severity(state)
-        if dim and line.ever_connected and state not in fmt.FINAL_STATES:
+        if dim and line.ever_connected and state not in fmt.FINAL_STATES and state != fmt.SUPERVISOR_LOST:
             # The last known state, its supervisor gone (a line that ended has no supervisor by design).
             state_text, state_severity = f"⚡ {state}", "error"
         beat_age = line.heartbeat_age(now)
@@ -88,8 +155,9 @@ class LinesTable(DataTable):
         flags = line.health
         worst = "error" if any(flag.severity == "error" for flag in flags) else "warning" if flags else "success"
         values = {
-            "line": (line.name, ""),
-            "kind": (line.kind, ""),
+            "line": (f"⚠ {fmt.short_path(line.path)}", "warning") if shared_name else (line.name, ""),
+            "kind": (line.kind if line.parent is None else f"branch of {Path(line.parent).name}", ""),
+            "forks": forks_cell(line),
             "state": (state_text, state_severity),
             "stage": (line.plan_stage or "—", ""),
             "update": (fmt.count(line.update) if (line.update or 0) >= 1e5 else str(line.update or "—"), ""),
@@ -111,6 +179,13 @@ class LinesTable(DataTable):
             justify = "right" if column in RIGHT_ALIGNED else "left"
             cells[column] = Text(text, style=style, justify=justify)
         return cells
+
+
+def forks_cell(line: LineView) -> tuple[str, str]:
+    """Branches held for a cycle end: `⑂ b1@2` queued, `✗ b2@1` failed (an error: the event says why)."""
+    failed = [f"✗ {Path(fork.path).name}@{fork.at_cycle}" for fork in line.failed_forks]
+    queued = [f"⑂ {Path(fork.path).name}@{fork.at_cycle}" for fork in line.queued_forks]
+    return " ".join(failed + queued) or "—", "error" if failed else ""
 
 
 def gpu_cell(line: LineView) -> tuple[str, str]:

@@ -1,8 +1,12 @@
-"""The probes tab: every reading of the latest validation, with its change since the one before.
+"""The probes tab: every reading of the latest validation and of the newest training row, each
+with its change since the one before; a search narrows the list and Enter pins a reading to the
+curves tab (a plot of its own; Enter again unpins it).
 
-A reading is any number in a validation row other than the row's own bookkeeping (update,
-tokens, time...): the validation losses (`val_<L>/...`, `ema/val_...`), the model's probes and
-the optimizer summaries (`opt/...`). The change carries ▲/▼, not only a colour.
+A validation reading is any number in a validation row other than the row's own bookkeeping
+(update, tokens, time...): the validation losses (`val_<L>/...`, `ema/val_...`), the model's
+probes and the optimizer summaries (`opt/...`). A row metric is a training row's number that the
+curves can follow: loss, lr, gradient norms (`train/grad_norm/...`), throughput and the like. The
+change carries ▲/▼, not only a colour.
 """
 
 from __future__ import annotations
@@ -11,6 +15,8 @@ import re
 from typing import Any
 
 from rich.text import Text
+from textual.binding import Binding
+from textual.message import Message
 from textual.widgets import DataTable
 
 from nsconsole.state import LineView
@@ -21,9 +27,16 @@ BOOKKEEPING = frozenset({
     "tokens_per_update", "skipped", "loss", "grad_norm", "tokens_per_s",
 })
 """Row keys that are not validation readings."""
+ROW_METRICS = frozenset({"loss", "lr", "grad_norm", "tokens_per_s", "weight_decay", "data_tokens", "tokens_per_update"})
+"""Training-row keys a curve can follow besides the `train/...` ones."""
+PIN_GLYPH = "◉"
 
 _LOSS_READING = re.compile(r"^(ema/)?val_[^/]+/[^/]+$")
 """A validation loss (`val_<L>/<source>`, `/mix`, `/mean`, and their EMA twins): lower is better."""
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def probe_readings(row: dict[str, Any]) -> dict[str, float]:
@@ -31,10 +44,16 @@ def probe_readings(row: dict[str, Any]) -> dict[str, float]:
     return {
         key: float(value)
         for key, value in row.items()
-        if key not in BOOKKEEPING
-        and not key.startswith("train/")
-        and isinstance(value, (int, float))
-        and not isinstance(value, bool)
+        if key not in BOOKKEEPING and not key.startswith("train/") and _is_number(value)
+    }
+
+
+def row_metrics(row: dict[str, Any]) -> dict[str, float]:
+    """The numbers of a training row that a curve can follow, by name."""
+    return {
+        key: float(value)
+        for key, value in row.items()
+        if (key in ROW_METRICS or key.startswith("train/")) and _is_number(value)
     }
 
 
@@ -45,40 +64,96 @@ def probe_changes(latest: dict[str, Any], before: dict[str, Any] | None) -> list
     return [(name, value, value - then[name] if name in then else None) for name, value in sorted(now.items())]
 
 
+def metric_changes(latest: dict[str, Any], before: dict[str, Any] | None) -> list[tuple[str, float, float | None]]:
+    """(name, value, change since `before` or None) for every row metric of `latest`, by name."""
+    now = row_metrics(latest)
+    then = row_metrics(before) if before is not None else {}
+    return [(name, value, value - then[name] if name in then else None) for name, value in sorted(now.items())]
+
+
+def matches(name: str, query: str) -> bool:
+    """The search: every word of `query` is in the reading's name."""
+    lowered = name.lower()
+    return all(word in lowered for word in query.lower().split())
+
+
 class ProbeTable(DataTable):
-    """The latest validation's readings; `show(line)` redraws when a new validation arrives."""
+    """The readings; `show(line, query, pinned)` redraws what changed."""
+
+    BINDINGS = [
+        Binding("enter", "toggle_pin", "Pin", id="pin",
+                tooltip="pin the reading to the curves tab, in a plot of its own (again: unpin it)"),
+    ]
+
+    class PinToggled(Message):
+        """Enter on a reading: pin it to the curves, or unpin it."""
+
+        def __init__(self, name: str) -> None:
+            super().__init__()
+            self.name = name
 
     def __init__(self, **kwargs: object) -> None:
         super().__init__(cursor_type="row", **kwargs)  # type: ignore[arg-type]
-        self._shown: tuple[int, int] | None = None
+        self._names: list[str] = []
 
     def on_mount(self) -> None:
+        self.add_column(" ", key="pin")
         self.add_column("reading", key="name")
+        self.add_column("of", key="source")
         self.add_column("value", key="value")
         self.add_column("change", key="change")
 
-    def show(self, line: LineView) -> None:
+    def show(self, line: LineView, query: str = "", pinned: tuple[str, ...] | list[str] = ()) -> None:
         validations = line.validations
-        marker = (len(validations), validations[-1].get("update", -1) if validations else -1)
-        if marker == self._shown:
-            return
-        self._shown = marker
-        self.clear()
-        if not validations:
+        entries: list[tuple[str, str, float, float | None]] = []
+        if validations:
+            latest = validations[-1]
+            before = validations[-2] if len(validations) > 1 else None
+            entries += [("validation", *change) for change in probe_changes(latest, before)]
+            self.border_subtitle = f"validation at update {latest.get('update')}" + (
+                f", change since update {before.get('update')}" if before is not None else ""
+            )
+        else:
             self.border_subtitle = "no validation yet"
+        rows = line.recent_rows
+        if rows:
+            entries += [("row", *change) for change in metric_changes(rows[-1], rows[-2] if len(rows) > 1 else None)]
+        shown = [entry for entry in entries if matches(entry[1], query)]
+        names = [name for _, name, _, _ in shown]
+        cells = {name: self._cells(source, name, value, change, name in pinned) for source, name, value, change in shown}
+        if names != self._names:
+            cursor = self._names[self.cursor_row] if 0 <= self.cursor_row < len(self._names) else None
+            self.clear()
+            for name in names:
+                self.add_row(*cells[name], key=name)
+            self._names = names
+            if cursor in names:
+                self.move_cursor(row=names.index(cursor))
             return
-        latest = validations[-1]
-        before = validations[-2] if len(validations) > 1 else None
+        for name in names:
+            for column, cell in zip(("pin", "name", "source", "value", "change"), cells[name]):
+                if str(self.get_cell(name, column)) != str(cell):
+                    self.update_cell(name, column, cell)
+
+    def _cells(self, source: str, name: str, value: float, change: float | None, pinned: bool) -> tuple[Any, ...]:
         theme = self.app.current_theme
-        self.border_subtitle = f"validation at update {latest.get('update')}" + (
-            f", change since update {before.get('update')}" if before is not None else ""
+        if change is None:
+            change_text = Text("new", style="dim")
+        else:
+            # A lower loss is better; for other readings a change is only a change.
+            better = change < 0 if _LOSS_READING.match(name) else None
+            style = "" if better is None or change == 0 else theme.success if better else theme.warning
+            change_text = Text(fmt.signed(change), style=style or "", justify="right")
+        return (
+            PIN_GLYPH if pinned else " ", name, Text(source, style="dim"),
+            Text(fmt.number(value, 5), justify="right"), change_text,
         )
-        for name, value, change in probe_changes(latest, before):
-            if change is None:
-                change_text = Text("new", style="dim")
-            else:
-                # A lower loss is better; for other readings a change is only a change.
-                better = change < 0 if _LOSS_READING.match(name) else None
-                style = "" if better is None or change == 0 else theme.success if better else theme.warning
-                change_text = Text(fmt.signed(change), style=style or "", justify="right")
-            self.add_row(name, Text(fmt.number(value, 5), justify="right"), change_text, key=name)
+
+    @property
+    def selected_name(self) -> str | None:
+        return self._names[self.cursor_row] if 0 <= self.cursor_row < len(self._names) else None
+
+    def action_toggle_pin(self) -> None:
+        name = self.selected_name
+        if name is not None:
+            self.post_message(self.PinToggled(name))

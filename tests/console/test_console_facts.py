@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.protocol.facts import ENDING_EVENTS, FINAL_LINE_STATES, EventKind, LineState
+from engine.protocol.facts import ENDING_EVENTS, FINAL_LINE_STATES, EventKind, LineState, Stage
 from nsconsole.state import EVENT_GLYPHS, SHOWN_STAGES, LineView
 from nsconsole.widgets import format as fmt
 
@@ -15,6 +15,10 @@ def test_every_state_has_a_glyph_a_word_and_a_colour(state: str) -> None:
     assert glyph.strip() and glyph != "•"
     assert fmt.state_label(state) == f"{glyph} {state.value}"
     assert severity in ("", "success", "warning", "error")
+
+
+def test_every_trainer_stage_but_training_and_stopped_is_shown_in_place_of_training() -> None:
+    assert set(Stage) - {Stage.TRAINING, Stage.STOPPED} == SHOWN_STAGES
 
 
 def test_the_console_ends_a_line_in_exactly_the_states_a_supervisor_exits_in() -> None:

@@ -20,12 +20,13 @@ def test_a_loss_spike_is_a_loss_above_one_and_a_half_times_the_mean_of_the_eight
     assert health.loss_spike([9.0, *calm, 3.1]) is not None
 
 
-def test_slow_throughput_is_below_sixty_percent_of_its_running_median() -> None:
+def test_slow_throughput_is_three_updates_in_a_row_below_sixty_percent_of_its_running_median() -> None:
     history = [1000.0, 1100.0, 900.0, 1000.0, 1050.0, 950.0, 1000.0, 1000.0]
-    assert health.slow_throughput([*history, 650.0]) is None
-    flag = health.slow_throughput([*history, 550.0])
+    assert health.slow_throughput([*history, 650.0, 640.0, 650.0]) is None
+    assert health.slow_throughput([*history, 550.0, 550.0, 650.0]) is None  # not every one of the three
+    flag = health.slow_throughput([*history, 550.0, 560.0, 550.0])
     assert flag is not None and flag.word == "slow" and "55%" in flag.detail
-    assert health.slow_throughput(history[:4] + [10.0]) is None  # warming up
+    assert health.slow_throughput(history[:4] + [10.0] * 3) is None  # warming up
 
 
 def test_the_lr_check_uses_the_tokens_before_the_update_and_spares_skipped_updates() -> None:
@@ -106,7 +107,8 @@ def test_state_follows_connection_loss_and_a_restarted_supervisor() -> None:
     line = LineView("k", "/runs/trunk")
     assert line.display_state == "unreachable" and not line.mutable
     assert line.apply_hello({"epoch": "a", "pid": 1}, 10.0) is True  # first: fetch the rows
-    line.apply_status({"state": "training", "launches": 3, "heartbeat": {"time": 5.0, "stage": "checkpointing"}})
+    line.apply_status({"state": "training", "launches": 3, "crashes": 2,
+                       "heartbeat": {"time": 5.0, "stage": "checkpointing"}})
     assert line.display_state == "checkpointing" and line.restarts == 2 and line.mutable
     line.apply_rows([row(1)], 0)
     line.mark_disconnected("connection refused", 11.0)

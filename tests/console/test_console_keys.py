@@ -40,13 +40,13 @@ def test_only_changed_cells_are_redrawn_and_pause_holds_the_view() -> None:
         app.refresh_views()
         assert table.cells_written == written  # nothing changed, nothing written
         line = app.book.get("pssa-trunk-id")
-        line.apply_status({**line.status, "launches": 4})
+        line.apply_status({**line.status, "crashes": 3})
         app.refresh_views()
         assert table.cells_written == written + 1  # the restarts cell alone
         assert str(table.get_cell("pssa-trunk-id", "restarts")) == "3"
         await pilot.press("p")
         assert "paused" in app.sub_title
-        line.apply_status({**line.status, "launches": 6})
+        line.apply_status({**line.status, "crashes": 5})
         app.refresh_views()
         assert str(table.get_cell("pssa-trunk-id", "restarts")) == "3"
         await pilot.press("p")
@@ -91,6 +91,7 @@ def test_mutating_keys_are_off_without_a_supervisor_and_in_readonly_mode() -> No
 
 def test_a_new_health_flag_rings_the_bell_once() -> None:
     app = console(book=frozen_book())
+    app.bell_severities = frozenset({"warning", "error"})  # a spike is a warning: `--bell error,warning`
     rings: list[int] = []
 
     async def scenario(pilot) -> None:

@@ -14,16 +14,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
 import psutil
 import pytest
+from helpers.console import until
 from helpers.lines import copy_data_line, make_data_line, make_line
-from helpers.supervise import kill_line_processes, stop_supervisor
+from helpers.supervise import kill_line_processes, start_supervisor, stop_supervisor
 from textual.widgets import Input
 
 from datalines import open_data_line
@@ -40,14 +37,6 @@ from nsconsole.widgets.checkpoint_list import read_checkpoints
 from nsconsole.widgets.lines_table import LinesTable
 from nsconsole.widgets.log_follower import LogFollower
 
-RUNNER = r'''
-import json, sys
-from engine.supervisor.supervisor import Supervisor, SupervisorSettings
-raise SystemExit(Supervisor(sys.argv[1], SupervisorSettings(**json.loads(sys.argv[2]))).run())
-'''
-
-T = TypeVar("T")
-
 
 @pytest.fixture(autouse=True)
 def private_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -57,22 +46,6 @@ def private_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "host.json").write_text("{}")
 
 
-def start_supervisor(tmp_path: Path, line: Path, run_preparer: bool = True) -> subprocess.Popen[bytes]:
-    runner = tmp_path / "runner.py"
-    runner.write_text(RUNNER)
-    settings = {"poll_seconds": 0.1, "relaunch_delay_seconds": 0.05, "run_preparer": run_preparer}
-    return subprocess.Popen([sys.executable, str(runner), str(line), json.dumps(settings)])
-
-
-async def until(pilot, condition: Callable[[], T], what: str, timeout: float = 120.0) -> T:
-    """Let the app run until `condition()` is truthy; its value."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        await pilot.pause(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def state_cell(app: ConsoleApp, key: str) -> str:
@@ -187,7 +160,8 @@ def test_a_branch_requested_for_the_current_cycle_happens_at_its_end(tmp_path: P
             await until(pilot, lambda: (line.heartbeat or {}).get("stage") == "waiting-data", "the data wait")
             await until(pilot, lambda: state_cell(app, line.key), "the row")
             await pilot.press("b")
-            assert isinstance(app.screen, BranchForm)
+            # The form is pushed by the action's worker: on a loaded machine, a tick or two later.
+            await until(pilot, lambda: isinstance(app.screen, BranchForm), "the branch form")
             app.screen.query_one("#path", Input).value = str(branch_path)
             app.screen.query_one("#at_cycle", Input).value = "1"
             app.screen.query_one("#plan", Input).value = "decay:1e5"  # the branch trains until stopped

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Callable
+from typing import TypeVar
 
 from engine.gpu.devices import GpuDevice, GpuProcess, GpuSnapshot, LeaseHolder
 from engine.units import GIB
@@ -71,7 +74,8 @@ def frozen_book(memory_blocks: int = 0) -> LineBook:
         line = LineView(f"{name}-id", f"/srv/runs/{name}", facts)
         line.apply_hello({"epoch": f"epoch{index}", "pid": 4100 + index}, NOW - 3600)
         line.apply_status({
-            "state": "training", "launches": launches, "gpu_index": gpu, "trainer_pid": 5100 + index,
+            "state": "training", "launches": launches, "crashes": launches - 1, "gpu_index": gpu,
+            "trainer_pid": 5100 + index,
             "latest_checkpoint": 400, "preset": preset,
             "heartbeat": {"time": NOW - 2 - 50 * index, "update": 500, "stage": "training", "pid": 5100 + index},
         })
@@ -121,3 +125,16 @@ async def settle(pilot) -> None:
     app.refresh_views()
     await pilot.pause()
 
+
+T = TypeVar("T")
+
+
+async def until(pilot, condition: Callable[[], T], what: str, timeout: float = 120.0) -> T:
+    """Let the app run until `condition()` is truthy; its value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        await pilot.pause(0.1)
+    raise AssertionError(f"timed out waiting for {what}")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -17,6 +19,15 @@ import json, sys
 from engine.supervisor.supervisor import Supervisor, SupervisorSettings
 raise SystemExit(Supervisor(sys.argv[1], SupervisorSettings(**json.loads(sys.argv[2]))).run())
 '''
+
+
+def start_supervisor(root: Path, line: Path, run_preparer: bool = True) -> subprocess.Popen[bytes]:
+    """A real supervisor of `line` in a child process (RUNNER), polling fast; `run_preparer=False`
+    leaves the data line's unprepared cycles unprepared (the trainer waits for them, alive)."""
+    runner = root / "runner.py"
+    runner.write_text(RUNNER)
+    settings = {"poll_seconds": 0.1, "relaunch_delay_seconds": 0.05, "run_preparer": run_preparer}
+    return subprocess.Popen([sys.executable, str(runner), str(line), json.dumps(settings)])
 
 
 def wait_for(client: SupervisorClient, kind: str, accept, timeout: float = 120) -> dict:

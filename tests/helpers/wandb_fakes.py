@@ -111,6 +111,13 @@ class RecordingBackend:
         held = self.server.history.get(self.run_id or "", [])
         return held[-1][0] if held else None
 
+    def server_rows(self, after: int, through: int) -> dict[int, dict[str, Any]] | None:
+        self.server.check_up()
+        if self.offline:
+            return None
+        held = self.server.history.get(self.run_id or "", [])
+        return {step: dict(values) for step, values in held if after < step <= through}
+
     def finish(self) -> bool:
         self.server.check_up()
         self.run_id = None

@@ -33,7 +33,7 @@ def test_reference_matches_direct_sums() -> None:
     offsets = torch.tensor([0, 4, 4, 17, 23])
     want = torch.stack([flat[0:4].double().square().sum(), torch.tensor(0.0, dtype=torch.float64),
                         flat[4:17].double().square().sum(), flat[17:23].double().square().sum()])
-    torch.testing.assert_close(segment_sq_sums_reference(flat, offsets), want.float())
+    torch.testing.assert_close(segment_sq_sums_reference(flat, offsets), want)
 
 
 @pytest.mark.parametrize("trial", range(6))
@@ -64,8 +64,36 @@ def test_kernel_matches_reference_real_chunk() -> None:
 def test_single_segment_and_no_segments() -> None:
     flat = torch.randn(301).to(DEVICE)
     whole = segment_sq_sums(flat, torch.tensor([0, 301], device=DEVICE), use_triton=True)
-    torch.testing.assert_close(whole, flat.double().square().sum().float().reshape(1), rtol=1e-5, atol=0)
+    torch.testing.assert_close(whole, flat.double().square().sum().reshape(1), rtol=1e-12, atol=0)
     assert segment_sq_sums(flat, torch.tensor([0], device=DEVICE), use_triton=True).numel() == 0
+
+
+@pytest.mark.parametrize("use_triton", [True, False])
+@pytest.mark.parametrize("element", [1e21, 3.0e38])
+def test_huge_finite_elements_have_finite_float64_sums(
+    element: float, use_triton: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An fp32 square of 1e21 (or of a value near fp32's largest) overflows; a float64 one does not.
+    64-element chunks put a segment across chunks, so the chunk partials are float64 too."""
+    monkeypatch.setattr(grad_norms_module, "_CHUNK", 64)
+    flat = torch.full((197,), element, dtype=torch.float32, device=DEVICE)
+    flat[1::2] = -element
+    offsets = torch.tensor([0, 7, 150, flat.numel()], device=DEVICE)
+    got = segment_sq_sums(flat, offsets, use_triton=use_triton)
+    assert got.dtype == torch.float64
+    element_sq = float(torch.tensor(element, dtype=torch.float32)) ** 2
+    want = torch.tensor([7, 143, flat.numel() - 150], dtype=torch.float64, device=DEVICE) * element_sq
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("use_triton", [True, False])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_elements_give_non_finite_sums(bad: float, use_triton: bool) -> None:
+    """The skip of a NaN/Inf gradient still sees it: only its segment's sum is not finite."""
+    flat = torch.randn(9000, generator=torch.Generator().manual_seed(4)).to(DEVICE)
+    flat[8500] = bad
+    got = segment_sq_sums(flat, torch.tensor([0, 8192, 9000], device=DEVICE), use_triton=use_triton)
+    assert torch.isfinite(got[0]) and not torch.isfinite(got[1])
 
 
 def test_bad_offsets_are_refused() -> None:

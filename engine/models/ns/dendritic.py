@@ -35,7 +35,7 @@ from engine.models.base import recompute_saves_memory
 from engine.models.common import RMSNorm
 from engine.models.ns.config import NSConfig
 from engine.models.ns.neurons import PLIFNeurons, at_least_fp32
-from engine.models.ns.scan import chunked_scan, compiled_chunked_scan
+from engine.models.ns.scan import chunked_scan, compiled_chunked_scan, recurrent_step
 
 
 @dataclass
@@ -153,7 +153,10 @@ class DendriticLayer(nn.Module):
         dt = self.steps(dt_raw)  # (Bt, T, H)
         u = u.reshape(batch, length, heads, head_dim)
         groups_shape = (batch, length, config.dendritic_groups, config.dendritic_state)
-        scan = compiled_chunked_scan() if u.is_cuda and config.compile_scan else chunked_scan
+        if length == 1:  # a decoder's step: the recurrence itself, not a chunk padded from one token
+            scan = recurrent_step
+        else:
+            scan = compiled_chunked_scan() if u.is_cuda and config.compile_scan else chunked_scan
         y, compartments = scan(
             u,
             dt,

@@ -15,7 +15,9 @@ Spiking FFN (after RMSNorm): down(V_gate * V_up) + skip(x) with PLIF gate and up
 
 The read is within the window; what crosses windows is the clock's reading and the neurons'
 membranes. Inside a window the clock is used relative to the window's start, so the carried
-offset never enters the read's arithmetic (it only continues the clock's reading).
+offset never enters the read's arithmetic (it only continues the clock's reading). A decoder's
+window is everything it has seen: its `PoolCache` keeps those tokens' keys, values, tags and
+clocks, and the carried clock (counted from the first of them) places new tokens on their scale.
 
 Memory (`bench/ns_memory.py`: an ns-1p3b layer under bf16 autocast kept 194 KB per token, 91 KB
 now): the FFN's two neuron populations and their product, and the two RMSNorms, run under a
@@ -40,7 +42,7 @@ from engine.models.common import RMSNorm, RotaryEmbedding
 from engine.models.ns.config import NSConfig
 from engine.models.ns.dendritic import centred, recomputed_in_backward
 from engine.models.ns.neurons import PLIFNeurons, at_least_fp32, softplus_inverse
-from engine.models.ns.pool_read import pool_read
+from engine.models.ns.pool_read import PoolCache, pool_read
 
 
 @dataclass
@@ -174,15 +176,21 @@ class HippocampalLayer(nn.Module):
         is_eos: torch.Tensor,
         state: dict[str, torch.Tensor] | None,
         capture: bool = False,
+        pool: PoolCache | None = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor], HippocampalTrace | None]:
-        """x (Bt, T, D), is_eos (Bt, T) bool -> x + updates, the new state, a trace when `capture`."""
+        """x (Bt, T, D), is_eos (Bt, T) bool -> x + updates, the new state, a trace when `capture`.
+
+        With a `pool` (decoding), x follows the tokens the pool holds, which `state` has seen since
+        it was fresh: their positions continue from the pool's length, their clocks from the
+        state's, and the read runs over the pool, which they join."""
         config = self.config
         batch, length, _ = x.shape
         heads, head_dim = config.attn_heads, config.attn_head_dim
+        position = 0 if pool is None else pool.length
         h = SharedAutocastCast(recomputed_in_backward(self.attn_norm, x))
         qkv = self.qkv(h.read()).view(batch, length, 3, heads, head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4)  # (Bt, Ha, T, d)
-        q, k = self.rotary(q), self.rotary(k)
+        q, k = self.rotary(q, position), self.rotary(k, position)
 
         clock_step = F.softplus(at_least_fp32(self.clock_proj(h.read()))) + is_eos.unsqueeze(-1) * F.softplus(
             at_least_fp32(self.clock_eos_raw)
@@ -204,7 +212,10 @@ class HippocampalLayer(nn.Module):
         )  # (Bt, T, Ha)
         rate = self.rate()
         log_tag_bh = log_tag.transpose(1, 2)  # (Bt, Ha, T)
-        read = pool_read(q, k, v, log_tag_bh, clock_bh, rate)  # (Bt, Ha, T, d)
+        if pool is None:
+            read = pool_read(q, k, v, log_tag_bh, clock_bh, rate)  # (Bt, Ha, T, d)
+        else:
+            read = pool.read(q, k, v, log_tag_bh, clock_offset.unsqueeze(-1) + clock_bh, rate)
         read = read.transpose(1, 2).reshape(batch, length, heads * head_dim)
         x = x + centred(self.out_proj(read.to(x.dtype)))
 

@@ -9,12 +9,21 @@ before it joins the residual stream.
 Across consecutive windows of the same rows the carry holds, per layer, the dendritic
 compartments and soma membranes, or the hippocampal pool clocks and neuron membranes: a flat
 dict `layerNN.<name>` -> float32 tensor, detached (TBPTT). The pool read itself is within the
-window.
+window. The trainer carries nothing: every row is one window, read whole.
+
+Decoding (`decode`) carries that recurrent state from token to token, and for each hippocampal
+layer a `PoolCache` of the tokens seen. A prompt's prefill runs the training path (the chunked
+scan, the PLIF scans) over its tokens; one token steps the recurrences (`recurrent_step`; a PLIF
+scan of one step), so a token costs O(1) in the tokens seen in the dendritic layers and the
+neurons, and O(tokens seen) in the pool reads (attention over a cache). As the forward reads a
+long row whole, the decoder never resets: past `longest_context` its positions run on (RoPE
+beyond the trained lengths, as the forward of such a row applies it).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -25,8 +34,21 @@ from engine.models.common import RMSNorm
 from engine.models.ns.config import NSConfig
 from engine.models.ns.dendritic import DendriticLayer
 from engine.models.ns.hippocampal import HippocampalLayer
+from engine.models.ns.neurons import at_least_fp32
+from engine.models.ns.pool_read import PoolCache
 from engine.models.ns.presets import RECOMPUTE_CHOICES
 from engine.models.ns.probes import model_probes
+
+
+@dataclass
+class NSDecodeState:
+    """What the NS decoder carries from one token to the next."""
+
+    carry: dict[str, torch.Tensor] | None
+    """The recurrent state, in `forward`'s carry layout (compartments, somas, pool clocks, neuron
+    membranes); None before the first token."""
+    pools: dict[int, PoolCache]
+    """Each hippocampal layer's pool cache, by layer index."""
 
 
 class NSLM(LanguageModel):
@@ -117,15 +139,21 @@ class NSLM(LanguageModel):
         return chunked_token_losses(self.logits_from_hidden, x, targets)
 
     def hidden(
-        self, tokens: torch.Tensor, carry: dict[str, torch.Tensor] | None = None
+        self,
+        tokens: torch.Tensor,
+        carry: dict[str, torch.Tensor] | None = None,
+        pools: dict[int, PoolCache] | None = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """(B, T) tokens -> (B, T, D) last hidden states and the detached carry."""
+        """(B, T) tokens -> (B, T, D) last hidden states and the detached carry. With `pools`
+        (decoding), the hippocampal layers read over their caches, which the tokens join."""
         x = self.embed(tokens)  # (B, T, D)
         is_eos = tokens == self.config.eos_id  # (B, T)
         new_carry: dict[str, torch.Tensor] = {}
         for index, layer in enumerate(self.layers):
             state = self.layer_state(carry, index)
-            if self._recomputes(layer) and torch.is_grad_enabled():
+            if pools is not None and index in pools:
+                x, layer_state, _ = layer(x, is_eos, state, pool=pools[index])
+            elif self._recomputes(layer) and torch.is_grad_enabled():
                 x, layer_state, _ = checkpoint(layer, x, is_eos, state, use_reentrant=False)
             else:
                 x, layer_state, _ = layer(x, is_eos, state)
@@ -136,6 +164,26 @@ class NSLM(LanguageModel):
     def logits_from_hidden(self, x: torch.Tensor) -> torch.Tensor:
         """(B, T, D) last hidden states -> (B, T, V) logits through the tied embedding."""
         return self.final_norm(x) @ self.embed.weight.T
+
+    def logits(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(B, T) tokens of fresh rows -> (B, T, V) logits, float32 (float64 for a float64 model):
+        the hidden states and head `forward` takes its loss from."""
+        x, _ = self.hidden(tokens)
+        return at_least_fp32(self.logits_from_hidden(x))
+
+    def decode_state(self, batch: int, device: torch.device) -> NSDecodeState:
+        """No recurrent state yet (zeros, as a fresh row) and empty pools (allocated by the first
+        tokens, on their device and in their dtype)."""
+        hippocampal = (
+            index for index, layer in enumerate(self.layers) if isinstance(layer, HippocampalLayer)
+        )
+        return NSDecodeState(carry=None, pools={index: PoolCache() for index in hippocampal})
+
+    def decode(self, tokens: torch.Tensor, state: NSDecodeState) -> tuple[torch.Tensor, NSDecodeState]:
+        """The tokens after those `state` has seen: their logits and the state after them (module
+        docstring: a prefill runs the chunked scans, one token steps the recurrences)."""
+        x, carry = self.hidden(tokens, state.carry, state.pools)
+        return at_least_fp32(self.logits_from_hidden(x)), NSDecodeState(carry=carry, pools=state.pools)
 
     def layer_of(self, param_name: str) -> str:
         parts = param_name.split(".")

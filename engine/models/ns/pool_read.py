@@ -7,9 +7,10 @@ monotone pool clock and lambda_h > 0 its rate. The term -lambda_h c_t is the sam
 of a query's row and cancels in the softmax, so the read is attention with a per-key bias
 log g_s + lambda_h c_s.
 
-Two paths compute it: the explicit biased softmax (CPU, and the definition: it evaluates the
+Two paths compute it over a row: the explicit biased softmax (CPU, and the definition: it evaluates the
 difference c_t - c_s itself) and `torch.nn.attention.flex_attention` with the per-key bias as a
 score_mod (CUDA; flex has no backward on CPU in torch 2.13). A CUDA test holds them together.
+A decoder reads through `PoolCache`, the explicit path over the tokens seen so far.
 The bias is one fp32 tensor indexed by the key alone: a score_mod that reads tensors needing
 gradients makes flex's backward accumulate their gradients with atomic adds, one per score, and
 a tensor indexed by the head alone (the rate) or by the query (its clock) puts thousands of
@@ -69,6 +70,55 @@ def pool_read_explicit(
     """q, k, v (Bt, Ha, T, d); log_tag, clock (Bt, Ha, T); rate (Ha,) -> (Bt, Ha, T, d) in v's dtype."""
     weights = read_weights(q, k, log_tag, clock, rate)  # (Bt, Ha, T, T)
     return torch.matmul(weights.to(v.dtype), v)
+
+
+class PoolCache:
+    """A decoder's pool: the keys (after RoPE), values, log write tags and clocks of every token one
+    hippocampal layer has seen, (Bt, Ha, n, d) and (Bt, Ha, n), so that new tokens read over them
+    without recomputing them (a KV cache: a token's read costs O(n)).
+
+    The per-key bias log g_s + lambda_h c_s is formed at each read relative to the reading query's
+    clock, as `read_weights` forms it (log g_s - lambda_h (c_t - c_s)): the cache keeps the clocks,
+    not biases that grow with them, so the read is the explicit path's arithmetic whatever the
+    cache's length. The buffers double when full, so a decoded token writes its entries in place;
+    each takes the dtype of its first entries (bf16 keys and values under autocast, fp32 clocks).
+    """
+
+    def __init__(self) -> None:
+        self.length = 0
+        self._buffers: tuple[torch.Tensor, ...] = ()
+
+    def append(self, *pieces: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Add the new tokens' keys, values, log tags and clocks (positions along dim 2); returns every
+        cached one, these included."""
+        start, end = self.length, self.length + pieces[0].shape[2]
+        if not self._buffers or end > self._buffers[0].shape[2]:
+            capacity = max(end, 2 * start)
+            grown = tuple(piece.new_empty(*piece.shape[:2], capacity, *piece.shape[3:]) for piece in pieces)
+            for new, old in zip(grown, self._buffers):
+                new[:, :, :start] = old[:, :, :start]
+            self._buffers = grown
+        for buffer, piece in zip(self._buffers, pieces):
+            buffer[:, :, start:end] = piece
+        self.length = end
+        return tuple(buffer[:, :, :end] for buffer in self._buffers)
+
+    def read(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        log_tag: torch.Tensor,
+        clock: torch.Tensor,
+        rate: torch.Tensor,
+    ) -> torch.Tensor:
+        """The read of T tokens that follow the cached ones, which join the cache: q, k, v (Bt, Ha, T, d),
+        log_tag and clock (Bt, Ha, T) on the cached clocks' scale, rate (Ha,) -> (Bt, Ha, T, d) in v's
+        dtype, as `pool_read_explicit` computes it over the whole sequence."""
+        start = self.length
+        keys, values, log_tags, clocks = self.append(k, v, log_tag, clock)
+        weights = read_weights(q, keys, log_tags, clocks, rate, query_start=start)  # (Bt, Ha, T, n)
+        return torch.matmul(weights.to(values.dtype), values)
 
 
 @functools.cache  # never evicted: a captured graph reads its mask (emptied with the graphs)

@@ -109,6 +109,40 @@ def chunked_scan(
     return y, last_state
 
 
+def recurrent_step(
+    u: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    chunk_len: int,
+    state0: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`chunked_scan` of one token (T = 1), as the recurrence itself: a decoder's step costs the
+    state's size (H x N x P), where the chunked scan would pad the token to a whole chunk of
+    (L x L) matrices. Same arguments and results as `chunked_scan` (chunk_len unused); the state
+    is kept out of autocast, in float32, as the scan keeps it between chunks."""
+    batch, length, heads, head_dim = u.shape
+    if length != 1:
+        raise ValueError(f"recurrent_step takes one token, got {length}")
+    groups, state_size = B.shape[2], B.shape[3]
+    heads_per_group = heads // groups
+    dtype = torch.promote_types(u.dtype, torch.float32)
+    if state0 is None:
+        state0 = u.new_zeros(batch, heads, state_size, head_dim, dtype=dtype)
+    with torch.autocast(device_type=u.device.type, enabled=False):
+        u = u.to(dtype).view(batch, groups, heads_per_group, head_dim)
+        dt = dt.to(dtype).view(batch, groups, heads_per_group)
+        B = B.to(dtype).view(batch, groups, state_size)
+        C = C.to(dtype).view(batch, groups, state_size)
+        decay = torch.exp(dt * A.to(dtype).view(groups, heads_per_group))  # (Bt, G, R)
+        state = state0.to(dtype).view(batch, groups, heads_per_group, state_size, head_dim)
+        drive = u * dt.unsqueeze(-1)  # (Bt, G, R, P): dt u
+        state = decay[..., None, None] * state + torch.einsum("bgn,bgrp->bgrnp", B, drive)
+        y = torch.einsum("bgn,bgrnp->bgrp", C, state)  # (Bt, G, R, P)
+    return y.reshape(batch, 1, heads, head_dim), state.reshape(batch, heads, state_size, head_dim)
+
+
 @functools.cache
 def compiled_chunked_scan() -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
     """`chunked_scan` through torch.compile, for CUDA tensors. Eagerly, every einsum, exp and mask

@@ -18,6 +18,11 @@ from piece to piece but is detached at each edge (TBPTT), and at each piece's en
 offers its last token's (query, output) to its bank, gated by the piece's loss (training only).
 A training forward does no host read (the write rule is device work: `pssa_memory`), so the
 training step can be captured as a CUDA graph.
+
+Decoding carries the SSM state of every block and Ouro pass from token to token (the carry,
+O(1) per token) and reads the banks as they stand: the article's inference path reads the memory
+and writes nothing, and without writes the chunk edges change nothing in the eval forward (the
+carry's value passes exactly), so the decoder need not know where they fall.
 """
 
 from __future__ import annotations
@@ -265,8 +270,33 @@ class PSSALM(LanguageModel):
         self, tokens: torch.Tensor, targets: torch.Tensor, carry: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
         u, new_carry, last_pass = self.hidden(tokens, carry)
-        logits = self.head(u) / math.sqrt(self.config.d_latent)  # (B, L, V)
-        return token_losses(logits, targets), new_carry, last_pass
+        return token_losses(self._head_logits(u), targets), new_carry, last_pass
+
+    def _head_logits(self, u: torch.Tensor) -> torch.Tensor:
+        """(B, L, d) final stream -> (B, L, V) logits, at least float32."""
+        logits = self.head(u) / math.sqrt(self.config.d_latent)
+        return logits.to(torch.promote_types(logits.dtype, torch.float32))
+
+    # ---------------------------------------------------------------------------- decoding
+
+    def logits(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(B, T) tokens of fresh rows -> (B, T, V) logits, chunk by chunk as `forward` runs them
+        (no memory writes)."""
+        carry = self.initial_carry(tokens.shape[0])
+        pieces = []
+        for start in range(0, tokens.shape[1], self.config.chunk_len):
+            u, carry, _ = self.hidden(tokens[:, start : start + self.config.chunk_len], carry)
+            pieces.append(self._head_logits(u))
+        return torch.cat(pieces, dim=1)
+
+    def decode_state(self, batch: int, device: torch.device) -> torch.Tensor:
+        """Zeros of the carry's shape (loops, depth, B, d, N) on `device`."""
+        return self.initial_carry(batch).to(device)
+
+    def decode(self, tokens: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The tokens through every block and pass from the carry `state` (see the module docstring)."""
+        u, carry, _ = self.hidden(tokens, state)
+        return self._head_logits(u), carry
 
     def _write_memories(
         self,

@@ -8,11 +8,18 @@ NS presets of the same size.
 
 Rows longer than `context_len` are cut into independent windows of that length: attention is
 causal within a window and nothing is carried across (the article's peer trained that way).
+
+Decoding keeps a KV cache per layer (`KVCache`) and adds each new token's position at the
+cache's offset (sinusoidal table row or RoPE angle). It follows the windows as training cut them:
+when a window is full the caches are dropped and the next token opens a new window at position 0,
+so generation past `context_len` sees what training saw at every position (the decoder's logits
+equal the full forward's over the same tokens, windows included).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -36,6 +43,46 @@ class FeedForward(nn.Module):
         return self.down(F.silu(self.up(x)))
 
 
+class KVCache:
+    """One layer's keys and values of the tokens of the current window, (B, H, length, hd) each.
+
+    The buffers double when full (never past the window), so a decoded token writes its key and
+    value in place instead of copying the whole cache; they take the dtype of the first keys
+    (bf16 under autocast).
+    """
+
+    def __init__(self, window: int) -> None:
+        self.window = window
+        self.length = 0
+        self._keys: torch.Tensor | None = None
+        self._values: torch.Tensor | None = None
+
+    def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Add (B, H, T, hd) keys and values; returns every cached key and value, these included."""
+        end = self.length + keys.shape[2]
+        if end > self.window:
+            raise ValueError(f"KV cache: {end} tokens do not fit a window of {self.window}")
+        if self._keys is None or self._values is None or end > self._keys.shape[2]:
+            capacity = min(self.window, max(end, 2 * self.length))
+            grown_keys = keys.new_empty(*keys.shape[:2], capacity, keys.shape[3])
+            grown_values = values.new_empty(*values.shape[:2], capacity, values.shape[3])
+            if self._keys is not None and self._values is not None:
+                grown_keys[:, :, : self.length] = self._keys[:, :, : self.length]
+                grown_values[:, :, : self.length] = self._values[:, :, : self.length]
+            self._keys, self._values = grown_keys, grown_values
+        self._keys[:, :, self.length : end] = keys
+        self._values[:, :, self.length : end] = values
+        self.length = end
+        return self._keys[:, :, :end], self._values[:, :, :end]
+
+
+def _mask_after(cached: int, length: int, device: torch.device) -> torch.Tensor | None:
+    """Which of `cached + length` keys each of `length` new queries may read (None: all of them)."""
+    if length == 1:
+        return None
+    return torch.ones(length, cached + length, dtype=torch.bool, device=device).tril(diagonal=cached)
+
+
 class CausalSelfAttention(nn.Module):
     """Multi-head causal attention through `scaled_dot_product_attention`, no biases."""
 
@@ -47,13 +94,22 @@ class CausalSelfAttention(nn.Module):
         self.out = nn.Linear(config.width, config.width, bias=False)
         self.rotary = rotary
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """(B, T, d) -> (B, T, d); with a cache, x follows the cached tokens and joins them."""
         batch, length, width = x.shape
         qkv = self.qkv(x).view(batch, length, 3, self.heads, self.head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (B, H, T, hd)
+        cached = 0 if cache is None else cache.length
         if self.rotary is not None:
-            q, k = self.rotary(q), self.rotary(k)
-        attended = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, hd)
+            q, k = self.rotary(q, cached), self.rotary(k, cached)
+        if cache is None or cached == 0:
+            if cache is not None:
+                cache.append(k, v)
+            attended = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, hd)
+        else:
+            keys, values = cache.append(k, v)  # (B, H, cached + T, hd)
+            mask = _mask_after(cached, length, x.device)
+            attended = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
         return self.out(attended.transpose(1, 2).reshape(batch, length, width))
 
 
@@ -71,9 +127,22 @@ class TransformerLayer(nn.Module):
             else FeedForward(config.width, config.ffn_hidden)
         )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x))
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), cache)
         return x + self.ffn(self.ffn_norm(x))
+
+
+@dataclass
+class TransformerDecodeState:
+    """The decoder's state: the current window's KV cache of every layer."""
+
+    caches: list[KVCache]
+    """One cache per layer, all holding the same tokens."""
+
+    @property
+    def window_tokens(self) -> int:
+        """Tokens of the current window seen so far."""
+        return self.caches[0].length
 
 
 class TransformerLM(LanguageModel):
@@ -111,33 +180,55 @@ class TransformerLM(LanguageModel):
     ) -> tuple[torch.Tensor, None]:
         if carry is not None:
             raise ValueError("the transformer carries no state across windows; pass carry=None")
-        batch, length = tokens.shape
-        window = self.config.context_len
-        if length > window:
-            # Independent windows: fold them into the batch dimension (rows stay in order).
-            pad = (-length) % window
-            windows = (length + pad) // window
-            padded_tokens = F.pad(tokens, (0, pad), value=0).view(batch * windows, window)
-            padded_targets = F.pad(targets, (0, pad), value=-100).view(batch * windows, window)
-            loss, _ = self.forward(padded_tokens, padded_targets)
-            return loss.view(batch, windows * window)[:, :length], None
         return token_losses(self.logits(tokens), targets), None
 
     def logits(self, tokens: torch.Tensor) -> torch.Tensor:
-        """(B, T) tokens with T <= context_len -> (B, T, V) logits."""
+        """(B, T) tokens -> (B, T, V) logits; rows longer than context_len as independent windows."""
+        batch, length = tokens.shape
+        window = self.config.context_len
+        if length <= window:
+            return self._window_logits(tokens)
+        # Independent windows: fold them into the batch dimension (rows stay in order).
+        pad = (-length) % window
+        windows = (length + pad) // window
+        folded = self._window_logits(F.pad(tokens, (0, pad), value=0).view(batch * windows, window))
+        return folded.view(batch, windows * window, -1)[:, :length]
+
+    def _window_logits(self, tokens: torch.Tensor, caches: list[KVCache] | None = None) -> torch.Tensor:
+        """(B, T) tokens of one window -> (B, T, V) logits; with caches, the tokens follow theirs."""
+        cached = 0 if caches is None else caches[0].length
         length = tokens.shape[1]
         x = self.embed(tokens)  # (B, T, d)
         if not self.config.rope:
-            x = x + self.positions[:length].to(x.dtype)
-        for layer in self.layers:
-            x = layer(x)
+            x = x + self.positions[cached : cached + length].to(x.dtype)
+        for index, layer in enumerate(self.layers):
+            x = layer(x, None if caches is None else caches[index])
         if self.final_norm is not None:
             x = self.final_norm(x)
         head_weight = self.embed.weight if self.head is None else self.head.weight
         logits = x @ head_weight.T  # (B, T, V)
         if self.config.scale_logits:
             logits = logits / math.sqrt(self.config.width)
-        return logits
+        return logits.to(torch.promote_types(logits.dtype, torch.float32))
+
+    def decode_state(self, batch: int, device: torch.device) -> TransformerDecodeState:
+        """Empty caches (allocated by the first tokens, on their device and in their dtype)."""
+        return TransformerDecodeState([KVCache(self.config.context_len) for _ in self.layers])
+
+    def decode(
+        self, tokens: torch.Tensor, state: TransformerDecodeState
+    ) -> tuple[torch.Tensor, TransformerDecodeState]:
+        """The tokens through the caches, a new window opened wherever one fills (module docstring)."""
+        window = self.config.context_len
+        pieces = []
+        start = 0
+        while start < tokens.shape[1]:
+            if state.window_tokens == window:
+                state = self.decode_state(tokens.shape[0], tokens.device)
+            end = start + min(window - state.window_tokens, tokens.shape[1] - start)
+            pieces.append(self._window_logits(tokens[:, start:end], state.caches))
+            start = end
+        return torch.cat(pieces, dim=1), state
 
     def layer_of(self, param_name: str) -> str:
         parts = param_name.split(".")

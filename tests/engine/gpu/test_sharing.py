@@ -260,7 +260,10 @@ def test_a_reserve_with_a_length_without_a_shared_shape_is_refused_before_anythi
     line = sharing_line(tmp_path, data_template, shared=False)
     with pytest.raises(ConfigError, match="share_reserve_gb is set but lengths 32 have no shared shape"):
         Trainer(line, echo=None).run()
-    assert sorted(path.name for path in line.iterdir()) == ["accepted_run.json", "checkpoints", "run.json"]
+    # Only the trainer's (empty) lock file is new: it is taken before anything is read.
+    expected = ["accepted_run.json", "checkpoints", "run.json", "trainer.lock"]
+    assert sorted(path.name for path in line.iterdir()) == expected
+    assert (line / "trainer.lock").stat().st_size == 0
     assert not any((line / "checkpoints").iterdir())
 
 

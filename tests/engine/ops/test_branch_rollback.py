@@ -33,6 +33,7 @@ from engine.config.run import RunConfig
 from engine.errors import LineError
 from engine.layout import LineLayout
 from engine.ops.branch import BranchRequest, branch_line, find_cycle_end, parse_plan, read_branches
+from engine.ops.fork_point import expected_fork_position
 from engine.ops.rollback import rollback_line
 from engine.training.schedule import learning_rate
 from engine.training.trainer import Trainer
@@ -180,7 +181,7 @@ def test_branch_refusals(
     trunk: Path, data_template: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     data = copy_data_line(data_template, tmp_path / "bdata")
-    with pytest.raises(LineError, match=r"cycle 7 has not ended \(the line is in cycle \d+ at update \d+\)"):
+    with pytest.raises(LineError, match=r"the trunk's data line ends with cycle 2; cycle 7 never comes"):
         branch_line(BranchRequest(tmp_path / "b", trunk, 7, "decay:1024", data))
     with pytest.raises(LineError, match="the long length must exceed the training length 32, got 32"):
         branch_line(BranchRequest(tmp_path / "b", trunk, 0, "long:1024", data, long_seq_len=SEQ_LEN))
@@ -191,10 +192,27 @@ def test_branch_refusals(
     other = make_data_line(tmp_path / "other", files=3, prepare=1)  # another tokenizer
     with pytest.raises(LineError, match="its tokenizer differs"):
         branch_line(BranchRequest(tmp_path / "b", trunk, 0, "decay:1024", other))
+    shutil.rmtree(data / "val" / f"T{SEQ_LEN}")  # its trainer would refuse to start: refused here
+    with pytest.raises(LineError, match=f"bdata/data: no held-out rows of length {SEQ_LEN} for this line's"):
+        branch_line(BranchRequest(tmp_path / "b", trunk, 0, "decay:1024", data))
     assert not (tmp_path / "b").exists() and not (trunk / "branches.json").exists()
     code = cli_main(["branch", str(tmp_path / "b"), "--from", str(trunk), "--at-cycle", "9",
                      "--plan", "decay:1e3", "--data", str(data)])  # fmt: skip
     assert code == 2 and "nsconsole: " in capsys.readouterr().err
+
+
+def test_the_expected_fork_point_of_a_cycle_end_is_close_to_the_real_one(trained_trunk: Path) -> None:
+    """What a branch asked for before its cycle ends is checked against (engine/ops/fork_point.py)."""
+    line = trained_trunk / "line"
+    config = RunConfig.load(line / "run.json")
+    data = open_data_line(trained_trunk / "data")
+    real = {reason: load_checkpoint(line / "checkpoints" / name).state["position"]["tokens_trained"]
+            for name, reason in kept(line).items()}  # fmt: skip
+    for cycle in (0, 1):
+        expected = expected_fork_position(LineLayout(line), config, data, {}, cycle)["tokens_trained"]
+        assert expected == (cycle + 1) * data.cycle_tokens
+        # Cycles hold whole documents and windows: a few tokens more or fewer than nominal.
+        assert abs(expected - real[f"cycle-end {cycle}"]) < 0.02 * data.cycle_tokens
 
 
 def test_rollback_then_retrain_reproduces_the_rows(trunk: Path, tmp_path: Path) -> None:

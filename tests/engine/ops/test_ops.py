@@ -16,6 +16,7 @@ import torch
 import datalines
 from engine.config.run import RunConfig
 from engine.errors import ConfigError
+from engine.metrics import METRICS_VERSION
 from engine.models import presets
 from engine.ops import check as checks
 from engine.ops.lines import accept
@@ -98,14 +99,13 @@ def edit_run_json(line: Path, edit: Any) -> None:
 
 
 def test_new_writes_a_valid_line(line: Path, data_line: Path) -> None:
-    assert tree(line) == ["accepted_run.json", "checkpoints", "run.json"]
+    assert tree(line) == ["checkpoints", "run.json"]  # no accepted_run.json: the first start accepts
     config = RunConfig.load(line / "run.json")
     assert config.model.preset == "tiny-test"
     assert config.model.overrides == {"vocab_size": 512}  # follows the data line's tokenizer
     assert config.data.line == str(data_line)
     assert config.plan[0].seq_len == 64 and config.lengths[0].seq_len == 64
     assert config.tokens_per_update == 262144
-    assert (line / "accepted_run.json").read_text() == (line / "run.json").read_text()
 
 
 def test_new_with_every_option(tmp_path: Path, data_line: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -168,14 +168,6 @@ def test_new_refuses_an_existing_line(
     assert (line / "run.json").read_bytes() == before
 
 
-def test_new_without_a_data_line_reader(
-    tmp_path: Path, data_line: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.delattr(datalines, "open_data_line", raising=False)
-    assert main(["new", "plain", "--model", "tiny-test", "--data", str(data_line), "--seq-len", "64"]) == 0
-    assert RunConfig.load(tmp_path / "plain" / "run.json").model.overrides == {}
-
-
 def test_new_resolves_relative_lines_under_work_root(
     tmp_path: Path, data_line: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -208,6 +200,7 @@ def test_check_passes_on_a_new_line(line: Path, capsys: pytest.CaptureFixture[st
 
 
 def test_check_refuses_an_unlisted_lifelong_change(line: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    accept(line)  # as the line's first start does
     edit_run_json(line, lambda d: d["optimizer"].update(weight_decay=0.05))
     status, lines = check_output(line, capsys)
     assert status == 1
@@ -225,8 +218,8 @@ def test_check_vocab_metrics_sharing_and_data(line: Path, capsys: pytest.Capture
     DATA_VOCAB["vocab"] = 512
     edit_run_json(line, lambda d: d.update(metrics=99))
     status, lines = check_output(line, capsys)
-    assert status == 1 and any("metrics is version 99 but this code computes version 1" in t for t in lines)
-    edit_run_json(line, lambda d: (d.update(metrics=1), d["guards"].update(share_reserve_gb=24)))
+    assert status == 1 and any(f"metrics is version 99 but this code computes version {METRICS_VERSION}" in t for t in lines)
+    edit_run_json(line, lambda d: (d.update(metrics=METRICS_VERSION), d["guards"].update(share_reserve_gb=24)))
     status, lines = check_output(line, capsys)
     assert status == 1 and any("lengths 64 have no shared shape" in t for t in lines)
     edit_run_json(line, lambda d: d["lengths"][0].update(shared={"micro_batch_rows": 1}))
@@ -265,6 +258,7 @@ def test_check_wants_room_for_a_checkpoint(
 
 
 def test_accept_refuses_then_records(line: Path) -> None:
+    accept(line)  # the first start
     edit_run_json(line, lambda d: d["seeds"].update(data=3))
     with pytest.raises(ConfigError, match=r"run\.json: seeds\.data changed from 0 to 3"):
         accept(line)
@@ -336,6 +330,8 @@ def test_read_last_rows_across_blocks(tmp_path: Path) -> None:
 
 
 def test_stop_writes_the_request_atomically(line: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    beat = {"time": time.time(), "update": 3, "stage": "training", "pid": os.getpid()}
+    (line / "heartbeat").write_text(json.dumps(beat))  # a trainer runs the line
     assert main(["stop", str(line)]) == 0
     assert "at the next update" in capsys.readouterr().out
     request = json.loads((line / "STOP").read_text())

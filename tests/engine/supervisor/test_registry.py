@@ -93,3 +93,25 @@ def test_without_xdg_the_runtime_dir_is_private_under_tmp(monkeypatch: pytest.Mo
 def test_a_missing_xdg_runtime_dir_falls_back_to_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "gone"))
     assert registry.runtime_dir() == Path(f"/tmp/nsconsole-{os.getuid()}/nsconsole")
+
+
+def test_lines_are_remembered_in_a_history_outside_the_runtime_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(registry.HISTORY_ENV_VARIABLE, str(tmp_path / "history"))
+    trunk, branch = tmp_path / "lines" / "trunk", tmp_path / "lines" / "branch"
+    for line in (trunk, branch):
+        line.mkdir(parents=True)
+        registry.remember_line(line)
+    registry.remember_line(trunk)  # a line registered again is remembered once
+    (tmp_path / "history" / "garbage.json").write_text("{not json")
+    assert registry.remembered_lines() == sorted(os.path.realpath(line) for line in (trunk, branch))
+    # Without the variable: ~/.nsconsole/history, which a logout leaves alone.
+    monkeypatch.delenv(registry.HISTORY_ENV_VARIABLE)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert registry.history_dir() == tmp_path / "home" / ".nsconsole" / "history"
+    registry.remember_line(trunk)
+    assert registry.remembered_lines() == [os.path.realpath(trunk)]
+    # A history that cannot be written is a one-line error naming the file.
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv(registry.HISTORY_ENV_VARIABLE, str(tmp_path / "a-file" / "history"))
+    with pytest.raises(LineError, match=r"a-file/history/trunk-[0-9a-f]+\.json: cannot record the line in the history"):
+        registry.remember_line(trunk)

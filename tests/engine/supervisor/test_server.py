@@ -205,6 +205,42 @@ def test_a_retried_mutation_is_applied_once(server: SupervisorServer, line: InMe
     assert line.branches == ["/lines/b2"]
 
 
+class HeldTuneLine(InMemoryLine):
+    """A line whose tune lasts until the test lets it end (a real one takes minutes)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    def tune(self, shared: bool) -> dict[str, Any]:
+        assert self.release.wait(30), "the test never let the tune end"
+        self.tunes += 1
+        return {"lengths": []}
+
+
+def test_a_status_sent_behind_a_long_mutation_on_the_same_connection_is_answered_at_once(tmp_path: Path) -> None:
+    line = HeldTuneLine()
+    with SupervisorServer(tmp_path / "supervisor.sock", line) as server:
+        connection = raw_connection(server.socket_path)
+        try:
+            connection.sendall(wire.encode(wire.make_request(1, "hello", {"protocol": wire.PROTOCOL_VERSION})))
+            assert "result" in read_lines(connection, 1)[0]
+            connection.sendall(wire.encode(wire.make_request(2, "tune", {"shared": False, "request_id": "t"})))
+            connection.sendall(wire.encode(wire.make_request(3, "status", {})))
+            # Served one call after another, the status waited for the tune (and timed out here).
+            status = read_lines(connection, 1)[0]
+            assert status["id"] == 3
+            assert [entry["method"] for entry in status["result"]["under_way"]] == ["tune"]
+            line.release.set()
+            tuned = read_lines(connection, 1)[0]
+            assert tuned == {"jsonrpc": "2.0", "id": 2, "result": {"lengths": []}}
+        finally:
+            line.release.set()
+            connection.close()
+        with SupervisorClient(server.socket_path) as client:
+            assert "under_way" not in client.call("status")  # nothing under way: the handler's status as is
+
+
 def test_a_reconnecting_subscriber_gets_what_it_missed_in_order(server: SupervisorServer) -> None:
     with SupervisorClient(server.socket_path) as client:
         client.subscribe(since_seq=0)

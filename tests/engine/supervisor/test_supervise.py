@@ -641,3 +641,31 @@ def test_a_trainer_that_survives_sigkill_leaves_the_line_stuck_and_says_so(rig: 
     state = rig.state()
     assert state["state"] == "stuck" and state["last_event"]["event"] == "stuck"
     assert "stuck: the trainer was killed but does not exit" in (rig.line / "run.log").read_text()
+
+
+def test_crashes_are_counted_over_every_life_of_the_supervisor_and_deliberate_relaunches_are_not(rig: Rig) -> None:
+    rig.start(["crash", "sigterm", "finish"])
+    assert rig.finish() == 0
+    assert (rig.state()["launches"], rig.state()["crashes"]) == (3, 2)
+    # A stop and a resume: no crash; the count carries over to the next supervisor.
+    rig.start(["train-until-stop", "finish"])
+    with rig.wait_for_socket() as client:
+        client.subscribe(since_seq=0)
+        wait_for_row(client)
+        assert client.call("status")["crashes"] == 2
+        client.mutate("stop")
+    assert rig.finish() == 0
+    assert rig.state()["crashes"] == 2
+    # A supervisor killed with the line training: the next one counts it.
+    process = rig.start(["train-until-stop", "finish"])
+    with rig.wait_for_socket() as client:
+        client.subscribe(since_seq=0)
+        wait_for_row(client)
+        trainer = psutil.Process(client.call("status")["trainer_pid"])
+    process.kill()
+    rig.finish()
+    wait_gone(trainer)  # it stops on the SIGTERM its supervisor's death sends
+    rig.start(["finish"])
+    assert rig.finish() == 0
+    assert rig.state()["crashes"] == 3 and rig.state()["state"] == "finished"
+    assert "ended in state training without ending the line: counted as a crash" in (rig.line / "run.log").read_text()

@@ -1,5 +1,6 @@
 """The supervisor's branch queue on real checkpoint directories: when a cycle has ended, what is
-refused before queueing, forks made at a cycle end, a queue carried across a restart, the line's end.
+refused before queueing (everything the fork would refuse at the cycle's end), forks made at a
+cycle end, a queue carried across a restart, the line's end, failed forks in `status` and notified.
 
 `branch_line` itself is stood in for here (its own tests are tests/engine/ops/test_branch_rollback.py; the real fork
 through a running supervisor is tests/engine/supervisor/test_supervise_ops_e2e.py), so that each case is fast.
@@ -8,6 +9,7 @@ through a running supervisor is tests/engine/supervisor/test_supervise_ops_e2e.p
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import threading
@@ -17,18 +19,24 @@ from typing import Any
 import pytest
 from helpers.lines import make_data_line, make_line
 
+from datalines import open_data_line
+from engine.config.host import HostSettings
 from engine.errors import LineError
 from engine.layout import LineLayout
 from engine.ops.branch import BranchRequest, BranchResult
 from engine.supervisor import forks as supervise_forks
 from engine.supervisor.forks import ForkQueue, QueuedFork, branched_from, cycle_end_checkpoint, new_fork
 from engine.supervisor.supervisor import Supervisor
+from nsconsole.state import ForkView, LineView
 
 
-def write_checkpoint(layout: LineLayout, update: int, cycle: int, kept: str | None = None) -> Path:
+def write_checkpoint(
+    layout: LineLayout, update: int, cycle: int, kept: str | None = None, tokens: int | None = None
+) -> Path:
     directory = layout.checkpoint(update)
     directory.mkdir(parents=True)
-    state = {"update": update, "kept": kept, "position": {"cycle": cycle}}
+    position = {"cycle": cycle} if tokens is None else {"cycle": cycle, "tokens_trained": tokens}
+    state = {"update": update, "kept": kept, "position": position}
     (directory / "state.json").write_text(json.dumps(state))
     (layout.checkpoints / "latest").write_text(directory.name + "\n")
     return directory
@@ -51,9 +59,9 @@ class Recorder:
             raise LineError(self.refuse)
         return BranchResult(request.new, 10 * request.at_cycle, 100, None, True)  # type: ignore[arg-type]
 
-    def queue(self, layout: LineLayout, data: Path) -> ForkQueue:
+    def queue(self, layout: LineLayout) -> ForkQueue:
         return ForkQueue(
-            layout, trunk_data=lambda: data,
+            layout,
             on_forked=self.record_fork,
             on_failed=lambda fork, message: self.failed.append((fork.path, message)),
             on_change=self.count_change,
@@ -103,9 +111,9 @@ def test_a_cycle_has_ended_once_its_kept_checkpoint_is_part_of_the_line(tmp_path
 def test_a_branch_of_an_ended_cycle_forks_at_once(
     tmp_path: Path, data_line: Path, recorder: Recorder
 ) -> None:
-    layout = LineLayout(tmp_path / "line")
+    layout = LineLayout(make_line(tmp_path, data_line))
     write_checkpoint(layout, 9, cycle=1, kept="cycle-end 0")
-    queue = recorder.queue(layout, data_line)
+    queue = recorder.queue(layout)
     reply = queue.branch(new_fork(tmp_path / "b0", 0, "decay:1e3", data_line))
     assert reply == {"state": "forked", "path": str(tmp_path / "b0"), "at_cycle": 0,
                      "fork_update": 0, "fork_tokens": 100}  # fmt: skip
@@ -120,11 +128,11 @@ def test_a_branch_of_an_ended_cycle_forks_at_once(
 def test_refusals_come_before_a_fork_is_queued(
     tmp_path: Path, data_line: Path, one_cycle_data_line: Path, recorder: Recorder
 ) -> None:
-    layout = LineLayout(tmp_path / "line")
+    layout = LineLayout(make_line(tmp_path, data_line))
     write_checkpoint(layout, 9, cycle=1, kept="cycle-end 0")
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "file").write_text("x")
-    queue = recorder.queue(layout, data_line)
+    queue = recorder.queue(layout)
     refusals = [
         (new_fork(tmp_path / "b", 1, "decay:ten", data_line), "'ten' is not a number of tokens"),
         (new_fork(tmp_path / "taken", 1, "decay:1e3", data_line), "taken: already exists"),
@@ -133,7 +141,7 @@ def test_refusals_come_before_a_fork_is_queued(
     for fork, message in refusals:
         with pytest.raises(LineError, match=message):
             queue.branch(fork)
-    short = recorder.queue(layout, one_cycle_data_line)  # a trunk whose data line has one cycle
+    short = recorder.queue(LineLayout(make_line(tmp_path / "short", one_cycle_data_line)))  # one cycle
     with pytest.raises(LineError, match="the trunk's data line ends with cycle 0; cycle 1 never comes"):
         short.branch(new_fork(tmp_path / "b", 1, "decay:1e3", data_line))
     # The line is in cycle 1, so cycle 0 has ended; without its kept checkpoint it never will again.
@@ -150,9 +158,9 @@ def test_refusals_come_before_a_fork_is_queued(
 def test_a_queued_fork_is_made_at_its_cycle_end_even_by_a_restarted_supervisor(
     tmp_path: Path, data_line: Path, recorder: Recorder
 ) -> None:
-    layout = LineLayout(tmp_path / "line")
+    layout = LineLayout(make_line(tmp_path, data_line))
     write_checkpoint(layout, 9, cycle=1, kept="cycle-end 0")
-    queue = recorder.queue(layout, data_line)
+    queue = recorder.queue(layout)
     reply = queue.branch(new_fork(tmp_path / "b1", 1, "decay:1e3", data_line, long_seq_len=64))
     assert reply == {"state": "queued", "path": str(tmp_path / "b1"), "at_cycle": 1}
     queue.poll()
@@ -161,7 +169,7 @@ def test_a_queued_fork_is_made_at_its_cycle_end_even_by_a_restarted_supervisor(
     saved = json.loads(json.dumps(queue.export()))  # what supervisor.json keeps
 
     # A new supervisor takes the queue back; cycle 1 ends (a rolling checkpoint first: no fork yet).
-    again = recorder.queue(layout, data_line)
+    again = recorder.queue(layout)
     again.restore([*saved, {"path": 3}, "junk"])  # unreadable records are dropped
     assert again.export() == saved
     write_checkpoint(layout, 12, cycle=1)
@@ -179,9 +187,9 @@ def test_a_queued_fork_is_made_at_its_cycle_end_even_by_a_restarted_supervisor(
 def test_a_fork_that_fails_at_its_cycle_end_or_whose_cycle_never_comes_is_reported(
     tmp_path: Path, data_line: Path, recorder: Recorder
 ) -> None:
-    layout = LineLayout(tmp_path / "line")
+    layout = LineLayout(make_line(tmp_path, data_line))
     write_checkpoint(layout, 9, cycle=1, kept="cycle-end 0")
-    queue = recorder.queue(layout, data_line)
+    queue = recorder.queue(layout)
     queue.branch(new_fork(tmp_path / "b1", 1, "decay:1e3", data_line))
     queue.branch(new_fork(tmp_path / "b5", 5, "decay:1e3", data_line))
     recorder.refuse = "the tokenizer differs"
@@ -195,6 +203,83 @@ def test_a_fork_that_fails_at_its_cycle_end_or_whose_cycle_never_comes_is_report
         (str(tmp_path / "b5"), "the line ended in cycle 2 before cycle 5 ended"),
     ]
     assert queue.export() == [] and recorder.forked == []
+    # Both stay listed (for `status`) until a branch into the same directory is asked for again.
+    assert [(fork["path"], fork["at_cycle"], fork["reason"]) for fork in queue.failed()] == [
+        (str(tmp_path / "b1"), 1, "the tokenizer differs"),
+        (str(tmp_path / "b5"), 5, "the line ended in cycle 2 before cycle 5 ended"),
+    ]
+    recorder.refuse = None
+    queue.branch(new_fork(tmp_path / "b1", 1, "decay:1e3", data_line))  # cycle 1 has ended: forked now
+    assert [fork["path"] for fork in queue.failed()] == [str(tmp_path / "b5")]
+
+
+def test_a_queued_branch_is_refused_now_for_what_would_stop_its_fork(
+    tmp_path: Path, data_line: Path, one_cycle_data_line: Path, recorder: Recorder
+) -> None:
+    """Each of these was queued, then failed at the cycle's end (for the demo, 32 minutes later)."""
+    cosine = [{"kind": "warmup", "until": 512, "to": 1.0},
+              {"kind": "decay", "until": 1e6, "to": 0.1, "shape": "cosine"}, {"kind": "constant", "to": 0.1}]  # fmt: skip
+    short_plan = [{"name": "trunk", "seq_len": 32, "tokens": 4000}]  # cycle 1 ends 5,000 on
+    without_rows = tmp_path / "without_rows"
+    shutil.copytree(data_line, without_rows)
+    shutil.rmtree(without_rows / "val")
+    assert open_data_line(one_cycle_data_line).tokenizer_json != open_data_line(data_line).tokenizer_json
+    cases = [
+        (data_line, "decay:1e3", r"cycle 1 is expected to end at about 9,992 tokens trained; the fork at "
+                                 r"9,992 tokens falls inside a cosine decay piece", {"lr.pieces": cosine}),
+        (one_cycle_data_line, "decay:1e3", "its tokenizer differs from the one line was trained with", {}),
+        (without_rows, "decay:1e3", r"without_rows: no held-out rows of length 32 for this line's validation; "
+                                    r"build them with `nsconsole data val", {}),
+        (data_line, "long:1e3", "the long length must exceed the training length 32, got 32", {}),
+        (data_line, "decay:1e3", "the plan ends before cycle 1 does", {"plan": short_plan}),
+    ]
+    for index, (data, plan, message, changes) in enumerate(cases):
+        layout = LineLayout(make_line(tmp_path / f"trunk{index}", data_line, **changes))
+        write_checkpoint(layout, 9, cycle=1, kept="cycle-end 0", tokens=4992)
+        queue = recorder.queue(layout)
+        with pytest.raises(LineError, match=message):
+            queue.branch(new_fork(tmp_path / "b", 1, plan, data, long_seq_len=32 if "long" in plan else None))
+        assert queue.export() == [] and recorder.changes == 0
+    assert recorder.requests == [] and not (tmp_path / "b").exists()
+
+
+def test_status_lists_queued_and_failed_forks_and_a_failure_is_notified(tmp_path: Path, data_line: Path) -> None:
+    line = make_line(tmp_path, data_line)
+    host = tmp_path / "host.json"
+    received = tmp_path / "notified.json"
+    notifier = tmp_path / "notify.py"
+    notifier.write_text(f"import sys; open({str(received)!r}, 'w').write(sys.stdin.read())")
+    host.write_text(json.dumps({"notify": f"{sys.executable} {notifier}"}))
+    supervisor = Supervisor(line)
+    supervisor._notify_command = HostSettings.load(host).notify  # what `run` reads at its start
+    published = PublishedEvents()
+    supervisor._server = published  # type: ignore[assignment]
+    layout = LineLayout(line)
+    write_checkpoint(layout, 9, cycle=1, kept="cycle-end 0", tokens=4992)
+    branch = tmp_path / "b1"
+    assert supervisor.forks.branch(new_fork(branch, 1, "decay:1e3", data_line))["state"] == "queued"
+    view = LineView("trunk", line)
+    view.apply_status(supervisor.state_for_status())
+    assert view.queued_forks == [ForkView(str(branch), 1)] and view.failed_forks == []
+
+    # Someone takes the branch's directory meanwhile: the fork fails at the end of cycle 1.
+    branch.mkdir()
+    (branch / "notes.txt").write_text("mine")
+    write_checkpoint(layout, 15, cycle=2, kept="cycle-end 1", tokens=9952)
+    supervisor.forks.poll()
+    supervisor.forks.close()
+    view.apply_status(supervisor.state_for_status())
+    assert view.queued_forks == []
+    [failed] = view.failed_forks
+    assert failed.path == str(branch) and failed.at_cycle == 1 and "already exists" in (failed.reason or "")
+    [event] = published.events
+    assert event["event"] == "branch_failed" and event["path"] == str(branch) and event["reason"] == failed.reason
+    for thread in supervisor._notifying:
+        thread.join(timeout=60)
+    notified = json.loads(received.read_text())
+    assert notified["event"] == "branch_failed" and notified["at_cycle"] == 1
+    assert f"the branch into {branch} at the end of cycle 1 failed: " in notified["message"]
+    assert json.loads((line / "supervisor.json").read_text())["last_event"]["event"] == "branch_failed"
 
 
 class PublishedEvents:

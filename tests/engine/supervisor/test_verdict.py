@@ -141,3 +141,27 @@ def test_crashes_beside_other_gpu_processes_are_not_failures_and_three_wait_for_
     after_progress = judge_exit(TrainerExit(1, 3.0, others_on_gpu=[1], progressed=True),
                                 replace(CONTEXT, crashes_beside_others=2))
     assert after_progress.crashes_beside_others == 1 and not after_progress.wait_for_free_gpu
+
+
+def test_only_exits_nobody_asked_for_count_as_crashes() -> None:
+    unasked = [
+        TrainerExit(1, 5.0),  # a crash
+        TrainerExit(-signal.SIGKILL, 5.0, killed_by_watchdog=True),  # the watchdog's kill
+        TrainerExit(SIGTERM_EXIT, 5.0),  # a SIGTERM the supervisor did not send
+        TrainerExit(1, 5.0, others_on_gpu=[4242]),  # beside other GPU processes: no failure, still a crash
+        TrainerExit(None, 5.0, killed_by_watchdog=True),  # killed, and stuck
+    ]
+    for outcome in unasked:
+        assert judge_exit(outcome, CONTEXT).crashed, outcome
+    assert judge_exit(TrainerExit(1, 5.0), replace(CONTEXT, failures_in_a_row=4)).crashed  # the one that fails the line
+    asked = [
+        (TrainerExit(0, 5.0), replace(CONTEXT, heartbeat_reason=StopReason.PLAN_END)),  # the line's end
+        (TrainerExit(0, 5.0, stop_requested=True), CONTEXT),  # a stop (then a resume relaunches it)
+        (TrainerExit(SIGTERM_EXIT, 5.0, stopped_by_us=True), CONTEXT),
+        (TrainerExit(SIGTERM_EXIT, 5.0, paused_for_work=True), CONTEXT),  # a rollback or a tune
+        (TrainerExit(TrainerExitCode.GPU_BUSY, 5.0), CONTEXT),  # the GPU left to others
+        (TrainerExit(TrainerExitCode.LINE_ERROR, 5.0), CONTEXT),
+        (TrainerExit(TrainerExitCode.DISK_FULL, 5.0), CONTEXT),
+    ]
+    for outcome, context in asked:
+        assert not judge_exit(outcome, context).crashed, outcome

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from engine.models.base import LanguageModel, token_losses
 from engine.training.optim import AdamWSettings, FlatAdamW, ParameterAverage
+from engine.training.step import EagerEngine
 
 
 class TwoLayerLM(LanguageModel):
@@ -200,3 +203,52 @@ def test_parameter_average_starts_then_follows() -> None:
     assert torch.equal(average.average, start)
     average.after_update(tokens_trained=300, update_tokens=100, finite=True)
     torch.testing.assert_close(average.average, start + 0.25)
+
+
+def test_huge_finite_gradient_clips_through_the_engine_and_counts_no_skip() -> None:
+    """A 1e21 gradient: its fp32 squares overflow, the float64 norm does not, so the update clips
+    (a bounded step) instead of being skipped as non-finite."""
+    model, optimizer = build()
+    model.layers[0].weight.register_hook(lambda grad: grad * 1e21)
+    engine = EagerEngine(model, optimizer, micro_batch_rows=2)
+    before = optimizer.params.clone()
+    lr, weight_decay = 1e-2, 0.1
+    windows = torch.randint(0, 11, (3, 8), generator=torch.Generator().manual_seed(4))
+    result = engine.run_update(windows, lr=lr, weight_decay=weight_decay)
+    assert result.stats.finite and result.stats.grad_norm > 1e20
+    assert optimizer.nonfinite_in_a_row == 0 and optimizer.step.item() == 1
+    moved = (optimizer.params - before).abs()
+    assert moved.max() > 0
+    # Adam's first step is at most lr per element (m_hat / sqrt(v_hat) = sign), plus the decay.
+    assert torch.all(moved <= lr * (1 + 1e-4) + lr * weight_decay * before.abs())
+    assert torch.isfinite(optimizer.exp_avg).all() and torch.isfinite(optimizer.exp_avg_sq).all()
+
+
+def test_step_counter_advances_past_2_pow_24() -> None:
+    """An fp32 counter stops at 2^24 (2^24 + 1 rounds back to 2^24); the int64 one does not."""
+    model, optimizer = build()
+    optimizer.step.fill_(2**24)
+    for update in range(2):
+        optimizer.zero_grad()
+        backward(model, update)
+        optimizer.set_hyperparameters(lr=1e-3, weight_decay=0.0)
+        optimizer.compute_norms()
+        optimizer.apply_update()
+    assert optimizer.step.item() == 2**24 + 2
+
+
+def test_checkpoint_with_an_fp32_step_still_loads(tmp_path: Path) -> None:
+    """Checkpoints written before the int64 counter hold the step as fp32 in optimizer.safetensors."""
+    model, optimizer = build()
+    weights = {k: v.clone() for k, v in optimizer.weights_by_name(optimizer.params.cpu()).items()}
+    state = optimizer.state_tensors()
+    state["step"] = torch.tensor(12345.0, dtype=torch.float32)
+    save_file(state, tmp_path / "optimizer.safetensors")
+    fresh_model, fresh = build(seed=5)
+    fresh.load(weights, load_file(tmp_path / "optimizer.safetensors"))
+    assert fresh.step.dtype == torch.int64 and fresh.step.item() == 12345
+    backward(fresh_model, 1)
+    fresh.set_hyperparameters(lr=1e-3, weight_decay=0.0)
+    fresh.compute_norms()
+    fresh.apply_update()
+    assert fresh.step.item() == 12346

@@ -54,7 +54,7 @@ class HeartbeatWatch:
 
 
 def test_a_phase_beats_until_it_ends_and_nested_phases_beat_the_innermost(tmp_path: Path) -> None:
-    beats = PhaseBeats(Heartbeat(tmp_path / "heartbeat"), interval_s=0.02)
+    beats = PhaseBeats(Heartbeat(tmp_path / "heartbeat"), "training", interval_s=0.02)
     with HeartbeatWatch(tmp_path / "heartbeat") as watch:
         with beats.phase("capturing", 7, seq_len=64):
             time.sleep(0.15)
@@ -68,17 +68,18 @@ def test_a_phase_beats_until_it_ends_and_nested_phases_beat_the_innermost(tmp_pa
     last_probe = len(stages) - 1 - stages[::-1].index("probing")
     assert set(stages[first_probe : last_probe + 1]) == {"probing"}  # the outer phase is silent meanwhile
     assert stages[last_probe + 1] == "capturing"  # and says so at once when the inner one ends
+    assert stages[-1] == "training"  # and the outermost's end at once: no stage outlives its phase
     assert all(beat["update"] == 7 for beat in watch.seen)
     assert len({beat["phase_began"] for beat in watch.seen if beat["stage"] == "capturing"}) == 1
     assert watch.seen[0]["seq_len"] == 64
 
 
 def test_a_phase_past_its_limit_stops_beating(tmp_path: Path) -> None:
-    beats = PhaseBeats(Heartbeat(tmp_path / "heartbeat"), interval_s=0.02, limit_s=0.1)
+    beats = PhaseBeats(Heartbeat(tmp_path / "heartbeat"), "training", interval_s=0.02, limit_s=0.1)
     with beats.phase("validating", 3):
         time.sleep(0.4)
         last = json.loads((tmp_path / "heartbeat").read_text())["time"]
-    assert time.time() - last >= 0.2  # hung for the watchdog to see
+        assert time.time() - last >= 0.2  # hung for the watchdog to see
 
 
 def test_a_slow_validation_keeps_the_heartbeat_fresh(

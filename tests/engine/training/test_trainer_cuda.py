@@ -104,6 +104,25 @@ def test_graph_engine_skips_a_nonfinite_update(arena: Arena) -> None:
     graph.close()
 
 
+def test_graph_engine_clips_a_huge_finite_gradient(arena: Arena) -> None:
+    """The loss times 1e22: a gradient norm near 3e20, whose square (and its elements' squares) fp32
+    cannot hold; the float64 norm is finite, the captured update clips instead of skipping, and the
+    int64 step counts it."""
+    device = torch.device("cuda")
+    model, optimizer, poison = build("transformer-tiny", device)
+    graph = GraphEngine(model, optimizer, 4, SEQ_LEN, arena)
+    graph.run_update(windows(8, 1), 1e-3, 0.1)
+    before = optimizer.params.clone()
+    poison.factor.fill_(1e22)
+    result = graph.run_update(windows(8, 2), 1e-3, 0.1)
+    assert result.stats.finite and result.stats.grad_norm > 1e20 and optimizer.nonfinite_in_a_row == 0
+    assert optimizer.step.dtype == torch.int64 and optimizer.step.item() == 2
+    assert not torch.equal(optimizer.params, before)
+    for state in (optimizer.params, optimizer.exp_avg, optimizer.exp_avg_sq):
+        assert torch.isfinite(state).all()
+    graph.close()
+
+
 def test_arena_serves_allocations_from_its_block(arena: Arena) -> None:
     assert arena.held_bytes > 1 << 30
     reserved = torch.cuda.memory_reserved()

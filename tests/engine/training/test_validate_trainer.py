@@ -21,6 +21,7 @@ from datalines import open_data_line
 from datalines.validation import build_validation
 from engine.checkpoints.format import list_checkpoints, read_latest
 from engine.checkpoints.tensors import load_checkpoint
+from engine.config.run import SAMPLES_KEY
 from engine.errors import LineError
 from engine.training.trainer import Trainer
 
@@ -57,7 +58,7 @@ def test_a_validating_line_trains_bit_identically_to_one_that_never_validates(
     rows, plain_rows = rows_of(validating), rows_of(plain)
     assert [row["update"] for row in rows] == [1, 2, 3, 4, 5, 6]
     for row, plain_row in zip(rows, plain_rows):
-        readings = {key for key in row if key.startswith(VALIDATION_PREFIXES)}
+        readings = {key for key in row if key.startswith(VALIDATION_PREFIXES) or key == SAMPLES_KEY}
         assert bool(readings) == (row["update"] % 2 == 0)
         training = {k: v for k, v in row.items() if k not in readings and k not in WALL_CLOCK_FIELDS}
         assert training == {k: v for k, v in plain_row.items() if k not in WALL_CLOCK_FIELDS}

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import scoped_environment
+from helpers.environment import scoped_environment
 
 from engine.config.run import WandbConfig
 from engine.wandb.backend import RealWandbBackend

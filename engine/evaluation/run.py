@@ -1,0 +1,96 @@
+"""Running harness tasks on a checkpoint: tasks by name (the harness's own, or task YAMLs under
+`include_paths`), `lm_eval.simple_evaluate` over the adapter, the results as a table and as JSON.
+
+The harness's own tasks fetch their datasets from the Hugging Face hub; a task YAML whose
+`dataset_path` is `json` with `dataset_kwargs: {data_files: ...}` reads a local file and needs no
+network (what the tests run).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lm_eval import simple_evaluate
+from lm_eval.tasks import TaskManager
+from lm_eval.utils import handle_non_serializable, make_table
+
+from engine.atomic import write_text_atomic
+from engine.errors import LineError
+from engine.evaluation.harness import CheckpointLM
+
+
+@dataclass(frozen=True)
+class EvaluationSettings:
+    """What `nsconsole eval` asks of the harness (its options of the same names)."""
+
+    tasks: list[str]
+    """Task, group or tag names the harness knows (with `include_paths`), or task YAML files."""
+    include_paths: list[Path] = field(default_factory=list)
+    """Directories of task YAMLs indexed beside the harness's own tasks."""
+    limit: int | None = None
+    """At most this many documents of each task (None: all of them)."""
+    num_fewshot: int | None = None
+    """Examples put before each question (None: each task's own default; a task fixed at 0 keeps 0)."""
+    seed: int = 0
+    """Seeds the harness's choice of few-shot examples (and Python's, numpy's and torch's generators)."""
+
+
+def task_manager(include_paths: list[Path]) -> TaskManager:
+    """The harness's task index with the directories of local task YAMLs added."""
+    for path in include_paths:
+        if not path.is_dir():
+            raise LineError(f"{path}: --include-path must be a directory of task YAML files")
+    return TaskManager(include_path=[str(path) for path in include_paths] or None)
+
+
+def unknown_tasks(manager: TaskManager, tasks: list[str]) -> list[str]:
+    """The names that are neither a known task, group or tag nor a YAML file."""
+    known = set(manager.all_tasks)
+    return [task for task in tasks if task not in known and not Path(task).is_file()]
+
+
+def evaluate(adapter: CheckpointLM, settings: EvaluationSettings) -> dict[str, Any]:
+    """The harness's results of `settings.tasks` on the adapter's checkpoint (LineError when a
+    task is unknown, before any is run)."""
+    if not settings.tasks:
+        raise LineError("--tasks names no task")
+    manager = task_manager(settings.include_paths)
+    unknown = unknown_tasks(manager, settings.tasks)
+    if unknown:
+        where = ", ".join(str(path) for path in settings.include_paths) or "no --include-path"
+        raise LineError(
+            f"no task named {', '.join(unknown)} (neither the harness's nor a YAML file; task YAMLs "
+            f"searched under {where}); `lm-eval ls tasks` lists the harness's tasks"
+        )
+    results = simple_evaluate(
+        model=adapter,
+        tasks=settings.tasks,
+        limit=settings.limit,
+        num_fewshot=settings.num_fewshot,
+        task_manager=manager,
+        log_samples=False,
+        random_seed=settings.seed,
+        numpy_random_seed=settings.seed,
+        torch_random_seed=settings.seed,
+        fewshot_random_seed=settings.seed,
+    )
+    assert results is not None  # one process: rank 0 always gets its results
+    return results
+
+
+def results_table(results: dict[str, Any]) -> str:
+    """The harness's tables: one row per task and metric, then one per group when there are groups."""
+    table = make_table(results)
+    if results.get("groups"):
+        table += "\n" + make_table(results, "groups")
+    return table
+
+
+def write_results(results: dict[str, Any], path: Path) -> None:
+    """The results as JSON, written whole or not at all (values JSON cannot hold as their text)."""
+    text = json.dumps(results, indent=2, default=handle_non_serializable, ensure_ascii=False)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, text + "\n")

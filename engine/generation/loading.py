@@ -1,0 +1,186 @@
+"""Loading a checkpoint alone for generation: its weights, extra state, preset, overrides and tokenizer.
+
+A checkpoint is self-contained (DESIGN.md): the model is built from the preset and overrides of
+the run.json it carries and text goes through the tokenizer.json it carries, never through a
+tokenizer rebuilt from data, so no data line is read. Every file is checked against meta.json's
+hashes before anything is used. A line stands for the checkpoint its `latest` names.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from datalines.tokenizer import EMBEDDED_EOS_TOKEN, PlainTextTokenizer
+from engine.checkpoints.format import (
+    EXTRA_FILE,
+    LATEST_NAME,
+    META_NAME,
+    MODEL_FILE,
+    OPTIMIZER_FILE,
+    RUN_JSON_FILE,
+    TOKENIZER_FILE,
+    latest_file_problem,
+    read_latest,
+    update_of,
+)
+from engine.checkpoints.tensors import Checkpoint, load_checkpoint
+from engine.config.json_fields import parse_json_text
+from engine.config.run import RunConfig
+from engine.errors import CheckpointError, LineError
+from engine.layout import LineLayout
+from engine.models.base import LanguageModel
+from engine.models.build import build_model
+from engine.models.presets import family_of
+
+SEPARATOR_TOKENS = (EMBEDDED_EOS_TOKEN, "</s>", "<|end_of_text|>", "<eos>")
+"""Tokens taken for the document separator, in this order, when the model's config names none."""
+
+
+@dataclass
+class GenerationModel:
+    """A checkpoint's model in eval mode on its device, with the tokenizer it was trained with."""
+
+    model: LanguageModel
+    """The model, weights and extra state (PSSA's banks) as the checkpoint holds them."""
+    tokenizer: PlainTextTokenizer
+    """The checkpoint's tokenizer.json."""
+    directory: Path
+    """The checkpoint directory."""
+    preset: str
+    """The model's preset (run.json `model.preset`)."""
+    device: torch.device
+    """Where the model runs."""
+    separator: int | None
+    """The token between documents in the training rows (`document_separator`); None if unknown."""
+
+    def prompt_ids(self, text: str) -> list[int]:
+        """A prompt as the start of a document: the separator (when known), then the text encoded
+        as training encoded documents (plain text: an added token written in it is its characters)."""
+        encoded = self.tokenizer.encode_documents([text])[0].tolist() if text else []
+        prompt = ([] if self.separator is None else [self.separator]) + encoded
+        if not prompt:
+            raise LineError(
+                f"{self.directory / TOKENIZER_FILE}: names no document separator "
+                f"({', '.join(SEPARATOR_TOKENS)}), so generation needs a prompt: give --prompt"
+            )
+        return prompt
+
+
+def checkpoint_directory(path: Path) -> Path:
+    """CHECKPOINT|LINE as a checkpoint directory: a checkpoint as it is, a line's `latest`."""
+    if (path / META_NAME).exists() or update_of(path) is not None:
+        return path
+    checkpoints = LineLayout(path).checkpoints
+    if not checkpoints.is_dir():
+        if not path.exists():
+            raise LineError(f"{path}: no such checkpoint or training line")
+        raise LineError(f"{path}: neither a checkpoint (no {META_NAME}) nor a training line (no checkpoints/)")
+    problem = latest_file_problem(checkpoints)
+    if problem is not None:
+        raise CheckpointError(problem)
+    name = read_latest(checkpoints)
+    if name is None:
+        raise CheckpointError(
+            f"{checkpoints / LATEST_NAME}: missing or unreadable (the line has no checkpoint yet, or name one)"
+        )
+    return checkpoints / name
+
+
+def refuse_outside_tokenizer(directory: Path, data: str | None, tokenizer: str | None) -> None:
+    """A checkpoint carries its tokenizer: one from a data line or a file could differ from it."""
+    given = "--data" if data is not None else "--tokenizer" if tokenizer is not None else None
+    if given is not None:
+        raise LineError(
+            f"{directory}: carries the tokenizer its weights were trained with ({TOKENIZER_FILE}); "
+            f"{given} is refused (a tokenizer from elsewhere would not be the one it learned)"
+        )
+
+
+def load_for_generation(directory: Path, device: torch.device, average: bool = False) -> GenerationModel:
+    """Verify and load a checkpoint's model (its parameters' moving average with `average`)."""
+    checkpoint = load_checkpoint(directory)  # every file checked against meta.json first
+    run_json = directory / RUN_JSON_FILE
+    try:
+        text = checkpoint.run_json.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise CheckpointError(f"{run_json}: not UTF-8 ({error})") from None
+    model_config = RunConfig.from_dict(parse_json_text(text, str(run_json)), source=str(run_json)).model
+    preset, overrides = model_config.preset, model_config.overrides
+    with torch.device("meta"):  # the class alone: no memory, no initialisation
+        decodes = type(build_model(preset, overrides)).decodes()
+    if not decodes:
+        raise LineError(
+            f"{directory}: {preset} has no stepwise decoder yet (the {family_of(preset)} family's "
+            "decode is still to come), so it cannot be sampled from"
+        )
+    weights = _averaged_weights(checkpoint) if average else checkpoint.weights
+    with torch.device(device):  # built where it runs: a 2B model's initialisation is quick on a GPU
+        model = build_model(preset, overrides).eval()
+    _load_parameters(model, weights, directory / (OPTIMIZER_FILE if average else MODEL_FILE))
+    model_extra = {k[len("model/") :]: v.to(device) for k, v in checkpoint.extra.items() if k.startswith("model/")}
+    try:
+        model.load_extra_state_dict(model_extra)
+    except ValueError as error:
+        raise CheckpointError(f"{directory / EXTRA_FILE}: {error}") from None
+    tokenizer = _tokenizer(checkpoint, model)
+    return GenerationModel(model, tokenizer, directory, preset, device, document_separator(model, tokenizer))
+
+
+def document_separator(model: LanguageModel, tokenizer: PlainTextTokenizer) -> int | None:
+    """The token between documents in training rows: the model config's `eos_id` where it has one
+    (the NS presets), else the first of SEPARATOR_TOKENS the tokenizer has; None when neither."""
+    eos_id = getattr(getattr(model, "config", None), "eos_id", None)
+    if eos_id is not None:
+        return int(eos_id)
+    for token in SEPARATOR_TOKENS:
+        token_id = tokenizer.full.token_to_id(token)
+        if token_id is not None:
+            return int(token_id)
+    return None
+
+
+def _averaged_weights(checkpoint: Checkpoint) -> dict[str, torch.Tensor]:
+    """The parameters' moving average by name, cut from its flat buffer by the checkpoint's layout."""
+    where = checkpoint.directory / OPTIMIZER_FILE
+    average = checkpoint.optimizer.get("ema")
+    if average is None or not checkpoint.state.get("ema_started", False):
+        raise CheckpointError(
+            f"{where}: no parameter average at update {checkpoint.update} (run.json sets no `ema`, "
+            "or the average had not started yet); sample without --ema"
+        )
+    try:
+        return {
+            str(name): average[int(offset) : int(offset) + math.prod(shape)].view(tuple(shape))
+            for name, offset, shape in checkpoint.state["layout"]
+        }
+    except (KeyError, TypeError, ValueError, RuntimeError) as error:
+        raise CheckpointError(f"{checkpoint.directory}: state.json's layout does not cut the average ({error})") from None
+
+
+@torch.no_grad()
+def _load_parameters(model: LanguageModel, weights: dict[str, torch.Tensor], where: Path) -> None:
+    parameters = dict(model.named_parameters())
+    missing, extra = sorted(set(parameters) - set(weights)), sorted(set(weights) - set(parameters))
+    if missing or extra:
+        raise CheckpointError(f"{where}: its weights do not fit the model (missing {missing[:3]}, extra {extra[:3]})")
+    for name, parameter in parameters.items():
+        if tuple(weights[name].shape) != tuple(parameter.shape):
+            shape = tuple(weights[name].shape)
+            raise CheckpointError(f"{where}: {name} has shape {shape}, the model {tuple(parameter.shape)}")
+        parameter.copy_(weights[name])
+
+
+def _tokenizer(checkpoint: Checkpoint, model: LanguageModel) -> PlainTextTokenizer:
+    where = checkpoint.directory / TOKENIZER_FILE
+    try:
+        tokenizer = PlainTextTokenizer(checkpoint.tokenizer_json.decode("utf-8"), str(where))
+    except UnicodeDecodeError as error:
+        raise CheckpointError(f"{where}: not UTF-8 ({error})") from None
+    vocab = model.embed.weight.shape[0]
+    if tokenizer.vocab_size > vocab:
+        raise CheckpointError(f"{where}: {tokenizer.vocab_size} tokens, more than the model's vocabulary of {vocab}")
+    return tokenizer

@@ -1,0 +1,78 @@
+"""Where a trunk will stand at the end of a data cycle it has not finished yet.
+
+A branch asked for a cycle that is still to end is checked when it is asked (not only when the
+fork is made, perhaps hours later): what the fork decides (the learning-rate piece it falls in,
+the plan stage and so the training length, the batch) is decided here from the position the
+trunk is expected to have at that cycle's end.
+
+The estimate: the data line's count at the start of the next cycle (`cycle_start_tokens`,
+nominal), shifted by the difference between the tokens trained and the data line's count at the
+line's latest checkpoint (a branch's count carries on from its trunk's, and a skipped update
+trains nothing). A prepared cycle holds whole documents and whole windows, a few tokens more or
+fewer than nominal (the last cycle of a line that ends with its corpus holds the remainder), so
+the real end may differ a little; the fork itself is checked again, exactly, when it is made.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from engine.checkpoints.format import read_checkpoint_state, read_latest
+from engine.config.run import RunConfig
+from engine.errors import LineError
+from engine.layout import LineLayout
+
+if TYPE_CHECKING:
+    from datalines import DataLine
+
+
+def latest_position(layout: LineLayout) -> dict[str, Any]:
+    """The position saved in the checkpoint `latest` names; empty (the line's start) without one."""
+    latest = read_latest(layout.checkpoints)
+    state = None if latest is None else read_checkpoint_state(layout.checkpoints / latest)
+    position = (state or {}).get("position")
+    return position if isinstance(position, dict) else {}
+
+
+def check_cycle_comes(layout: LineLayout, trunk_data: DataLine, position: dict[str, Any], cycle: int) -> None:
+    """Refuse a fork at the end of a cycle the trunk never reaches, or one it left behind without its
+    kept checkpoint (LineError)."""
+    last = trunk_data.last_cycle()
+    if last is not None and cycle > last:
+        raise LineError(
+            f"{trunk_data.path}: the trunk's data line ends with cycle {last}; cycle {cycle} never comes"
+        )
+    now = int(position.get("cycle", 0))
+    if now > cycle:
+        raise LineError(
+            f"{layout.checkpoints}: cycle {cycle} has ended (the line is in cycle {now}) but its "
+            "kept checkpoint is missing"
+        )
+
+
+def expected_fork_position(
+    layout: LineLayout, trunk: RunConfig, trunk_data: DataLine, position: dict[str, Any], cycle: int
+) -> dict[str, int]:
+    """The position the trunk is expected to save at the end of `cycle` (see the module docstring):
+    `tokens_trained`, `stage` and `cycle` (the next one), as a fork checkpoint's state has them.
+
+    LineError when the trunk's plan ends before that cycle does: its trainer stops at the plan's
+    end, so the cycle's end, and the fork, would never come.
+    """
+    stage = int(position.get("stage", 0))
+    stage_tokens = int(position.get("stage_tokens", 0))
+    plan = trunk.plan
+    seq_len = plan[min(stage, len(plan) - 1)].seq_len
+    data_now = trunk_data.cycle_start_tokens(int(position.get("cycle", 0))) + int(position.get("sample", 0)) * seq_len
+    ahead = max(0, trunk_data.cycle_start_tokens(cycle + 1) - data_now)
+    tokens_trained = int(position.get("tokens_trained", 0)) + ahead
+    # The trainer ends a stage before the cycle when both end at one update, as here.
+    while stage < len(plan) and plan[stage].tokens is not None and stage_tokens + ahead >= plan[stage].tokens:
+        ahead -= int(plan[stage].tokens) - stage_tokens
+        stage, stage_tokens = stage + 1, 0
+    if stage >= len(plan):
+        raise LineError(
+            f"{layout.run_json}: the plan ends before cycle {cycle} does, so the trunk never reaches "
+            f"the end of cycle {cycle}; grow the plan first"
+        )
+    return {"tokens_trained": tokens_trained, "stage": stage, "cycle": cycle + 1}

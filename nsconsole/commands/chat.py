@@ -1,0 +1,62 @@
+"""`nsconsole chat CHECKPOINT|LINE`: talk with a checkpoint in the terminal, its state carried."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from nsconsole.commands.generating import add_generation_arguments, open_model
+from nsconsole.commands.parser import add_command
+
+HELP = "CHECKPOINT|LINE: talk with a checkpoint in the terminal, its state carried between turns"
+DESCRIPTION = """\
+A plain read-reply loop on stdin and stdout with a checkpoint loaded by itself (as `sample` loads
+it). Each line you type is fed after everything said so far, and the model's reply is what it
+writes next, up to the end of its first non-empty line, the document separator, or --tokens
+tokens. The decoding state runs on between turns (the recurrent state for PSSA and NS, the KV
+cache for the transformer), so a turn costs only its own tokens. These are pre-trained models,
+not instruction-tuned ones: they continue text. /reset starts a new conversation; an empty line
+or end of input (Ctrl-D) ends.
+"""
+EXAMPLES = """\
+examples:
+  nsconsole chat runs/trunk
+  nsconsole chat runs/trunk/checkpoints/u00030000 --temperature 0.7 --seed 1
+"""
+
+RESET = "/reset"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = add_command(subparsers, "chat", summary=HELP, description=DESCRIPTION, examples=EXAMPLES)
+    add_generation_arguments(parser, "most tokens of a reply (default 200)", 200)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from engine.generation.chat import Conversation
+    from engine.generation.session import generation_precision
+
+    loaded, settings = open_model(args)
+    interactive = sys.stdin.isatty()
+    conversation = Conversation(loaded, settings, args.tokens)
+    with generation_precision(loaded.device):
+        while True:
+            if interactive:
+                sys.stdout.write("> ")
+                sys.stdout.flush()
+            line = sys.stdin.readline()
+            text = line.rstrip("\n")
+            if not text:
+                return 0
+            if text == RESET:
+                conversation = Conversation(loaded, settings, args.tokens)
+                print("(a new conversation)")
+                continue
+            reply = ""
+            for piece in conversation.reply(text):
+                reply += piece
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+            if not reply.endswith("\n"):
+                sys.stdout.write("\n")

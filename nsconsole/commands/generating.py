@@ -1,0 +1,82 @@
+"""What `sample` and `chat` share: the checkpoint argument, the sampling options, opening the model.
+
+Nothing here imports torch at import time (`--help` stays light): `open_model` loads it when a
+command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import secrets
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from engine.generation.settings import SamplingSettings
+
+if TYPE_CHECKING:
+    from engine.generation.loading import GenerationModel
+
+DEFAULTS = SamplingSettings()
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _setting(name: str) -> Callable[[str], float]:
+    """An argparse type checking one field by SamplingSettings' own rule."""
+
+    def parse(text: str) -> float:
+        value = float(text)
+        try:
+            SamplingSettings(**{name: value})
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+        return value
+
+    return parse
+
+
+def add_generation_arguments(parser: argparse.ArgumentParser, tokens_help: str, tokens_default: int) -> None:
+    """The checkpoint and the sampling options of `sample` and `chat`."""
+    parser.add_argument("source", metavar="CHECKPOINT|LINE",
+                        help="a checkpoint directory (LINE/checkpoints/uNNNNNNNN), or a line: its latest checkpoint")
+    parser.add_argument("--tokens", type=_positive_int, default=tokens_default, metavar="N", help=tokens_help)
+    parser.add_argument("--temperature", type=_setting("temperature"), default=DEFAULTS.temperature, metavar="T",
+                        help="divide the logits by T before drawing; 0: always the most likely token "
+                        f"(default {DEFAULTS.temperature})")
+    parser.add_argument("--top-p", type=_setting("top_p"), default=DEFAULTS.top_p, metavar="P",
+                        help="draw among the most likely tokens that first reach probability P together; "
+                        f"1: from all (default {DEFAULTS.top_p})")
+    parser.add_argument("--seed", type=int, default=None, metavar="S",
+                        help="seed of the draws: the same seed gives the same text (default: a fresh one, printed)")
+    parser.add_argument("--ema", action="store_true",
+                        help="use the parameters' moving average the checkpoint keeps (run.json `ema`)")
+    parser.add_argument("--device", default="auto", help="auto (the GPU when there is one), cpu or cuda[:N]")
+    parser.add_argument("--data", default=None, metavar="PATH",
+                        help="refused: a checkpoint carries the tokenizer it was trained with")
+    parser.add_argument("--tokenizer", default=None, metavar="FILE",
+                        help="refused: a checkpoint carries the tokenizer it was trained with")
+
+
+def open_model(args: argparse.Namespace) -> tuple[GenerationModel, SamplingSettings]:
+    """The checkpoint the arguments name, verified and loaded, and the sampling settings; the
+    header line (what is sampled, where, at which seed) goes to stderr."""
+    from engine.generation.loading import checkpoint_directory, load_for_generation, refuse_outside_tokenizer
+    from engine.training.trainer import resolve_device
+
+    directory = checkpoint_directory(args.host_settings.resolve_line(args.source))
+    refuse_outside_tokenizer(directory, args.data, args.tokenizer)
+    device = resolve_device(args.device, "--device")
+    loaded = load_for_generation(directory, device, average=args.ema)
+    seed = args.seed if args.seed is not None else secrets.randbelow(2**31)
+    settings = SamplingSettings(temperature=args.temperature, top_p=args.top_p, seed=seed)
+    weights = "the parameters' moving average" if args.ema else "weights"
+    parameters = loaded.model.num_parameters()
+    print(f"{directory} ({loaded.preset}, {parameters:,} parameters, {weights}) on {device}, seed {seed}",
+          file=sys.stderr)  # fmt: skip
+    return loaded, settings

@@ -1,0 +1,121 @@
+"""Lines that no supervisor runs: found where lines live, read from their files.
+
+The registry lists running supervisors only, so a line that ended would vanish from the console.
+`line_candidates()` names every line that may have ended: the lines in host.json's `work_root`
+and in the demo's root (`~/.nsconsole/lines` without a work root), one level down, and every line
+a supervisor ever registered on this host (`engine.supervisor.registry.remembered_lines`).
+
+`read_at_rest(line)` reads one of them, but only at rest: the design lets the console read no file
+that a supervisor (or a trainer run without one) is writing. A line is at rest when its
+supervisor.json names no live supervisor in a state that is not final and its heartbeat names no
+live trainer still training; the caller has already left out the lines the registry lists.
+Lines that never ran under a supervisor (no supervisor.json) are not listed.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from engine.config.host import HostSettings
+from engine.layout import LineLayout
+from engine.ops.demo import demo_paths
+from engine.protocol.facts import FINAL_LINE_STATES, Stage
+from engine.supervisor.forks import branched_from
+from engine.supervisor.reads import beat_time, latest_update, read_json
+from engine.supervisor.registry import remembered_lines
+from engine.supervisor.rpc import RowsTail
+
+Signature = tuple[tuple[int, int], ...]
+"""What changes when a line's files do: (mtime_ns, size) of supervisor.json, heartbeat, rows.jsonl."""
+
+
+@dataclass(frozen=True)
+class RestingLine:
+    """A line at rest, as its files leave it."""
+
+    path: str
+    """The line's directory (real path)."""
+    supervisor: dict[str, Any]
+    """supervisor.json (the state its last supervisor ended in, its counters, last exit and event),
+    with what a supervisor's `status` adds from the line's files: `latest_checkpoint`, `parent`."""
+    heartbeat: dict[str, Any] | None
+    """The trainer's last heartbeat."""
+    rows: list[dict[str, Any]]
+    """Every whole row of rows.jsonl."""
+    signature: Signature
+    """The files' signature when they were read (`files_signature`)."""
+
+
+def work_roots(settings: HostSettings) -> list[Path]:
+    """host.json's `work_root` and the demo's root (the same directory when a work root is set)."""
+    roots = [Path(settings.work_root).expanduser()] if settings.work_root else []
+    demo_root = demo_paths(settings.work_root).line.parent
+    return roots if demo_root in roots else [*roots, demo_root]
+
+
+def line_candidates(settings: HostSettings | None = None) -> list[str]:
+    """Every line directory under the work roots and in the history (real paths, sorted, once each)."""
+    settings = settings if settings is not None else HostSettings.load()
+    found = set()
+    for root in work_roots(settings):
+        try:
+            children = list(root.iterdir())
+        except OSError:
+            continue  # no such root (yet): nothing there
+        found.update(os.path.realpath(child) for child in children if (child / "supervisor.json").is_file())
+    found.update(line for line in remembered_lines() if os.path.isfile(os.path.join(line, "supervisor.json")))
+    return sorted(found)
+
+
+def files_signature(line: str | Path) -> Signature:
+    layout = LineLayout(line)
+    signature = []
+    for path in (layout.supervisor_json, layout.heartbeat, layout.rows_jsonl):
+        try:
+            info = path.stat()
+            signature.append((info.st_mtime_ns, info.st_size))
+        except OSError:
+            signature.append((0, -1))
+    return tuple(signature)
+
+
+def read_at_rest(line: str | Path) -> RestingLine | None:
+    """The line from its files, or None when it is not at rest (see the module docstring) or not a line."""
+    layout = LineLayout(line)
+    signature = files_signature(line)
+    supervisor = read_json(layout.supervisor_json)
+    if supervisor is None:
+        return None
+    if supervisor.get("state") not in FINAL_LINE_STATES and _alive(supervisor.get("pid"), supervisor.get("started")):
+        return None  # a supervisor starting, or one that has not registered: it writes the files
+    heartbeat = read_json(layout.heartbeat)
+    trainer_pid = None if heartbeat is None or heartbeat.get("stage") == Stage.STOPPED else heartbeat.get("pid")
+    if _alive(trainer_pid, beat_time(heartbeat or {})):
+        return None  # a trainer still runs (without a supervisor, or an orphan finishing its checkpoint)
+    rows = RowsTail(layout.rows_jsonl).poll()
+    status = {**supervisor, "latest_checkpoint": latest_update(layout), "parent": branched_from(layout)}
+    if files_signature(line) != signature:
+        return None  # written while read: not at rest after all
+    return RestingLine(str(layout.root), status, heartbeat, rows, signature)
+
+
+def _alive(pid: Any, since: Any) -> bool:
+    """`pid` is a running process that started no later than `since` (a younger one reused the pid)."""
+    if not isinstance(pid, int) or isinstance(pid, bool):
+        return False
+    try:
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return False
+        started = process.create_time()
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:
+        return True
+    # A second's slack: start times come from clock ticks, and `since` was taken just after the start.
+    return not isinstance(since, (int, float)) or started <= float(since) + 1.0

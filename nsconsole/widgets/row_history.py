@@ -1,0 +1,109 @@
+"""Rows of a line that the console does not hold in full: a branch's trunk up to the fork (drawn
+under the branch's curves) and the whole history of a reading pinned to the curves.
+
+A line whose supervisor the console is attached to is asked (`rows` in pages, the way the console
+fetched the line's own rows). Otherwise its rows.jsonl is read, but only at rest
+(`nsconsole.history.read_at_rest`: no live supervisor or trainer writes it). A line being
+written whose supervisor is not attached raises `HistoryUnavailable`: the caller asks again later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from engine.protocol import wire
+from nsconsole.history import read_at_rest
+from nsconsole.state import LineBook, LineView
+
+
+class HistoryUnavailable(Exception):
+    """The rows cannot be had now (the line is written and its supervisor is not attached)."""
+
+
+class RowsCaller(Protocol):
+    """The console's live link (`LiveLines.call`), as far as a history needs it."""
+
+    async def call(self, key: str, method: str, **params: Any) -> Any: ...
+
+
+@dataclass
+class History:
+    """Named numbers of a line's rows along its update, tokens and time, row by row."""
+
+    names: tuple[str, ...]
+    """The readings kept (a row holding none of them is left out)."""
+    update: list[float] = field(default_factory=list)
+    tokens: list[float] = field(default_factory=list)
+    time: list[float] = field(default_factory=list)
+    values: dict[str, list[float]] = field(default_factory=dict)
+    """Each name's value per kept row (NaN where the row lacks it)."""
+
+    def add(self, row: dict[str, Any]) -> None:
+        if "omitted" in row or not any(name in row for name in self.names):
+            return
+        self.update.append(_number(row.get("update")))
+        self.tokens.append(_number(row.get("tokens")))
+        self.time.append(_number(row.get("time")))
+        for name in self.names:
+            self.values.setdefault(name, []).append(_number(row.get(name)))
+
+    def extend(self, rows: Iterable[dict[str, Any]]) -> None:
+        """Rows newer than the last one held (a row at or before it is already in)."""
+        last = self.update[-1] if self.update else -math.inf
+        for row in rows:
+            if _number(row.get("update")) > last:
+                self.add(row)
+
+    @property
+    def last_update(self) -> float:
+        return self.update[-1] if self.update else -math.inf
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return math.nan
+    return float(value)
+
+
+def find_line(book: LineBook, path: str) -> LineView | None:
+    """The book's line at `path` (compared resolved: run.json and branches.json hold absolute paths)."""
+    wanted = Path(path).resolve()
+    return next((line for line in book if Path(line.path).resolve() == wanted), None)
+
+
+async def fetch_history(
+    live: RowsCaller | None, book: LineBook, path: str, names: tuple[str, ...], until_update: float = math.inf
+) -> History:
+    """The rows of the line at `path` up to `until_update`, asked or read (see the module docstring)."""
+    line = find_line(book, path)
+    if line is not None and line.connected and live is not None:
+        return await _ask(live, line.key, names, until_update)
+    resting = await asyncio.to_thread(read_at_rest, path)
+    if resting is None:
+        raise HistoryUnavailable(f"{path}: being written and its supervisor is not attached")
+    history = History(names)
+    for row in resting.rows:
+        if _number(row.get("update")) > until_update:
+            break
+        history.add(row)
+    return history
+
+
+async def _ask(live: RowsCaller, key: str, names: tuple[str, ...], until_update: float) -> History:
+    history = History(names)
+    since = 0
+    while True:
+        reply = await live.call(key, "rows", since=since, limit=wire.MAX_ROWS_PER_CALL)
+        rows = reply.get("rows") or []
+        for row in rows:
+            if _number(row.get("update")) > until_update:
+                return history
+            history.add(row)
+        since = int(reply.get("next", since + len(rows)))
+        if not rows or since >= int(reply.get("total", since)):
+            return history

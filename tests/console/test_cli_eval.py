@@ -1,0 +1,183 @@
+"""`nsconsole eval` end to end: lm-eval tasks defined here, on local files, run on a tiny trained line.
+
+Three task YAMLs, one per request type (a multiple-choice task: loglikelihood; a perplexity task:
+loglikelihood_rolling; a generation task: generate_until), read JSONL files through the harness's
+`json` dataset builder with the hub and `datasets` offline. The command runs as a user runs it, in
+a fresh process; its scores are checked against the checkpoint's logits read here by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from helpers.lines import data_template_fixture, make_line, one_torch_thread
+
+from engine.evaluation.harness import HARNESS_NAME, CheckpointLM, open_checkpoint
+from engine.generation.loading import GenerationModel
+from engine.models.base import LanguageModel
+from engine.models.transformer.model import TransformerLM
+from engine.training.trainer import Trainer
+from nsconsole.cli import main
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+data_template = data_template_fixture(prepare=1)
+
+CHOICE_DOCUMENTS = [
+    {"question": "the model trains on", "choices": ["tokens", "spikes", "memory"], "answer": 0},
+    {"question": "spikes flow through", "choices": ["layers", "a cycle"], "answer": 0},
+    {"question": "each update reads", "choices": ["checkpoint", "windows"], "answer": 1},
+    {"question": "never scored: --limit 3", "choices": ["a", "b"], "answer": 0},
+]
+PERPLEXITY_DOCUMENTS = [
+    {"text": "the model trains on tokens"},
+    {"text": "while spikes flow through layers of state"},
+    {"text": "then writes a checkpoint"},
+]
+PROMPTS = ["the model trains", "a cycle then"]
+LIMIT = 3
+
+
+@pytest.fixture(scope="module")
+def line(data_template: Path) -> Path:
+    trained = make_line(data_template.parent / "lines", data_template)
+    with one_torch_thread():
+        assert Trainer(trained, stop_at=2, echo=None).run() == 0
+    return trained
+
+
+@pytest.fixture(scope="module")
+def adapter(line: Path) -> CheckpointLM:
+    return open_checkpoint(str(line), device="cpu")
+
+
+def write_jsonl(path: Path, documents: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(document) + "\n" for document in documents))
+    return path
+
+
+def task_yaml(name: str, data: Path, output_type: str, fields: str) -> str:
+    return (f"task: {name}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\n"
+            f"test_split: test\noutput_type: {output_type}\n{fields}")  # fmt: skip
+
+
+def greedy_text(adapter: CheckpointLM, prompt: str) -> str:
+    """What the generation task's model writes after `prompt`, by the adapter itself."""
+    from lm_eval.api.instance import Instance
+
+    request = Instance("generate_until", {}, (prompt, {"until": ["\n"], "max_gen_toks": 6, "do_sample": False}), 0)
+    return adapter.generate_until([request])[0]
+
+
+@pytest.fixture(scope="module")
+def tasks(adapter: CheckpointLM, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory of the three task YAMLs and their data: the generation task's first answer is
+    the model's own greedy text (an exact match), its second one a text it cannot write."""
+    root = tmp_path_factory.mktemp("tasks")
+    choice = write_jsonl(root / "choice.jsonl", CHOICE_DOCUMENTS)
+    perplexity = write_jsonl(root / "perplexity.jsonl", PERPLEXITY_DOCUMENTS)
+    answers = [greedy_text(adapter, PROMPTS[0]), "\u2603 not a text of this model"]
+    generation = write_jsonl(root / "generate.jsonl",
+                             [{"prompt": p, "answer": a} for p, a in zip(PROMPTS, answers)])  # fmt: skip
+    (root / "nsc_choice.yaml").write_text(task_yaml("nsc_choice", choice, "multiple_choice", (
+        'doc_to_text: "{{question}}"\ndoc_to_choice: "{{choices}}"\ndoc_to_target: answer\n'
+        "metric_list:\n  - metric: acc\n")))  # fmt: skip
+    (root / "nsc_perplexity.yaml").write_text(task_yaml("nsc_perplexity", perplexity, "loglikelihood_rolling", (
+        'doc_to_text: ""\ndoc_to_target: "{{text}}"\n'
+        "metric_list:\n  - metric: word_perplexity\n  - metric: bits_per_byte\n")))  # fmt: skip
+    (root / "nsc_generate.yaml").write_text(task_yaml("nsc_generate", generation, "generate_until", (
+        'doc_to_text: "{{prompt}}"\ndoc_to_target: "{{answer}}"\n'
+        'generation_kwargs:\n  until: ["\\n"]\n  max_gen_toks: 6\n  do_sample: false\n'
+        "metric_list:\n  - metric: exact_match\n")))  # fmt: skip
+    return root
+
+
+def log_probability(loaded: GenerationModel, context: list[int], continuation: list[int]) -> float:
+    """log p(continuation | context) from one call of the model's logits (both fit its context)."""
+    tokens = context + continuation
+    with torch.no_grad():
+        logits = loaded.model.logits(torch.tensor([tokens[:-1]], device=loaded.device))[0]
+    scored = torch.log_softmax(logits[len(context) - 1 :].double(), dim=-1)
+    return float(sum(scored[position, token] for position, token in enumerate(continuation)))
+
+
+def encode(loaded: GenerationModel, text: str) -> list[int]:
+    return loaded.tokenizer.encode_documents([text])[0].tolist()
+
+
+@pytest.mark.slow  # indexing the harness's own tasks takes seconds
+def test_eval_runs_local_tasks_of_every_request_type(
+    line: Path, adapter: CheckpointLM, tasks: Path, tmp_path: Path
+) -> None:
+    output = tmp_path / "results" / "eval.json"
+    environment = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
+                   "PYTHONPATH": os.pathsep.join(sys.path)}  # fmt: skip
+    completed = subprocess.run(
+        [sys.executable, "-m", "nsconsole", "eval", str(line), "--tasks", "nsc_choice,nsc_perplexity,nsc_generate",
+         "--include-path", str(tasks), "--limit", str(LIMIT), "--device", "cpu", "--output", str(output)],
+        env=environment, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr
+    latest = line / "checkpoints" / "u00000002"
+    assert f"{latest} (transformer-tiny, " in completed.stderr
+    for task in ("nsc_choice", "nsc_perplexity", "nsc_generate"):
+        assert f"|{task}" in completed.stdout.replace(" ", "")  # a row of the results table
+    results = json.loads(output.read_text())
+    assert results["config"]["checkpoint"] == str(latest)
+    loaded = adapter.loaded
+    separator = [loaded.separator]
+
+    # Multiple choice: each choice after the question and the harness's " ", the likeliest one picked.
+    hits = 0
+    for document in CHOICE_DOCUMENTS[:LIMIT]:
+        context = separator + encode(loaded, document["question"])
+        scores = [log_probability(loaded, context, encode(loaded, " " + choice)) for choice in document["choices"]]
+        hits += scores.index(max(scores)) == document["answer"]
+    assert results["results"]["nsc_choice"]["acc,none"] == pytest.approx(hits / LIMIT)
+
+    # Perplexity: every text after the separator, in bits per UTF-8 byte.
+    texts = [document["text"] for document in PERPLEXITY_DOCUMENTS]
+    nats = -sum(log_probability(loaded, separator, encode(loaded, text)) for text in texts)
+    bits_per_byte = nats / math.log(2) / sum(len(text.encode("utf-8")) for text in texts)
+    assert results["results"]["nsc_perplexity"]["bits_per_byte,none"] == pytest.approx(bits_per_byte, rel=1e-6)
+    assert results["results"]["nsc_perplexity"]["word_perplexity,none"] > 1
+
+    # Generation: the first answer is what the model writes, the second is not.
+    assert results["results"]["nsc_generate"]["exact_match,none"] == pytest.approx(0.5)
+
+
+def test_the_harness_builds_the_adapter_from_its_model_args(line: Path) -> None:
+    from lm_eval.api.registry import get_model
+
+    built = get_model(HARNESS_NAME).create_from_arg_string(f"checkpoint={line}", {"device": "cpu", "batch_size": 3})
+    assert built.loaded.directory == line / "checkpoints" / "u00000002"
+    assert built.batch_rows == 3 and built.loaded.device == torch.device("cpu")
+
+
+@pytest.mark.slow  # the task index is read before the names are checked against it
+def test_an_unknown_task_is_refused_in_one_line(line: Path, tasks: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    status = main(["eval", str(line), "--tasks", "nsc_choice,no_such_task", "--include-path", str(tasks),
+                   "--device", "cpu"])  # fmt: skip
+    err = capsys.readouterr().err.splitlines()
+    assert status == 2
+    assert err[-1] == (f"nsconsole: no task named no_such_task (neither the harness's nor a YAML file; task YAMLs "
+                       f"searched under {tasks}); `lm-eval ls tasks` lists the harness's tasks")  # fmt: skip
+
+
+def test_a_family_without_a_decoder_is_refused_in_one_line(
+    line: Path, tasks: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(TransformerLM, "decode", LanguageModel.decode)
+    status = main(["eval", str(line), "--tasks", "nsc_choice", "--include-path", str(tasks), "--device", "cpu"])
+    captured = capsys.readouterr()
+    assert status == 2 and captured.out == ""
+    assert captured.err.startswith(f"nsconsole: {line / 'checkpoints' / 'u00000002'}: transformer-tiny has no "
+                                   "stepwise decoder yet")  # fmt: skip
+    assert captured.err.count("\n") == 1

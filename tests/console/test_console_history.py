@@ -1,0 +1,170 @@
+"""Lines that ended stay listed (issue 20 item 8): found in the work roots and the history of
+registered lines, read from their files at rest, opened, and resumed with `R`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers.console import until
+from helpers.lines import make_data_line, make_line
+from helpers.supervise import RUNNER, kill_line_processes, stop_supervisor
+
+from engine.config.host import HostSettings
+from engine.supervisor import registry
+from engine.supervisor.registry import line_id
+from nsconsole.app import ConsoleApp
+from nsconsole.history import line_candidates, read_at_rest
+from nsconsole.live import LiveLines
+from nsconsole.screens.confirm import ConfirmScreen
+from nsconsole.screens.line import LineScreen
+from nsconsole.state import LineBook, LineView
+from nsconsole.widgets.lines_table import LinesTable
+from nsconsole.widgets.log_follower import LogFollower
+
+
+@pytest.fixture(autouse=True)
+def private_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "run").mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
+    monkeypatch.setenv("NSCONSOLE_HOST", str(tmp_path / "host.json"))
+    monkeypatch.setenv(registry.HISTORY_ENV_VARIABLE, str(tmp_path / "history"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # the demo's root, ~/.nsconsole/lines, is empty
+    (tmp_path / "host.json").write_text("{}")
+
+
+def dead_pid() -> int:
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    return int(finished.stdout)
+
+
+def ended_line(path: Path, state: str, pid: int, **supervisor: object) -> Path:
+    """A line directory as a supervisor that ended in `state` leaves it."""
+    path.mkdir(parents=True)
+    document = {"pid": pid, "started": 1000.0, "state": state, "launches": 3, "crashes": 2, **supervisor}
+    (path / "supervisor.json").write_text(json.dumps(document))
+    beat = {"time": 1500.0, "update": 12, "stage": "stopped", "pid": dead_pid(), "reason": "stop requested"}
+    (path / "heartbeat").write_text(json.dumps(beat))
+    rows = [{"update": update, "tokens": 512 * update, "loss": 5.0 - update / 10, "time": 1000.0 + update}
+            for update in range(1, 13)]
+    (path / "rows.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (path / "checkpoints" / "u00000010").mkdir(parents=True)
+    (path / "checkpoints" / "latest").write_text("u00000010\n")
+    (path / "run.log").write_text("2026-01-01 00:00:00 update 12 loss 3.8\n2026-01-01 00:00:01 supervisor: stopped\n")
+    return path
+
+
+def test_lines_are_found_in_the_work_roots_and_the_history(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    trunk = ended_line(work / "trunk", "finished", dead_pid())
+    (work / "never-ran").mkdir(parents=True)  # no supervisor.json: never ran under a supervisor
+    elsewhere = ended_line(tmp_path / "elsewhere" / "probe", "failed", dead_pid())
+    registry.remember_line(elsewhere)
+    # The demo's root: the work root when there is one, else ~/.nsconsole/lines.
+    demo = ended_line(tmp_path / "home" / ".nsconsole" / "lines" / "demo", "stopped", dead_pid())
+    assert line_candidates(HostSettings(work_root=str(work))) == sorted(map(os.path.realpath, (trunk, elsewhere)))
+    assert line_candidates(HostSettings()) == sorted(map(os.path.realpath, (elsewhere, demo)))
+
+
+def test_only_lines_at_rest_are_read_and_shown_with_the_state_they_ended_in(tmp_path: Path) -> None:
+    stopped = ended_line(tmp_path / "stopped", "stopped", dead_pid(),
+                         last_event={"event": "failed", "time": 1400.0, "message": "an earlier failure"})
+    # A supervisor that has not registered yet (ours: alive, started before its supervisor.json).
+    starting = ended_line(tmp_path / "starting", "training", os.getpid(), started=time.time())
+    killed = ended_line(tmp_path / "killed", "training", dead_pid())  # died with the line training
+    assert read_at_rest(starting) is None
+    book = LineBook()
+    live = LiveLines(book, lambda line: None, clock=lambda: 2000.0, discover=lambda: [],
+                     find_lines=lambda: [str(stopped), str(starting), str(killed)], history_interval=0.0)
+
+    async def scenario() -> None:
+        await live.discover_once()
+        line = book.get(line_id(stopped))
+        assert line is not None and line.at_rest and line.display_state == "stopped" and line.restarts == 2
+        assert line.series.update == list(range(1, 13)) and line.resumable
+        assert line.latest_checkpoint == 10 and line.kind == "trunk"
+        assert [(event.kind, event.severity) for event in line.events] == [("failed", "error")]
+        assert line.take_alerts() == []  # history, not news: no bell
+        log = await live.read_log(line.key, 0, 4096)
+        assert "update 12 loss 3.8" in log["text"] and log["next"] == log["size"]
+        orphan = book.get(line_id(killed))
+        assert orphan is not None and orphan.display_state != "training" and orphan.orphaned
+        assert "ended while the line was training" in orphan.events[-1].message
+        assert book.get(line_id(starting)) is None
+        version = line.version
+        await live.discover_once()  # unchanged files are not read again
+        assert line.version == version
+
+    asyncio.run(scenario())
+
+
+
+
+@pytest.mark.slow
+def test_a_line_that_stopped_is_listed_by_a_fresh_console_and_resumed_with_a_key(tmp_path: Path) -> None:
+    # No preparer: only cycle 0 is prepared, so after it the trainer waits for data, alive.
+    data = make_data_line(tmp_path / "data_root", prepare=1)
+    line_path = make_line(tmp_path, data)
+    runner = tmp_path / "runner.py"
+    runner.write_text(RUNNER)
+    settings = {"poll_seconds": 0.1, "relaunch_delay_seconds": 0.05, "run_preparer": False}
+    first = subprocess.Popen([sys.executable, str(runner), str(line_path), json.dumps(settings)])
+    try:
+        deadline = time.monotonic() + 180
+        while not (line_path / "checkpoints" / "latest").exists() or registry.find_supervisor(line_path) is None:
+            assert time.monotonic() < deadline and first.poll() is None, "the line never checkpointed"
+            time.sleep(0.2)
+        stop_supervisor(line_path)
+        first.wait(timeout=60)
+        stopped_at = json.loads((line_path / "heartbeat").read_text())["update"]
+        key = line_id(line_path)
+
+        async def scenario() -> None:
+            app = ConsoleApp(refresh_interval=0.2)
+            async with app.run_test(size=(150, 40)) as pilot:
+                line: LineView = await until(pilot, lambda: app.book.get(key), "the stopped line to be listed")
+                table = app.screen.query_one(LinesTable)
+                await until(pilot, lambda: key in table.rows, "its row")
+                assert str(table.get_cell(key, "state")) == "■ stopped" and line.update == stopped_at
+                # Opened: the curves have its rows, the log tab reads its run.log.
+                await pilot.press("enter")
+                assert isinstance(app.screen, LineScreen) and len(line.series) >= stopped_at
+                app.screen.query_one("TabbedContent").active = "tab-log"
+                log = app.screen.query_one(LogFollower)
+                await until(pilot, lambda: any("stop" in text for text in log.lines), "run.log in the log tab")
+                await pilot.press("escape")
+                # `R`: a confirmation with No focused; Escape starts nothing.
+                assert app.check_action("resume", ()) is True and app.check_action("stop", ()) is None
+                await pilot.press("R")
+                assert isinstance(app.screen, ConfirmScreen) and str(line_path) in app.screen.question
+                assert app.screen.focused is not None and app.screen.focused.id == "no"
+                await pilot.press("escape")
+                await pilot.pause(0.5)
+                assert registry.find_supervisor(line_path) is None
+                await pilot.press("R")
+                await pilot.press("y")
+                # Its supervisor starts detached; the console attaches and shows it training on.
+                await until(pilot, lambda: line.connected, "the console to attach to the new supervisor", 180)
+                await until(pilot, lambda: (line.update or 0) > stopped_at, "updates past the stop", 180)
+                await until(pilot, lambda: str(table.get_cell(key, "state")).startswith(("▶", "…", "⤓", "◇")),
+                            "the row to show it training")
+                assert not line.at_rest and app.check_action("resume", ()) is None
+                # It trains to the end of its data line (the preparer runs now); once its supervisor
+                # has exited, `R` is on again.
+                await until(pilot, lambda: line.display_state == "finished", "the line's end", 300)
+                await until(pilot, lambda: app.check_action("resume", ()) is True, "resume to be on again")
+
+        asyncio.run(scenario())
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+        left_running = kill_line_processes(tmp_path)
+    assert left_running == []
+    assert json.loads((line_path / "supervisor.json").read_text())["state"] == "finished"

@@ -1,0 +1,103 @@
+"""A branch of a cycle still to come is checked in full when it is asked for (issue 20 item 3: the
+demo's queued branch failed 32 minutes later, "the fork falls inside a cosine decay piece").
+
+`nsconsole branch` refuses such a branch anyway (the cycle has not ended), but first says what
+would stop its fork; the supervisor's queue runs the same checks (tests/engine/supervisor/
+test_supervise_forks.py). Fresh lines, no training: the checks read files only.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from helpers.lines import data_template_fixture, make_line
+
+from datalines import open_data_line
+from engine.config.run import RunConfig
+from engine.errors import LineError
+from engine.layout import LineLayout
+from engine.ops.branch import BranchRequest, check_branch_request
+from engine.ops.fork_point import expected_fork_position
+from nsconsole.cli import main as cli_main
+
+data_template = data_template_fixture(prepare=1)
+"""Cycles of 5,000 tokens; the checks only read it, so every test shares it."""
+
+COSINE = [{"kind": "warmup", "until": 512, "to": 1.0},
+          {"kind": "decay", "until": 1e6, "to": 0.1, "shape": "cosine"}, {"kind": "constant", "to": 0.1}]  # fmt: skip
+LINEAR = [{**piece, "shape": "linear"} for piece in COSINE]
+
+
+@pytest.fixture(autouse=True)
+def private_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "host.json").write_text("{}")
+    monkeypatch.setenv("NSCONSOLE_HOST", str(tmp_path / "host.json"))
+
+
+def branch(tmp_path: Path, trunk: Path, data: Path, at_cycle: int = 1, plan: str = "decay:1e3") -> int:
+    return cli_main(["branch", str(tmp_path / "b"), "--from", str(trunk), "--at-cycle", str(at_cycle),
+                     "--plan", plan, "--data", str(data)])  # fmt: skip
+
+
+def test_the_cli_names_a_fork_inside_a_cosine_decay_before_the_cycle_has_ended(
+    tmp_path: Path, data_template: Path, capsys: pytest.CaptureFixture
+) -> None:
+    trunk = make_line(tmp_path / "cosine", data_template, **{"lr.pieces": COSINE})
+    assert branch(tmp_path, trunk, data_template) == 2
+    error = capsys.readouterr().err
+    assert (
+        f"nsconsole: {trunk / 'run.json'}: cycle 1 is expected to end at about 10,000 tokens trained; the fork "
+        "at 10,000 tokens falls inside a cosine decay piece (512 to 1,000,000 tokens)"
+    ) in error
+    # The same fork point inside a linear piece passes: only the cycle's end is missing.
+    trunk = make_line(tmp_path / "linear", data_template, **{"lr.pieces": LINEAR})
+    assert branch(tmp_path, trunk, data_template) == 2
+    error = capsys.readouterr().err
+    assert "has no checkpoint yet; cycle 1 has not ended; branch once it has, or ask the line's supervisor" in error
+    assert not (tmp_path / "b").exists()
+
+
+def test_the_cli_names_a_branch_data_line_without_held_out_rows_before_the_cycle_has_ended(
+    tmp_path: Path, data_template: Path, capsys: pytest.CaptureFixture
+) -> None:
+    trunk = make_line(tmp_path, data_template)
+    without_rows = tmp_path / "without_rows"
+    shutil.copytree(data_template, without_rows)
+    shutil.rmtree(without_rows / "val")
+    assert branch(tmp_path, trunk, without_rows) == 2
+    assert (
+        f"nsconsole: {without_rows}: no held-out rows of length 32 for this line's validation; build them with "
+        f"`nsconsole data val --work {without_rows} --seq-len 32`"
+    ) in capsys.readouterr().err
+
+
+def test_a_request_with_faults_of_its_own_is_refused_and_a_sound_one_passes(tmp_path: Path, data_template: Path) -> None:
+    trunk = make_line(tmp_path, data_template)
+    for refusal, request in (
+        ("nowhere: no such data line directory", BranchRequest(tmp_path / "b", trunk, 1, "decay:1e3", tmp_path / "nowhere")),
+        ("--plan: 'decay:x': 'x' is not a number", BranchRequest(tmp_path / "b", trunk, 1, "decay:x", data_template)),
+        ("--at-cycle must be a cycle index", BranchRequest(tmp_path / "b", trunk, -1, "decay:1e3", data_template)),
+    ):  # fmt: skip
+        with pytest.raises(LineError, match=refusal):
+            check_branch_request(request)
+    check_branch_request(BranchRequest(tmp_path / "b", trunk, 1, "decay:1e3", data_template))  # passes
+    assert not (tmp_path / "b").exists()
+
+
+def test_the_fork_point_of_a_later_cycle_end_carries_the_line_on_and_walks_the_plan(
+    tmp_path: Path, data_template: Path
+) -> None:
+    plan = [{"name": "short", "seq_len": 32, "tokens": 7000}, {"name": "rest", "seq_len": 32, "tokens": None}]
+    line = make_line(tmp_path, data_template, plan=plan)
+    config = RunConfig.load(line / "run.json")
+    data = open_data_line(data_template)
+    # A branch's count carries its trunk's (50,000 at its start), its data line starts at 0.
+    position = {"cycle": 0, "sample": 10, "stage": 0, "stage_tokens": 320, "tokens_trained": 50_320}
+    assert expected_fork_position(LineLayout(line), config, data, position, 1) == {
+        "tokens_trained": 60_000, "stage": 1, "cycle": 2,
+    }  # fmt: skip
+    assert expected_fork_position(LineLayout(line), config, data, {}, 0) == {
+        "tokens_trained": 5_000, "stage": 0, "cycle": 1,
+    }  # fmt: skip
