@@ -166,7 +166,7 @@ class LinesTable(DataTable):
             "loss": (fmt.number(line.loss), ""),
             "val_loss": (fmt.number(line.val_loss), ""),
             "tokens_per_s": (fmt.count(line.tokens_per_s), ""),
-            "beat": (f"{beat_glyph} {fmt.age(beat_age)}", beat_severity),
+            "beat": (beat_text(beat_glyph, beat_age), beat_severity),
             "restarts": (str(line.restarts), "warning" if line.restarts else ""),
             "gpu": gpu_cell(line),
             "health": (" ".join(flag.label for flag in flags) or "✓ ok", worst),
@@ -179,6 +179,16 @@ class LinesTable(DataTable):
             justify = "right" if column in RIGHT_ALIGNED else "left"
             cells[column] = Text(text, style=style, justify=justify)
         return cells
+
+
+def beat_text(glyph: str, age: float | None) -> str:
+    """`● fresh` while the heartbeat is fresh, else its age (`◐ 2m`, `○ 3h`).
+
+    Not the fresh beat's seconds: they change every second on every row, and redrawing eight rows a
+    second was most of the console's CPU (bench/console_cpu.py); the line screen's header gives
+    the exact age.
+    """
+    return f"{glyph} fresh" if glyph == "●" else f"{glyph} {fmt.age(age)}"
 
 
 def forks_cell(line: LineView) -> tuple[str, str]:

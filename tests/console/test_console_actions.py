@@ -271,3 +271,20 @@ def test_queued_and_failed_forks_show_on_the_trunk_s_row() -> None:
         assert table.get_cell("/lines/other-id", "forks").plain == "—"
 
     run(app, scenario)
+
+
+def test_a_fresh_heartbeat_does_not_redraw_its_row_every_second() -> None:
+    line = training_line("/lines/trunk")
+    app = console(book=book_of(line))
+
+    async def scenario(pilot) -> None:
+        table = app.screen.query_one(LinesTable)
+        assert table.get_cell(line.key, "beat").plain == "● fresh"
+        written = table.cells_written
+        for second in (1, 2, 3):  # the heartbeat ages, still fresh: nothing to redraw
+            table.show([line], NOW + second)
+        assert table.cells_written == written
+        table.show([line], NOW + 120)  # late: its age shows
+        assert table.get_cell(line.key, "beat").plain == "◐ 2m"
+
+    run(app, scenario)
