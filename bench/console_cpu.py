@@ -106,7 +106,8 @@ async def watch(seconds: float, warmup: float, open_line: bool) -> dict:
 def bench_environment(root: Path, rate: float) -> dict[str, str]:
     """The environment of every process of a bench under `root`: a private runtime directory (the
     discovery registry: a console sees these lines and no other) and an empty host.json."""
-    return {"XDG_RUNTIME_DIR": str(root / "run"), "NSCONSOLE_HOST": str(root / "host.json"),
+    return {"XDG_RUNTIME_DIR": str(root / "run"), "NSCONSOLE_RUN": str(root / "run"),
+            "NSCONSOLE_HISTORY": str(root / "history"), "NSCONSOLE_HOST": str(root / "host.json"),
             "BENCH_ROWS_PER_S": str(rate)}
 
 

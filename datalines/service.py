@@ -185,6 +185,23 @@ def run_preparer(
         lock.release()
 
 
+def delete_consumed_shards_unless_preparing(line: DataLine) -> list[int] | None:
+    """The last pass of a stopping line: delete consumed cycles' shards under the preparer lock.
+
+    A line that stops right after a cycle end marks that cycle consumed after its preparer's last
+    round; without this pass its shards would outlive the line. None when another preparer holds
+    the lock: that one deletes them at its next round. Returns the cycles cleaned now.
+    """
+    try:
+        lock = _Lock(line)
+    except DataLineError:
+        return None
+    try:
+        return delete_consumed_shards(line)
+    finally:
+        lock.release()
+
+
 def preparer_running(line_path: Path) -> bool:
     """Whether a preparer holds the line's lock now (the supervisor's check)."""
     path = line_path / LOCK_NAME

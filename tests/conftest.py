@@ -11,7 +11,7 @@ import pytest
 import torch
 from helpers.environment import scoped_environment, wandb_environment
 
-from engine.supervisor.registry import HISTORY_ENV_VARIABLE
+from engine.supervisor.registry import HISTORY_ENV_VARIABLE, RUN_ENV_VARIABLE
 
 if not torch.cuda.is_available():
     # Triton kernels run on the CPU through the interpreter (needs numpy); must be set
@@ -55,6 +55,13 @@ def private_line_history(tmp_path_factory: pytest.TempPathFactory, monkeypatch: 
     """`$NSCONSOLE_HISTORY` in a directory of the test's own: never the user's `~/.nsconsole/history`,
     and no line of an earlier test listed by a console (a test may point it elsewhere)."""
     monkeypatch.setenv(HISTORY_ENV_VARIABLE, str(tmp_path_factory.mktemp("line_history")))
+
+
+@pytest.fixture(autouse=True)
+def private_run_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`$NSCONSOLE_RUN` in a directory of the test's own: no supervisor or GPU lease of the user's
+    (`~/.nsconsole/run`) or of another test is seen (a test may point it elsewhere)."""
+    monkeypatch.setenv(RUN_ENV_VARIABLE, str(tmp_path_factory.mktemp("run_dir")))
 
 
 @pytest.fixture

@@ -4,8 +4,10 @@
 process's memory, through `nvmlDeviceGetComputeRunningProcesses_v3` where the driver has it), or
 returns a clean "no GPU" snapshot with the reason on a machine without an NVIDIA driver.
 
-The lease on GPU `i` is an exclusive `fcntl.flock` on `<runtime dir>/nsconsole/gpu<i>.lock`,
-with the holder's line path written in the file. A flock belongs to the open file description:
+The lease on GPU `i` is an exclusive `fcntl.flock` on `<run dir>/gpu<i>.lock` (the registry's
+directory, `engine.supervisor.registry.runtime_dir()`: one path for every process of the user on
+this host, and one a logout does not remove, so the lock file a holder locked is the one the next
+line opens), with the holder's line path written in the file. A flock belongs to the open file description:
 the supervisor takes it, hands the descriptor to the trainer (`pass_fds`) and closes its own
 copy, so the lease lives exactly as long as the trainer; the kernel releases it however the
 trainer ends (kill -9 included). Between a trainer's exit and its relaunch another line waiting

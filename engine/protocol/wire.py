@@ -20,6 +20,7 @@ import hashlib
 import json
 import math
 import os
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -175,6 +176,10 @@ def parse_request(line: bytes) -> Request:
         raise ProtocolError(PARSE_ERROR, "message is not UTF-8") from None
     except (json.JSONDecodeError, RecursionError) as error:
         raise ProtocolError(PARSE_ERROR, f"message is not JSON: {error}") from None
+    except ValueError:
+        # Python refuses to read an integer this long (a CPU-time guard), so it cannot be a call's.
+        limit = sys.get_int_max_str_digits()
+        raise ProtocolError(PARSE_ERROR, f"message has an integer longer than {limit} digits") from None
     if isinstance(message, list):
         raise ProtocolError(INVALID_REQUEST, "batches are not supported: send one call per line")
     if not isinstance(message, dict):

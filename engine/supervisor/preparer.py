@@ -3,7 +3,8 @@
 `nsconsole data run-preparer --work DATA` keeps the next cycles of the line's data line ready;
 the supervisor starts it, restarts it with backoff when it exits with a failure (it resumes the
 cycle with the same files), tells the operator (`preparer_failing`) when it keeps failing, and
-stops it (SIGTERM: its status then says `stopped`) when the line stops. A preparer already
+stops it (SIGTERM: its status then says `stopped`) when the line stops, then deletes the shards
+of the cycles consumed since the preparer's last round. A preparer already
 running on the data line (another line's supervisor, or one started by hand) is left alone: the
 data line's lock allows one. Its output goes to `<data line>/preparer.log`, rotated like run.log.
 """
@@ -18,8 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from datalines.dataline import open_data_line
 from datalines.errors import DataLineError
-from datalines.service import preparer_running
+from datalines.service import delete_consumed_shards_unless_preparing, preparer_running
 from datalines.status import read_status
 from engine.logrotate import rotate_if_needed
 from engine.supervisor.children import preparer_command
@@ -120,17 +122,28 @@ class PreparerKeeper:
             self._told_failing = True
 
     def stop(self, timeout: float = 60.0) -> None:
-        """Stop the preparer this keeper started (SIGTERM, then SIGKILL after `timeout`)."""
+        """Stop the preparer this keeper started (SIGTERM, then SIGKILL after `timeout`), then
+        delete the shards of the cycles consumed since its last round: a line that stops or ends
+        leaves no consumed shards (their manifests stay, so a rollback's rebuild is exact)."""
         process = self._process
-        if process is None or process.poll() is not None:
-            return
-        process.send_signal(signal.SIGTERM)
+        if process is not None and process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            self.say(f"data preparer stopped (pid {process.pid})")
+        self._delete_consumed_shards()
+
+    def _delete_consumed_shards(self) -> None:
         try:
-            process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        self.say(f"data preparer stopped (pid {process.pid})")
+            cleaned = delete_consumed_shards_unless_preparing(open_data_line(self.data_path))
+        except (DataLineError, OSError) as error:
+            self.say(f"consumed cycles' shards not deleted: {error}")
+            return
+        if cleaned:
+            self.say(f"deleted the shards of consumed cycles {', '.join(map(str, cleaned))}")
 
     def snapshot(self) -> dict[str, Any]:
         """For `status`: the preparer's pid (when this supervisor runs it) and its status file."""

@@ -1,27 +1,36 @@
 """Discovery: every running supervisor on this host registers itself where the console looks.
 
-An entry is `<runtime dir>/nsconsole/<id>.json` with the line's path, its socket, the
-supervisor's pid and that process's start time; `<id>` is derived from the line's real path, so
-a line has one entry at most. The runtime dir is `$XDG_RUNTIME_DIR`, or `/tmp/nsconsole-<uid>`
-where there is none; the `nsconsole` directory in it is the user's own, mode 0700, and is refused
-if someone else owns it (a planted directory in /tmp would otherwise redirect the console).
+An entry is `<run dir>/<id>.json` with the line's path, its socket, the supervisor's pid and that
+process's start time; `<id>` is derived from the line's real path, so a line has one entry at
+most. The GPU lease's lock files live in the same directory (`engine/gpu/devices.py`).
+
+The run dir is `<base>/<host name>`, the base being `$NSCONSOLE_RUN`, else `~/.nsconsole/run` in
+the user's home as the password database names it (not `$HOME`, which a `sudo` or a service may
+change): every process of the user on this host must agree on it, or two lines could flock
+different files for the same GPU. It is not `$XDG_RUNTIME_DIR`: systemd-logind removes that at
+the user's last logout, and with it every entry (the console would list nothing) and every lock
+file (a second line would lock a new file and take a GPU in use). The host name keeps hosts that
+share a home over NFS apart: another host's pids mean nothing here. Both directories are the
+user's own, mode 0700, and are refused if someone else owns them (a planted directory would
+otherwise redirect the console). Entries written by older versions under `$XDG_RUNTIME_DIR` are
+not read: their supervisors hold their GPU leases there, which no newer line would see anyway;
+restart such lines after upgrading.
 
 `list_supervisors()` drops stale entries: the pid is gone, or it now belongs to another process
-(its start time differs: the pid was reused). The GPU lease's lock files live in the same
-directory (`engine/gpu/devices.py`).
+(its start time differs: the pid was reused).
 
-The runtime dir forgets a line once its supervisor exits (and all of it at the last logout), so
-each supervisor also remembers its line in a history that lasts: `<history dir>/<id>.json`, the
-history dir being `$NSCONSOLE_HISTORY`, else `~/.nsconsole/history`. The console lists the lines
-there that have ended, to open and resume them.
+An entry goes once its supervisor exits, so each supervisor also remembers its line in a history
+that lasts: `<history dir>/<id>.json`, the history dir being `$NSCONSOLE_HISTORY`, else
+`~/.nsconsole/history`. The console lists the lines there that have ended, to open and resume them.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
+import pwd
+import socket
 import stat
 import time
 from dataclasses import asdict, dataclass
@@ -34,22 +43,26 @@ from engine.errors import LineError
 
 CREATE_TIME_TOLERANCE_S = 0.05
 """psutil's process start times are derived from clock ticks; allow for their rounding."""
+RUN_ENV_VARIABLE = "NSCONSOLE_RUN"
+"""Names the run directory's base in place of the home's `DEFAULT_RUN_SUBDIR` (tests point it at their own)."""
+DEFAULT_RUN_SUBDIR = Path(".nsconsole/run")
 HISTORY_ENV_VARIABLE = "NSCONSOLE_HISTORY"
 """Names the history directory in place of `DEFAULT_HISTORY_DIR` (tests point it at their own)."""
 DEFAULT_HISTORY_DIR = Path("~/.nsconsole/history")
 
 
 def runtime_dir() -> Path:
-    """`<runtime dir>/nsconsole`, created 0700 if missing; `LineError` if it is not safely ours."""
-    base_env = os.environ.get("XDG_RUNTIME_DIR")
-    # An XDG runtime dir that does not exist (a session's, gone) is not used.
-    xdg = base_env is not None and os.path.isdir(base_env)
-    base = Path(base_env) if xdg and base_env else Path(f"/tmp/nsconsole-{os.getuid()}")
-    directory = base / "nsconsole"
-    for path in (directory,) if xdg else (base, directory):
-        with contextlib.suppress(FileExistsError):
-            path.mkdir(mode=0o700)
-        info = os.lstat(path)
+    """`<run base>/<host name>`, created 0700 if missing; `LineError` if it is not safely ours."""
+    base_env = os.environ.get(RUN_ENV_VARIABLE)
+    base = Path(base_env) if base_env else Path(pwd.getpwuid(os.getuid()).pw_dir) / DEFAULT_RUN_SUBDIR
+    host = "".join(c if c.isalnum() or c in "-_." else "_" for c in socket.gethostname()) or "localhost"
+    directory = base / host
+    for path in (base, directory):
+        try:
+            path.mkdir(mode=0o700, parents=True, exist_ok=True)
+            info = os.lstat(path)
+        except OSError as error:
+            raise LineError(f"{path}: cannot create the run directory ({error})") from None
         if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
             raise LineError(f"{path}: not a directory owned by uid {os.getuid()}; refusing to use it")
         if info.st_mode & 0o077:

@@ -15,6 +15,12 @@ the line is pausing for a tune, a rollback waits for the trainer's checkpoint...
 raises is the line refusing (`REFUSED`, its message sent as is), any other exception an internal
 error (logged, answered, the server stays up). Nothing a client sends can crash the server or
 reach the handler without passing `wire.parse_request`.
+
+Under load: a connection idle `idle_timeout_s` (nothing read, no call in flight, not subscribed)
+is closed; a subscribed one never is, as a console watching sends nothing for hours (one that stops
+reading is dropped by its buffer limit instead). Past `max_connections` a new connection waits for
+a slot, and takes the one of the longest-idle connection once that has been quiet a second, so a
+fresh `hello` and `status` get through however many idle clients hold connections open.
 """
 
 from __future__ import annotations
@@ -47,6 +53,15 @@ READ_CHUNK = 64 * 1024
 SHUTDOWN_REPLY_GRACE_S = 2.0
 """At close, how long calls in flight get to send the replies they are about to send."""
 MAX_CONNECTIONS = 64
+"""Connections served at once; past this, a new one waits for a slot (see `ADMISSION_WAIT_S`)."""
+IDLE_TIMEOUT_S = 300.0
+"""A connection that sends nothing this long, with no call in flight and no subscription, is closed."""
+EVICTABLE_AFTER_S = 1.0
+"""At the cap, a connection quiet this long (no call in flight, not subscribed) gives its slot to a new one."""
+ADMISSION_WAIT_S = 10.0
+"""How long a new connection waits for a slot at the cap before it is refused as busy."""
+LISTEN_BACKLOG = 1024
+"""Connections the kernel queues before accepting: a burst past it is refused (EAGAIN) unseen by the server."""
 SUBSCRIBER_BUFFER_LIMIT = 4 * 1024 * 1024
 """A live subscriber that lets this much go unread is dropped (it reconnects and catches up from the ring)."""
 REPLAY_CHUNK_BYTES = 256 * 1024
@@ -65,12 +80,19 @@ def peer_uid(connection: socket.socket) -> int:
 class _Connection:
     """One client: its writer, whether it said hello, what it was last pushed, its calls in flight."""
 
-    def __init__(self, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, writer: asyncio.StreamWriter, now: float) -> None:
         self.writer = writer
         self.greeted = False
         self.subscribed = False
+        self.replaying = False
         self.last_sent_seq = 0
         self.calls: set[asyncio.Task[None]] = set()
+        self.quiet_since = now
+        """Loop time of its last read or last answered call: how long it has been idle."""
+
+    def is_idle(self) -> bool:
+        """Nothing owed to it: no call in flight, not watching notifications (nor catching up on them)."""
+        return not self.calls and not self.subscribed and not self.replaying
 
     def send(self, line: bytes) -> None:
         if not self.writer.is_closing():
@@ -87,8 +109,12 @@ class SupervisorServer:
         identity: dict[str, Any] | None = None,
         ring_capacity: int = 8192,
         expected_uid: int | None = None,
+        idle_timeout_s: float = IDLE_TIMEOUT_S,
+        max_connections: int = MAX_CONNECTIONS,
     ) -> None:
         self.socket_path = Path(socket_path)
+        self.idle_timeout_s = idle_timeout_s
+        self.max_connections = max_connections
         self.handler = handler
         self.identity = dict(identity or {})
         self.epoch = uuid.uuid4().hex[:16]
@@ -100,6 +126,7 @@ class SupervisorServer:
         self._ring_lock = threading.Lock()
         self._last_seq = 0
         self._connections: set[_Connection] = set()
+        self._slot_freed: asyncio.Condition | None = None  # made on the loop, in _listen
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.AbstractServer | None = None
         self._thread: threading.Thread | None = None
@@ -161,7 +188,10 @@ class SupervisorServer:
     async def _listen(self) -> None:
         listener = bind_private_socket(self.socket_path)
         self._socket_inode = os.stat(self.socket_path).st_ino
-        self._server = await asyncio.start_unix_server(self._serve, sock=listener, limit=READ_CHUNK)
+        self._slot_freed = asyncio.Condition()
+        self._server = await asyncio.start_unix_server(
+            self._serve, sock=listener, limit=READ_CHUNK, backlog=LISTEN_BACKLOG
+        )
 
     async def _shutdown(self) -> None:
         if self._server is not None:
@@ -253,7 +283,7 @@ class SupervisorServer:
     # ---- connections ------------------------------------------------------------------------
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        connection = _Connection(writer)
+        connection = _Connection(writer, asyncio.get_running_loop().time())
         try:
             sock = writer.get_extra_info("socket")
             uid = peer_uid(sock)
@@ -265,12 +295,11 @@ class SupervisorServer:
                 writer.write(wire.encode(wire.make_error(None, refusal)))
                 await writer.drain()
                 return
-            if len(self._connections) >= MAX_CONNECTIONS:
-                busy = ProtocolError(wire.REFUSED, f"too many connections (at most {MAX_CONNECTIONS})")
+            if not await self._take_slot(connection):
+                busy = ProtocolError(wire.REFUSED, f"too many busy connections (at most {self.max_connections})")
                 writer.write(wire.encode(wire.make_error(None, busy)))
                 await writer.drain()
                 return
-            self._connections.add(connection)
             await self._read_calls(reader, connection)
         except (ConnectionError, OSError):
             pass  # the client went away: nothing to answer
@@ -280,16 +309,49 @@ class SupervisorServer:
                 call.cancel()
             self._connections.discard(connection)
             writer.close()
+            if self._slot_freed is not None:
+                async with self._slot_freed:
+                    self._slot_freed.notify_all()
             with contextlib.suppress(ConnectionError, OSError):
                 await writer.wait_closed()
+
+    async def _take_slot(self, connection: _Connection) -> bool:
+        """Admit a connection, at the cap once a slot frees; False when none did within the wait.
+
+        A fresh client is never locked out by idle ones: at the cap the longest-quiet idle
+        connection (quiet at least `EVICTABLE_AFTER_S`, so a client of a burst between its calls
+        keeps its slot) is closed to make room. Watching consoles and calls in flight are never cut.
+        """
+        assert self._slot_freed is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + ADMISSION_WAIT_S
+        async with self._slot_freed:
+            while len(self._connections) >= self.max_connections:
+                now = loop.time()
+                idle = [other for other in self._connections if other.is_idle()]
+                quietest = min(idle, key=lambda other: other.quiet_since, default=None)
+                if quietest is not None and now - quietest.quiet_since >= EVICTABLE_AFTER_S:
+                    logger.info("closing a connection idle %.1f s to admit a new one", now - quietest.quiet_since)
+                    self._connections.discard(quietest)
+                    quietest.writer.close()
+                    continue
+                if now >= deadline:
+                    return False
+                wake = deadline if quietest is None else min(deadline, quietest.quiet_since + EVICTABLE_AFTER_S)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._slot_freed.wait(), timeout=wake - now)
+            connection.quiet_since = loop.time()  # its wait is not idleness: it has yet to be read
+            self._connections.add(connection)
+        return True
 
     async def _read_calls(self, reader: asyncio.StreamReader, connection: _Connection) -> None:
         buffer = bytearray()
         discarding = False  # inside a line past the cap: skip to its end, then answer once
         while not connection.writer.is_closing():
-            chunk = await reader.read(READ_CHUNK)
+            chunk = await self._read_unless_idle(reader, connection)
             if not chunk:
                 return
+            connection.quiet_since = asyncio.get_running_loop().time()
             buffer += chunk
             while True:
                 newline = buffer.find(b"\n")
@@ -311,6 +373,25 @@ class SupervisorServer:
                     keep_open = await self._handle_line(connection, line)
                     if not keep_open:
                         return
+
+    async def _read_unless_idle(self, reader: asyncio.StreamReader, connection: _Connection) -> bytes:
+        """The next bytes the client sent; b"" at its end or once it has been idle `idle_timeout_s`.
+
+        Idle time counts from the last read or answered call, and only while the connection is
+        idle: a console watching notifications or waiting on a long tune is never timed out.
+        """
+        loop = asyncio.get_running_loop()
+        while True:
+            idle = connection.is_idle()
+            left = connection.quiet_since + self.idle_timeout_s - loop.time() if idle else self.idle_timeout_s
+            if left <= 0:
+                logger.info("closing a connection idle for %.1f s", self.idle_timeout_s)
+                return b""
+            try:
+                # A cancelled read loses nothing: what arrived stays in the reader's buffer.
+                return await asyncio.wait_for(reader.read(READ_CHUNK), timeout=left)
+            except TimeoutError:
+                continue
 
     async def _reply(self, connection: _Connection, message: dict[str, Any]) -> None:
         try:
@@ -347,8 +428,12 @@ class SupervisorServer:
         if request.method == "subscribe":
             since_seq = request.params["since_seq"]
             result = self._subscribe_result(since_seq)
-            await self._reply(connection, wire.make_result(request.id, result))
-            await self._replay_then_go_live(connection, result["seq"] if since_seq is None else since_seq)
+            connection.replaying = True
+            try:
+                await self._reply(connection, wire.make_result(request.id, result))
+                await self._replay_then_go_live(connection, result["seq"] if since_seq is None else since_seq)
+            finally:
+                connection.replaying = False
             return True
         if len(connection.calls) >= MAX_CALLS_IN_FLIGHT:
             await asyncio.wait(connection.calls, return_when=asyncio.FIRST_COMPLETED)
@@ -364,6 +449,7 @@ class SupervisorServer:
             reply = wire.make_result(request.id, result)
         except ProtocolError as error:
             reply = wire.make_error(request.id, error)
+        connection.quiet_since = asyncio.get_running_loop().time()
         with contextlib.suppress(ConnectionError, OSError):
             await self._reply(connection, reply)
 
@@ -441,7 +527,7 @@ def bind_private_socket(socket_path: Path) -> socket.socket:
         listener.bind(f"/proc/self/fd/{directory_fd}/{temporary_name}")
         os.chmod(temporary_name, 0o600, dir_fd=directory_fd)
         os.rename(temporary_name, socket_path.name, src_dir_fd=directory_fd, dst_dir_fd=directory_fd)
-        listener.listen(MAX_CONNECTIONS)
+        listener.listen(LISTEN_BACKLOG)
         listener.setblocking(False)
     except BaseException:
         listener.close()

@@ -35,7 +35,8 @@ def environment(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("host")
     (root / "run").mkdir(mode=0o700)
     (root / "host.json").write_text("{}")
-    return {**os.environ, "XDG_RUNTIME_DIR": str(root / "run"), "NSCONSOLE_HOST": str(root / "host.json"),
+    return {**os.environ, "XDG_RUNTIME_DIR": str(root / "run"), "NSCONSOLE_RUN": str(root / "run"),
+            "NSCONSOLE_HISTORY": str(root / "history"), "NSCONSOLE_HOST": str(root / "host.json"),
             "PYTHONPATH": os.pathsep.join(sys.path)}  # fmt: skip
 
 

@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
+from helpers.console import until
 from helpers.lines import make_data_line, make_line
 from helpers.supervise import kill_line_processes, start_supervisor
 from textual.widgets import Static
@@ -26,8 +24,6 @@ from nsconsole.screens.line import LineScreen
 from nsconsole.state import LineView
 from nsconsole.widgets.samples_tab import visible
 
-T = TypeVar("T")
-
 
 @pytest.fixture(autouse=True)
 def private_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -37,14 +33,6 @@ def private_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "host.json").write_text("{}")
 
 
-async def until(pilot, condition: Callable[[], T], what: str, timeout: float = 120.0) -> T:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        await pilot.pause(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def sampled_updates(line: LineView) -> list[int]:

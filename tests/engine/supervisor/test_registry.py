@@ -1,9 +1,12 @@
-"""Discovery: supervisors register under the runtime dir; stale entries are dropped."""
+"""Discovery: supervisors register under the run dir; stale entries are dropped."""
 
 from __future__ import annotations
 
 import json
 import os
+import pwd
+import shutil
+import socket
 import stat
 import subprocess
 import sys
@@ -17,9 +20,8 @@ from engine.supervisor import registry
 
 @pytest.fixture(autouse=True)
 def runtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
-    (tmp_path / "run").mkdir(mode=0o700)
-    return tmp_path / "run" / "nsconsole"
+    monkeypatch.setenv(registry.RUN_ENV_VARIABLE, str(tmp_path / "run"))
+    return registry.runtime_dir()
 
 
 def test_register_list_unregister(tmp_path: Path, runtime: Path) -> None:
@@ -76,23 +78,46 @@ def test_a_runtime_dir_owned_by_another_is_refused(tmp_path: Path, monkeypatch: 
     if os.getuid() != 0:
         pytest.skip("needs root to create a directory owned by another user")
     planted = tmp_path / "planted"
-    (planted / "nsconsole").mkdir(parents=True)
-    os.chown(planted / "nsconsole", 65534, 65534)
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(planted))
-    with pytest.raises(LineError, match="not a directory owned by uid 0"):
+    planted.mkdir()
+    os.chown(planted, 65534, 65534)
+    monkeypatch.setenv(registry.RUN_ENV_VARIABLE, str(planted))
+    with pytest.raises(LineError, match="planted: not a directory owned by uid 0"):
         registry.runtime_dir()
 
 
-def test_without_xdg_the_runtime_dir_is_private_under_tmp(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("XDG_RUNTIME_DIR")
+def test_a_run_dir_that_is_a_file_is_a_one_line_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv(registry.RUN_ENV_VARIABLE, str(tmp_path / "a-file"))
+    with pytest.raises(LineError, match="a-file: cannot create the run directory"):
+        registry.runtime_dir()
+
+
+def test_by_default_the_run_dir_is_in_the_users_home_whatever_home_and_xdg_say(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every process of the user must find the same entries and GPU lock files: not $HOME (sudo, a
+    service) nor $XDG_RUNTIME_DIR (removed at the last logout) may move them."""
+    monkeypatch.delenv(registry.RUN_ENV_VARIABLE)
+    home = Path(pwd.getpwuid(os.getuid()).pw_dir)
+    if not os.access(home, os.W_OK):
+        pytest.skip(f"{home} is not writable here")
+    monkeypatch.setenv("HOME", str(tmp_path / "elsewhere"))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "xdg"))
     directory = registry.runtime_dir()
-    assert directory == Path(f"/tmp/nsconsole-{os.getuid()}/nsconsole")
+    assert directory.parent == home / ".nsconsole" / "run" and directory.name == socket.gethostname()
     assert stat.S_IMODE(os.stat(directory.parent).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700
 
 
-def test_a_missing_xdg_runtime_dir_falls_back_to_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "gone"))
-    assert registry.runtime_dir() == Path(f"/tmp/nsconsole-{os.getuid()}/nsconsole")
+def test_entries_outlive_the_removal_of_the_xdg_runtime_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    xdg = tmp_path / "xdg"
+    xdg.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(xdg))
+    line = tmp_path / "line"
+    line.mkdir()
+    entry = registry.register(line, line / "supervisor.sock")
+    shutil.rmtree(xdg)  # what systemd-logind does at the user's last logout
+    assert registry.list_supervisors() == [entry] and registry.find_supervisor(line) == entry
 
 
 def test_lines_are_remembered_in_a_history_outside_the_runtime_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -480,3 +480,101 @@ def test_the_client_reports_a_refused_connection_clearly(tmp_path: Path, line: I
             with pytest.raises(RemoteError, match="connection refused: peer uid") as refused:
                 SupervisorClient(tmp_path / "supervisor.sock").connect()
             assert refused.value.code == wire.PEER_REFUSED
+
+
+# ---- under load: idle connections, the connection cap, integers Python will not read ----------------
+
+
+def hello_connection(path: Path) -> socket.socket:
+    """A raw connection that said hello and read its answer."""
+    connection = raw_connection(path)
+    connection.sendall(wire.encode(wire.make_request(0, "hello", {"protocol": wire.PROTOCOL_VERSION})))
+    assert "result" in read_lines(connection, 1)[0]
+    return connection
+
+
+def wait_until_closed_by_server(connection: socket.socket) -> None:
+    """Block until the server closes `connection` (the socket's 10 s timeout fails the test)."""
+    assert connection.recv(1024) == b""
+    connection.close()
+
+
+def test_an_idle_connection_is_closed_but_a_watching_one_and_a_long_call_are_not(tmp_path: Path) -> None:
+    line = HeldTuneLine()
+    with SupervisorServer(tmp_path / "supervisor.sock", line, idle_timeout_s=0.5) as server:
+        try:
+            with SupervisorClient(server.socket_path, timeout=10) as watcher:
+                watcher.subscribe(since_seq=None)
+                tuning = hello_connection(server.socket_path)
+                tuning.sendall(wire.encode(wire.make_request(1, "tune", {"shared": False, "request_id": "t"})))
+                # Two idle connections closed one after the other: the watcher and the tuning one
+                # have been quiet for twice the timeout by then.
+                wait_until_closed_by_server(hello_connection(server.socket_path))
+                wait_until_closed_by_server(hello_connection(server.socket_path))
+                server.publish("row", {"update": 1})
+                notification = watcher.next_notification(timeout=10)
+                assert notification is not None and notification.data == {"update": 1}
+                line.release.set()
+                assert read_lines(tuning, 1)[0] == {"jsonrpc": "2.0", "id": 1, "result": {"lengths": []}}
+                tuning.sendall(wire.encode(wire.make_request(2, "status")))
+                assert read_lines(tuning, 1)[0]["result"]["tunes"] == 1
+                # Once its call is answered, the tuning connection is idle like any other.
+                wait_until_closed_by_server(tuning)
+        finally:
+            line.release.set()
+
+
+def test_seventy_idle_connections_do_not_lock_out_a_fresh_client(server: SupervisorServer) -> None:
+    idle = []
+    with SupervisorClient(server.socket_path, timeout=10) as watcher:
+        watcher.subscribe(since_seq=None)
+        try:
+            for _ in range(70):  # past the cap of 64: the last ones wait for a slot
+                connection = raw_connection(server.socket_path)
+                connection.sendall(wire.encode(wire.make_request(0, "hello", {"protocol": 1})))
+                idle.append(connection)
+            with SupervisorClient(server.socket_path, timeout=10) as fresh:
+                assert fresh.call("status")["state"] == "training"
+            # The slots were taken from the idle connections, never from the watching console.
+            server.publish("event", {"event": "still watched"})
+            notification = watcher.next_notification(timeout=10)
+            assert notification is not None and notification.data == {"event": "still watched"}
+        finally:
+            for connection in idle:
+                connection.close()
+
+
+def test_150_concurrent_clients_are_all_answered(server: SupervisorServer) -> None:
+    start_together = threading.Barrier(150)
+    outcomes: list[str] = []
+
+    def hello_and_status() -> None:
+        start_together.wait(timeout=30)
+        try:
+            with SupervisorClient(server.socket_path, timeout=20) as client:
+                outcomes.append(client.call("status")["state"])
+        except Exception as error:  # reported in the assertion below
+            outcomes.append(f"{type(error).__name__}: {error}")
+
+    clients = [threading.Thread(target=hello_and_status) for _ in range(150)]
+    for client in clients:
+        client.start()
+    for client in clients:
+        client.join(timeout=60)
+    assert sorted(set(outcomes)) == ["training"] and len(outcomes) == 150
+
+
+def test_an_integer_past_pythons_digit_limit_is_a_parse_error_and_the_connection_goes_on(
+    server: SupervisorServer,
+) -> None:
+    connection = hello_connection(server.socket_path)
+    digits = "9" * 5000
+    connection.sendall(f'{{"jsonrpc":"2.0","id":1,"method":"rows","params":{{"since":{digits}}}}}\n'.encode())
+    connection.sendall(f'{{"jsonrpc":"2.0","id":{digits},"method":"status"}}\n'.encode())
+    connection.sendall(wire.encode(wire.make_request(3, "status")))
+    in_params, in_id, status = read_lines(connection, 3)
+    for reply in (in_params, in_id):
+        assert reply["id"] is None and reply["error"]["code"] == wire.PARSE_ERROR
+        assert "integer longer than 4300 digits" in reply["error"]["message"]
+    assert status["id"] == 3 and status["result"]["state"] == "training"
+    connection.close()

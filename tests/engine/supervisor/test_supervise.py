@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -371,6 +372,24 @@ def test_the_line_waits_for_the_gpu_lease_and_hands_it_to_the_trainer(rig: Rig) 
         client.mutate("stop")
     assert rig.finish() == 0
     assert lease_holder(0) is None  # released with the trainer
+
+
+def test_a_logout_removing_the_xdg_runtime_dir_neither_hides_the_line_nor_frees_its_gpu(rig: Rig) -> None:
+    rig.set_device("cuda")
+    rig.start(["train-until-stop"])
+    with rig.wait_for_socket() as client:
+        deadline = time.monotonic() + 20
+        while (trainer_pid := client.call("status")["trainer_pid"]) is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        shutil.rmtree(rig.root / "run")  # systemd-logind at the user's last logout
+        assert [entry.line for entry in registry.list_supervisors()] == [str(rig.line)]
+        with GpuLease(0, rig.root / "second-line") as second:
+            assert not second.try_acquire()
+        holder = lease_holder(0)
+        assert holder is not None and holder.line == str(rig.line) and holder.pid == trainer_pid
+        client.mutate("stop")
+    assert rig.finish() == 0
 
 
 def wait_until(predicate, timeout: float = 30) -> None:
