@@ -50,7 +50,6 @@ def _backward_channels(batch: int, channels: int, segments: int, element_size: i
     return 64 if segments > 1 or batch * channels >= 8192 or element_size < 4 else 32
 
 
-@functools.cache
 def _backward_segment_chunks(batch: int, channels: int, seq_len: int) -> int:
     """Chunks a backward segment for few rows (Bt x D below 6144): _SEGMENTS segments of a long
     row, at least _SEGMENT_CHUNKS chunks each; else all of them (one segment). Few rows leave the
@@ -61,7 +60,14 @@ def _backward_segment_chunks(batch: int, channels: int, seq_len: int) -> int:
     but not whole segments of that length, the segment is the divisor of T's chunks nearest to it
     (T 32760 is 4095 chunks: 35 segments of 117), one segment if no divisor of at least
     _SEGMENT_CHUNKS leaves two."""
-    chunks = max(seq_len // _BACKWARD_CHUNK_T, 1)
+    return _segment_chunks_at(batch, channels, seq_len, _BACKWARD_CHUNK_T)
+
+
+@functools.cache
+def _segment_chunks_at(batch: int, channels: int, seq_len: int, chunk_t: int) -> int:
+    """`_backward_segment_chunks` at a chunk length (in the cache's key: a chunk length set by a
+    test or a sweep must not be answered with another length's choice)."""
+    chunks = max(seq_len // chunk_t, 1)
     if batch * channels >= 6144:
         return chunks
     target = max(_SEGMENT_CHUNKS, chunks // _SEGMENTS)

@@ -40,6 +40,7 @@ def test_run_creates_and_trains_the_demo_line_then_stops_cleanly(tmp_path: Path)
         **os.environ,
         "NSCONSOLE_HOST": str(host),
         "XDG_RUNTIME_DIR": str(tmp_path / "runtime"),
+        "NSCONSOLE_RUN": str(tmp_path / "run"),  # the discovery registry: <run>/<host name>/*.json
         "HOME": str(tmp_path),
     }
     (tmp_path / "runtime").mkdir(mode=0o700)
@@ -53,9 +54,9 @@ def test_run_creates_and_trains_the_demo_line_then_stops_cleanly(tmp_path: Path)
     assert config["model"]["overrides"]["eos_id"] == 0  # the data line's EOS, for NS boundaries
     # The schedule decays to the corpus's end, so the demo finishes by itself.
     assert [piece["kind"] for piece in config["lr"]["pieces"]] == ["warmup", "decay", "constant"]
-    registry = list((tmp_path / "runtime" / "nsconsole").glob("*.json"))
-    assert any(json.loads(entry.read_text())["line"] == str(line) for entry in registry)
-    try:
+    try:  # every check inside: a failing one must still stop the line (its trainer trains for minutes)
+        registry = list((tmp_path / "run").glob("*/*.json"))
+        assert any(json.loads(entry.read_text())["line"] == str(line) for entry in registry)
         _wait_for(lambda: len(_rows(line)) >= 3, 240, "three trained updates")
     finally:
         subprocess.run([*command, "stop", str(line)], env=env, check=True, timeout=60)

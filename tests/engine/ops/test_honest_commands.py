@@ -104,7 +104,7 @@ def test_run_refuses_a_line_that_fails_a_start_check_before_detaching(
     assert error.endswith(f"(`nsconsole check {line}` lists every check)\n")
     # Nothing was started: no supervisor registered, no supervisor output.
     assert registry.find_supervisor(line) is None
-    assert list((private_host / "nsconsole").glob("*.json")) == []
+    assert list(registry.runtime_dir().glob("*.json")) == []
     assert not (line / "supervisor.out").exists()
 
 
