@@ -37,18 +37,13 @@ class RowsFile:
         A file shorter than the checkpoint says (rows lost to a crash of the disk, or edited)
         cannot be repaired from here: refuse rather than continue with a hole in the record.
         """
+        problem = rows_problem(path, rows, size)
+        if problem is not None:
+            raise LineError(problem)
         if not path.exists():
-            if rows:
-                raise LineError(f"{path}: missing, but the checkpoint counts {rows} rows")
             path.touch()
             return
-        actual = path.stat().st_size
-        if actual < size:
-            raise LineError(f"{path}: {actual} bytes, the checkpoint counts {rows} rows in {size}")
         with open(path, "rb+") as handle:
-            prefix = handle.read(size)
-            if prefix.count(b"\n") != rows or (size and not prefix.endswith(b"\n")):
-                raise LineError(f"{path}: its first {size} bytes do not hold the checkpoint's {rows} rows")
             handle.truncate(size)
             handle.flush()
             os.fsync(handle.fileno())
@@ -97,6 +92,22 @@ class RunLog:
 
     def close(self) -> None:
         self._log.close()
+
+
+def rows_problem(path: Path, rows: int, size: int) -> str | None:
+    """Why rows.jsonl cannot be cut back to a checkpoint's `rows` rows in `size` bytes (None: it can):
+    missing, shorter than the checkpoint says, or its first `size` bytes not `rows` whole rows.
+    What `RowsFile.cut_back` refuses at a start and `nsconsole check` reports before one."""
+    if not path.exists():
+        return None if not rows else f"{path}: missing, but the checkpoint counts {rows} rows"
+    actual = path.stat().st_size
+    if actual < size:
+        return f"{path}: {actual} bytes, the checkpoint counts {rows} rows in {size}"
+    with open(path, "rb") as handle:
+        prefix = handle.read(size)
+    if prefix.count(b"\n") != rows or (size and not prefix.endswith(b"\n")):
+        return f"{path}: its first {size} bytes do not hold the checkpoint's {rows} rows"
+    return None
 
 
 class Heartbeat:

@@ -17,6 +17,8 @@ from datalines.errors import DataLineError
 from engine.checkpoints.format import (
     CHECKPOINT_DISK_MARGIN,
     expected_checkpoint_bytes,
+    read_checkpoint_state,
+    read_latest,
     verify_line_checkpoints,
 )
 from engine.config.run import RunConfig
@@ -32,6 +34,7 @@ from engine.ops.lines import (
     resolve_data_path,
     unaccepted_changes,
 )
+from engine.rows import rows_problem
 from engine.units import GIB
 
 
@@ -64,6 +67,7 @@ def check_line(root: Path | str, *, verify_checkpoints: bool = True) -> tuple[Ru
     results.append(_check_disk(layout, config, model))
     if verify_checkpoints:
         results += _check_checkpoints(layout)
+    results.append(_check_rows(layout))
     return config, results
 
 
@@ -165,6 +169,19 @@ def _check_disk(layout: LineLayout, config: RunConfig, model: torch.nn.Module) -
     return CheckResult(
         True, f"disk: {free_gb:.1f} GiB free (minimum {minimum:g}; a checkpoint about {checkpoint_gb:.2f} GiB)"
     )
+
+
+def _check_rows(layout: LineLayout) -> CheckResult:
+    """rows.jsonl holds the rows the checkpoint `latest` names counts (the trainer refuses it otherwise)."""
+    latest = read_latest(layout.checkpoints)
+    state = None if latest is None else read_checkpoint_state(layout.checkpoints / latest)
+    if state is None:
+        return CheckResult(True, "rows.jsonl: no checkpoint to hold it to yet")
+    rows, size = int(state.get("rows", 0)), int(state.get("rows_bytes", 0))
+    problem = rows_problem(layout.rows_jsonl, rows, size)
+    if problem is not None:
+        return CheckResult(False, f"rows.jsonl: {problem}")
+    return CheckResult(True, f"rows.jsonl: holds the {rows} rows {latest} counts")
 
 
 def _check_checkpoints(layout: LineLayout) -> list[CheckResult]:

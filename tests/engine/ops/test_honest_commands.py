@@ -18,6 +18,7 @@ import pytest
 from helpers.lines import SEQ_LEN, TOKENS_PER_UPDATE, copy_data_line, data_template_fixture, make_line
 
 from engine.config.run import RunConfig
+from engine.errors import LineError
 from engine.supervisor import registry
 from engine.training.trainer import Trainer
 from nsconsole.cli import main
@@ -150,3 +151,16 @@ def test_new_leaves_the_schedule_open_until_the_first_start(
     edit_run_json(line, lambda document: document["lr"]["pieces"][0].update(until=256))
     assert main(["check", str(line)]) == 1
     assert "FAIL: run.json: lr.pieces piece 0 changed" in capsys.readouterr().out
+
+
+def test_check_refuses_a_rows_jsonl_the_trainer_would_refuse(line: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert Trainer(line, stop_at=6, echo=None).run() == 0
+    assert main(["check", str(line)]) == 0
+    assert "ok: rows.jsonl: holds the 6 rows u00000006 counts" in capsys.readouterr().out
+    rows_jsonl = line / "rows.jsonl"
+    rows_jsonl.write_bytes(rows_jsonl.read_bytes()[:-30])  # truncated (a lost tail, an edit)
+    assert main(["check", str(line)]) == 1
+    [failure] = [text for text in capsys.readouterr().out.splitlines() if not text.startswith("ok: ")]
+    assert failure.startswith(f"FAIL: rows.jsonl: {rows_jsonl}: ") and "the checkpoint counts 6 rows" in failure
+    with pytest.raises(LineError, match="the checkpoint counts 6 rows"):  # what the start refuses
+        Trainer(line, stop_at=8, echo=None).run()
