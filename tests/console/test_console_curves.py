@@ -30,6 +30,7 @@ from nsconsole.widgets.curves_tab import CurvesTab
 from nsconsole.widgets.gpu_panel import GpuPanel, GpuReading
 from nsconsole.widgets.host_panel import HostReading, HostSampler, ProcessReading
 from nsconsole.widgets.line_header import EtaLine
+from nsconsole.widgets.lines_table import LinesTable
 from nsconsole.widgets.plot import NO_LAYER, Layer, cell_column, column_x, draw_layers
 from nsconsole.widgets.probe_table import ProbeTable
 
@@ -383,8 +384,10 @@ def test_a_real_line_shows_its_next_validation_and_a_pinned_metric_fetched_from_
         async with app.run_test(size=(150, 44)) as pilot:
             line: LineView = await until(pilot, lambda: app.book.get(line_id(line_path)), "the line")
             await until(pilot, lambda: (line.update or 0) >= 3, "three updates")
+            # The row must be in the table (a refresh tick after the line came) before Enter opens it.
+            await until(pilot, lambda: line.key in app.screen.query_one(LinesTable).rows, "the line's row")
             await pilot.press("enter")
-            assert isinstance(app.screen, LineScreen)
+            await until(pilot, lambda: isinstance(app.screen, LineScreen), "the line's screen")
             eta = app.screen.query_one(EtaLine)
             await until(pilot, lambda: "next ◇ validation u" in str(eta.render()), "the ETA line")
             tab = app.screen.query_one(CurvesTab)

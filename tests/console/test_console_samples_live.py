@@ -22,6 +22,7 @@ from engine.supervisor.registry import line_id
 from nsconsole.app import ConsoleApp
 from nsconsole.screens.line import LineScreen
 from nsconsole.state import LineView
+from nsconsole.widgets.lines_table import LinesTable
 from nsconsole.widgets.samples_tab import visible
 
 
@@ -62,8 +63,10 @@ def test_samples_written_at_validation_reach_the_samples_tab(tmp_path: Path) -> 
         async with app.run_test(size=(150, 40)) as pilot:
             line: LineView = await until(pilot, lambda: app.book.get(line_id(line_path)), "the line to appear")
             await until(pilot, lambda: sampled_updates(line), "a validation with samples")
+            # The row must be in the table (a refresh tick after the line came) before Enter opens it.
+            await until(pilot, lambda: line.key in app.screen.query_one(LinesTable).rows, "the line's row")
             await pilot.press("enter")
-            assert isinstance(app.screen, LineScreen)
+            await until(pilot, lambda: isinstance(app.screen, LineScreen), "the line's screen")
             app.screen.query_one("TabbedContent").active = "tab-samples"
             tab = app.screen.query_one("#samples-text", Static)
 
