@@ -9,7 +9,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 
 import pytest
-from helpers.console import NOW, console, frozen_book, rows_of, settle
+from helpers.console import NOW, book_of, console, frozen_book, rows_of, settle
 from textual.command import CommandList, CommandPalette
 from textual.widgets import Button, Input
 
@@ -18,7 +18,7 @@ from nsconsole.screens.branch_form import BranchForm
 from nsconsole.screens.confirm import ConfirmScreen
 from nsconsole.screens.line import LineScreen
 from nsconsole.screens.picker import PickerScreen
-from nsconsole.state import LineBook, LineFacts, LineView
+from nsconsole.state import LineFacts, LineView
 from nsconsole.widgets.lines_table import COLUMNS, LinesTable
 from nsconsole.widgets.request_progress import RequestProgress
 
@@ -39,13 +39,6 @@ def training_line(path: str, parent: str | None = None) -> LineView:
                        "heartbeat": {"time": NOW - 1, "update": 40, "stage": "training"}})
     line.apply_rows(rows_of(40, 3.0, 1.0), 0)
     return line
-
-
-def book_of(*lines: LineView) -> LineBook:
-    book = LineBook()
-    for line in lines:
-        book.add(line)
-    return book
 
 
 class HeldLive:

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 import pytest
-from helpers.console import NOW, console, gpu_reading, settle, until
+from helpers.console import NOW, book_of, console, gpu_reading, settle, until
 from helpers.lines import make_data_line, make_line
 from helpers.supervise import start_supervisor, stop_supervisor
 from rich.console import Console
@@ -24,7 +24,7 @@ from engine.units import GIB
 from nsconsole.app import ConsoleApp
 from nsconsole.screens.line import LineScreen
 from nsconsole.screens.run_config import RunConfigScreen
-from nsconsole.state import LineBook, LineFacts, LineView
+from nsconsole.state import LineFacts, LineView
 from nsconsole.widgets.curves import X_AXES, CurvePlot, marker_strip, smooth
 from nsconsole.widgets.curves_tab import CurvesTab
 from nsconsole.widgets.gpu_panel import GpuPanel, GpuReading
@@ -64,13 +64,6 @@ def a_line(path: str | Path, rows: list[dict], parent: str | None = None, state:
                        "heartbeat": {"time": NOW - 1, "update": rows[-1]["update"], "stage": "training"}})
     line.apply_rows(rows, 0)
     return line
-
-
-def book_of(*lines: LineView) -> LineBook:
-    book = LineBook()
-    for line in lines:
-        book.add(line)
-    return book
 
 
 def run(app: ConsoleApp, scenario) -> None:

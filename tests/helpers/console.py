@@ -138,3 +138,11 @@ async def until(pilot, condition: Callable[[], T], what: str, timeout: float = 1
             return value
         await pilot.pause(0.1)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def book_of(*lines: LineView) -> LineBook:
+    """A book holding `lines`, in order."""
+    book = LineBook()
+    for line in lines:
+        book.add(line)
+    return book
