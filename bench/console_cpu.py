@@ -5,7 +5,9 @@ line, run a scripted trainer that logs `--rate` rows a second (rows shaped like 
 trainer's, with per-layer gradient norms, a validation row every 100 updates) and beats its
 heartbeat. The console (`ConsoleApp`, headless, real discovery and links) runs in this process;
 after a warm-up, this process's CPU time over the measured window, divided by the window, is the
-share of one core the console takes. Measured on the lines screen and on a line's curves tab.
+share of one core the console takes. Measured on the lines screen, on a line's curves tab, and on
+the lines screen with its refresh paused (`p`): the links to the supervisors alone (their status
+polls, the pushed rows and heartbeats, the health checks), the floor no view can go under.
 
     python bench/console_cpu.py [--lines 8] [--rate 5] [--seconds 30]
 
@@ -80,7 +82,7 @@ def make_lines(root: Path, count: int) -> list[Path]:
     return lines
 
 
-async def watch(seconds: float, warmup: float, open_line: bool) -> dict:
+async def watch(seconds: float, warmup: float, open_line: bool, paused: bool = False) -> dict:
     from nsconsole.app import ConsoleApp
     from nsconsole.screens.line import LineScreen
 
@@ -93,6 +95,9 @@ async def watch(seconds: float, warmup: float, open_line: bool) -> dict:
         if open_line:
             await pilot.press("enter")
             assert isinstance(app.screen, LineScreen)
+        if paused:
+            await pilot.press("p")
+            assert app.paused
         await pilot.pause(warmup)
         rows_before = sum(len(line.series) for line in app.book)
         cpu_before, wall_before = time.process_time(), time.monotonic()
@@ -149,8 +154,9 @@ def main() -> None:
     args = parser.parse_args()
     with supervised_lines(args.lines, args.rate) as root:
         os.environ.update(bench_environment(root, args.rate))  # the console runs in this process
-        for screen, open_line in (("lines", False), ("line-curves", True)):
-            result = asyncio.run(watch(args.seconds, args.warmup, open_line))
+        for screen, open_line, paused in (("lines", False, False), ("line-curves", True, False),
+                                          ("lines-paused", False, True)):
+            result = asyncio.run(watch(args.seconds, args.warmup, open_line, paused))
             print(json.dumps({
                 "bench": "console_cpu", "screen": screen, "lines": args.lines, "rows_per_s_per_line": args.rate,
                 "cpu_fraction_of_a_core": round(result["cpu_s"] / result["wall_s"], 4),

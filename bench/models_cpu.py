@@ -3,20 +3,30 @@
 The article's setting: 512 target tokens per update (8 rows of a 64-token chunk), AdamW at
 lr 0.003, vocab 2048, 2 threads. PSSA carries its recurrent state from update to update (each
 row continues) and writes its memory banks as in training; the transformer attends within the
-chunk. Prints one JSON row per model: tokens/s over the timed updates, the median update time,
-the parameter count. The article measured 1,716 tokens/s (PSSA) and 415 (transformer) on 2 vCPUs.
+chunk. The models take turns, one update each per round, so a machine whose load changes during
+the run (other processes on a shared host) slows both alike. Prints one JSON row per model:
+tokens/s over the timed updates, the median and fastest update, the parameter count, and the
+host's load average before and after. The article measured 1,716 tokens/s (PSSA) and 415
+(transformer) on 2 vCPUs.
 
-    python bench/models_cpu.py [--updates 20] [--warmup 3] [--threads 2]
+On a host shared with other work the wall clock measures the others too. `--cpu-time` times
+each update by this process's CPU time instead (with `--threads 1`, where no worker thread
+spins: then it is what one core spends on the update, whatever else runs).
+
+    python bench/models_cpu.py [--updates 20] [--warmup 3] [--threads 2] [--cpu-time]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -25,45 +35,68 @@ import torch
 # would shadow the kernels package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from engine.models.base import LanguageModel  # noqa: E402
 from engine.models.build import build_model  # noqa: E402
 
 ROWS, CHUNK, VOCAB = 8, 64, 2048
+PRESETS = ("pssa-1.5m", "transformer-1.5m")
 
 
-def measure(preset: str, updates: int, warmup: int, seed: int) -> dict:
-    torch.manual_seed(seed)
-    model = build_model(preset)
-    model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.01)
-    generator = torch.Generator().manual_seed(seed)
-    carry = None
-    timings = []
-    for update in range(warmup + updates):
-        row = torch.randint(0, VOCAB, (ROWS, CHUNK + 1), generator=generator)
-        started = time.perf_counter()
-        if hasattr(model, "set_update"):
-            model.set_update(update)
-        loss, carry = model(row[:, :-1], row[:, 1:], carry)
+@dataclass
+class Trainee:
+    """One model's training state across the interleaved rounds."""
+
+    preset: str
+    model: LanguageModel
+    optimizer: torch.optim.Optimizer
+    generator: torch.Generator
+    carry: torch.Tensor | None = None
+    last_loss: float = float("nan")
+    timings: list[float] = field(default_factory=list)
+
+    @classmethod
+    def build(cls, preset: str, seed: int) -> Trainee:
+        torch.manual_seed(seed)
+        model = build_model(preset)
+        model.train()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.01)
+        return cls(preset, model, optimizer, torch.Generator().manual_seed(seed))
+
+    def update(self, index: int, clock: Callable[[], float]) -> float:
+        """One training update on fresh random rows; returns its time in seconds by `clock`."""
+        row = torch.randint(0, VOCAB, (ROWS, CHUNK + 1), generator=self.generator)
+        started = clock()
+        if hasattr(self.model, "set_update"):
+            self.model.set_update(index)
+        loss, self.carry = self.model(row[:, :-1], row[:, 1:], self.carry)
         mean = loss.sum() / loss.numel()
-        optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=True)
         mean.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        if update >= warmup:
-            timings.append(time.perf_counter() - started)
-    return {
-        "bench": "models_cpu",
-        "model": preset,
-        "parameters": model.num_parameters(),
-        "tokens_per_update": ROWS * CHUNK,
-        "updates": updates,
-        "tokens_per_s": round(ROWS * CHUNK * len(timings) / sum(timings), 1),
-        "median_update_ms": round(1000 * statistics.median(timings), 2),
-        "last_loss": round(float(mean.detach()), 4),
-        "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "cpu": platform.processor() or platform.machine(),
-    }
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.optimizer.step()
+        elapsed = clock() - started
+        self.last_loss = float(mean.detach())
+        return elapsed
+
+    def row(self, clock: str, load_before: float, load_after: float) -> dict:
+        tokens = ROWS * CHUNK
+        return {
+            "bench": "models_cpu",
+            "model": self.preset,
+            "parameters": self.model.num_parameters(),
+            "tokens_per_update": tokens,
+            "updates": len(self.timings),
+            "tokens_per_s": round(tokens * len(self.timings) / sum(self.timings), 1),
+            "median_update_ms": round(1000 * statistics.median(self.timings), 2),
+            "fastest_update_ms": round(1000 * min(self.timings), 2),
+            "last_loss": round(self.last_loss, 4),
+            "threads": torch.get_num_threads(),
+            "clock": clock,
+            "load_1min_before": round(load_before, 2),
+            "load_1min_after": round(load_after, 2),
+            "torch": torch.__version__,
+            "cpu": platform.processor() or platform.machine(),
+        }
 
 
 def main() -> None:
@@ -72,10 +105,22 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3, help="untimed updates first")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cpu-time", action="store_true", help="time updates by process CPU time, not wall time")
     args = parser.parse_args()
+    if args.cpu_time and args.threads != 1:
+        parser.error("--cpu-time needs --threads 1 (worker threads spin while they wait, which CPU time counts)")
     torch.set_num_threads(args.threads)
-    for preset in ("pssa-1.5m", "transformer-1.5m"):
-        print(json.dumps(measure(preset, args.updates, args.warmup, args.seed)), flush=True)
+    clock, clock_name = (time.process_time, "cpu") if args.cpu_time else (time.perf_counter, "wall")
+    trainees = [Trainee.build(preset, args.seed) for preset in PRESETS]
+    load_before = os.getloadavg()[0]
+    for index in range(args.warmup + args.updates):
+        for trainee in trainees:
+            elapsed = trainee.update(index, clock)
+            if index >= args.warmup:
+                trainee.timings.append(elapsed)
+    load_after = os.getloadavg()[0]
+    for trainee in trainees:
+        print(json.dumps(trainee.row(clock_name, load_before, load_after)), flush=True)
 
 
 if __name__ == "__main__":

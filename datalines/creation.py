@@ -3,6 +3,13 @@
 Init pins every input (hub commit shas, every file's sha256, the tokenizer's sha256), measures
 the calibration and writes `tokenizer.json` and then `dataline.json` (last: its presence marks
 a finished init). Nothing is written when a check fails.
+
+The tokenizer is `--tokenizer`, else the recipe's, else the host's default (host.json
+`tokenizer`). With `calibration_from` (`--calibration-from`, else host.json's) naming another data
+line, a source whose pins (the same files), tokenizer, strata and control markers equal that
+line's takes that line's calibration instead of measuring it again (for a hub source, measuring
+reads its strata's first files), so lines on the same data plan with the same rates; dataline.json
+records which sources took it from where.
 """
 
 from __future__ import annotations
@@ -48,50 +55,101 @@ def _write_line(
     eos_id: int,
     cycle_tokens: int,
     opened: dict[str, Source] | None = None,
+    calibration_from: Path | None = None,
 ) -> DataLine:
-    """Pin (sources in `opened` are already pinned), calibrate and write the line's files."""
+    """Pin (sources in `opened` are already pinned), calibrate (or reuse `calibration_from`'s) and
+    write the line's files."""
     if not 0 <= eos_id < tokenizer.vocab_size:
         raise DataLineError(
             f"{tokenizer.where}: --eos-id {eos_id} is outside the vocab of {tokenizer.vocab_size}"
         )
     check_schedule_on_cycles(recipe, cycle_tokens, "recipe")
+    other = _calibrated_line(calibration_from) if calibration_from is not None else None
     work.mkdir(parents=True, exist_ok=True)
     pins: dict[str, Any] = {}
     calibration: dict[str, Any] = {}
+    reused: list[str] = []
     for spec in recipe.sources:
         tokenizer.marker_ids(spec.control_markers)
         source = (opened or {}).get(spec.name) or open_source(spec, work, None)
         pins[spec.name] = source.pins
-        calibration[spec.name] = calibrate_source(source, tokenizer, recipe.seed)
+        taken = _reusable_calibration(other, source, tokenizer) if other is not None else None
+        if taken is not None:
+            calibration[spec.name] = taken
+            reused.append(spec.name)
+        else:
+            calibration[spec.name] = calibrate_source(source, tokenizer, recipe.seed)
+    config: dict[str, Any] = {
+        "format": CONFIG_FORMAT,
+        "eos_id": eos_id,
+        "cycle_tokens": cycle_tokens,
+        "tokenizer": {"sha256": tokenizer.sha256, "vocab_size": tokenizer.vocab_size},
+        "recipe": recipe.to_json(),
+        "pins": pins,
+        "calibration": calibration,
+    }
+    if reused:
+        config["calibration_from"] = {"line": str(calibration_from), "sources": reused}
     write_bytes_atomic(work / TOKENIZER_NAME, tokenizer.json_text.encode("utf-8"))
-    write_json_atomic(
-        work / CONFIG_NAME,
-        {
-            "format": CONFIG_FORMAT,
-            "eos_id": eos_id,
-            "cycle_tokens": cycle_tokens,
-            "tokenizer": {"sha256": tokenizer.sha256, "vocab_size": tokenizer.vocab_size},
-            "recipe": recipe.to_json(),
-            "pins": pins,
-            "calibration": calibration,
-        },
-    )
+    write_json_atomic(work / CONFIG_NAME, config)
     return DataLine(work)
 
 
+def _calibrated_line(path: Path) -> dict[str, Any]:
+    """The dataline.json of the line `path` names (its directory or that file), to reuse its calibration."""
+    config_path = path if path.name == CONFIG_NAME else path / CONFIG_NAME
+    config = read_json(config_path)
+    if not isinstance(config, dict) or not all(
+        isinstance(config.get(key), dict) for key in ("pins", "calibration", "tokenizer", "recipe")
+    ):
+        raise DataLineError(f"{config_path}: not a data line's config (calibration_from)")
+    return config
+
+
+def _reusable_calibration(
+    other: dict[str, Any], source: Source, tokenizer: PlainTextTokenizer
+) -> dict[str, Any] | None:
+    """The other line's calibration of this source when it measured the same thing: the same
+    files (pins), tokenizer, strata and control markers; else None (measure it here)."""
+    name = source.spec.name
+    specs = {spec.get("name"): spec for spec in other["recipe"].get("sources", []) if isinstance(spec, dict)}
+    calibration = other["calibration"].get(name)
+    same = (
+        other["pins"].get(name) == source.pins
+        and other["tokenizer"].get("sha256") == tokenizer.sha256
+        and isinstance(calibration, dict)
+        and set(calibration) == set(source.strata())
+        and list(specs.get(name, {}).get("control_markers", [])) == list(source.spec.control_markers)
+    )
+    return calibration if same else None
+
+
 def init_data_line(
-    work: Path, recipe_file: Path, eos_id: int, cycle_tokens: int, tokenizer_file: Path | None
+    work: Path,
+    recipe_file: Path,
+    eos_id: int,
+    cycle_tokens: int,
+    tokenizer_file: Path | None,
+    default_tokenizer: Path | None = None,
+    calibration_from: Path | None = None,
 ) -> DataLine:
-    """Create a data line from a recipe JSON file (see `datalines.recipe` for the format)."""
+    """Create a data line from a recipe JSON file (see `datalines.recipe` for the format): the
+    tokenizer is `tokenizer_file`, else the recipe's, else `default_tokenizer` (the host's)."""
     _check_init_arguments(work, cycle_tokens)
     raw = read_json(recipe_file)
     recipe = parse_recipe(raw, str(recipe_file))
     if tokenizer_file is None:
         named = raw.get("tokenizer")
-        if not isinstance(named, str):
-            raise DataLineError(f"{recipe_file}: recipe.tokenizer is not set and no --tokenizer was given")
-        tokenizer_file = (recipe_file.parent / named).resolve()
-    return _write_line(work, recipe, load_tokenizer(tokenizer_file), eos_id, cycle_tokens)
+        if isinstance(named, str):
+            tokenizer_file = (recipe_file.parent / named).resolve()
+        elif default_tokenizer is not None:
+            tokenizer_file = default_tokenizer
+        else:
+            raise DataLineError(
+                f"{recipe_file}: recipe.tokenizer is not set, no --tokenizer was given and host.json names none"
+            )
+    tokenizer = load_tokenizer(tokenizer_file)
+    return _write_line(work, recipe, tokenizer, eos_id, cycle_tokens, calibration_from=calibration_from)
 
 
 def init_embedded_line(work: Path, cycle_tokens: int = EMBEDDED_CYCLE_TOKENS) -> DataLine:

@@ -23,7 +23,7 @@ import numpy as np
 from datalines.cycle import Cycle
 from datalines.errors import DataLineError
 from datalines.files import fsync_directory, read_json, sha256_bytes, write_bytes_atomic
-from datalines.manifest import MANIFEST_NAME, load_manifest, verify_shards
+from datalines.manifest import MANIFEST_NAME, ShardStamps, load_manifest, shard_stamps, verify_shards
 from datalines.recipe import Recipe, parse_recipe
 from datalines.sources import Source, open_source
 from datalines.tokenizer import PlainTextTokenizer
@@ -68,7 +68,11 @@ class DataLine:
         self.vocab_size: int = int(tokenizer_pin["vocab_size"])
         self._tokenizer: PlainTextTokenizer | None = None
         self._sources: dict[str, Source] = {}
-        self._verified: set[tuple[int, str]] = set()
+        self._verified: dict[int, tuple[str, ShardStamps]] = {}
+        """Cycle -> (manifest sha256, shard stamps) when its shards' hashes were last found right."""
+        self._damaged: dict[int, tuple[str, ShardStamps, str]] = {}
+        """Cycle -> (manifest sha256, shard stamps, the problem) when they were last found wrong:
+        a waiting process looks again every few seconds, and hashes again only what moved."""
 
     # --- inputs ---------------------------------------------------------------------------
     @property
@@ -109,37 +113,65 @@ class DataLine:
         except FileNotFoundError:
             return False
         fsync_directory(directory)
-        # Its shards were deleted once it was consumed: check the rebuilt ones afresh.
-        self._verified = {verified for verified in self._verified if verified[0] != index}
         return True
 
     def cycle_ready(self, index: int) -> bool:
-        """Prepared and complete: the manifest exists and every shard matches it (hashes checked once)."""
+        """Prepared and complete: the manifest exists and every shard matches it."""
+        return self.cycle_problem(index) is None
+
+    def cycle_problem(self, index: int) -> str | None:
+        """Why cycle `index` cannot be read now (not prepared, consumed, a shard missing or
+        damaged: the message names the file); None when it is ready.
+
+        Hashes are checked again whenever a shard's stamp (inode, size, times) moved since the last
+        check, so a shard damaged or rewritten after a first check is seen by the next look of a
+        long-lived process (the preparer, the trainer waiting for it) at the cost of a stat."""
         directory = self.cycle_dir(index)
-        if not (directory / MANIFEST_NAME).is_file() or self.is_consumed(index):
-            return False
+        if self.is_consumed(index):
+            return f"{directory}: cycle {index} was consumed"
+        if not (directory / MANIFEST_NAME).is_file():
+            return f"{directory}: cycle {index} is not prepared yet"
         try:
             self._verify(index)
-        except DataLineError:
-            return False
-        return True
+        except DataLineError as error:
+            return str(error)
+        return None
 
-    def _verify(self, index: int) -> tuple[dict[str, Any], str]:
-        manifest, manifest_sha = load_manifest(self.cycle_dir(index))
-        if (index, manifest_sha) not in self._verified:
-            verify_shards(self.cycle_dir(index), manifest)
-            self._verified.add((index, manifest_sha))
-        return manifest, manifest_sha
+    def _verify(self, index: int) -> tuple[dict[str, Any], str, ShardStamps]:
+        directory = self.cycle_dir(index)
+        manifest, manifest_sha = load_manifest(directory)
+        stamps = shard_stamps(directory, manifest)
+        if self._verified.get(index) == (manifest_sha, stamps):
+            return manifest, manifest_sha, stamps
+        self._verified.pop(index, None)
+        damaged = self._damaged.get(index)
+        if damaged is not None and damaged[:2] == (manifest_sha, stamps):
+            raise DataLineError(damaged[2])
+        try:
+            verify_shards(directory, manifest)
+        except DataLineError as error:
+            self._damaged[index] = (manifest_sha, stamps, str(error))
+            raise
+        self._damaged.pop(index, None)
+        self._verified[index] = (manifest_sha, stamps)
+        return manifest, manifest_sha, stamps
 
-    def cycle(self, index: int) -> Cycle:
-        """The prepared cycle; DataLineError if it is not prepared, incomplete or already consumed."""
+    def cycle(self, index: int, verify: bool = True) -> Cycle:
+        """The prepared cycle; DataLineError if it is not prepared, incomplete or already consumed.
+
+        `verify=False` checks the manifest only (a resume compares it with its checkpoint's before
+        the shards are there again); such a cycle hashes its shards at its first `verify_unchanged`.
+        """
         directory = self.cycle_dir(index)
         if self.is_consumed(index):
             raise DataLineError(f"{directory}: cycle {index} was consumed and its shards deleted")
         if not (directory / MANIFEST_NAME).is_file():
             raise DataLineError(f"{directory}: cycle {index} is not prepared yet")
-        manifest, manifest_sha = self._verify(index)
-        return Cycle(directory, manifest, manifest_sha, self.recipe.segments_per_cycle)
+        if not verify:
+            manifest, manifest_sha = load_manifest(directory)
+            return Cycle(directory, manifest, manifest_sha, self.recipe.segments_per_cycle)
+        manifest, manifest_sha, stamps = self._verify(index)
+        return Cycle(directory, manifest, manifest_sha, self.recipe.segments_per_cycle, stamps)
 
     def last_cycle(self) -> int | None:
         """The final cycle once planning has reached the corpus end; None while it is not known."""
@@ -175,12 +207,15 @@ class DataLine:
         names += [path.name for path in (self.path / "cycles").glob("c[0-9][0-9][0-9][0-9]")]
         return sorted({int(name[1:]) for name in names})
 
-    def mark_consumed(self, index: int) -> None:
-        """The trainer is done with the cycle: the preparer deletes its shards (the manifest stays)."""
+    def mark_consumed(self, index: int, by: str | os.PathLike[str] | None = None) -> None:
+        """The trainer is done with the cycle: the preparer deletes its shards (the manifest stays).
+        `by`: the training line that consumed it, recorded in the mark (datalines.consumption)."""
+        from datalines.consumption import consumed_mark  # it imports this module
+
         directory = self.cycle_dir(index)
         if not (directory / MANIFEST_NAME).is_file():
             raise DataLineError(f"{directory}: cycle {index} was never prepared, cannot mark it consumed")
-        write_bytes_atomic(directory / CONSUMED_MARK, f"{os.getpid()}\n".encode("ascii"))
+        write_bytes_atomic(directory / CONSUMED_MARK, consumed_mark(by))
 
     # --- validation -----------------------------------------------------------------------
     def validation_dir(self, seq_len: int) -> Path:

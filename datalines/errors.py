@@ -13,3 +13,8 @@ class DataLineError(Exception):
 
 class SourceExhausted(DataLineError):
     """A source has no untrained documents left (max epochs 1: never a silent second pass)."""
+
+
+class ShardChanged(DataLineError):
+    """A shard of an open cycle changed on disk after it was verified (overwritten in place, or
+    replaced): samples read from it may not be the manifest's, so none of them may be trained on."""

@@ -7,6 +7,7 @@ exactly what the cycle held, so `data rebuild` can redo it and check every byte.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,24 @@ def shard_files(manifest: dict[str, Any]) -> list[dict[str, Any]]:
     for info in manifest["sources"].values():
         files.extend([info["tokens_file"], info["offsets_file"]])
     return files
+
+
+ShardStamps = tuple[tuple[str, int, int, int, int], ...]
+"""Each shard's (name, inode, size, mtime ns, ctime ns): any write to a file, in place or by a
+rename over it, changes its stamp, so a stamp that still matches needs no second hashing."""
+
+
+def shard_stamps(directory: Path, manifest: dict[str, Any]) -> ShardStamps:
+    """The shards' stamps now; DataLineError naming the first one missing."""
+    stamps = []
+    for entry in shard_files(manifest):
+        path = directory / entry["name"]
+        try:
+            info = os.stat(path)
+        except FileNotFoundError:
+            raise DataLineError(f"{path}: shard missing (cycle {manifest['cycle']})") from None
+        stamps.append((entry["name"], info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns))
+    return tuple(stamps)
 
 
 def verify_shards(directory: Path, manifest: dict[str, Any]) -> None:

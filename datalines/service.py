@@ -162,7 +162,8 @@ def run_preparer(
 
                 prepare_cycle(line, index, progress)
                 backoff = BACKOFF_INITIAL_SECONDS
-                publish(consecutive_failures=0, progress=1.0, message=f"cycle {index} ready")
+                publish(consecutive_failures=0, progress=1.0, prepared=status.prepared + 1,
+                        message=f"cycle {index} ready")
             except (SourceExhausted, DataLineError) as error:
                 publish(state="failed", last_error=str(error), failures=status.failures + 1,
                         consecutive_failures=status.consecutive_failures + 1, message=str(error))

@@ -42,6 +42,9 @@ class PreparerStatus:
     """The last failure's message."""
     ready: list[int] = field(default_factory=list)
     """Cycles prepared and verified now."""
+    prepared: int = 0
+    """Cycles this preparer process has made (or rebuilt) since it started: a run that did work, as
+    the supervisor's restart backoff counts it (a new process's first status proves nothing)."""
     pid: int = field(default_factory=os.getpid)
     """The preparer's process id."""
     time: float = 0.0

@@ -15,6 +15,8 @@
 <line>/STOP                 a stop request
 <line>/trainer.lock         flocked by the one trainer of the line for its life
 <line>/branches.json        the branches forked from this line
+<line>/startup.jsonl        each launch's start-up breakdown (engine.training.startup)
+<line>/cache/               the trainer's compile caches: inductor/ and triton/ (engine.training.startup)
 ```
 """
 
@@ -105,6 +107,16 @@ class LineLayout:
     def trainer_lock(self) -> Path:
         """Held (flock) by the line's trainer for its life: two trainers never write one line."""
         return self.root / "trainer.lock"
+
+    @property
+    def startup_jsonl(self) -> Path:
+        """One record per launch: where its seconds went before its first update."""
+        return self.root / "startup.jsonl"
+
+    @property
+    def compile_cache(self) -> Path:
+        """The trainer's compile caches, kept across its relaunches (never part of a checkpoint)."""
+        return self.root / "cache"
 
 
 def checkpoint_update(directory_name: str) -> int | None:

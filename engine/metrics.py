@@ -9,6 +9,10 @@ presets write change while the version does not (their recorded list: metric_nam
 Version 3 (this code) holds version 2's set and bits per byte in every validation:
 `val_<L>/bpb/<source>` and `val_<L>/bpb/mix` (engine.training.bits_per_byte), and their twins
 `ema/val_<L>/bpb/...` with `ema` set.
+With run.json's `dreaming` (PSSA), the row of each dreaming update also carries `dream/sequences`,
+`dream/generated_tokens`, `dream/steps`, `dream/kept`, `dream/fresh_loss_before` and
+`dream/fresh_loss_after` (engine.training.dreaming). No bump: code before them refused a run.json
+with that section, so every configuration it accepted still yields exactly its names.
 
 Version 2 holds version 1's set (below) and:
 - per PSSA block, the bank's readings `val_<L>/pssa/block<NN>/{occupancy, confidence_mean,

@@ -72,7 +72,8 @@ EVENT_GLYPHS: dict[str, tuple[str, str]] = {
 """Glyph and word of each event kind: every supervisor event (`EventKind`) and the console's own."""
 
 SHOWN_STAGES = frozenset(
-    {Stage.CHECKPOINTING, Stage.WAITING_DATA, Stage.VALIDATING, Stage.CAPTURING, Stage.COMPILING, Stage.PROBING}
+    {Stage.CHECKPOINTING, Stage.WAITING_DATA, Stage.VALIDATING, Stage.CAPTURING, Stage.COMPILING, Stage.PROBING,
+     Stage.DREAMING}
 )
 """Trainer stages shown in place of the supervisor's `training`: they say more."""
 
@@ -569,6 +570,22 @@ class LineView:
     def gpu_index(self) -> int | None:
         index = self.status.get("gpu_index")
         return index if isinstance(index, int) else None
+
+    @property
+    def gpu_candidates(self) -> list[int] | None:
+        """The GPUs (NVML indices) run.json's `device` lets the line lease (None: the CPU, or not said)."""
+        candidates = self.status.get("gpu_candidates")
+        if not isinstance(candidates, list):
+            return None
+        return [index for index in candidates if isinstance(index, int) and not isinstance(index, bool)]
+
+    @property
+    def waiting_for_gpus(self) -> list[int]:
+        """The GPUs the line waits for a lease on, every one held by another line (none while it holds
+        one, or waits holding its own for other processes to leave)."""
+        if self.at_rest or self.supervisor_state != facts.LineState.WAITING_GPU or self.gpu_index is not None:
+            return []
+        return self.gpu_candidates or []
 
     @property
     def sharing_gpu(self) -> bool:

@@ -13,7 +13,8 @@ A checkpoint directory `<line>/checkpoints/u<update:08d>/` holds
 `latest` (a one-line file naming the directory) is replaced by an atomic rename only after the
 directory is complete and renamed into place (`engine.checkpoints.tensors` writes and loads the
 tensors). After each write the retention rule runs: the checkpoint `latest` names, the kept ones
-(line start, cycle ends, length changes) and the newest `keep_last` rolling ones stay. Nothing
+(line start, cycle ends -- the newest `keep_cycle_ends` of them when it is set --, length changes)
+and the newest `keep_last` rolling ones stay. Nothing
 here imports torch, so branch, rollback, status and the supervisor can read checkpoints' files.
 """
 
@@ -182,16 +183,6 @@ CHECKPOINT_DISK_MARGIN = 1.5
 start one with less (it would fail half-way), and `nsconsole check` says so before a start."""
 
 
-def expected_checkpoint_bytes(checkpoints_dir: Path, parameters: int) -> int:
-    """The next checkpoint's size on disk: the newest one's (the next is as large), or before any,
-    fp32 weights, two moments and an average (16 bytes a parameter)."""
-    name = read_latest(checkpoints_dir)
-    newest = checkpoints_dir / name if name is not None else None
-    if newest is None or not newest.is_dir():
-        return 16 * parameters
-    return sum(path.stat().st_size for path in newest.iterdir() if path.is_file())
-
-
 def discard_partial_writes(checkpoints_dir: Path) -> list[str]:
     """Remove `*.partial` directories and stray `latest` temporaries; returns their names."""
     if not checkpoints_dir.is_dir():
@@ -251,17 +242,22 @@ def unpin_checkpoint(checkpoints_dir: Path, name: str) -> None:
         (checkpoints_dir / PINNED_NAME).unlink(missing_ok=True)
 
 
-def apply_retention(checkpoints_dir: Path, keep_last: int, abandoned_after: int | None = None) -> list[str]:
+def apply_retention(
+    checkpoints_dir: Path, keep_last: int, abandoned_after: int | None = None, keep_cycle_ends: int | None = None
+) -> list[str]:
     """Remove what the retention rule does not keep; returns the removed directory names.
 
     Kept: the checkpoint `latest` names, the pinned ones (`pin_checkpoint`), every checkpoint
-    whose state.json has a `kept` reason, and the newest `keep_last` rolling ones. Removed: older rolling checkpoints and, when
-    `abandoned_after` is given (the update a resume started from), every checkpoint after it
-    other than `latest` -- the continuation that resume abandoned (e.g. a corrupted newest one).
+    whose state.json has a `kept` reason -- but for cycle ends, only the newest `keep_cycle_ends`
+    when it is set -- and the newest `keep_last` rolling ones. Removed: older rolling checkpoints,
+    older cycle ends past `keep_cycle_ends` and, when `abandoned_after` is given (the update a
+    resume started from), every checkpoint after it other than `latest` -- the continuation that
+    resume abandoned (e.g. a corrupted newest one).
     """
     latest = read_latest(checkpoints_dir)
     pinned = read_pinned(checkpoints_dir)
     rolling: list[Path] = []
+    cycle_ends: list[Path] = []
     removable: list[Path] = []
     for directory in list_checkpoints(checkpoints_dir):
         update = update_of(directory)
@@ -270,16 +266,25 @@ def apply_retention(checkpoints_dir: Path, keep_last: int, abandoned_after: int 
             continue
         if directory.name != latest and abandoned_after is not None and update > abandoned_after:
             removable.append(directory)
-        elif _kept_reason(directory) is None:
+            continue
+        reason = _kept_reason(directory)
+        if reason is None:
             rolling.append(directory)
+        elif cycle_of_kept(reason) is not None:
+            cycle_ends.append(directory)
     # `latest` is normally the newest rolling checkpoint and counts among the `keep_last`.
-    newest_rolling = set(rolling[-keep_last:]) if keep_last > 0 else set()
-    removable += [
-        directory for directory in rolling if directory not in newest_rolling and directory.name != latest
-    ]
+    removable += _older_than_newest(rolling, keep_last, latest)
+    if keep_cycle_ends is not None:
+        removable += _older_than_newest(cycle_ends, keep_cycle_ends, latest)
     for directory in removable:
         shutil.rmtree(directory, ignore_errors=True)
     return [directory.name for directory in removable]
+
+
+def _older_than_newest(directories: list[Path], keep: int, latest: str | None) -> list[Path]:
+    """Of `directories` (oldest first), all but the newest `keep` and the one `latest` names."""
+    older = directories[: max(len(directories) - keep, 0)]
+    return [directory for directory in older if directory.name != latest]
 
 
 def read_checkpoint_state(directory: Path) -> dict[str, Any] | None:

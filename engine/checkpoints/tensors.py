@@ -156,9 +156,16 @@ class CheckpointWriter:
     thread before `latest` moves, so what `latest` promises is on disk.
     """
 
-    def __init__(self, checkpoints_dir: Path, keep_last: int, abandoned_after: int | None = None):
+    def __init__(
+        self,
+        checkpoints_dir: Path,
+        keep_last: int,
+        abandoned_after: int | None = None,
+        keep_cycle_ends: int | None = None,
+    ):
         self.checkpoints_dir = checkpoints_dir
         self.keep_last = keep_last
+        self.keep_cycle_ends = keep_cycle_ends
         self.abandoned_after = abandoned_after
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -201,7 +208,7 @@ class CheckpointWriter:
             if before_latest is not None:
                 before_latest()
             write_latest(self.checkpoints_dir, final.name)
-            apply_retention(self.checkpoints_dir, self.keep_last, self.abandoned_after)
+            apply_retention(self.checkpoints_dir, self.keep_last, self.abandoned_after, self.keep_cycle_ends)
             # The abandoned continuation is gone after the first retention pass.
             self.abandoned_after = None
             self.last_written = final

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, NoReturn
 from engine.config.json_fields import show
 from engine.errors import ConfigError
 from engine.models import presets
+from engine.models.validation import validate_model_config
 
 if TYPE_CHECKING:
     from engine.config.run import RunConfig
@@ -20,7 +21,8 @@ if TYPE_CHECKING:
 LR_PIECE_KINDS = ("warmup", "constant", "decay")
 LR_SHAPES = ("linear", "cosine", "sqrt")
 WANDB_MODES = ("online", "offline", "disabled")
-DEVICES = ("auto", "cpu", "cuda")
+DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
+"""run.json's `device`; which GPU `cuda:N` is on this host is `nsconsole check`'s (`engine/gpu/placement.py`)."""
 RECOMPUTE_PATTERN = re.compile(r"^[a-z][a-z0-9_]*$")
 STAGE_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 MAX_SAMPLE_PROMPTS = 8
@@ -48,6 +50,9 @@ class RunConfigChecks:
             self.fail(key, f"must be at most {maximum:g}, got {show(value)}")
 
     def positive(self, key: str, value: float | None) -> None:
+        # JSON reads NaN and Infinity, which a `<= 0` test lets through.
+        if value is not None and not math.isfinite(value):
+            self.fail(key, f"must be finite, got {show(value)}")
         if value is not None and value <= 0:
             self.fail(key, f"must be positive, got {show(value)}")
 
@@ -64,6 +69,7 @@ class RunConfigChecks:
         self.check_rest()
         # Last: it imports the model modules, and a problem above is more useful to report first.
         self.check_preset()
+        self.check_dreaming()
 
     def check_model_and_data(self) -> None:
         config = self.config
@@ -81,11 +87,28 @@ class RunConfigChecks:
             preset = show(self.config.model.preset)
             self.fail("model.preset", f"{preset} is not a preset (known: {', '.join(known)})")
         try:
-            presets.preset_config(self.config.model.preset, self.config.model.overrides)
+            model = presets.preset_config(self.config.model.preset, self.config.model.overrides)
+            validate_model_config(model)
         except ConfigError as error:
             raise ConfigError(f"{self.source}: {error}") from None
         except (TypeError, ValueError) as error:
             self.fail("model.overrides", f"are not valid for {self.config.model.preset}: {error}")
+
+    def check_dreaming(self) -> None:
+        # Imported here: engine.config.run imports this module.
+        from engine.config.run import DREAM_MODES
+
+        dreaming = self.config.dreaming
+        if dreaming is None:
+            return
+        preset = self.config.model.preset
+        if presets.family_of(preset) != "pssa":
+            self.fail("dreaming", f"is for pssa-* models only; {preset} does not dream (set it to null)")
+        for name in ("every_updates", "sequences", "steps", "repeats", "length"):
+            self.at_least(f"dreaming.{name}", getattr(dreaming, name), 1)
+        self.positive("dreaming.lr", dreaming.lr)
+        self.one_of("dreaming.mode", dreaming.mode, DREAM_MODES)
+        self.positive("dreaming.temperature", dreaming.temperature)
 
     def check_shape(self, key: str, micro_batch_rows: int, recompute: str) -> None:
         self.at_least(f"{key}.micro_batch_rows", micro_batch_rows, 1)
@@ -213,6 +236,7 @@ class RunConfigChecks:
             self.at_least("ema.from_tokens", config.ema.from_tokens, 0)
         self.at_least("checkpoints.every_updates", config.checkpoints.every_updates, 1)
         self.at_least("checkpoints.keep_last", config.checkpoints.keep_last, 1)
+        self.at_least("checkpoints.keep_cycle_ends", config.checkpoints.keep_cycle_ends, 1)
         self.at_least("validation.every_updates", config.validation.every_updates, 1)
         self.at_least("validation.rows_per_source", config.validation.rows_per_source, 1)
         self.at_least("validation.long_seq_len", config.validation.long_seq_len, 2)
@@ -224,7 +248,8 @@ class RunConfigChecks:
         self.one_of("wandb.mode", config.wandb.mode, WANDB_MODES)
         self.at_least("metrics", config.metrics, 1)
         self.at_least("print_every", config.print_every, 1)
-        self.one_of("device", config.device, DEVICES)
+        if not DEVICE_PATTERN.match(config.device):
+            self.fail("device", f"must be auto, cpu, cuda or cuda:N, got {show(config.device)}")
         for index, key in enumerate(config.allow_changes):
             if key == "tokens_per_update":
                 self.fail(

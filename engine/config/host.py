@@ -4,7 +4,7 @@
 {"env": {"TRITON_PTXAS_PATH": "/usr/local/cuda/bin/ptxas"},
  "work_root": "/data/lines",
  "tokenizer": "/data/tokenizer/tokenizer.json",
- "calibration_from": "/data/lines/trunk/state.json",
+ "calibration_from": "/data/lines/trunk",
  "notify": "/usr/local/bin/notify-training"}
 ```
 
@@ -35,9 +35,11 @@ class HostSettings:
     work_root: str | None = None
     """Where relative LINE and data paths are looked up when they do not exist relative to the cwd."""
     tokenizer: str | None = None
-    """The default tokenizer JSON for new data lines."""
+    """The tokenizer JSON `nsconsole data init` uses when neither --tokenizer nor the recipe names one."""
     calibration_from: str | None = None
-    """A data line state whose tokens-per-byte calibration new data lines reuse."""
+    """A data line (its directory or its dataline.json) whose calibration `nsconsole data init`
+    reuses, unless --calibration-from names another, for each source with the same files,
+    tokenizer, strata and control markers."""
     notify: str | None = None
     """A command run with an event in JSON on stdin when a line finishes, fails or gets stuck."""
     source: str | None = field(default=None, metadata=INTERNAL)

@@ -165,6 +165,38 @@ class EMAConfig:
     """Tokens trained where the average starts as a copy of the parameters."""
 
 
+DREAM_MODES = ("memory", "generate", "both")
+"""`dreaming.mode` values: what a dream rehearses (the PSSA article's modes)."""
+
+
+@dataclass
+class DreamingConfig:
+    """PSSA dreaming (the article's offline rehearsal): after every `every_updates`-th update the
+    trainer rehearses sequences with small SGD steps on the output-head rows of their target
+    tokens, each step kept only if the update's fresh task (the first chunk of its last row) loses
+    no more than 1e-6 nats, else backtracked and, failing that, undone bit for bit."""
+
+    every_updates: int
+    """Dream after every this many updates (after the update, before its validation and checkpoint)."""
+    sequences: int = 8
+    """Per round: the newest cached chunks rehearsed and the newest memory slots dreamt from."""
+    steps: int = 1
+    """Guarded SGD steps per rehearsed sequence."""
+    lr: float = 6e-3
+    """The rehearsal SGD's step size (the article's default); AdamW's moments and the lr schedule
+    are not touched."""
+    mode: str = "memory"
+    """`memory`: rehearse the cached chunks whose loss passed the memory write gate; `generate`:
+    rehearse sequences the model dreams from its first block's memory values; `both`."""
+    repeats: int = 1
+    """Rounds over the sequences; each round dreams the generated ones afresh."""
+    length: int = 8
+    """Tokens dreamt from each memory value."""
+    temperature: float = 0.8
+    """The dreamt tokens' sampling temperature (> 0); the draws come from a generator seeded by
+    `seeds.model` and the update, so a resumed line dreams the same tokens."""
+
+
 @dataclass
 class CheckpointConfig:
     """When checkpoints are written and how many rolling ones are kept."""
@@ -173,6 +205,10 @@ class CheckpointConfig:
     """A rolling checkpoint every this many updates (cycle ends and stage ends are always kept)."""
     keep_last: int = 2
     """The newest rolling checkpoints kept; older ones are removed."""
+    keep_cycle_ends: int | None = None
+    """The newest cycle-end checkpoints kept; older ones are removed (the line's start and its stage
+    ends stay). None: every cycle end stays, as a fork point for a branch or a rollback -- one more
+    checkpoint's disk per cycle, without bound over a trunk of many cycles."""
 
 
 @dataclass
@@ -275,6 +311,43 @@ class SeedsConfig:
     """Seeds the sample order within every cycle."""
 
 
+PARALLEL_SHARDS = ("none",)
+"""`parallel.shard` values built so far (FSDP2's `fsdp` is not: the flat-buffer optimizer holds
+whole parameters on every rank)."""
+
+
+@dataclass
+class ParallelConfig:
+    """One line over several processes (torch.distributed, launched by torchrun; see the README's
+    "Several GPUs: torch.distributed")."""
+
+    degree: int = 1
+    """Data-parallel processes (ranks): on CUDA one GPU each (the line's GPU and the next ones:
+    rank r on GPU N + r for `cuda:N`), on the CPU one process each (gloo). Above 1 the supervisor
+    starts the trainer through torchrun. Each update's rows are split across the ranks in fixed
+    contiguous slices, so the update does not depend on the degree (up to the order of the gradient
+    sum), and a checkpoint saved at one degree resumes at any other."""
+    shard: str = "none"
+    """How the model's state is spread over the ranks: `none` (every rank holds the whole weights
+    and optimizer state; the gradient is summed across ranks before the update)."""
+    timeout_minutes: float = 20.0
+    """How long a collective (the gradient sum, a stop agreement) may wait for a rank before it
+    fails and the group ends (the supervisor then relaunches it from the newest checkpoint). Longer
+    than anything rank 0 does alone: a checkpoint write it waits for, a validation's probes."""
+
+    def validate(self, source: str = "run.json") -> None:
+        """ConfigError `<source>: parallel.<key> ...` at the first bad value."""
+        if self.degree < 1:
+            raise ConfigError(f"{source}: parallel.degree must be at least 1, got {self.degree!r}")
+        if self.shard not in PARALLEL_SHARDS:
+            raise ConfigError(
+                f"{source}: parallel.shard must be one of {', '.join(PARALLEL_SHARDS)}, got {self.shard!r} "
+                "(FSDP2 sharding is not built yet)"
+            )
+        if not self.timeout_minutes > 0:
+            raise ConfigError(f"{source}: parallel.timeout_minutes must be positive, got {self.timeout_minutes!r}")
+
+
 @dataclass
 class RunConfig:
     """A training line's configuration (`<line>/run.json`)."""
@@ -295,6 +368,8 @@ class RunConfig:
     """The learning-rate schedule."""
     ema: EMAConfig | None = None
     """The parameters' moving average; None: not kept."""
+    dreaming: DreamingConfig | None = None
+    """PSSA dreaming after every N-th update (pssa-* presets only); None: off."""
     checkpoints: CheckpointConfig = field(default_factory=CheckpointConfig)
     """Checkpoint cadence and retention."""
     validation: ValidationConfig = field(default_factory=ValidationConfig)
@@ -310,7 +385,11 @@ class RunConfig:
     print_every: int = 10
     """Print a row to the terminal and run.log every this many updates (validating updates always)."""
     device: str = "auto"
-    """`auto` (CUDA when available), `cpu` or `cuda`."""
+    """`auto` (the first GPU of the host whose lease is free; the CPU on a host without a GPU),
+    `cpu`, `cuda` (as auto, never the CPU) or `cuda:N` (the N-th GPU the supervisor sees: nvidia-smi's
+    N, or the N-th entry of its CUDA_VISIBLE_DEVICES; `engine/gpu/placement.py`)."""
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    """Data parallelism over several processes (GPUs); degree 1: one process, as without it."""
     allow_changes: list[str] = field(default_factory=list)
     """Lifelong keys (dotted) whose change against the accepted configuration is intended."""
 
@@ -353,6 +432,7 @@ class RunConfig:
     def validate(self, source: str = "run.json") -> None:
         """Check every value; raise ConfigError `<source>: <key> ...` at the first problem."""
         RunConfigChecks(self, source).run()
+        self.parallel.validate(source)
 
     def length(self, seq_len: int) -> LengthConfig:
         """The `lengths` entry of a sequence length."""

@@ -4,10 +4,12 @@
 process's memory, through `nvmlDeviceGetComputeRunningProcesses_v3` where the driver has it), or
 returns a clean "no GPU" snapshot with the reason on a machine without an NVIDIA driver.
 
-The lease on GPU `i` is an exclusive `fcntl.flock` on `<run dir>/gpu<i>.lock` (the registry's
-directory, `engine.supervisor.registry.runtime_dir()`: one path for every process of the user on
-this host, and one a logout does not remove, so the lock file a holder locked is the one the next
-line opens), with the holder's line path written in the file. A flock belongs to the open file description:
+The lease on GPU `i` (NVML's index, nvidia-smi's: the physical GPU, whatever CUDA_VISIBLE_DEVICES
+says; `engine/gpu/placement.py`) is an exclusive `fcntl.flock` on `<run dir>/gpu<i>.lock` (the
+registry's directory, `engine.supervisor.registry.runtime_dir()`: one path for every process of the
+user on this host, and one a logout does not remove, so the lock file a holder locked is the one the
+next line opens), with the holder's line path, pid and the GPU's index and UUID written in the file.
+`take_free_leases` takes the first N free leases of a list of GPUs, all or none. A flock belongs to the open file description:
 the supervisor takes it, hands the descriptor to the trainer (`pass_fds`) and closes its own
 copy, so the lease lives exactly as long as the trainer; the kernel releases it however the
 trainer ends (kill -9 included). Between a trainer's exit and its relaunch another line waiting
@@ -22,7 +24,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -167,13 +169,20 @@ class LeaseHolder:
     """The process that took the lease (the supervisor; the trainer holds it after)."""
     since: float
     """When it was taken (Unix time)."""
+    gpu: int | None = None
+    """The GPU's NVML index as the holder wrote it (None: not written)."""
+    uuid: str = ""
+    """The GPU's UUID as the holder wrote it ("" where it did not know it)."""
 
 
 class GpuLease:
     """The exclusive lease on one GPU; see the module docstring."""
 
-    def __init__(self, index: int, line: Path | str) -> None:
+    def __init__(self, index: int, line: Path | str, uuid: str = "") -> None:
         self.index = index
+        """The GPU's NVML index (the lock file's number)."""
+        self.uuid = uuid
+        """The GPU's UUID, written in the lock file for whoever reads the holder."""
         self.line = os.path.realpath(line)
         self._fd: int | None = None
 
@@ -204,7 +213,9 @@ class GpuLease:
 
     def record_holder(self, pid: int) -> None:
         """Name `pid` in the lock file as the holder (the trainer the descriptor is handed to)."""
-        record = json.dumps({"line": self.line, "pid": pid, "since": time.time()})
+        record = json.dumps(
+            {"line": self.line, "pid": pid, "since": time.time(), "gpu": self.index, "uuid": self.uuid}
+        )
         fd = self.fileno()
         os.ftruncate(fd, 0)
         os.pwrite(fd, record.encode() + b"\n", 0)
@@ -244,6 +255,23 @@ class GpuLease:
         self.release()
 
 
+def take_free_leases(leases: Sequence[GpuLease], count: int = 1) -> list[GpuLease] | None:
+    """The first `count` of `leases` that are free, taken now (in the order given), or None -- and
+    none held -- when fewer are free: a line that needs N GPUs never sits on part of them while it
+    waits (two such lines would each hold what the other waits for)."""
+    taken: list[GpuLease] = []
+    for lease in leases:
+        if len(taken) == count:
+            break
+        if lease.try_acquire():
+            taken.append(lease)
+    if len(taken) < count:
+        for lease in taken:
+            lease.release()
+        return None
+    return taken
+
+
 def lease_holder(index: int) -> LeaseHolder | None:
     """Who holds GPU `index`'s lease now, or None when it is free."""
     path = lease_path(index)
@@ -266,6 +294,10 @@ def lease_holder(index: int) -> LeaseHolder | None:
 def _read_holder(fd: int) -> LeaseHolder:
     with contextlib.suppress(ValueError, KeyError, TypeError, OSError):
         record = json.loads(os.pread(fd, 4096, 0))
-        return LeaseHolder(line=str(record["line"]), pid=int(record["pid"]), since=float(record["since"]))
+        gpu = record.get("gpu")  # absent in the files of older versions
+        return LeaseHolder(
+            line=str(record["line"]), pid=int(record["pid"]), since=float(record["since"]),
+            gpu=gpu if isinstance(gpu, int) else None, uuid=str(record.get("uuid") or ""),
+        )
     # Held, but the holder has not written its record yet (or it is unreadable).
     return LeaseHolder(line="", pid=0, since=0.0)

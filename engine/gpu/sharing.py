@@ -89,13 +89,13 @@ def decide(state: SharingState, reading: GpuReading, reserve_bytes: int | None) 
     return Action.STAY, SharingState(GpuMode.SHARED, absent_checks=absent)
 
 
-def reading_from_snapshot(snapshot: GpuSnapshot, index: int, own_pid: int) -> GpuReading:
-    """The other processes of device `index` in an NVML snapshot (none where there is no GPU).
+def reading_from_snapshot(snapshot: GpuSnapshot, uuid: str, own_pid: int) -> GpuReading:
+    """The other processes of the device with this UUID in an NVML snapshot (none where there is no GPU).
 
     Where the driver does not say what a process holds (e.g. MIG), the others are taken to hold
     everything in use on the device but what the trainer holds -- never less than they might.
     """
-    device = next((d for d in snapshot.devices if d.index == index), None)
+    device = next((d for d in snapshot.devices if d.uuid == uuid), None)
     if not snapshot.available or device is None:
         return GpuReading(others=0, others_bytes=0)
     others = [p for p in device.processes if p.pid != own_pid]
@@ -136,18 +136,20 @@ class GpuWatch:
         reader: GpuReader | None = None,
         enabled: bool | None = None,
     ) -> GpuWatch:
-        """The watch of a line on `device`: enabled on CUDA only, reading NVML for that device.
+        """The watch of a line on `device`: enabled on CUDA only, reading NVML for that device,
+        found by the UUID CUDA reports for it (CUDA's index is not NVML's under
+        CUDA_VISIBLE_DEVICES: the supervisor's trainer sees its leased GPU as cuda:0).
 
         `reader` and `enabled` replace the NVML reading and the device-kind condition (tests drive a
         CPU line through the sharing paths with them).
         """
         reserve_bytes = config.guards.share_reserve_bytes
         if reader is None:
-            index = device.index if device.index is not None else 0
+            uuid = cuda_uuid(device) if device.type == "cuda" else ""
             pid = os.getpid()
 
             def reader() -> GpuReading:
-                return reading_from_snapshot(gpu_snapshot(), index, pid)
+                return reading_from_snapshot(gpu_snapshot(), uuid, pid)
 
         if enabled is None:
             enabled = device.type == "cuda"
@@ -166,6 +168,13 @@ class GpuWatch:
         self.last_reading = reading
         self._last_checked = update
         return action, reading
+
+
+def cuda_uuid(device: torch.device) -> str:
+    """NVML's UUID (`GPU-...`) of a CUDA device of this process."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    uuid = str(torch.cuda.get_device_properties(index).uuid)  # CUDA's form has no `GPU-` prefix
+    return uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
 
 
 def unshareable_lengths_problem(config: RunConfig, source: str = "run.json") -> str | None:

@@ -58,6 +58,7 @@ Decoding (what `nsconsole sample` and `chat` use; a family has it when its class
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -202,41 +203,163 @@ def recompute_saves_memory(tensor: torch.Tensor) -> bool:
     return torch.is_grad_enabled() and (tensor.is_cuda or _RECOMPUTE_OFF_CUDA[0])
 
 
+LOSS_CHUNK_TOKENS = 2048
+"""Tokens per piece of `chunked_token_losses`: at vocab 65,536 a piece's bf16 logits are 256 MiB."""
+
+
+def compute_dtype(tensor: torch.Tensor) -> torch.dtype:
+    """The dtype a matrix product of `tensor` runs in here: autocast's where autocast is on for the
+    tensor's device, else the tensor's own."""
+    device = tensor.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else tensor.dtype
+
+
+def linear_logits(hidden: torch.Tensor, weight: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+    """(..., D) hidden states, a (V, D) output matrix -> (..., V) logits `hidden @ weight.T`
+    (times `scale` where given): the head every family's loss and `logits` share."""
+    logits = hidden @ weight.T
+    return logits if scale is None else logits * scale
+
+
 def chunked_token_losses(
-    head: Callable[[torch.Tensor], torch.Tensor],
     hidden: torch.Tensor,
+    weight: torch.Tensor,
     targets: torch.Tensor,
-    chunk_tokens: int = 2048,
+    scale: float | None = None,
+    chunk_tokens: int = LOSS_CHUNK_TOKENS,
 ) -> torch.Tensor:
-    """`token_losses(head(hidden), targets)` a chunk of tokens at a time: (B, T, D) hidden states,
-    a map (..., n, D) -> (..., n, V) logits, (B, T) targets -> (B, T) float32 cross-entropy
-    (in one piece where `recompute_saves_memory` says no).
+    """`token_losses(linear_logits(hidden, weight, scale), targets)` without the logits of every
+    token at once: (B, T, D) hidden states, (V, D) output matrix, (B, T) targets -> (B, T) loss.
 
-    Under autograd each chunk runs in a non-reentrant checkpoint, so the backward keeps only the
-    hidden states and recomputes a chunk's logits when it gets there: at vocab 65,536 the logits
-    and their fp32 log-softmax are 384 KB a token, the largest activation of a large model, and
-    a few chunks' worth is all that ever exists at once. The output map runs twice (about a tenth
-    more of a 1B model's FLOPs).
+    On CUDA (and on the CPU inside `recompute_off_cuda`) the loss is taken `chunk_tokens` tokens at
+    a time by `_ChunkedLinearCrossEntropy`: each piece's logits are made, reduced to a loss and a
+    log-sum-exp, and dropped; the backward makes them again a piece at a time and turns them into
+    the piece's logit gradients in one fused pass. At vocab 65,536 the whole logits and their fp32
+    softmax would be 384 KB a token, the largest activation of a 2B model (8 rows of 4K: 12 GiB,
+    twice over with their gradient); here the hidden states, the output matrix in the products'
+    dtype and one float per token are kept. The output matrix runs once more in the backward
+    (about 3 % more of a 2B model's FLOPs). The loss is float32 (float64 for float64 inputs). On a
+    CPU outside `recompute_off_cuda` the loss is taken in one piece by `token_losses`: the CPU
+    presets are small and this is their exact reference (`forward` equals
+    `token_losses(logits(x), y)` bit for bit there).
     """
-    from torch.utils.checkpoint import checkpoint
-
+    if not (hidden.is_cuda or _RECOMPUTE_OFF_CUDA[0]):
+        return token_losses(linear_logits(hidden, weight, scale), targets)
+    if chunk_tokens <= 0:
+        raise ValueError(f"chunked_token_losses: chunk_tokens must be positive, got {chunk_tokens}")
     batch, length, width = hidden.shape
-    flat_hidden, flat_targets = hidden.reshape(batch * length, width), targets.reshape(batch * length)
+    losses = _ChunkedLinearCrossEntropy.apply(
+        hidden.reshape(batch * length, width), weight, targets.reshape(batch * length), scale, chunk_tokens
+    )
+    return losses.view(batch, length)
 
-    def chunk_losses(chunk_hidden: torch.Tensor, chunk_targets: torch.Tensor) -> torch.Tensor:
-        return token_losses(head(chunk_hidden.unsqueeze(0)), chunk_targets.unsqueeze(0)).squeeze(0)
 
-    if not recompute_saves_memory(hidden):
-        return token_losses(head(hidden), targets)
-    pieces = []
-    for chunk_hidden, chunk_targets in zip(flat_hidden.split(chunk_tokens), flat_targets.split(chunk_tokens)):
-        if torch.is_grad_enabled():
-            # No random numbers in the head: no RNG state to stash (or to read inside a capture).
-            pieces.append(checkpoint(chunk_losses, chunk_hidden, chunk_targets, use_reentrant=False,
-                                     preserve_rng_state=False))  # fmt: skip
-        else:
-            pieces.append(chunk_losses(chunk_hidden, chunk_targets))
-    return torch.cat(pieces).view(batch, length)
+def _wide(logits: torch.Tensor, scale: float | None) -> torch.Tensor:
+    """Logits in at least float32, scaled."""
+    wide = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    return wide if scale is None else wide * scale
+
+
+def _piece_losses(
+    logits: torch.Tensor, targets: torch.Tensor, scale: float | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(n, V) logits, (n,) targets -> (n,) cross-entropy (0 where ignored) and (n,) log-sum-exp."""
+    wide = _wide(logits, scale)
+    lse = torch.logsumexp(wide, dim=-1)
+    picked = wide.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    return torch.where(targets == IGNORE_INDEX, torch.zeros_like(lse), lse - picked), lse
+
+
+def _piece_logit_grads(
+    logits: torch.Tensor,
+    lse: torch.Tensor,
+    targets: torch.Tensor,
+    grad_losses: torch.Tensor,
+    scale: float | None,
+) -> torch.Tensor:
+    """d loss / d logits of a piece, in the logits' dtype: `(softmax - onehot) * grad * scale`,
+    zero on ignored rows (their loss is a constant 0)."""
+    wide = _wide(logits, scale)
+    classes = torch.arange(wide.shape[-1], device=wide.device)
+    onehot = (classes == targets.unsqueeze(-1)).to(wide.dtype)
+    row_grad = torch.where(targets == IGNORE_INDEX, torch.zeros_like(grad_losses), grad_losses).to(wide.dtype)
+    grads = (torch.exp(wide - lse.unsqueeze(-1)) - onehot) * row_grad.unsqueeze(-1)
+    return (grads if scale is None else grads * scale).to(logits.dtype)
+
+
+@functools.cache
+def _compiled(function: Callable[..., Any]) -> Callable[..., Any]:
+    """`function` through torch.compile for CUDA pieces: each is one fused pass over a piece's logits
+    (eagerly the casts, exp, subtraction and products are a pass each over 2048 x 65,536 values).
+    Static shapes (a piece and the last, shorter one); inductor's deterministic mode where this
+    torch has it, so that a resumed line compiles the kernels the uninterrupted one did."""
+    import torch._inductor.config as inductor_config
+
+    options = {"deterministic": True} if hasattr(inductor_config, "deterministic") else {}
+    return torch.compile(function, dynamic=False, options=options)
+
+
+def _on(device: torch.device, function: Callable[..., Any]) -> Callable[..., Any]:
+    return _compiled(function) if device.type == "cuda" else function
+
+
+class _ChunkedLinearCrossEntropy(torch.autograd.Function):
+    """(N, D) hidden, (V, D) weight, (N,) targets -> (N,) cross-entropy, a piece of tokens at a time,
+    the logits recomputed in the backward (see `chunked_token_losses`). The products run in the
+    dtype autocast gives them (the inputs are cast once, not once per piece); the weight's gradient
+    is summed over the pieces in at least float32."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        targets: torch.Tensor,
+        scale: float | None,
+        chunk_tokens: int,
+    ) -> torch.Tensor:
+        dtype = compute_dtype(hidden)
+        piece_losses = _on(hidden.device, _piece_losses)
+        with torch.autocast(hidden.device.type, enabled=False):
+            low_hidden, low_weight = hidden.to(dtype), weight.to(dtype)
+            losses, lses = [], []
+            for piece, piece_targets in zip(low_hidden.split(chunk_tokens), targets.split(chunk_tokens)):
+                loss, lse = piece_losses(piece @ low_weight.T, piece_targets, scale)
+                losses.append(loss)
+                lses.append(lse)
+        ctx.save_for_backward(low_hidden, low_weight, targets, torch.cat(lses))
+        ctx.scale, ctx.chunk_tokens = scale, chunk_tokens
+        ctx.hidden_dtype, ctx.weight_dtype = hidden.dtype, weight.dtype
+        return torch.cat(losses)
+
+    @staticmethod
+    def backward(ctx: Any, grad_losses: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+        low_hidden, low_weight, targets, lse = ctx.saved_tensors
+        want_hidden, want_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        logit_grads = _on(low_hidden.device, _piece_logit_grads)
+        grad_hidden = torch.empty_like(low_hidden) if want_hidden else None
+        grad_weight: torch.Tensor | None = None
+        size = ctx.chunk_tokens
+        with torch.autocast(low_hidden.device.type, enabled=False):
+            for start in range(0, low_hidden.shape[0], size):
+                piece = low_hidden[start : start + size]
+                grads = logit_grads(piece @ low_weight.T, lse[start : start + size], targets[start : start + size],
+                                    grad_losses[start : start + size], ctx.scale)  # fmt: skip
+                if grad_hidden is not None:
+                    torch.mm(grads, low_weight, out=grad_hidden[start : start + size])
+                if want_weight:
+                    part = grads.T @ piece  # (V, D)
+                    if grad_weight is None:
+                        grad_weight = part.to(torch.promote_types(part.dtype, torch.float32))
+                    else:
+                        grad_weight += part
+        return (
+            None if grad_hidden is None else grad_hidden.to(ctx.hidden_dtype),
+            None if grad_weight is None else grad_weight.to(ctx.weight_dtype),
+            None,
+            None,
+            None,
+        )
 
 
 def token_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

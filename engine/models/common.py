@@ -95,10 +95,15 @@ class RotaryEmbedding(nn.Module):
     def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
         """Rotate x of shape (B, H, T, head_dim) by the positions offset .. offset + T - 1."""
         length = x.shape[-2]
-        cos, sin = self.tables(length, offset, x.device, x.dtype)  # (T, hd)
-        half = self.head_dim // 2
-        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rotated * sin
+        return apply_rotary(x, *self.tables(length, offset, x.device, x.dtype))
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x of shape (..., T, head_dim) by (T, head_dim) tables from `RotaryEmbedding.tables`
+    (a function of tensors only, so a compiled layer can take the tables as inputs)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
 
 
 class SwiGLU(nn.Module):

@@ -65,7 +65,7 @@ class BenchResult:
     mfu: float
     """Model FLOPs utilisation: flops_per_token x tokens/s over the measured matmul rate."""
     peak_memory_gib: float | None = None
-    """Peak CUDA memory allocated by the run (None on the CPU)."""
+    """Peak CUDA memory allocated by the run, the CUDA-graph capture's warm-up included (None on the CPU)."""
     top_kernels: list[dict[str, Any]] = field(default_factory=list)
     """With --profile: the kernels (CUDA) or operators (CPU) taking the most time in one update."""
 
@@ -146,14 +146,20 @@ def bench_shape(
     if engine_name == Engine.GRAPH:
         from engine.training.arena import Arena
 
-        step: EagerEngine | GraphEngine = GraphEngine(model, optimizer, rows, seq_len, Arena(target))
+        arena = Arena(target)
+        # After the arena's fill (one block of nearly the whole GPU, allocated and freed) and before
+        # the capture's eager warm-up: the peak is then the step's own (weights, optimizer and the
+        # activations the captured graphs reuse), not only what the replays allocate anew (nothing).
+        torch.cuda.reset_peak_memory_stats(target)
+        step: EagerEngine | GraphEngine = GraphEngine(model, optimizer, rows, seq_len, arena)
     else:
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(target)
         step = EagerEngine(model, optimizer, rows)
     generator = torch.Generator().manual_seed(0)
     windows = torch.randint(0, vocab, (rows * accum, seq_len + 1), generator=generator)
     if cuda:
         windows = windows.pin_memory()
-        torch.cuda.reset_peak_memory_stats(target)
 
     def synchronize() -> None:
         if cuda:

@@ -10,23 +10,29 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import torch
 
+import datalines
 from datalines import open_data_line
 from datalines.errors import DataLineError
+from engine.checkpoints.disk_budget import checkpoints_bytes, next_checkpoint_size, retention_need
 from engine.checkpoints.format import (
     CHECKPOINT_DISK_MARGIN,
-    expected_checkpoint_bytes,
     read_checkpoint_state,
     read_latest,
     verify_line_checkpoints,
 )
 from engine.config.run import RunConfig
 from engine.errors import LineError
+from engine.gpu.devices import gpu_snapshot
+from engine.gpu.placement import PlacementError, device_finding, gpu_candidates
 from engine.gpu.sharing import unshareable_lengths_problem
 from engine.layout import LineLayout, checkpoint_update
 from engine.metrics import METRICS_VERSION, metrics_mismatch
-from engine.models.build import build_model
+from engine.models.build import build_model, line_memory_estimate
+from engine.models.memory_budget import memory_problem
+from engine.ops.cycle_check import current_cycle_finding
 from engine.ops.lines import (
     inspect_data_line,
     model_vocab_size,
@@ -46,6 +52,8 @@ class CheckResult:
     """Whether the check passed."""
     message: str
     """One line: what was checked and found (names the file on a failure)."""
+    warning: bool = False
+    """Passed, but with something to act on before it bites (e.g. checkpoints outgrowing the disk)."""
 
 
 def check_line(root: Path | str, *, verify_checkpoints: bool = True) -> tuple[RunConfig, list[CheckResult]]:
@@ -59,12 +67,16 @@ def check_line(root: Path | str, *, verify_checkpoints: bool = True) -> tuple[Ru
     stages = ", ".join(f"{stage.name}@{stage.seq_len}" for stage in config.plan)
     results = [CheckResult(True, f"run.json: valid ({config.model.preset}; plan {stages})")]
     results += _check_data(layout, config)
+    results += _check_consumption(layout, config)
+    results.append(CheckResult(*current_cycle_finding(layout, config)))
     model = _meta_model(config)
     results.append(_check_heldout_rows(layout, config, model))
     results += _check_lifelong(layout, config)
     results.append(_check_metrics(config))
+    results.append(CheckResult(*device_finding(config.device, gpu_snapshot())))
     results += _check_sharing(config)
-    results.append(_check_disk(layout, config, model))
+    results.append(_check_memory(config, model))
+    results += disk_results(layout, config, model)
     if verify_checkpoints:
         results += _check_checkpoints(layout)
     results.append(_check_rows(layout))
@@ -100,6 +112,21 @@ def _check_data(layout: LineLayout, config: RunConfig) -> list[CheckResult]:
                 CheckResult(True, f"{label}: {path} (vocab {facts.vocab_size} = model's, eos {facts.eos_id})")
             )
     return results
+
+
+def _check_consumption(layout: LineLayout, config: RunConfig) -> list[CheckResult]:
+    """The cycle the line reads next was not consumed by another line (the trainer refuses it)."""
+    from datalines.consumption import consumed_refusal, consumer_of
+
+    data = resolve_data_path(layout, config.data.line)
+    latest = read_latest(layout.checkpoints)
+    state = None if latest is None else read_checkpoint_state(layout.checkpoints / latest)
+    position = state.get("position") if state is not None else None
+    cycle = int(position.get("cycle", 0)) if isinstance(position, dict) else 0
+    consumer = consumer_of(data, cycle)
+    if consumer is None or (consumer.line is not None and Path(consumer.line) == layout.root.absolute()):
+        return [CheckResult(True, f"data consumption: cycle {cycle}, the next this line reads, is not another line's")]
+    return [CheckResult(False, consumed_refusal(data, {cycle: consumer}, str(layout.root.absolute())))]
 
 
 def _meta_model(config: RunConfig) -> torch.nn.Module:
@@ -139,6 +166,28 @@ def _check_metrics(config: RunConfig) -> CheckResult:
     return CheckResult(False, metrics_mismatch("run.json", config.metrics))
 
 
+def _check_memory(config: RunConfig, model: torch.nn.Module) -> CheckResult:
+    """The training's memory estimate against the device's (the trainer refuses what cannot fit)."""
+    snapshot = gpu_snapshot()
+    try:
+        gpus = gpu_candidates(config.device, snapshot)
+    except PlacementError:
+        gpus = None  # the device check above fails it; the CPU's figure still says something
+    if gpus is None:
+        device_type, available = "cpu", int(psutil.virtual_memory().available)
+        name = "the CPU (available memory)"
+    else:
+        totals = {device.index: device.memory_total for device in snapshot.devices}
+        device_type, available = "cuda", min(totals[gpu.index] for gpu in gpus)
+        name = f"GPU {gpus[0].index} ({gpus[0].name})" if len(gpus) == 1 else "the smallest of its GPUs"
+    parameters = sum(parameter.numel() for parameter in model.parameters())
+    estimate = line_memory_estimate(config, device_type, parameters)
+    problem = memory_problem(estimate, available, "memory", name)
+    if problem is not None:
+        return CheckResult(False, problem)
+    return CheckResult(True, f"memory: training needs {estimate.describe()}; {name} has {available / GIB:.3g} GiB")
+
+
 def _check_sharing(config: RunConfig) -> list[CheckResult]:
     if config.guards.share_reserve_gb is None:
         return []
@@ -148,27 +197,42 @@ def _check_sharing(config: RunConfig) -> list[CheckResult]:
     return [CheckResult(True, "GPU sharing: every stage's length has a shared shape")]
 
 
-def _check_disk(layout: LineLayout, config: RunConfig, model: torch.nn.Module) -> CheckResult:
-    """Free disk above the guard and room for the next checkpoint (the trainer stops without)."""
+def disk_results(layout: LineLayout, config: RunConfig, model: torch.nn.Module | None = None) -> list[CheckResult]:
+    """Free disk above the guard and room for the next checkpoint (the trainer stops without),
+    then what the checkpoints retention keeps take over the line's life (a warning when the disk
+    cannot hold them). `model`: the line's model, else built on the meta device."""
+    model = model if model is not None else _meta_model(config)
+    parameters = sum(parameter.numel() for parameter in model.parameters())
+    try:
+        data_line = datalines.open_data_line(resolve_data_path(layout, config.data.line))
+    except (LineError, DataLineError) as error:
+        return [CheckResult(False, f"disk: {error}")]
+    size = next_checkpoint_size(
+        layout.checkpoints, config, parameters, len(data_line.tokenizer_json.encode("utf-8"))
+    )
     free = shutil.disk_usage(layout.root).free
     free_gb = free / GIB
     minimum = config.guards.min_free_disk_gb
-    parameters = sum(parameter.numel() for parameter in model.parameters())
-    checkpoint_gb = expected_checkpoint_bytes(layout.checkpoints, parameters) / GIB
+    checkpoint = f"a checkpoint about {size.text}, {size.basis}"
     if free < config.guards.min_free_disk_bytes:  # in bytes, as the trainer's guard compares
-        return CheckResult(
-            False, f"disk: {free_gb:.1f} GiB free at {layout.root}, below guards.min_free_disk_gb {minimum:g}"
-        )
-    if free_gb < CHECKPOINT_DISK_MARGIN * checkpoint_gb:
-        return CheckResult(
+        first = CheckResult(
             False,
-            f"disk: {free_gb:.1f} GiB free at {layout.root}, too little for a checkpoint of this line "
-            f"(about {checkpoint_gb:.2f} GiB, {CHECKPOINT_DISK_MARGIN:g}x needed): the trainer would stop "
-            "before its next one",
+            f"disk: {free_gb:.1f} GiB free at {layout.root}, below guards.min_free_disk_gb {minimum:g}: "
+            "the trainer would stop at its first update",
         )
-    return CheckResult(
-        True, f"disk: {free_gb:.1f} GiB free (minimum {minimum:g}; a checkpoint about {checkpoint_gb:.2f} GiB)"
-    )
+    elif free < CHECKPOINT_DISK_MARGIN * size.bytes:
+        first = CheckResult(
+            False,
+            f"disk: {free_gb:.1f} GiB free at {layout.root}, too little for the next checkpoint ({checkpoint}; "
+            f"{CHECKPOINT_DISK_MARGIN:g}x needed): the trainer would not start",
+        )
+    else:
+        first = CheckResult(True, f"disk: {free_gb:.1f} GiB free (minimum {minimum:g}; {checkpoint})")
+    need = retention_need(config, size, data_line.cycle_tokens, data_line.last_cycle())
+    shortfall = need.shortfall(free + checkpoints_bytes(layout.checkpoints))
+    if shortfall is None:
+        return [first, CheckResult(True, f"disk retention: {need.describe()}; it fits")]
+    return [first, CheckResult(True, f"disk retention: {need.describe()}; {shortfall}", warning=True)]
 
 
 def _check_rows(layout: LineLayout) -> CheckResult:

@@ -63,7 +63,9 @@ def expected_fork_position(
     stage_tokens = int(position.get("stage_tokens", 0))
     plan = trunk.plan
     seq_len = plan[min(stage, len(plan) - 1)].seq_len
-    data_now = trunk_data.cycle_start_tokens(int(position.get("cycle", 0))) + int(position.get("sample", 0)) * seq_len
+    # The cycle's reads at earlier lengths count too (a stage changed length inside it: Position.earlier).
+    earlier = sum(int(length) * int(read) for length, read in position.get("earlier", []))
+    data_now = trunk_data.cycle_start_tokens(int(position.get("cycle", 0))) + earlier + int(position.get("sample", 0)) * seq_len
     ahead = max(0, trunk_data.cycle_start_tokens(cycle + 1) - data_now)
     tokens_trained = int(position.get("tokens_trained", 0)) + ahead
     # The trainer ends a stage before the cycle when both end at one update, as here.

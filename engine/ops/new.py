@@ -26,6 +26,8 @@ from engine.config.run import (
     StageConfig,
 )
 from engine.errors import LineError
+from engine.gpu.devices import gpu_snapshot
+from engine.gpu.placement import device_finding
 from engine.layout import LineLayout
 from engine.models import presets
 from engine.ops.lines import inspect_data_line, model_vocab_size
@@ -51,6 +53,8 @@ class NewLineOptions:
     """The trunk's sequence length (None: the default, 4096)."""
     overrides: dict[str, Any] = field(default_factory=dict)
     """Preset overrides."""
+    device: str = "auto"
+    """run.json's `device`; refused unless it names a device of this host (`engine/gpu/placement.py`)."""
 
 
 def _check_preset_name(preset: str) -> None:
@@ -63,6 +67,15 @@ def _check_preset_name(preset: str) -> None:
 def _preset_has_field(config: RunConfig, name: str) -> bool:
 
     return hasattr(presets.preset_config(config.model.preset, config.model.overrides), name)
+
+
+def _refuse_consumed(data: Path) -> None:
+    """A data line another line has consumed cycles of would keep a new line waiting forever."""
+    from datalines.consumption import consumed_cycles, consumed_refusal
+
+    consumed = consumed_cycles(data)
+    if consumed:
+        raise LineError(consumed_refusal(data, consumed, "a new line"))
 
 
 def default_tokens_per_update(seq_len: int) -> int:
@@ -79,6 +92,7 @@ def new_line(root: Path | str, options: NewLineOptions) -> RunConfig:
         raise LineError(f"{layout.root}: exists and is not a directory")
     _check_preset_name(options.preset)
     data = inspect_data_line(options.data.absolute())
+    _refuse_consumed(data.path)
     seq_len = options.seq_len or DEFAULT_SEQ_LEN
     config = RunConfig(
         model=ModelConfig(options.preset, dict(options.overrides)),
@@ -91,6 +105,7 @@ def new_line(root: Path | str, options: NewLineOptions) -> RunConfig:
             else default_tokens_per_update(seq_len)
         ),
         optimizer=OptimizerConfig(weight_decay_batch=options.weight_decay_batch),
+        device=options.device,
         ema=(
             EMAConfig(options.ema_horizon_tokens, options.ema_horizon_tokens)
             if options.ema_horizon_tokens is not None
@@ -101,6 +116,9 @@ def new_line(root: Path | str, options: NewLineOptions) -> RunConfig:
         config.lr = LRConfig(peak=options.peak_lr)
     source = str(layout.run_json)
     config.validate(source=source)
+    usable, finding = device_finding(config.device, gpu_snapshot(), source)
+    if not usable:
+        raise LineError(finding)
     # The model's vocabulary follows the data line's tokenizer unless the user overrode it.
     follows_data = "vocab_size" not in options.overrides
     if follows_data and model_vocab_size(config) != data.vocab_size:

@@ -18,6 +18,7 @@ from engine.errors import LineError
 from engine.layout import LineLayout, checkpoint_update
 from engine.ops.lines import open_line
 from engine.ops.stop import StopRequest, read_stop
+from engine.protocol.facts import FINAL_LINE_STATES, LineState
 from engine.wandb.state import WandbRunState
 
 TAIL_BLOCK_BYTES = 64 * 1024
@@ -59,6 +60,9 @@ class LineStatus:
     """The newest row of a validating update (None: no validation in rows.jsonl yet)."""
     wandb: WandbRunState | None = None
     """The line's W&B run (wandb_run.json; None when there is none yet)."""
+    gpu: str | None = None
+    """The GPU the line's supervisor leased, or the leases it waits for (supervisor.json; None: no
+    supervisor has run it, or it trains on the CPU)."""
 
 
 def line_status(root: Path | str, rows: int = 5, now: float | None = None) -> LineStatus:
@@ -79,6 +83,7 @@ def line_status(root: Path | str, rows: int = 5, now: float | None = None) -> Li
         status.stop = read_stop(layout)
     except LineError as error:
         status.problems.append(str(error))
+    status.gpu = gpu_summary(read_supervisor_json(layout, status))
     status.disk_bytes = directory_bytes(layout.root)
     status.last_validation = read_last_validation(layout.rows_jsonl)
     if layout.wandb_run_json.exists():
@@ -87,6 +92,37 @@ def line_status(root: Path | str, rows: int = 5, now: float | None = None) -> Li
         except LineError as error:
             status.problems.append(str(error))
     return status
+
+
+def read_supervisor_json(layout: LineLayout, status: LineStatus) -> dict[str, Any]:
+    """supervisor.json as its last supervisor left it ({} when there is none; a problem when unreadable)."""
+    try:
+        document = json.loads(layout.supervisor_json.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as error:
+        status.problems.append(f"{layout.supervisor_json}: unreadable ({error})")
+        return {}
+    return document if isinstance(document, dict) else {}
+
+
+def gpu_summary(supervisor: dict[str, Any]) -> str | None:
+    """One line on the line's GPU from supervisor.json: the GPU leased (NVML's index and UUID: the
+    physical GPU, whatever CUDA_VISIBLE_DEVICES), or who holds the leases it waits for."""
+    holders = supervisor.get("gpu_holders")
+    if supervisor.get("state") == LineState.WAITING_GPU and supervisor.get("gpu_index") is None and holders:
+        held = ", ".join(f"GPU {record.get('gpu')} by {record.get('line') or 'pid ' + str(record.get('pid'))}"
+                         for record in holders if isinstance(record, dict))  # fmt: skip
+        return f"waiting for a lease (held: {held})"
+    index = supervisor.get("gpu_index")
+    if not isinstance(index, int):
+        return None
+    gpu = f"GPU {index} ({supervisor.get('gpu_uuid') or 'UUID unknown'})"
+    if supervisor.get("state") in FINAL_LINE_STATES:
+        return f"{gpu}, its last lease"
+    if supervisor.get("state") == LineState.WAITING_GPU:
+        return f"{gpu}, leased; waiting for other processes to leave it"
+    return gpu
 
 
 def read_last_validation(path: Path, limit: int = VALIDATION_SCAN_BYTES) -> dict[str, Any] | None:

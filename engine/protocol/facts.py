@@ -74,6 +74,8 @@ class Stage(_Fact):
     """A length's first eager update on CUDA, where its compiled kernels are built."""
     PROBING = "probing"
     """One row of each validation probe, before a capture (a failing probe stops the line now)."""
+    DREAMING = "dreaming"
+    """PSSA dreaming after an update (run.json `dreaming`): guarded rehearsal on the output head."""
     WAITING_DATA = "waiting-data"
     """Waiting for the data preparer to make the next cycle ready (`cycle` says which)."""
     STOPPED = "stopped"

@@ -257,7 +257,9 @@ def encode(message: dict[str, Any]) -> bytes:
         text = json.dumps(message, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except ValueError:
         text = json.dumps(_finite(message), separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    line = text.encode() + b"\n"
+    # A lone surrogate (a path's non-UTF-8 byte, as os.fsdecode gives it) can only sit in a string:
+    # written as its JSON escape (\udcff), it reads back as the same str instead of failing the reply.
+    line = text.encode("utf-8", "backslashreplace") + b"\n"
     if len(line) > MAX_LINE_BYTES:
         raise ProtocolError(REPLY_TOO_LARGE, f"message would exceed {MAX_LINE_BYTES} bytes; ask for less")
     return line
@@ -416,9 +418,10 @@ class RequestLog:
                 entry = _Entry(str(record.get("digest", "")))
                 if isinstance(record.get("error"), dict):
                     error = record["error"]
-                    entry.outcome.set_exception(
-                        ProtocolError(int(error.get("code", REFUSED)), str(error.get("message", "")))
-                    )
+                    code = error.get("code")
+                    # A hand-edited or damaged code replays as a refusal; it must not stop the start.
+                    known = isinstance(code, int) and not isinstance(code, bool) and abs(code) < 2**31
+                    entry.outcome.set_exception(ProtocolError(code if known else REFUSED, str(error.get("message", ""))))
                 else:
                     entry.outcome.set_result(record.get("result"))
                 self._entries[record["request_id"]] = entry

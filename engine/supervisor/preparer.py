@@ -91,16 +91,31 @@ class PreparerKeeper:
     def _watch_retries(self) -> None:
         status = self._status()
         retries = status.get("consecutive_failures")
-        if not isinstance(retries, int):
-            return
-        if retries == 0:
+        if self._process is None or not self._written_by(status, self._process.pid) or not isinstance(retries, int):
+            return  # an earlier process's status (this one has not written its own yet)
+        if self._did_work(status):
             self._exits_in_a_row = 0
             self._told_failing = False
         elif retries >= FAILING_AFTER:
             last_error = status.get("last_error")
             self._tell_failing(f"the data preparer has failed {retries} times in a row: {last_error}")
 
+    @staticmethod
+    def _written_by(status: dict[str, Any], pid: int | None) -> bool:
+        """The status is that process's (one without a pid, from a stand-in preparer, is taken as such)."""
+        return status.get("pid") in (None, pid)
+
+    @staticmethod
+    def _did_work(status: dict[str, Any]) -> bool:
+        """The running preparer has shown a good run: the cycles wanted are ready, or it made one.
+        Its first statuses (`starting`, `preparing` with no failure yet) are no such proof: a
+        preparer that crashes after them every time must be backed off and reported."""
+        prepared = status.get("prepared")
+        made_one = isinstance(prepared, int) and prepared > 0 and status.get("consecutive_failures") == 0
+        return status.get("state") in ("ready", "finished") or made_one
+
     def _exited(self, code: int) -> None:
+        pid = self._process.pid if self._process is not None else None
         self._process = None
         if code == 0:
             self._finished = True
@@ -108,7 +123,10 @@ class PreparerKeeper:
             return
         self._exits_in_a_row += 1
         delay = min(self.restart_delay * 2 ** (self._exits_in_a_row - 1), MAX_RESTART_DELAY_S)
-        last_error = self._status().get("last_error")
+        status = self._status()
+        # A crash (a traceback, a kill) leaves no status of its own: its log's last line says more.
+        last_error = status.get("last_error") if self._written_by(status, pid) else None
+        last_error = last_error or last_log_line(self.data_path / LOG_NAME) or "no message"
         self.say(f"the data preparer exited with status {code} ({last_error}); restarting in {delay:g} s")
         self._next_start = time.monotonic() + delay
         if self._exits_in_a_row >= FAILING_AFTER:
@@ -161,3 +179,15 @@ class PreparerKeeper:
         except DataLineError:
             return {}
         return status if isinstance(status, dict) else {}
+
+
+def last_log_line(log: Path) -> str | None:
+    """The last non-empty line of preparer.log (a crash's exception), or None."""
+    try:
+        with open(log, "rb") as handle:
+            handle.seek(max(0, os.fstat(handle.fileno()).st_size - 4096))
+            tail = handle.read().decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    lines = [line.strip() for line in tail.splitlines() if line.strip()]
+    return lines[-1][:500] if lines else None

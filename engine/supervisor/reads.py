@@ -132,7 +132,8 @@ def read_log_chunk(run_log: Path, offset: int, length: int) -> dict[str, Any]:
     try:
         with open(run_log, "rb") as handle:
             size = os.fstat(handle.fileno()).st_size
-            handle.seek(offset)
+            # Past the end reads nothing (a seek past the filesystem's largest offset would fail).
+            handle.seek(min(offset, size))
             chunk = handle.read(min(length, max(0, size - offset)))
     except FileNotFoundError:
         size, chunk = 0, b""

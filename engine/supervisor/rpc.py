@@ -191,6 +191,10 @@ class SupervisorView(Protocol):
 
     def between_launches(self, work: PausedWork) -> dict[str, Any]: ...
 
+    def save_requests(self) -> None: ...
+
+    def placed_environment(self) -> dict[str, str] | None: ...
+
 
 class LineHandler:
     """The supervisor's RPC methods (see `engine/protocol/wire.py` for their parameters)."""
@@ -198,6 +202,10 @@ class LineHandler:
     def __init__(self, supervisor: SupervisorView) -> None:
         self.supervisor = supervisor
         self.request_log = supervisor.request_log
+
+    def requests_changed(self) -> None:
+        """A mutation was applied (or refused): its request_id reaches supervisor.json before the reply."""
+        self.supervisor.save_requests()
 
     def status(self) -> dict[str, Any]:
         return self.supervisor.state_for_status()
@@ -269,7 +277,7 @@ class LineHandler:
             config.guards.shared_tune_reserve_bytes(str(layout.run_json), "a shared tune")
         return self.supervisor.between_launches(
             PausedWork("tune", LineState.TUNING, EventKind.TUNED, EventKind.TUNE_FAILED,
-                       lambda: tune_in_child(layout, shared), needs_gpu=True)
+                       lambda: tune_in_child(layout, shared, self.supervisor.placed_environment()), needs_gpu=True)
         )
 
     def _request_path(self, text: str) -> Path:
@@ -295,16 +303,19 @@ def check_rollback_target(layout: LineLayout, to: int) -> None:
         raise LineError(f"{target}: not before the line's latest checkpoint ({named}); a rollback goes back")
 
 
-def tune_in_child(layout: LineLayout, shared: bool) -> dict[str, Any]:
+def tune_in_child(layout: LineLayout, shared: bool, env: dict[str, str] | None = None) -> dict[str, Any]:
     """A tune of the line (`engine.supervisor.children tune`) in a child process; the shapes it wrote into run.json.
 
     A child, not this process: the measurement builds the model on the line's device, and a CUDA
     context left in the supervisor would hold GPU memory and count as another process on the GPU.
-    Its table goes to run.log; its one-line error becomes the refusal.
+    Its table goes to run.log; its one-line error becomes the refusal. `env`: the supervisor's
+    placement on the leased GPU (None: this process's environment).
     """
     command = tune_command(layout.root, shared)  # it ends with the supervisor
     with open(layout.run_log, "ab") as run_log:
-        finished = subprocess.run(command, stdin=subprocess.DEVNULL, stdout=run_log, stderr=subprocess.PIPE)
+        finished = subprocess.run(
+            command, stdin=subprocess.DEVNULL, stdout=run_log, stderr=subprocess.PIPE, env=env
+        )
     if finished.returncode != 0:
         errors = finished.stderr.decode("utf-8", errors="replace").strip().splitlines()
         refusals = [line[len("nsconsole: "):] for line in errors if line.startswith("nsconsole: ")]

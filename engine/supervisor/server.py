@@ -7,7 +7,8 @@ supervisor's main loop stays plain synchronous code: `publish()` may be called f
 
 Calls other than `hello` and `subscribe` go to a handler object: `handler.<method>(**params)`
 runs in a worker thread (mutations one at a time, in arrival order) and returns a JSON-able
-result. A connection's calls are answered as each is done, not in the order they came: a `status`
+result; after each mutation, before its reply, `handler.requests_changed()` (when the handler has
+one) keeps the request log where the next supervisor finds it. A connection's calls are answered as each is done, not in the order they came: a `status`
 sent behind a rollback or a tune (which replies only once done, minutes later) is answered at
 once, and the JSON-RPC id pairs each reply with its call. While mutations are taken and not yet
 answered, the `status` reply carries them as `under_way`, oldest first (`[{"method", "since"}]`:
@@ -485,9 +486,19 @@ class SupervisorServer:
 
     def _request_log_run(self, request: wire.Request) -> Any:
         assert request.request_id is not None
-        return self.request_log.run(
-            request.request_id, request.method, request.params, lambda: self._call_handler(request)
-        )
+        try:
+            return self.request_log.run(
+                request.request_id, request.method, request.params, lambda: self._call_handler(request)
+            )
+        finally:
+            # Kept before the reply leaves: a client that retries after a supervisor's kill -9 must
+            # find its request_id with the next supervisor, or the mutation is applied twice.
+            persist = getattr(self.handler, "requests_changed", None)
+            if persist is not None:
+                try:
+                    persist()
+                except Exception:  # the mutation is done: its reply goes out even if the record failed
+                    logger.exception("the request log of %s was not kept", request.request_id)
 
     def _call_handler(self, request: wire.Request) -> Any:
         method = getattr(self.handler, request.method, None)

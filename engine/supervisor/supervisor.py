@@ -8,7 +8,9 @@ returns once the detached supervisor answers.
 The supervisor (one per line: an exclusive flock on the line directory):
 
 - launches the trainer (`engine/training/main.py`) with run.log as its output, after taking
-  the GPU lease (`engine/gpu/devices.py`) and handing it to the trainer; the trainer gets SIGTERM, and
+  the GPU lease (`engine/gpu/devices.py`: the first free one of the GPUs run.json's `device` names,
+  `engine/gpu/placement.py`) and handing it to the trainer, which sees that GPU alone, by its UUID,
+  as cuda:0; the trainer gets SIGTERM, and
   so stops at its next update with a checkpoint, if the supervisor dies;
 - watches its heartbeat: none for `guards.watchdog_minutes` -> kill -9 and relaunch
   (`watchdog_restart`); a trainer that does not exit even then -> `stuck`, the supervisor stops;
@@ -40,6 +42,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import signal
 import subprocess
@@ -58,7 +61,8 @@ from engine.atomic import write_text_atomic
 from engine.config.host import HostSettings, load_and_apply
 from engine.config.run import RunConfig
 from engine.errors import LineError
-from engine.gpu.devices import GpuLease
+from engine.gpu.devices import GpuLease, lease_holder, take_free_leases
+from engine.gpu.placement import PhysicalGpu, PlacementError, child_environment
 from engine.layout import LineLayout
 from engine.logrotate import RotatingLog, rotate_if_needed
 from engine.ops import lines as ops
@@ -74,9 +78,10 @@ from engine.protocol.facts import (
 )
 from engine.protocol.wire import PROTOCOL_VERSION, RequestLog
 from engine.supervisor import registry
+from engine.supervisor.child import clear_exits, group_exit
 from engine.supervisor.detach import foreground_argv, gather_logind_facts, logind_refusal, spawn_detached
 from engine.supervisor.forks import ForkQueue, QueuedFork, branched_from
-from engine.supervisor.gpu_watch import gpu_index, memory_of_others_on_gpu, processes_on_gpu
+from engine.supervisor.gpu_watch import line_gpus, memory_of_others_on_gpu, processes_on_gpu
 from engine.supervisor.notify import DEFAULT_TIMEOUT_S as NOTIFY_TIMEOUT_S
 from engine.supervisor.notify import make_event, notify_in_background
 from engine.supervisor.preparer import PreparerKeeper
@@ -95,6 +100,7 @@ from engine.supervisor.reads import (
     reload_config,
     supervisor_config,
 )
+from engine.supervisor.reserve import RESERVE_NAME, DiskReserve, is_disk_full
 from engine.supervisor.rpc import LineHandler, PausedWork, RowsTail, is_validation_row
 from engine.supervisor.server import SupervisorServer
 from engine.supervisor.verdict import ExitContext, TrainerExit, judge_exit
@@ -165,7 +171,14 @@ class SupervisorState:
     crashes_beside_others: int = 0
     """Crashes in a row without progress while other processes were on the GPU (not failures)."""
     gpu_index: int | None = None
-    """The GPU whose lease the line takes (None: trains on the CPU)."""
+    """The GPU of the line's lease, NVML's index: held by its trainer, or its last one between two
+    launches (None: on the CPU, or waiting for a lease)."""
+    gpu_uuid: str | None = None
+    """That GPU's UUID: the trainer's CUDA_VISIBLE_DEVICES (`engine/gpu/placement.py`)."""
+    gpu_candidates: list[int] | None = None
+    """The GPUs run.json's `device` lets the line lease, in the order it tries them (None: the CPU)."""
+    gpu_holders: list[dict[str, Any]] = field(default_factory=list)
+    """While it waits for a lease: who holds each candidate's (`gpu`, `uuid`, `line`, `pid`)."""
     last_exit: dict[str, Any] | None = None
     """The trainer's last exit: code, signal, seconds it ran, newest checkpoint."""
     last_event: dict[str, Any] | None = None
@@ -189,12 +202,15 @@ class Supervisor:
         self._stop_signal: int | None = None
         self._stop_asked = False  # a stop came over the socket: the clean exit it brings is a stop
         self._log = RotatingLog(self.layout.run_log)
+        self._reserve = DiskReserve(self.layout.root / RESERVE_NAME)  # its last words on a full disk
         self._heartbeat_seen: bytes | None = None
         self._echo_offset = 0
         self._notify_command: str | None = None
         self._server: SupervisorServer | None = None
         self._notifying: list[threading.Thread] = []  # joined at exit: the last event is often the news
         self._config: RunConfig | None = None
+        self._gpus: list[PhysicalGpu] | None = None  # the GPUs `device` may lease (None: the CPU)
+        self._placed: list[PhysicalGpu] = []  # the GPUs leased for the current (or last) launch, rank 0's first
         self._need_free_gpu = False  # relaunch only once no other process is on the GPU ...
         self._others_may_stay = False  # ... or, after a launch that progressed, once they fit the reserve
         self._preparer: PreparerKeeper | None = None
@@ -241,6 +257,10 @@ class Supervisor:
         when = "at the next update" if at_cycle_end is None else f"at the end of cycle {at_cycle_end}"
         self._say(f"stop requested {when}")
 
+    def save_requests(self) -> None:
+        """Write supervisor.json now: a mutation's request_id is there before its reply is sent."""
+        self._save()
+
     def between_launches(self, work: PausedWork) -> dict[str, Any]:
         """Do `work` with the trainer stopped and relaunch it after; its result (blocks until done).
 
@@ -260,12 +280,19 @@ class Supervisor:
         finally:
             work.answered.set()
 
+    def placed_environment(self) -> dict[str, str] | None:
+        """The environment of a process that works on the line's device (the trainer, a tune): only
+        the GPU leased, by UUID, as its cuda:0 (`engine.gpu.placement.child_environment`); None
+        (this process's own) on the CPU."""
+        return None if self._gpus is None or not self._placed else child_environment(self._placed)
+
     # ---- life -----------------------------------------------------------------------------------
 
     def run(self) -> int:
         """Supervise until the line ends, fails or is stopped; the exit status."""
         line_lock = lock_line(self.layout)
         try:
+            self._reserve.make()
             self._config = supervisor_config(self.layout)
             self._notify_command = HostSettings.load().notify
             previous = read_json(self.layout.supervisor_json) or {}
@@ -274,7 +301,14 @@ class Supervisor:
             self.forks.restore(previous.get("queued_forks"))
             self.state.crashes = self._crashes_before(previous)
             self._parent = branched_from(self.layout)
-            self.state.gpu_index = gpu_index(self._config.device)
+            try:
+                self._gpus = line_gpus(self._config.device)
+            except PlacementError as error:
+                raise LineError(f"{self.layout.run_json}: {error}") from None
+            self.state.gpu_candidates = None if self._gpus is None else [gpu.index for gpu in self._gpus]
+            if self._gpus is not None and self._degree() > len(self._gpus):
+                raise LineError(f"{self.layout.run_json}: parallel.degree {self._degree()} needs as many GPUs, but "
+                                f"device {self._config.device} names {len(self._gpus)}")
             if self.settings.run_preparer:
                 self._preparer = PreparerKeeper(
                     ops.resolve_data_path(self.layout, self._config.data.line),
@@ -355,21 +389,21 @@ class Supervisor:
             self._pump()
             if self._stopping or pending_stop_now(self.layout):
                 return self._end_without_trainer()
-            lease = None
-            if self.state.gpu_index is not None:
-                lease = self._take_gpu(self.state.gpu_index)
-                if lease is None:  # a stop came while it waited
+            leases: list[GpuLease] = []
+            if self._gpus is not None:
+                taken = self._take_gpus(self._gpus, self._degree())
+                if taken is None:  # a stop came while it waited
                     return self._end_without_trainer()
-                if self._need_free_gpu and not self._wait_for_free_gpu(self.state.gpu_index):
-                    lease.release()
+                leases = taken
+                if self._need_free_gpu and not all(self._wait_for_free_gpu(lease.index) for lease in leases):
+                    release_all(leases)
                     return self._end_without_trainer()
                 self._need_free_gpu = self._others_may_stay = False
             self._do_paused_work(gpu_ready=True)
             if self._stopping or pending_stop_now(self.layout):
-                if lease is not None:
-                    lease.release()
+                release_all(leases)
                 return self._end_without_trainer()
-            outcome = self._run_trainer(lease)
+            outcome = self._run_trainer(leases)
             verdict = self._judge(outcome)
             if verdict is not None:
                 return verdict
@@ -378,24 +412,50 @@ class Supervisor:
 
     # ---- one launch -----------------------------------------------------------------------------
 
-    def _take_gpu(self, index: int) -> GpuLease | None:
-        """The GPU's lease, waited for as long as another line holds it; None if a stop comes first."""
-        lease = GpuLease(index, self.layout.root)
+    def _take_gpus(self, gpus: list[PhysicalGpu], count: int) -> list[GpuLease] | None:
+        """The leases of the first `count` free GPUs of `gpus` (one per rank of `parallel.degree`),
+        waited for as long as other lines hold too many of them (none is held meanwhile:
+        `take_free_leases`); None if a stop comes first. The GPUs trained on before are tried first,
+        and after a launch that left its GPU to other processes, the GPUs with none on them are (an
+        `auto` line moves rather than waits); no line has priority over another."""
         waited_since = time.monotonic()
         told = False
-        while not lease.try_acquire():
-            if self.state.state != LineState.WAITING_GPU:
-                self._set(state=LineState.WAITING_GPU)
-                self._say(f"waiting for GPU {index}: another line holds its lease")
+        said: list[tuple[int, str]] | None = None
+        while True:
+            order = self._lease_order(gpus)
+            taken = take_free_leases([GpuLease(gpu.index, self.layout.root, gpu.uuid) for gpu in order], count)
+            if taken is not None:
+                by_index = {gpu.index: gpu for gpu in gpus}
+                self._placed = [by_index[lease.index] for lease in taken]
+                self._set(gpu_index=taken[0].index, gpu_uuid=taken[0].uuid, gpu_holders=[])
+                return taken
+            # A lease freed since the try above is left out: the next try takes it.
+            holders = [(gpu, holder) for gpu in gpus if (holder := lease_holder(gpu.index)) is not None]
+            held_by = [(gpu.index, holder.line or f"pid {holder.pid}") for gpu, holder in holders]
+            records = [{"gpu": gpu.index, "uuid": gpu.uuid, "line": holder.line, "pid": holder.pid}
+                       for gpu, holder in holders]  # fmt: skip
+            what = f"GPU {gpus[0].index}" if len(gpus) == 1 else "a GPU" if count == 1 else f"{count} GPUs"
+            if self.state.state != LineState.WAITING_GPU or held_by != said:
+                self._set(state=LineState.WAITING_GPU, gpu_index=None, gpu_uuid=None, gpu_holders=records)
+                taken_by = ", ".join(f"GPU {index} by {line}" for index, line in held_by)
+                self._say(f"waiting for {what}: leases held ({taken_by})")
+                said = held_by
             if not told and time.monotonic() - waited_since > self._watchdog_seconds():
-                self._event(EventKind.GPU_WAIT, f"waiting for GPU {index} longer than the watchdog interval")
+                self._event(EventKind.GPU_WAIT, f"waiting for {what} longer than the watchdog interval")
                 told = True
             self._pump()
             self._do_paused_work(gpu_ready=False)
             if self._stopping or pending_stop_now(self.layout):
                 return None
             time.sleep(self.settings.poll_seconds)
-        return lease
+
+    def _lease_order(self, gpus: list[PhysicalGpu]) -> list[PhysicalGpu]:
+        """`gpus` in the order to try their leases (see `_take_gpus`)."""
+        def rank(gpu: PhysicalGpu) -> tuple[bool, bool]:
+            busy = self._need_free_gpu and bool(processes_on_gpu(gpu.index, exclude=()))
+            return busy, gpu not in self._placed
+
+        return sorted(gpus, key=rank) if len(gpus) > 1 else gpus
 
     def _wait_for_free_gpu(self, index: int) -> bool:
         """Wait (holding the lease) until no process is on the GPU -- or, where the trainer left
@@ -427,39 +487,74 @@ class Supervisor:
         held = memory_of_others_on_gpu(index)
         return reserve is not None and held is not None and held <= reserve
 
-    def _run_trainer(self, lease: GpuLease | None) -> TrainerExit:
+    def _run_trainer(self, leases: list[GpuLease]) -> TrainerExit:
         self._wait_for_an_earlier_trainer()
         self._config = reload_config(self.layout, self._config)
         rotate_if_needed(self.layout.run_log)
         checkpoint_before = latest_update(self.layout)
-        program = self.settings.trainer_command or [sys.executable, "-m", "engine.training.main"]
-        argv = [*program, str(self.layout.root), "--parent", str(os.getpid())]
-        argv += ["--engine", self.settings.engine]
-        if self.settings.stop_at is not None:
-            argv += ["--stop-at", str(self.settings.stop_at)]
+        argv = self._trainer_argv()
+        clear_exits(self.layout.root)
         output = os.open(self.layout.run_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
             trainer = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
-                pass_fds=() if lease is None else (lease.fileno(),), close_fds=True,
+                pass_fds=tuple(lease.fileno() for lease in leases), close_fds=True,
+                env=self.placed_environment(),
             )
         finally:
             os.close(output)
-        if lease is not None:
+        for lease in leases:
             lease.record_holder(trainer.pid)
-            lease.release()  # the trainer holds it now, for exactly its life
+            lease.release()  # the trainer (torchrun and its ranks) holds it now, for exactly its life
         launched = time.time()
         self._set(state=LineState.TRAINING, trainer_pid=trainer.pid, launches=self.state.launches + 1,
                   trainer_launched=launched)
         self._say(f"trainer launched (pid {trainer.pid}, launch {self.state.launches})")
         self._publish_event(EventKind.LAUNCHED, f"trainer launched (pid {trainer.pid})")
         outcome = self._watch(trainer, launched)
+        if self._degree() > 1 and outcome.code not in (0, None) and not outcome.killed_by_watchdog:
+            # torchrun exits 1 whatever its ranks said: the verdict reads the status they left.
+            recorded = group_exit(self.layout.root)
+            outcome.code = outcome.code if recorded is None else recorded
         outcome.progressed = (latest_update(self.layout) or -1) > (checkpoint_before or -1)
         self._pump()
         exit_record = {"code": outcome.code, "ran_seconds": round(outcome.ran_seconds, 3),
                        "latest_checkpoint": latest_update(self.layout), "time": time.time()}
         self._set(trainer_pid=None, trainer_launched=None, last_exit=exit_record)
         return outcome
+
+    def _degree(self) -> int:
+        """The line's `parallel.degree` as last read (1 before run.json is)."""
+        return self._config.parallel.degree if self._config is not None else 1
+
+    def _trainer_argv(self) -> list[str]:
+        """The trainer's command line. At `parallel.degree` N > 1, torchrun starting N ranks of it
+        (`--max-restarts=0`: the supervisor relaunches, from the newest checkpoint, by its verdict;
+        `--shutdown-timeout`: ranks asked to stop may take as long to checkpoint as a trainer
+        alone), exec'd through engine.supervisor.child so that it gets SIGTERM if the supervisor
+        dies; torchrun forwards it to the ranks."""
+        program = self.settings.trainer_command or [sys.executable, "-m", "engine.training.main"]
+        argv = [*program, str(self.layout.root), "--parent", str(os.getpid())]
+        argv += ["--engine", self.settings.engine]
+        if self.settings.stop_at is not None:
+            argv += ["--stop-at", str(self.settings.stop_at)]
+        degree = self._degree()
+        if degree == 1:
+            return argv
+        torchrun = [
+            sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={degree}",
+            "--max-restarts=0", f"--shutdown-timeout={math.ceil(self.settings.stop_wait_seconds)}", "--no-python",
+        ]  # fmt: skip
+        return [sys.executable, "-m", "engine.supervisor.child", str(os.getpid()), "--", *torchrun, *argv]
+
+    def _group_of(self, trainer: subprocess.Popen[bytes]) -> tuple[int, ...]:
+        """The trainer's pid and, at a degree above 1, its ranks' (torchrun's descendants)."""
+        if self._degree() == 1:
+            return (trainer.pid,)
+        try:
+            return (trainer.pid, *(child.pid for child in psutil.Process(trainer.pid).children(recursive=True)))
+        except psutil.Error:
+            return (trainer.pid,)
 
     def _watch(self, trainer: subprocess.Popen[bytes], launched: float) -> TrainerExit:
         stopped_by_us = False
@@ -473,7 +568,7 @@ class Supervisor:
             stop_file_seen = stop_file_seen or pending_stop(self.layout) is not None
             code = trainer.poll()
             if self.state.gpu_index is not None:
-                now_on_gpu = processes_on_gpu(self.state.gpu_index, exclude=(trainer.pid,))
+                now_on_gpu = processes_on_gpu(self.state.gpu_index, exclude=self._group_of(trainer))
                 # At the exit, what was there at the last look before it counts too.
                 others = sorted(set(others) | set(now_on_gpu)) if code is not None else now_on_gpu
             if code is not None:
@@ -502,7 +597,7 @@ class Supervisor:
                 return outcome
             heartbeat = read_json(self.layout.heartbeat)
             last_beat = launched
-            if heartbeat is not None and heartbeat.get("pid") == trainer.pid:
+            if heartbeat is not None and heartbeat.get("pid") in self._group_of(trainer):  # rank 0's in a group
                 last_beat = max(launched, beat_time(heartbeat))
                 if heartbeat.get("stage") != Stage.WAITING_DATA:
                     data_wait_since, told_data_wait = None, False
@@ -523,11 +618,20 @@ class Supervisor:
         if watchdog:
             silence = self._watchdog_seconds()
             self._say(f"no heartbeat for {silence:g} s: killing the trainer (pid {trainer.pid})")
+        # A group's ranks run in sessions of their own, and one stopped or stuck in a collective
+        # answers no SIGTERM torchrun forwards: each is killed, as torchrun is.
+        ranks = [psutil.Process(pid) for pid in self._group_of(trainer)[1:] if psutil.pid_exists(pid)]
         trainer.kill()
+        for rank in ranks:
+            with contextlib.suppress(psutil.Error):
+                rank.kill()
         try:
             code: int | None = trainer.wait(timeout=self.settings.kill_wait_seconds)
         except subprocess.TimeoutExpired:
             code = None
+        _gone, alive = psutil.wait_procs(ranks, timeout=self.settings.kill_wait_seconds)
+        if alive:
+            code = None  # a rank that SIGKILL does not end: the GPU may hang
         ran = time.time() - launched
         return TrainerExit(code, ran, killed_by_watchdog=watchdog, stopped_by_us=stopped_by_us)
 
@@ -601,7 +705,7 @@ class Supervisor:
     def _do_paused_work(self, gpu_ready: bool) -> None:
         """Run the rollback or tune asked for, if any, now that no trainer runs (see `between_launches`)."""
         work = self._paused_work
-        if work is None or (work.needs_gpu and self.state.gpu_index is not None and not gpu_ready):
+        if work is None or (work.needs_gpu and self._gpus is not None and not gpu_ready):
             return
         state_before = self.state.state
         self._set(state=work.state)
@@ -753,7 +857,14 @@ class Supervisor:
 
     def _say(self, message: str) -> None:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
-        self._log.write(f"{stamp} supervisor: {message}\n")
+        line = f"{stamp} supervisor: {message}\n"
+        try:
+            self._log.write(line)
+        except OSError as error:
+            if not (is_disk_full(error) and self._reserve.release()):
+                return  # a full disk loses this line; the supervisor goes on
+            with contextlib.suppress(OSError):
+                self._log.write(line)
 
     def _publish_event(self, kind: str, message: str, **details: Any) -> dict[str, Any]:
         event = {"event": kind, "line": str(self.layout.root), "message": message, "time": time.time()}
@@ -787,13 +898,27 @@ class Supervisor:
                 self.state.requests = self.request_log.export()
                 self.state.queued_forks = queued_forks
                 document = asdict(self.state)
-            write_text_atomic(self.layout.supervisor_json, json.dumps(document, indent=1, default=str) + "\n")
+            text = json.dumps(document, indent=1, default=str) + "\n"
+            try:
+                write_text_atomic(self.layout.supervisor_json, text)
+            except OSError as error:
+                if not is_disk_full(error):
+                    raise
+                # The state must reach the file (`disk-full`, above all): the reserve makes room.
+                if self._reserve.release():
+                    write_text_atomic(self.layout.supervisor_json, text)
 
     def _watchdog_seconds(self) -> float:
         if self.settings.watchdog_seconds is not None:
             return self.settings.watchdog_seconds
         minutes = self._config.guards.watchdog_minutes if self._config is not None else 30.0
         return max(minutes, 0.0) * 60.0
+
+
+def release_all(leases: list[GpuLease]) -> None:
+    """Let go of leases this process holds (one handed to a trainer already is the trainer's)."""
+    for lease in leases:
+        lease.release()
 
 
 # ---- the command --------------------------------------------------------------------------------

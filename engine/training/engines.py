@@ -26,6 +26,7 @@ from engine.errors import is_out_of_memory
 from engine.gpu.sharing import GpuMode
 from engine.models.base import LanguageModel
 from engine.protocol.facts import Engine, Stage
+from engine.training.distributed import Ranks
 from engine.training.optim import FlatAdamW
 from engine.training.step import EagerEngine, GraphEngine
 from engine.units import GIB
@@ -58,6 +59,7 @@ class StepEngines:
         before_capture: Callable[[int], None],
         log: Callable[[str], None],
         phase: Callable[..., AbstractContextManager[None]] = lambda stage, **details: nullcontext(),
+        ranks: Ranks | None = None,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
@@ -70,6 +72,8 @@ class StepEngines:
         self.log = log
         self.phase = phase
         """`phase(stage, **details)`: a context that beats the heartbeat through a long phase."""
+        self.ranks = ranks or Ranks.alone()
+        """The rank's group: each engine trains on its rows and sums the gradient across the ranks."""
         self.gpu_mode = GpuMode.OWN
         """Whose shapes the engines use: the lengths' own, or their `shared` ones beside other processes."""
         self.arena: Any = None
@@ -82,6 +86,11 @@ class StepEngines:
         if self.gpu_mode == GpuMode.SHARED and length.shared is not None:
             return length.shared.micro_batch_rows, length.shared.recompute
         return length.micro_batch_rows, length.recompute
+
+    def slice_rows(self, seq_len: int) -> int:
+        """The micro-batch an update of this length is dealt to a group's ranks in: the length's
+        own, whatever the GPU mode, so every rank cuts the update alike."""
+        return self.config.length(seq_len).micro_batch_rows
 
     def made(self, seq_len: int) -> bool:
         """Whether the length's engine exists (its first update may still be ahead)."""
@@ -103,7 +112,7 @@ class StepEngines:
                     first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
                     self.log(f"CUDA graph capture failed at seq_len {seq_len} ({first_line}); eager engine")
             if engine is None:
-                engine = EagerEngine(self.model, self.optimizer, rows)
+                engine = EagerEngine(self.model, self.optimizer, rows, self.ranks, self.slice_rows(seq_len))
             self._engines[seq_len] = engine
         return self._engines[seq_len]
 
@@ -118,7 +127,7 @@ class StepEngines:
         else:
             self.arena.release_held()  # a capture needs its slack outside the pool
         self.before_capture(seq_len)
-        return GraphEngine(self.model, self.optimizer, rows, seq_len, self.arena)
+        return GraphEngine(self.model, self.optimizer, rows, seq_len, self.arena, self.ranks, self.slice_rows(seq_len))
 
     @contextmanager
     def from_the_arena(self) -> Iterator[None]:

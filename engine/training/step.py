@@ -6,6 +6,12 @@ tokens, so each micro-batch's summed loss is scaled by `1 / target tokens of the
 (a device scalar). Gradients accumulate into the optimizer's flat buffer; then the norms and the
 clipped AdamW update run (skipped as a whole when the norm is not finite).
 
+In a torch.distributed group (engine.training.distributed) an engine is given the whole update's
+windows and trains on its rank's run of `slice_rows`-row micro-batches (`Ranks.rows_of`); the
+loss scale still counts the whole update's targets, and after the last micro-batch the flat gradient and the loss sum are
+summed across the ranks (`Ranks.sum_`), before the norms: every rank then takes the same update.
+In the CUDA-graph engine that sum runs between the replays, uncaptured.
+
 - `EagerEngine`: plain PyTorch on any device (the CPU reference; bit for bit deterministic there).
 - `GraphEngine` (CUDA): three CUDA graphs per micro-batch shape -- micro-batch forward+backward
   accumulating into the flat gradient, the norms, the clipped update -- captured once from the
@@ -23,6 +29,7 @@ import torch
 
 from engine.models.base import IGNORE_INDEX, LanguageModel
 from engine.training.arena import Arena
+from engine.training.distributed import Ranks
 from engine.training.optim import FlatAdamW, UpdateStats
 
 
@@ -56,28 +63,40 @@ class EagerEngine:
 
     name = "eager"
 
-    def __init__(self, model: LanguageModel, optimizer: FlatAdamW, micro_batch_rows: int):
+    def __init__(
+        self,
+        model: LanguageModel,
+        optimizer: FlatAdamW,
+        micro_batch_rows: int,
+        ranks: Ranks | None = None,
+        slice_rows: int | None = None,
+    ):
         self.model = model
         self.optimizer = optimizer
         self.micro_batch_rows = micro_batch_rows
+        self.ranks = ranks or Ranks.alone()
+        self.slice_rows = slice_rows or micro_batch_rows
+        """The micro-batch the update is dealt to the ranks in: the length's own, on every rank."""
         self.device = optimizer.device
         self.loss_scale = torch.zeros((), dtype=torch.float32, device=self.device)
         self.loss_sum = torch.zeros((), dtype=torch.float32, device=self.device)
 
     def run_update(self, windows: torch.Tensor, lr: float, weight_decay: float) -> UpdateResult:
-        """(rows, seq_len + 1) int64 windows -> one optimizer update."""
+        """The update's (rows, seq_len + 1) int64 windows -> one optimizer update."""
         target_tokens = count_targets(windows)
         self.loss_scale.fill_(1.0 / max(target_tokens, 1))
         self.loss_sum.zero_()
         self.optimizer.zero_grad()
         self.model.train()
-        for chunk in windows.split(self.micro_batch_rows):
+        mine = self.ranks.rows_of(windows, self.slice_rows)
+        for chunk in mine.split(self.micro_batch_rows) if mine.shape[0] else ():
             chunk = chunk.to(self.device, non_blocking=True)
             with autocast_for(self.device):
                 loss_per_token, _carry = self.model(chunk[:, :-1], chunk[:, 1:])  # (B, T)
             scaled = loss_per_token.sum() * self.loss_scale
             scaled.backward()
             self.loss_sum += scaled.detach()
+        self.ranks.sum_(self.optimizer.grads, self.loss_sum)
         self.optimizer.set_hyperparameters(lr, weight_decay)
         self.optimizer.compute_norms()
         self.optimizer.apply_update()
@@ -103,6 +122,8 @@ class GraphEngine:
         micro_batch_rows: int,
         seq_len: int,
         arena: Arena,
+        ranks: Ranks | None = None,
+        slice_rows: int | None = None,
     ):
         if optimizer.device.type != "cuda":
             raise ValueError("GraphEngine needs a CUDA device")
@@ -111,6 +132,9 @@ class GraphEngine:
         self.micro_batch_rows = micro_batch_rows
         self.seq_len = seq_len
         self.arena = arena
+        self.ranks = ranks or Ranks.alone()
+        self.slice_rows = slice_rows or micro_batch_rows
+        """The micro-batch the update is dealt to the ranks in: the length's own, on every rank."""
         self.device = optimizer.device
         with arena.allocating():
             self.static_tokens = torch.zeros(micro_batch_rows, seq_len, dtype=torch.int64, device=self.device)
@@ -160,16 +184,17 @@ class GraphEngine:
         self.loss_sum.zero_()
 
     def run_update(self, windows: torch.Tensor, lr: float, weight_decay: float) -> UpdateResult:
-        """(rows, seq_len + 1) int64 windows -> one optimizer update by graph replays."""
+        """The update's (rows, seq_len + 1) int64 windows -> one optimizer update by graph replays."""
         if windows.shape[1] != self.seq_len + 1:
             raise ValueError(f"GraphEngine captured seq_len {self.seq_len}, got {windows.shape[1] - 1}")
         target_tokens = count_targets(windows)
         self.loss_scale.fill_(1.0 / max(target_tokens, 1))
         self.loss_sum.zero_()
         self.optimizer.zero_grad()
+        mine = self.ranks.rows_of(windows, self.slice_rows)
         with self.arena.allocating():
-            device_windows = windows.to(self.device, non_blocking=True)  # (rows, T + 1)
-        for chunk in device_windows.split(self.micro_batch_rows):
+            device_windows = mine.to(self.device, non_blocking=True)  # (rows, T + 1)
+        for chunk in device_windows.split(self.micro_batch_rows) if mine.shape[0] else ():
             rows = chunk.shape[0]
             self.static_tokens[:rows].copy_(chunk[:, :-1])
             self.static_targets[:rows].copy_(chunk[:, 1:])
@@ -177,6 +202,7 @@ class GraphEngine:
                 self.static_tokens[rows:].zero_()
                 self.static_targets[rows:].fill_(IGNORE_INDEX)
             self.micro_graph.replay()
+        self.ranks.sum_(self.optimizer.grads, self.loss_sum)
         self.optimizer.set_hyperparameters(lr, weight_decay)
         self.norms_graph.replay()
         self.update_graph.replay()

@@ -6,7 +6,9 @@ plan or the end of the data line, and returns the exit status. The line's positi
 - the data position is (cycle, sample) at the stage's sequence length; an update takes the next
   `tokens_per_update(config, data tokens) / seq_len` samples of the cycle's seeded order, and never
   spans a cycle end or a stage (sequence length) change -- a cycle's or a stage's last update may
-  be short;
+  be short; a stage that changes the length inside a cycle reads the targets the cycle has left,
+  laid out anew at its length (the position's `earlier`, datalines.relay), so every target of the
+  cycle is trained once;
 - a checkpoint records that position with the manifest's sha256 and the sample order's digest, the
   weights, the optimizer state, the model's extra state, the RNG states and the number of rows in
   rows.jsonl; a resume restores all of it, cuts rows.jsonl back to that count and refuses a data
@@ -52,26 +54,32 @@ from typing import Any, TextIO
 import torch
 
 from datalines import open_data_line
+from datalines.consumption import claim_cycle
 from datalines.cycle import Cycle
+from datalines.errors import ShardChanged
+from engine.checkpoints.disk_budget import CheckpointSize, next_checkpoint_size, refuse_a_start_without_room
 from engine.checkpoints.format import (
     CHECKPOINT_DISK_MARGIN,
     LINE_START_KEPT,
     cycle_end_kept,
     discard_partial_writes,
-    expected_checkpoint_bytes,
     stage_end_kept,
 )
 from engine.checkpoints.tensors import Checkpoint, CheckpointSnapshot, CheckpointWriter, find_resume_point
-from engine.config.run import RunConfig
+from engine.config.run import RunConfig, WandbConfig
 from engine.errors import CheckpointError, ConfigError, DiskFull, LineError, is_out_of_memory
+from engine.gpu.placement import placed_device
 from engine.gpu.sharing import Action, GpuBusy, GpuMode, GpuReading, GpuWatch, refuse_unshareable_lengths
 from engine.layout import LineLayout
 from engine.metrics import METRICS_VERSION, metrics_mismatch
-from engine.models.build import build_model
+from engine.models.build import build_model, refuse_unfit_memory
 from engine.ops import lines as ops
 from engine.ops.stop import read_stop
 from engine.protocol.facts import SIGNAL_EXIT_BASE, Engine, Stage, StopReason, TrainerExitCode
 from engine.rows import Heartbeat, RowsFile, RunLog, format_row
+from engine.supervisor.child import rank_file
+from engine.training.distributed import Ranks
+from engine.training.dreaming import Dreamer
 from engine.training.engines import ArenaNotReleased, StepEngines
 from engine.training.line_lock import hold_trainer_lock
 from engine.training.optim import AdamWSettings, FlatAdamW, ParameterAverage
@@ -79,12 +87,19 @@ from engine.training.phase_beat import PhaseBeats
 from engine.training.position import Position
 from engine.training.samples import ValidationSampler
 from engine.training.schedule import learning_rate, tokens_per_update, update_weight_decay
+from engine.training.startup import CompileCaches, StartupClock, TimedPhases, append_startup_record
 from engine.training.step import EagerEngine, UpdateResult
 from engine.training.validation import Validator, format_probe_rows, format_validation
 from engine.units import GIB
 from engine.wandb.mirror import WandbMirror
 
 WAIT_POLL_SECONDS = 1.0
+
+# Stop codes agreed across a group's ranks (the largest wins): a signal's is this base + its number.
+STOP_AT_CODE, STOP_FILE_CODE, SIGNAL_STOP_CODE = 1, 2, 1000
+# Rank 0's reading of the data line, shared with the group (`_cycle_state`, `_end_of_cycle`, where
+# DATA_ENDED meets STOP_FILE_CODE: the codes differ).
+CYCLE_READY, DATA_ENDED = 1, 3
 """How often a trainer waiting for the next data cycle looks again (and at STOP)."""
 
 WANDB_CLOSE_SECONDS = 30.0
@@ -95,7 +110,11 @@ WANDB_CLOSE_SECONDS = 30.0
 
 
 def resolve_device(setting: str, source: str = "run.json: device") -> torch.device:
-    """A device setting (run.json `device`, bench --device): `auto` is CUDA when available, else the CPU."""
+    """A device setting (run.json `device`, bench --device): `auto` is CUDA when available, else the CPU.
+
+    A trainer or tune the supervisor placed on a leased GPU sees that GPU alone, as cuda:0
+    (`engine.gpu.placement.placed_device`)."""
+    setting = placed_device(setting)
     if setting == "auto":
         setting = "cuda" if torch.cuda.is_available() else "cpu"
     try:
@@ -123,7 +142,12 @@ class Trainer:
         echo: TextIO | None = sys.stdout,
         engine: str = Engine.AUTO,
         gpu_watch: Callable[[RunConfig, torch.device], GpuWatch] = GpuWatch.for_line,
+        process_began: float | None = None,
     ):
+        """`process_began`: when this process started (seconds since the epoch), so that the start-up's
+        breakdown (engine.training.startup) counts the interpreter and the imports before this."""
+        self.startup = StartupClock(process_began)
+        self.compile_caches: CompileCaches | None = None
         self.layout: LineLayout = ops.open_line(line_dir)
         self.stop_at = stop_at
         self.echo = echo
@@ -133,6 +157,8 @@ class Trainer:
         self._digests: dict[tuple[int, int], str] = {}
         self._last_checkpoint_update: int | None = None
         self._make_gpu_watch = gpu_watch
+        self.ranks = Ranks.from_environment()
+        """This process's rank in a torchrun group (engine.training.distributed), or alone."""
 
     # -----------------------------------------------------------------------------------------
     # start
@@ -147,21 +173,43 @@ class Trainer:
         if problems:
             raise ConfigError("; ".join(problems))
         self.run_json_bytes = layout.run_json.read_bytes()
-        self.device = resolve_device(config.device)
+        ranks = self.ranks
+        self.device = ranks.connect(config.parallel, resolve_device(config.device), str(layout.run_json))
         self.gpu_watch = self._make_gpu_watch(config, self.device)
         self.data_line = open_data_line(ops.resolve_data_path(layout, config.data.line))
         layout.checkpoints.mkdir(exist_ok=True)
-        self.log = RunLog(layout.run_log, self.echo)
-        for name in discard_partial_writes(layout.checkpoints):
-            self.log.write(f"discarded an interrupted checkpoint write: {name}")
+        # The other ranks keep their own log and heartbeat: the line's are rank 0's.
+        writes = ranks.writes
+        self.log = RunLog(layout.run_log if writes else rank_file(layout.root, ranks.rank, "log"),
+                          self.echo if writes else None)  # fmt: skip
+        if writes:
+            for name in discard_partial_writes(layout.checkpoints):
+                self.log.write(f"discarded an interrupted checkpoint write: {name}")
+        # Before anything compiles; rank 0 keeps the caches' bound before the barrier.
+        self.compile_caches = CompileCaches(layout.compile_cache)
+        self.compile_caches.use(clean=writes, log=self.log.write)
+        ranks.barrier()  # no rank lists the checkpoints while rank 0 discards a partial one
+        self.startup.lap("set-up")
         resume = find_resume_point(layout.checkpoints)
+        self.startup.lap("checkpoint load")
         for problem in resume.problems:
             self.log.write(f"skipped a bad checkpoint: {problem}")
 
+        refuse_unfit_memory(config, self.device, str(layout.run_json))  # before anything is allocated
+        self.startup.lap("memory check")
         torch.manual_seed(config.seeds.model)
         if self.device.type == "cuda":
             torch.cuda.manual_seed_all(config.seeds.model)
         self.model = build_model(config.model.preset, config.model.overrides).to(self.device)
+        self.startup.lap("model build")
+        if ranks.size > 1 and self.model.extra_state_dict():
+            raise ConfigError(
+                f"{layout.run_json}: parallel.degree {ranks.size}: {config.model.preset} keeps state beside its "
+                "weights that its training forward writes (memory banks); each rank would write its own rows' "
+                "and no rule merges them yet, so it trains at degree 1 only"
+            )
+        resumed_from = resume.checkpoint.update if resume.checkpoint is not None else None
+        refuse_a_start_without_room(layout.root, layout.checkpoints, self._checkpoint_size(), resumed_from)
         betas = config.optimizer.betas
         settings = AdamWSettings(betas[0], betas[1], config.optimizer.eps, config.optimizer.clip)
         self.optimizer = FlatAdamW(self.model, settings, self.device)
@@ -171,9 +219,10 @@ class Trainer:
             else None
         )
         self.validator = Validator.for_line(
-            layout, config, self.model, self.optimizer, self.average, self.device
+            layout, config, self.model, self.optimizer, self.average, self.device, ranks
         )
         self.validator.require_rows()
+        self.dreamer = Dreamer.for_line(config, self.model)
         self.sampler = ValidationSampler(
             self.model, self.device, config.validation.samples, config.seeds.model,
             self.validator.heldout, self.validator.rows,
@@ -190,31 +239,57 @@ class Trainer:
             before_capture=self._probe_rows_before_capture,
             log=self.log.write,
             phase=lambda stage, **details: self.beats.phase(stage, self.position.update, **details),
+            ranks=ranks,
         )
         self.position = Position()
+        self.startup.lap("optimizer and held-out rows")
         if resume.checkpoint is not None:
             self._restore(resume.checkpoint)
             state = resume.checkpoint.state
-            RowsFile.cut_back(layout.rows_jsonl, state["rows"], state["rows_bytes"])
+            if writes:
+                RowsFile.cut_back(layout.rows_jsonl, state["rows"], state["rows_bytes"])
             abandoned_after: int | None = resume.checkpoint.update
             self.log.write(f"resumed from {resume.checkpoint.directory.name} ({self._where()})")
         else:
-            RowsFile.cut_back(layout.rows_jsonl, 0, 0)
+            if writes:
+                RowsFile.cut_back(layout.rows_jsonl, 0, 0)
             abandoned_after = None
             parameters = self.model.num_parameters()
             self.log.write(f"new line: {config.model.preset}, {parameters:,} parameters on {self.device}")
-        self.rows = RowsFile(layout.rows_jsonl)
-        self.heartbeat = Heartbeat(layout.heartbeat)
-        self.beats = PhaseBeats(self.heartbeat, between=Stage.TRAINING)
-        self.writer = CheckpointWriter(layout.checkpoints, config.checkpoints.keep_last, abandoned_after)
-        ops.accept(layout.root, config)  # the start passed its checks: this is the accepted configuration
-        # Made before the first checkpoint, which records the line's W&B run (`_snapshot`).
-        self.mirror = WandbMirror(layout.root, config.wandb, run_config=config.to_dict(), report=self.log.write)
+        self.startup.lap("checkpoint load")
+        # Another line's consumed cycle would keep this one waiting for it forever: refuse it now.
+        reopened = claim_cycle(self.data_line, self.position.cycle, layout.root, writes=writes)
+        if reopened is not None:
+            self.log.write(reopened)
+        self._share_rank_zero_state()
+        self.rows = RowsFile(layout.rows_jsonl) if writes else None
+        self.heartbeat = Heartbeat(layout.heartbeat if writes else rank_file(layout.root, ranks.rank, "heartbeat"))
+        self.beats = TimedPhases(PhaseBeats(self.heartbeat, between=Stage.TRAINING), self.startup)
+        self.writer = CheckpointWriter(
+            layout.checkpoints, config.checkpoints.keep_last, abandoned_after, config.checkpoints.keep_cycle_ends
+        )
+        if writes:
+            ops.accept(layout.root, config)  # the start passed its checks: this is the accepted configuration
+        # Made before the first checkpoint, which records the line's W&B run (`_snapshot`); the
+        # line's W&B run is rank 0's to write.
+        wandb_settings = config.wandb if writes else WandbConfig(mode="disabled")
+        self.mirror = WandbMirror(layout.root, wandb_settings, run_config=config.to_dict(), report=self.log.write)
         if resume.checkpoint is None:
             self._checkpoint(kept=LINE_START_KEPT, wait=True)
         # Only now, with rows.jsonl cut back to the state resumed, may the mirror read it to re-send
         # what W&B lacks; a start refused by its checks leaves W&B untouched.
         self.mirror.start()
+        self.startup.lap("rows and W&B")
+
+    def _share_rank_zero_state(self) -> None:
+        """Rank 0's weights, optimizer state and moving average on every rank (as DDP does at its
+        start): the ranks built and resumed the same state, and now hold the same bits whatever
+        their devices did."""
+        optimizer = self.optimizer
+        tensors = [optimizer.params, optimizer.exp_avg, optimizer.exp_avg_sq, optimizer.step]
+        if self.average is not None:
+            tensors.append(self.average.average)
+        self.ranks.broadcast_(*tensors)
 
     def _restore(self, checkpoint: Checkpoint) -> None:
         state = checkpoint.state
@@ -242,18 +317,19 @@ class Trainer:
     def _check_data_position(self, data: dict[str, Any], where: Path) -> None:
         """Refuse a resume whose cycle manifest or sample order differs from the checkpoint's."""
         position = self.position
-        if position.sample == 0 or data.get("manifest_sha256") is None:
+        if (position.sample == 0 and not position.earlier) or data.get("manifest_sha256") is None:
             if position.cycle > 0 and not self.data_line.is_consumed(position.cycle - 1):
                 # The cycle-end checkpoint was durable but the consumed mark was not written.
-                self.data_line.mark_consumed(position.cycle - 1)
+                self.data_line.mark_consumed(position.cycle - 1, by=self.layout.root)
             return
-        cycle = self._cycle(position.cycle)
+        # The manifest only: damaged shards are the preparer's to rebuild while the loop waits for them.
+        cycle = self.data_line.cycle(position.cycle, verify=False)
         if cycle.manifest_sha256 != data["manifest_sha256"]:
             raise CheckpointError(
                 f"{where}: cycle {position.cycle}'s manifest sha256 is {cycle.manifest_sha256[:16]}..., "
                 f"the checkpoint trained on {data['manifest_sha256'][:16]}... (the data line changed)"
             )
-        digest = self._order_digest(position.cycle, data["seq_len"])
+        digest = cycle.order_digest(data["seq_len"], self.config.seeds.data, position.reads())
         if digest != data["order_digest"]:
             raise CheckpointError(
                 f"{where}: cycle {position.cycle}'s sample order digest differs from the checkpoint's "
@@ -265,13 +341,15 @@ class Trainer:
 
     def _cycle(self, index: int) -> Cycle:
         if index not in self._cycles:
-            self._cycles = {index: self.data_line.cycle(index)}  # one open cycle at a time
+            with self.startup.segment("data cycle"):  # the first one's shards are hashed in the start-up
+                self._cycles = {index: self.data_line.cycle(index)}  # one open cycle at a time
         return self._cycles[index]
 
     def _order_digest(self, cycle: int, seq_len: int) -> str:
-        key = (cycle, seq_len)
+        reads = self.position.reads()
+        key = (cycle, seq_len, reads)
         if key not in self._digests:
-            self._digests[key] = self._cycle(cycle).order_digest(seq_len, self.config.seeds.data)
+            self._digests[key] = self._cycle(cycle).order_digest(seq_len, self.config.seeds.data, reads)
         return self._digests[key]
 
     def _seq_len(self) -> int:
@@ -287,6 +365,7 @@ class Trainer:
     # checkpoints
 
     def _snapshot(self, kept: str | None) -> CheckpointSnapshot:
+        assert self.rows is not None, "rank 0 alone snapshots the line"
         optimizer = self.optimizer
         position = self.position
         params = optimizer.params.to("cpu", copy=True)
@@ -301,7 +380,7 @@ class Trainer:
         if self.device.type == "cuda":
             extra["rng/cuda"] = torch.cuda.get_rng_state(self.device)
         data: dict[str, Any] = {"manifest_sha256": None, "order_digest": None, "seq_len": None}
-        if position.sample > 0 and position.stage < len(self.config.plan):
+        if (position.sample > 0 or position.earlier) and position.stage < len(self.config.plan):
             seq_len = self._seq_len()
             data = {
                 "manifest_sha256": self._cycle(position.cycle).manifest_sha256,
@@ -317,6 +396,7 @@ class Trainer:
             "rows": self.rows.rows,
             "rows_bytes": self.rows.bytes,
             "layout": optimizer.layout(),
+            "degree": self.ranks.size,
             "preset": self.config.model.preset,
             "overrides": self.config.model.overrides,
             "wandb": self.mirror.checkpoint_record(),
@@ -334,16 +414,18 @@ class Trainer:
     def _checkpoint(self, kept: str | None = None, wait: bool = False) -> None:
         self.writer.wait()  # the write before this one has taken its space
         free, size = shutil.disk_usage(self.layout.checkpoints).free, self._checkpoint_bytes()
-        if free < CHECKPOINT_DISK_MARGIN * size:
+        (short,) = self.ranks.from_writer([int(free < CHECKPOINT_DISK_MARGIN * size)])  # every rank stops, or none
+        if short:
             # Whatever the guard's threshold, a write that cannot fit would fail half-way.
             last = self._last_checkpoint_update
             newest = f"the newest is update {last}" if last is not None else "none written yet"
             self._stop_for_disk(free, f"too little for the next checkpoint (about {size / GIB:.2f} GiB); {newest}")
-        with self.beats.phase(Stage.CHECKPOINTING, self.position.update):
-            snapshot = self._snapshot(kept)
-            self.writer.save(snapshot, before_latest=self.rows.sync)
-            if wait:
-                self.writer.wait()
+        if self.rows is not None:  # rank 0 writes the checkpoint: every rank holds the same state
+            with self.beats.phase(Stage.CHECKPOINTING, self.position.update):
+                snapshot = self._snapshot(kept)
+                self.writer.save(snapshot, before_latest=self.rows.sync)
+                if wait:
+                    self.writer.wait()
         self._last_checkpoint_update = self.position.update
 
     # -----------------------------------------------------------------------------------------
@@ -383,6 +465,10 @@ class Trainer:
             return
         action, reading = self.gpu_watch.check(update)
         others = f"{reading.others} other process(es) holding {reading.others_bytes / GIB:.2f} GiB"
+        # A group leaves together: one rank's GPU taken past the reserve checkpoints the whole line.
+        (leave,) = self.ranks.agree_max([int(action == Action.LEAVE)])
+        if leave and action != Action.LEAVE:
+            self._leave_gpu("another rank's GPU is taken by other processes")
         if action == Action.SHARE:
             self._switch_shapes(GpuMode.SHARED, f"{others} on the GPU")
         elif action == Action.OWN:
@@ -444,28 +530,61 @@ class Trainer:
         raise GpuBusy(message)
 
     def _stop_requested(self) -> str | None:
-        """A stop at this update boundary: a signal, --stop-at, STOP (now, or a cycle end passed)."""
+        """A stop at this update boundary: a signal, --stop-at, STOP (now, or a cycle end passed).
+
+        In a group every rank stops at the same boundary: any rank's signal stops them all (and
+        each then exits as if it had received it), the STOP file is rank 0's to read."""
+        code = 0
         if self._signal is not None:
+            code = SIGNAL_STOP_CODE + self._signal
+        elif self.stop_at is not None and self.position.update >= self.stop_at:
+            code = STOP_AT_CODE
+        elif self.ranks.writes:
+            request = read_stop(self.layout)
+            # A cycle end already behind the line (or the one it stands at) stops it now.
+            if request is not None and (request.at_cycle_end is None or request.at_cycle_end < self.position.cycle):
+                code = STOP_FILE_CODE
+        (code,) = self.ranks.agree_max([code])
+        if code >= SIGNAL_STOP_CODE:
+            self._signal = code - SIGNAL_STOP_CODE
             return f"signal {signal.Signals(self._signal).name}"
-        if self.stop_at is not None and self.position.update >= self.stop_at:
-            return StopReason.STOP_AT
-        request = read_stop(self.layout)
-        if request is None:
-            return None
-        # A cycle end already behind the line (or the one it stands at) stops it now.
-        if request.at_cycle_end is None or request.at_cycle_end < self.position.cycle:
-            return StopReason.STOP_FILE
-        return None
+        return {STOP_AT_CODE: StopReason.STOP_AT, STOP_FILE_CODE: StopReason.STOP_FILE}.get(code)
+
+    def _cycle_state(self, index: int) -> int:
+        """Rank 0's reading of cycle `index`, shared with every rank: CYCLE_READY, DATA_ENDED
+        (past the data line's last cycle) or 0 (not prepared yet)."""
+        state = 0
+        if self.ranks.writes:
+            last = self.data_line.last_cycle()
+            if self.data_line.cycle_ready(index):
+                state = CYCLE_READY
+            elif last is not None and index > last:
+                state = DATA_ENDED
+        return self.ranks.from_writer([state])[0]
+
+    def _check_shards(self, cycle: Cycle) -> None:
+        """`ShardChanged` when a shard of `cycle` is no longer the manifest's (rewritten in place
+        while open): rank 0 checks for the group, which reads one line directory's files."""
+        problem = ""
+        if self.ranks.writes:
+            try:
+                cycle.verify_unchanged()
+            except ShardChanged as error:
+                problem = str(error)
+        if self.ranks.from_writer([int(bool(problem))])[0]:
+            raise ShardChanged(problem or f"{cycle.directory}: a shard changed under rank 0")
 
     def _wait_for_cycle(self, index: int) -> str | None:
         """Block until cycle `index` is ready; returns a stop reason if one arrives meanwhile."""
         announced = False
-        while not self.data_line.cycle_ready(index):
-            last = self.data_line.last_cycle()
-            if last is not None and index > last:
+        while (state := self._cycle_state(index)) != CYCLE_READY:
+            if state == DATA_ENDED:
                 return StopReason.DATA_END
             if not announced:
-                self.log.write(f"waiting for data cycle {index}")
+                # A cycle another line consumed meanwhile never comes back: refuse it, don't wait.
+                claim_cycle(self.data_line, index, self.layout.root, writes=False)
+                problem = self.data_line.cycle_problem(index) if self.ranks.writes else None
+                self.log.write(f"waiting for data cycle {index}" + (f" ({problem})" if problem else ""))
                 announced = True
             self.heartbeat.beat(self.position.update, Stage.WAITING_DATA, cycle=index)
             reason = self._stop_requested()
@@ -479,7 +598,7 @@ class Trainer:
         position = self.position
         data_tokens = position.data_tokens(self.data_line, seq_len)
         wanted = max(1, tokens_per_update(self.config, data_tokens) // seq_len)
-        left_in_cycle = cycle.num_samples(seq_len) - position.sample
+        left_in_cycle = cycle.num_samples(seq_len, self.config.seeds.data, position.reads()) - position.sample
         stage_budget = self.config.plan[position.stage].tokens
         if stage_budget is not None:
             left_in_stage = math.ceil((stage_budget - position.stage_tokens) / seq_len)
@@ -490,7 +609,8 @@ class Trainer:
         config = self.config
         position = self.position
         started = time.perf_counter()
-        windows = torch.from_numpy(cycle.samples(seq_len, position.sample, rows, config.seeds.data))
+        windows = torch.from_numpy(cycle.samples(seq_len, position.sample, rows, config.seeds.data, position.reads()))
+        self._check_shards(cycle)  # before anything of the update happens: a ShardChanged leaves no trace
         update_tokens = rows * seq_len
         lr = learning_rate(config, position.tokens_trained)
         weight_decay = update_weight_decay(config, update_tokens)
@@ -521,18 +641,37 @@ class Trainer:
         if self.average is not None:
             self.average.after_update(position.tokens_trained, update_tokens, result.stats.finite)
         row = self._row(result, seq_len, update_tokens, lr, weight_decay, elapsed)
+        if self.dreamer is not None and self.dreamer.due(position.update):
+            with self.beats.phase(Stage.DREAMING, position.update), self.engines.from_the_arena():
+                row.update(self.dreamer.run(windows, position.update))
         validating = position.update % config.validation.every_updates == 0
         if validating:
             with self.beats.phase(Stage.VALIDATING, position.update):
                 row.update(self._validate(seq_len))
-        self.rows.append(row)
-        self.mirror.log(row)  # after rows.jsonl has it: W&B mirrors the line's record, never leads it
-        # The row of an update that validated is printed whatever print_every.
-        if validating or position.update % max(1, config.print_every) == 0 or not result.stats.finite:
-            self.log.write(format_row(row))
-        if validating:
-            self.log.write(format_validation(position.update, row))
+        if self.rows is not None:  # rank 0's record (every rank computed the same row)
+            self.rows.append(row)
+            self.mirror.log(row)  # after rows.jsonl has it: W&B mirrors the line's record, never leads it
+            # The row of an update that validated is printed whatever print_every.
+            if validating or position.update % max(1, config.print_every) == 0 or not result.stats.finite:
+                self.log.write(format_row(row))
+            if validating:
+                self.log.write(format_validation(position.update, row))
         self.heartbeat.beat(position.update, Stage.TRAINING)
+        if not self.startup.done:
+            self._end_of_startup()
+
+    def _end_of_startup(self) -> None:
+        """The first update of this launch is done: where the start-up's seconds went, to run.log and
+        (rank 0) startup.jsonl (engine.training.startup)."""
+        breakdown = self.startup.finish()
+        caches = self.compile_caches
+        assert caches is not None, "the start opened the compile caches"
+        size = caches.size()
+        update = self.position.update
+        self.log.write(breakdown.line(update, caches.directory, size))
+        if self.ranks.writes:
+            record = breakdown.record(update, str(self.device), caches.directory, size)
+            append_startup_record(self.layout.startup_jsonl, record)
 
     def _validate(self, seq_len: int) -> dict[str, Any]:
         """The validation metrics after the update just done (engine.training.validation), then its
@@ -544,7 +683,8 @@ class Trainer:
         next_weight_decay = update_weight_decay(self.config, tokens_per_update(self.config, data_tokens))
         with self.engines.from_the_arena():
             readings: dict[str, Any] = self.validator.run(seq_len, data_tokens, next_lr, next_weight_decay)
-            readings.update(self.sampler.run(seq_len, position.update))
+            if self.ranks.writes:  # texts of rank 0's row
+                readings.update(self.sampler.run(seq_len, position.update))
             return readings
 
     def _row(
@@ -584,38 +724,52 @@ class Trainer:
         position = self.position
         finished = position.cycle
         self.model.on_cycle_end(finished)
-        position.cycle += 1
-        position.sample = 0
+        position.next_cycle()
         self._checkpoint(kept=cycle_end_kept(finished), wait=True)
-        self.data_line.mark_consumed(finished)
         self.log.write(f"cycle {finished} done at update {position.update}")
-        request = read_stop(self.layout)
-        if request is not None and request.at_cycle_end is not None and request.at_cycle_end <= finished:
-            return StopReason.STOP_FILE
-        last = self.data_line.last_cycle()
-        if last is not None and finished >= last:
-            return StopReason.DATA_END
-        return None
+        reason = 0  # rank 0 marks the cycle and reads STOP and the data line; the group follows it
+        if self.ranks.writes:
+            self.data_line.mark_consumed(finished, by=self.layout.root)
+            request = read_stop(self.layout)
+            last = self.data_line.last_cycle()
+            if request is not None and request.at_cycle_end is not None and request.at_cycle_end <= finished:
+                reason = STOP_FILE_CODE
+            elif last is not None and finished >= last:
+                reason = DATA_ENDED
+        (reason,) = self.ranks.from_writer([reason])
+        return {STOP_FILE_CODE: StopReason.STOP_FILE, DATA_ENDED: StopReason.DATA_END}.get(reason)
 
-    def _end_of_stage(self) -> str | None:
-        """The update just done ended its stage: kept checkpoint, next stage's length."""
+    def _end_of_stage(self, cycle_done: bool) -> str | None:
+        """The update just done ended its stage: kept checkpoint, next stage's length (and, inside a
+        cycle the update did not end, the relay of the cycle's rest at that length)."""
         position = self.position
         finished = self.config.plan[position.stage]
         position.stage += 1
         position.stage_tokens = 0
-        if position.stage < len(self.config.plan):
-            # The next length reads the rest of the cycle in its own order, from the same token offset.
-            position.sample = math.ceil(position.sample * finished.seq_len / self._seq_len())
+        # The next length reads the targets the cycle has left, laid out anew (datalines.relay).
+        relaid = position.stage < len(self.config.plan) and position.change_length(finished.seq_len, self._seq_len())
         self._checkpoint(kept=stage_end_kept(finished.name), wait=True)
         self.log.write(f"stage {finished.name} done at update {position.update}")
+        if relaid and not cycle_done:  # (a read to the cycle's end leaves an empty relay, not worth a line)
+            self.log.write(self._relay_report())
         return StopReason.PLAN_END if position.stage >= len(self.config.plan) else None
+
+    def _relay_report(self) -> str:
+        """run.log's line on the rest of a cycle re-laid at a new length: what it trains, what it cannot."""
+        position, seq_len, seed = self.position, self._seq_len(), self.config.seeds.data
+        cycle = self._cycle(position.cycle)
+        windows = cycle.num_samples(seq_len, seed, position.reads())
+        unread = cycle.unread_targets(seq_len, seed, position.reads())
+        return (f"cycle {position.cycle}: its untrained targets re-laid at seq_len {seq_len}, {windows} windows; "
+                f"{unread} targets left out (a stream tail shorter than a window per source, share rounding)")
 
     def _loop(self) -> str:
         config = self.config
         if self.position.stage >= len(config.plan):
             return StopReason.PLAN_END
         last = self.data_line.last_cycle()
-        if last is not None and self.position.cycle > last:
+        (past_the_end,) = self.ranks.from_writer([int(last is not None and self.position.cycle > last)])
+        if past_the_end:
             return StopReason.DATA_END
         while True:
             reason = self._stop_requested()
@@ -630,7 +784,13 @@ class Trainer:
             cycle = self._cycle(self.position.cycle)
             rows = self._update_rows(cycle, seq_len)
             if rows > 0:
-                self._one_update(cycle, seq_len, rows)
+                try:
+                    self._one_update(cycle, seq_len, rows)
+                except ShardChanged as error:
+                    self._cycles.clear()  # reopened, and verified, once the preparer has rebuilt it
+                    self.log.write(f"{error}: update {self.position.update + 1} not trained; waiting for the "
+                                   "data preparer to rebuild the cycle from its manifest")
+                    continue
                 limit = config.optimizer.max_nonfinite_in_a_row
                 if self.optimizer.nonfinite_in_a_row > limit:
                     self._checkpoint(wait=True)
@@ -644,16 +804,17 @@ class Trainer:
                     raise LineError(message)
             stage = config.plan[self.position.stage]
             stage_done = stage.tokens is not None and self.position.stage_tokens >= stage.tokens
-            cycle_done = self.position.sample >= cycle.num_samples(seq_len)
+            cycle_done = self.position.sample >= cycle.num_samples(seq_len, config.seeds.data, self.position.reads())
             if stage_done:
-                reason = self._end_of_stage()
+                reason = self._end_of_stage(cycle_done)
                 if reason is not None:
                     return reason
             if cycle_done:
                 reason = self._end_of_cycle()
                 if reason is not None:
                     return reason
-            elif rows > 0 and self._rolling_checkpoint_due():
+            elif rows > 0 and self._rolling_checkpoint_due() and self._last_checkpoint_update != self.position.update:
+                # (A stage end wrote this update's checkpoint, kept: a rolling one would replace it.)
                 self._checkpoint()
 
     def _check_disk(self) -> None:
@@ -665,12 +826,16 @@ class Trainer:
         """
         free = shutil.disk_usage(self.layout.checkpoints).free
         minimum = self.config.guards.min_free_disk_bytes
-        if free >= minimum:
+        # Rank 0's disk decides for the group (the same disk: one line directory).
+        low = free < minimum
+        room = low and free > CHECKPOINT_DISK_MARGIN * self._checkpoint_bytes()
+        low, room = self.ranks.from_writer([int(low), int(room)])
+        if not low:
             return
         update = self.position.update
         if self._last_checkpoint_update == update:
             saved = f"update {update} is checkpointed"
-        elif free > CHECKPOINT_DISK_MARGIN * self._checkpoint_bytes():
+        elif room:
             self._checkpoint(wait=True)
             saved = f"checkpointed update {update}"
         else:
@@ -689,7 +854,11 @@ class Trainer:
         raise DiskFull(message)
 
     def _checkpoint_bytes(self) -> int:
-        return expected_checkpoint_bytes(self.layout.checkpoints, sum(p.numel() for p in self.model.parameters()))
+        return self._checkpoint_size().bytes
+
+    def _checkpoint_size(self) -> CheckpointSize:
+        tokenizer_bytes = len(self.data_line.tokenizer_json.encode("utf-8"))
+        return next_checkpoint_size(self.layout.checkpoints, self.config, self.model.num_parameters(), tokenizer_bytes)
 
     def _rolling_checkpoint_due(self) -> bool:
         every = self.config.checkpoints.every_updates
@@ -712,7 +881,8 @@ class Trainer:
         if threading.current_thread() is threading.main_thread():
             for number in (signal.SIGTERM, signal.SIGINT):
                 previous[number] = signal.signal(number, self._on_signal)
-        lock = hold_trainer_lock(self.layout)  # before anything is read: one trainer per line
+        # Before anything is read: one trainer per line (a group's rank 0 holds it for the group).
+        lock = hold_trainer_lock(self.layout) if self.ranks.writes else None
         try:
             self._start()
             try:
@@ -720,14 +890,18 @@ class Trainer:
                 if self._last_checkpoint_update != self.position.update:
                     self._checkpoint(wait=True)
                 self.writer.wait()
-                if reason == StopReason.STOP_FILE:
+                if reason == StopReason.STOP_FILE and self.ranks.writes:
                     self.layout.stop.unlink(missing_ok=True)
                 self.heartbeat.beat(self.position.update, Stage.STOPPED, reason=reason)
                 self.log.write(f"stopped: {reason} ({self._where()})")
+                # A group's ranks leave together, rank 0's checkpoint written: torchrun ends the
+                # whole group at the first rank's exit with another status than the others'.
+                self.ranks.barrier()
             finally:
                 try:
                     self.writer.wait()
-                    self.rows.close()
+                    if self.rows is not None:
+                        self.rows.close()
                     # Leaving: give the GPU back for a process that lives on (a test, a notebook).
                     # A device already broken (the error in flight) must not replace that error.
                     with contextlib.suppress(ArenaNotReleased, RuntimeError):
@@ -737,6 +911,10 @@ class Trainer:
                     self.log.close()
             return SIGNAL_EXIT_BASE + self._signal if self._signal is not None else TrainerExitCode.OK
         finally:
-            os.close(lock)
+            if self.compile_caches is not None:
+                self.compile_caches.release()
+            self.ranks.close()
+            if lock is not None:
+                os.close(lock)
             for number, handler in previous.items():
                 signal.signal(number, handler)

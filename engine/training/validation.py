@@ -27,6 +27,11 @@ Validation changes nothing training depends on: it runs under no_grad in eval mo
 model's mode and every RNG state, reads only the held-out rows (never the data position), and the
 moving average is swapped into the weights' buffer and the exact bits swapped back (the flat
 buffers keep their addresses, so captured CUDA graphs stay valid).
+
+In a torch.distributed group (engine.training.distributed) every rank runs `run` together: each
+source's held-out rows are split across the ranks and their per-token losses gathered, so every
+loss reading is computed from all the rows; the model's probes and the long-row probe run on rank
+0 alone (the other ranks' readings lack them, and only rank 0's row is written).
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from engine.errors import LineError
 from engine.layout import LineLayout
 from engine.models.base import LanguageModel
 from engine.training.bits_per_byte import bits_per_byte_metrics, token_byte_lengths
+from engine.training.distributed import Ranks
 from engine.training.heldout_rows import heldout_line_path, missing_rows_problem, validation_lengths
 from engine.training.optim import FlatAdamW, ParameterAverage
 from engine.training.optim_metrics import optimizer_summary
@@ -124,6 +130,7 @@ class Validator:
         config: RunConfig,
         heldout: DataLine,
         device: torch.device,
+        ranks: Ranks | None = None,
     ):
         self.model = model
         self.optimizer = optimizer
@@ -131,6 +138,7 @@ class Validator:
         self.config = config
         self.heldout = heldout
         self.device = device
+        self.ranks = ranks or Ranks.alone()
         self._rows: dict[int, HeldOutRows] = {}
         self._byte_lengths: torch.Tensor | None = None
 
@@ -143,10 +151,11 @@ class Validator:
         optimizer: FlatAdamW,
         average: ParameterAverage | None,
         device: torch.device,
+        ranks: Ranks | None = None,
     ) -> Validator:
         """A validator reading the line's held-out data line."""
         heldout = open_data_line(heldout_line_path(layout, config))
-        return cls(model, optimizer, average, config, heldout, device)
+        return cls(model, optimizer, average, config, heldout, device, ranks)
 
     def lengths(self) -> list[int]:
         """Every row length a validation of this line reads: the stages' and their long lengths."""
@@ -189,8 +198,8 @@ class Validator:
         long = long_seq_len(self.config, self.model, seq_len)
         metrics: dict[str, float] = {}
         with untouched_training_state(self.model, self.device):
-            metrics.update(self._length_metrics(rows, batch, weights, probe_batch(rows.rows, batch)))
-            if long is not None:
+            metrics.update(self._length_metrics(rows, batch, weights, probe_batch(rows.rows, batch), shard=True))
+            if long is not None and self.ranks.writes:
                 metrics.update(long_row_metrics(self.model, self.rows(long), seq_len, weights,
                                                 self.heldout.eos_id, self.device))  # fmt: skip
             metrics.update(optimizer_summary(self.optimizer, next_lr, next_weight_decay))
@@ -213,7 +222,7 @@ class Validator:
         long = long_seq_len(self.config, self.model, seq_len)
         metrics: dict[str, float] = {}
         with untouched_training_state(self.model, self.device):
-            metrics.update(self._length_metrics(one_row, 1, weights, one_row.rows[source]))
+            metrics.update(self._length_metrics(one_row, 1, weights, one_row.rows[source], shard=False))
             if long is not None:
                 long_rows = self.rows(long)
                 long_source = sorted(long_rows.rows)[0]
@@ -222,17 +231,31 @@ class Validator:
                                                 self.heldout.eos_id, self.device))  # fmt: skip
         return metrics
 
+    def _losses(self, windows: torch.Tensor, batch: int, shard: bool) -> torch.Tensor:
+        """(R, T) float64 CPU token losses of a source's rows; with `shard`, each rank computes its
+        slice of them and every rank gets them all (a group's ranks call this together)."""
+        if not shard:
+            return token_losses(self.model, windows, batch, self.device)
+        mine = self.ranks.rows_of(windows, batch)
+        if mine.shape[0] == 0:  # fewer rows than ranks
+            losses = torch.zeros(0, windows.shape[1] - 1, dtype=torch.float64)
+        else:
+            losses = token_losses(self.model, mine, batch, self.device)
+        return self.ranks.gather_rows(losses)
+
     def _length_metrics(
-        self, rows: HeldOutRows, batch: int, weights: dict[str, float], probe_rows: torch.Tensor
+        self, rows: HeldOutRows, batch: int, weights: dict[str, float], probe_rows: torch.Tensor, shard: bool
     ) -> dict[str, float]:
         """The training length's losses (per source, mix, by document position) and the model's
-        probes on `probe_rows`; the caller holds the training state untouched."""
+        probes on `probe_rows` (rank 0's alone when `shard`); the caller holds the training state
+        untouched."""
         prefix = f"val_{rows.seq_len}"
-        losses = {source: token_losses(self.model, windows, batch, self.device)
-                  for source, windows in rows.rows.items()}  # fmt: skip
+        losses = {source: self._losses(windows, batch, shard) for source, windows in rows.rows.items()}
         metrics = loss_metrics(prefix, losses, weights)
         metrics.update(bits_per_byte_metrics(prefix, rows.rows, losses, weights, self.byte_lengths()))
         metrics.update(docpos_metrics(prefix, rows.rows, losses, weights, self.heldout.eos_id))
+        if shard and not self.ranks.writes:
+            return metrics
         probe_rows = probe_rows.to(self.device)
         probes = self.model.probes(probe_rows[:, :-1], probe_rows[:, 1:], self.heldout.eos_id)
         metrics.update({f"{prefix}/{name}": float(value) for name, value in probes.items()})
@@ -244,12 +267,11 @@ class Validator:
         assert self.average is not None
         metrics: dict[str, float] = {}
         with averaged_weights(self.optimizer, self.average):
-            losses = {source: token_losses(self.model, windows, batch, self.device)
-                      for source, windows in rows.rows.items()}  # fmt: skip
+            losses = {source: self._losses(windows, batch, shard=True) for source, windows in rows.rows.items()}
             prefix = f"{EMA_PREFIX}val_{rows.seq_len}"
             metrics.update(loss_metrics(prefix, losses, weights))
             metrics.update(bits_per_byte_metrics(prefix, rows.rows, losses, weights, self.byte_lengths()))
-            if long is not None:
+            if long is not None and self.ranks.writes:
                 first_long_rows = {source: windows[:1] for source, windows in self.rows(long).rows.items()}
                 long_losses = long_row_losses(self.model, first_long_rows, self.device)
                 metrics.update(loss_metrics(f"{EMA_PREFIX}val_{long}", long_losses, weights))

@@ -11,8 +11,10 @@ DESCRIPTION = """\
 Run every start check that needs no GPU: run.json valid, the data line present and matching the
 model's vocabulary, held-out rows, lifelong keys unchanged since accepted_run.json (or listed in
 allow_changes; a line never started has none yet), the metric set's version, GPU-sharing shapes,
-free disk, checkpoints. Prints `ok: ...` for each pass and `FAIL: ...` for each failure. Exit
-status 0 when all pass, 1 when one fails, 2 when run.json itself is missing or invalid.
+free disk (room for the next checkpoint, and what the checkpoints retention keeps take over the
+line's life), checkpoints. Prints `ok: ...` for each pass, `warn: ...` for a pass with something
+to act on (the kept checkpoints outgrow the disk) and `FAIL: ...` for each failure. Exit status 0
+when all pass, 1 when one fails, 2 when run.json itself is missing or invalid.
 `nsconsole run` runs the same checks (all but the checkpoints') before it starts a line.
 """
 EXAMPLES = """\
@@ -34,5 +36,5 @@ def run(args: argparse.Namespace) -> int:
 
     _config, results = check_line(args.host_settings.resolve_line(args.line))
     for result in results:
-        print(f"{'ok' if result.ok else 'FAIL'}: {result.message}")
+        print(f"{'FAIL' if not result.ok else 'warn' if result.warning else 'ok'}: {result.message}")
     return 0 if all(result.ok for result in results) else EXIT_CHECK_FAILED

@@ -21,8 +21,6 @@ if TYPE_CHECKING:
 
     from datalines.status import PreparerStatus
 
-DEFAULT_VAL_SEQ_LEN = 512
-
 SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "init": (
         "create a data line (pins inputs, calibrates)",
@@ -31,13 +29,19 @@ Create a data line in --work: pin every input (hub commit shas, each file's sha2
 tokenizer's sha256), calibrate the tokens per byte of every stratum and plan the cycles.
 --embedded makes the demo line from the Python standard library, with a byte-level BPE (vocab
 8192) trained on the spot; a line from a recipe needs --recipe, --eos-id and --cycle-tokens (and
---tokenizer where the recipe names none).
+a tokenizer: --tokenizer, else the recipe's, else host.json's `tokenizer`). --calibration-from
+(default: host.json's `calibration_from`) names a data line whose calibration a source takes
+when its files, tokenizer, strata and control markers are that line's, instead of measuring it.
+--like DATA makes a line identical to DATA (its recipe, pins, tokenizer, EOS id, cycle size and
+calibration: the same cycles and held-out rows, byte for byte), for a second training line on
+the same data: a data line is consumed by the line that trains on it.
 """,
         """\
 examples:
   nsconsole data init --work lines/demo --embedded
   nsconsole data init --work lines/trunk --recipe recipe.json --tokenizer tok.json --eos-id 0 \\
       --cycle-tokens 2e10
+  nsconsole data init --work lines/trunk-b --like lines/trunk
 """,
     ),
     "val": (
@@ -45,11 +49,17 @@ examples:
         """\
 Build validation rows of --seq-len tokens (and of --long-seq-len, for the long-row probes) from
 the held-out documents of every source, every stratum at its share, into <work>/val/T<length>/.
-A trainer refuses to start without the rows of every length it validates at.
+The defaults are what `nsconsole new` gives a line: 4096, and 32768, the longest context of the
+presets (--long-seq-len 0: none); --line LINE builds the lengths that training line validates at.
+A trainer refuses to start without the rows of every length it validates at. Each length is
+built on its own: one that no source has a row of is left out, with a line saying by how many
+tokens each source falls short, and the exit status is 1; the others are built all the same.
 """,
         """\
 examples:
+  nsconsole data val --work lines/trunk
   nsconsole data val --work lines/trunk --seq-len 4096 --long-seq-len 32768
+  nsconsole data val --work lines/demo --line runs/demo
 """,
     ),
     "run-preparer": (
@@ -152,13 +162,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     init.add_argument(
         "--cycle-tokens", type=float, help="tokens per cycle (e.g. 2e10; --embedded: 1e6 unless given)"
     )
-    init.add_argument("--tokenizer", type=Path, help="tokenizers JSON (overrides the recipe's)")
+    init.add_argument("--tokenizer", type=Path, help="tokenizers JSON (overrides the recipe's and host.json's)")
+    init.add_argument(
+        "--calibration-from",
+        type=Path,
+        metavar="DATA_LINE",
+        help="reuse this data line's calibration of the sources it shares (default: host.json's)",
+    )
+    init.add_argument(
+        "--like", type=Path, metavar="DATA_LINE", help="make a line identical to this data line (nothing else given)"
+    )
     init.set_defaults(func=run_init)
 
     val = _subcommand(commands, "val")
     val.add_argument("--work", type=Path, required=True)
-    val.add_argument("--seq-len", type=int, default=DEFAULT_VAL_SEQ_LEN, help="training row length")
-    val.add_argument("--long-seq-len", type=int, help="also rows of this (longer) length")
+    val.add_argument("--seq-len", type=int, help="training row length (default 4096, as `nsconsole new`)")
+    val.add_argument(
+        "--long-seq-len", type=int, help="also rows of this (longer) length (default 32768; 0: none)"
+    )
+    val.add_argument(
+        "--line", dest="for_line", metavar="LINE", help="the lengths this training line validates at"
+    )
     val.set_defaults(func=run_val)
 
     preparer = _subcommand(commands, "run-preparer")
@@ -212,12 +236,26 @@ def run_init(args: argparse.Namespace) -> int:
     from datalines.creation import EMBEDDED_CYCLE_TOKENS, init_data_line, init_embedded_line
     from datalines.errors import DataLineError
 
+    if args.like is not None:
+        others = (("--embedded", args.embedded or None), ("--recipe", args.recipe), ("--eos-id", args.eos_id),
+                  ("--cycle-tokens", args.cycle_tokens), ("--tokenizer", args.tokenizer),
+                  ("--calibration-from", args.calibration_from))  # fmt: skip
+        given = [flag for flag, value in others if value is not None]
+        if given:
+            raise DataLineError(f"data init --like takes everything from {args.like}; drop {', '.join(given)}")
+        from datalines.identical import init_like_line
+
+        line = init_like_line(args.work, args.like)
+        print(f"data line {line.path}: identical to {args.like} (sources {', '.join(line.sources)}, "
+              f"vocab {line.vocab_size}, {line.cycle_tokens:,} tokens per cycle)")  # fmt: skip
+        return 0
     if args.cycle_tokens is not None and not args.cycle_tokens.is_integer():
         raise DataLineError(f"--cycle-tokens must be a whole number, got {args.cycle_tokens}")
     if args.embedded:
-        if args.recipe or args.eos_id is not None or args.tokenizer:
+        if args.recipe or args.eos_id is not None or args.tokenizer or args.calibration_from:
             raise DataLineError(
-                "data init --embedded takes no --recipe, --eos-id or --tokenizer (it trains its own)"
+                "data init --embedded takes no --recipe, --eos-id, --tokenizer or --calibration-from "
+                "(it trains its own tokenizer and calibrates on it)"
             )
         cycle_tokens = EMBEDDED_CYCLE_TOKENS if args.cycle_tokens is None else int(args.cycle_tokens)
         line = init_embedded_line(args.work, cycle_tokens)
@@ -226,25 +264,48 @@ def run_init(args: argparse.Namespace) -> int:
                                             ("--cycle-tokens", args.cycle_tokens)) if value is None]
         if missing:
             raise DataLineError(f"data init needs {', '.join(missing)} (or --embedded)")
-        line = init_data_line(args.work, args.recipe, args.eos_id, int(args.cycle_tokens), args.tokenizer)
+        host = args.host_settings
+        calibration_from = args.calibration_from or _host_path(host.calibration_from)
+        line = init_data_line(
+            args.work, args.recipe, args.eos_id, int(args.cycle_tokens), args.tokenizer,
+            default_tokenizer=_host_path(host.tokenizer), calibration_from=calibration_from,
+        )  # fmt: skip
     last = line.last_cycle()
     print(
         f"data line {line.path}: sources {', '.join(line.sources)}, vocab {line.vocab_size}, "
         f"eos {line.eos_id}, "
         f"{line.cycle_tokens:,} tokens per cycle" + (f", last cycle {last}" if last is not None else "")
     )
+    taken = line.config.get("calibration_from")
+    if taken:
+        print(f"calibration of {', '.join(taken['sources'])} taken from {taken['line']}")
     return 0
+
+
+def _host_path(setting: str | None) -> Path | None:
+    """A path setting of host.json (`~` expanded), None when unset."""
+    return Path(setting).expanduser() if setting else None
 
 
 def run_val(args: argparse.Namespace) -> int:
     from datalines import open_data_line
+    from datalines.errors import DataLineError
     from datalines.validation import build_validation
+    from engine.config.run import DEFAULT_SEQ_LEN
+    from engine.ops.val_lengths import default_long_seq_len, line_lengths
 
-    lengths = [args.seq_len] + ([args.long_seq_len] if args.long_seq_len else [])
-    summary = build_validation(open_data_line(args.work), lengths)
-    for seq_len, rows in summary.items():
-        print(f"val T{seq_len}: " + ", ".join(f"{name} {count} rows" for name, count in rows.items()))
-    return 0
+    if args.for_line is not None:
+        if args.seq_len is not None or args.long_seq_len is not None:
+            raise DataLineError("data val: give --line or --seq-len / --long-seq-len, not both")
+        lengths = line_lengths(args.host_settings.resolve_line(args.for_line))
+    else:
+        seq_len = DEFAULT_SEQ_LEN if args.seq_len is None else args.seq_len
+        long_seq_len = default_long_seq_len() if args.long_seq_len is None else args.long_seq_len
+        lengths = [seq_len] + ([long_seq_len] if long_seq_len > 0 and long_seq_len != seq_len else [])
+    built = build_validation(open_data_line(args.work), lengths)
+    for length in built:
+        print(length.describe())
+    return 0 if all(length.built for length in built) else 1
 
 
 def run_status(args: argparse.Namespace) -> int:

@@ -18,7 +18,8 @@ when LINE already holds a run.json, the preset is unknown or the data line is mi
 model's vocab_size follows the data line's tokenizer. Until the line's first start run.json may
 be edited freely (the learning-rate schedule, the batch ramp, the seeds): the first start that
 passes its checks accepts it (accepted_run.json), and from then on its lifelong keys may only
-change as allow_changes permits.
+change as allow_changes permits. It prints what the line's checkpoints will take on disk (one
+checkpoint, and everything retention keeps) and warns when the disk cannot hold it.
 """
 EXAMPLES = """\
 examples:
@@ -56,6 +57,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="keep a parameter average with this horizon in tokens, starting at as many tokens trained",
     )
     parser.add_argument("--seq-len", type=int, metavar="T", help="the trunk's sequence length (default 4096)")
+    parser.add_argument(
+        "--device", default="auto", metavar="D",
+        help="auto (the first GPU whose lease is free, else the CPU), cpu, cuda or cuda:N (default auto)",
+    )
     parser.add_argument(
         "--override",
         action="append",
@@ -114,11 +119,19 @@ def run(args: argparse.Namespace) -> int:
         ema_horizon_tokens=args.ema_horizon_tokens,
         seq_len=args.seq_len,
         overrides=dict(args.override),
+        device=args.device,
     )
     config = new_line(line, options)
     model = config.model.preset
     if config.model.overrides:
         model += f" with overrides {json.dumps(config.model.overrides, sort_keys=True)}"
-    print(f"created {line}: {model} on {config.data.line}")
+    print(f"created {line}: {model} on {config.data.line}, device {config.device}")
+    # What its checkpoints need: said now, while the settings are easy to change (a warning, not a
+    # refusal: the disk may be freed before the start, which refuses a line with no room to start).
+    from engine.layout import LineLayout
+    from engine.ops.check import disk_results  # torch: the model's size, on the meta device
+
+    for result in disk_results(LineLayout(line), config):
+        print(f"{'warning: ' if not result.ok or result.warning else ''}{result.message}")
     print(f"next: nsconsole tune {args.line}; nsconsole check {args.line}; nsconsole run {args.line}")
     return 0

@@ -64,6 +64,8 @@ def format_status(status: LineStatus) -> list[str]:
         lines.append(f"data: {config.data.line}")
         lines.append(f"plan: {stages}")
         lines.append(f"tokens per update: {ramp}; peak lr {config.lr.peak:g}; device {config.device}")
+    if status.gpu is not None:
+        lines.append(f"gpu: {status.gpu}")
     lines.append(_heartbeat_line(status))
     if status.last_rows:
         lines.append(f"rows (newest {len(status.last_rows)}):")

@@ -49,14 +49,17 @@ class LinesScreen(Screen[None]):
         super().__init__()
         self.filter_text = ""
         self._shared_names: set[str] = set()
+        self._empty_message = NO_LINES
+        self._title, self._subtitle = "lines", ""
+        """The table's border title and subtitle as last set (see `refresh_view`)."""
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
         yield Input(placeholder="filter lines: words in name, path, state or stage", id="filter")
         table = LinesTable(id="lines")
-        table.border_title = "lines"
+        table.border_title = self._title
         yield table
-        yield Static(NO_LINES, id="empty")
+        yield Static(self._empty_message, id="empty")
         panel = GpuPanel(id="gpus")
         panel.border_title = "GPUs"
         yield panel
@@ -77,17 +80,29 @@ class LinesScreen(Screen[None]):
         app = self.app
         book = app.book  # type: ignore[attr-defined]
         shown = [line for line in book if matches(line, self.filter_text)]
-        self.table.show(shown, now)
+        table = self.table
+        table.show(shown, now)
         self._warn_of_shared_names(book)
         empty = self.query_one("#empty", Static)
         problem = app.live.problem if app.live is not None else None  # type: ignore[attr-defined]
-        empty.update(NO_LINES if problem is None else f"✗ cannot look for lines: {problem}")
+        message = NO_LINES if problem is None else f"✗ cannot look for lines: {problem}"
+        # Setting a text or a title repaints the widget (a text lays the screen out too), even
+        # when it is the same: each is set only when it changes, so a quiet tick repaints nothing.
+        if message != self._empty_message:
+            self._empty_message = message
+            empty.update(message)
         empty.set_class(not len(book) or problem is not None, "visible")
-        self.table.border_subtitle = f"{len(shown)} of {len(book)}" if self.filter_text else f"{len(book)}"
-        key = self.table.selected_key
+        subtitle = f"{len(shown)} of {len(book)}" if self.filter_text else f"{len(book)}"
+        if subtitle != self._subtitle:
+            self._subtitle = table.border_subtitle = subtitle
+        key = table.selected_key
         selected = book.get(key) if key else None
-        self.table.border_title = selection_title(selected)
+        self._set_title(selection_title(selected))
         self.query_one(GpuPanel).show(app.gpu_reading, book, selected)  # type: ignore[attr-defined]
+
+    def _set_title(self, title: str) -> None:
+        if title != self._title:
+            self._title = self.table.border_title = title
 
     def _warn_of_shared_names(self, book: LineBook) -> None:
         """A toast when two lines come to share a name (the table then shows each by its path)."""
@@ -106,7 +121,7 @@ class LinesScreen(Screen[None]):
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         key = self.table.selected_key
-        self.table.border_title = selection_title(self.app.book.get(key) if key else None)  # type: ignore[attr-defined]
+        self._set_title(selection_title(self.app.book.get(key) if key else None))  # type: ignore[attr-defined]
         self.app.refresh_bindings()
 
     async def action_open_line(self) -> None:

@@ -205,6 +205,17 @@ def build_frame(
     )
 
 
+def frame_inputs(line: LineView) -> tuple[Any, ...]:
+    """What `build_frame` reads of the line, as a value that changes when any of it does: its rows
+    (a resume may rewrite the newest ones: the newest row is compared, not only the count), its
+    validations and its events. Not its heartbeat or status, which change every second: the line's
+    `version` would redraw every plot each time."""
+    newest = line.recent_rows[-1] if line.recent_rows else None
+    validation = line.validations[-1] if line.validations else None
+    event = line.events[-1] if line.events else None
+    return id(line.series), len(line.series), newest, len(line.validations), validation, len(line.events), event
+
+
 class CurvePlot(Widget):
     """One curve of one line; `show(frame, settings)` redraws it when either changed."""
 

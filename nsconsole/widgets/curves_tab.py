@@ -24,6 +24,7 @@ from nsconsole.widgets.curves import (
     CurveSettings,
     build_frame,
     cursor_readout,
+    frame_inputs,
 )
 from nsconsole.widgets.line_header import Fork
 from nsconsole.widgets.probe_table import probe_readings
@@ -106,7 +107,7 @@ class CurvesTab(Vertical):
         if self.settings.cursor is not None and self.settings.cursor >= width:
             self.settings.cursor = width - 1
         drawn = (
-            self.line.version, self.settings.key, tuple(plot.size for plot in plots), id(self.trunk),
+            frame_inputs(self.line), self.settings.key, tuple(plot.size for plot in plots), id(self.trunk),
             tuple((name, len(history.update)) for name, history in self.pinned_rows.items()),
         )
         if drawn == self._drawn:

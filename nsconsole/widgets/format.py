@@ -40,6 +40,7 @@ STATE_LOOKS: dict[str, tuple[str, str]] = {
     Stage.CAPTURING: ("◎", "success"),
     Stage.COMPILING: ("⚙", "success"),
     Stage.PROBING: ("◇", "success"),
+    Stage.DREAMING: ("☾", "success"),
     UNREACHABLE: ("⚡", "error"),
     SUPERVISOR_LOST: ("✗", "error"),
 }

@@ -1,7 +1,10 @@
-"""The GPU panel: every GPU's memory split between the selected line, other processes, the
-reserve and what is free; its utilisation as a sparkline; who holds its lease; whether the
-selected line shares the GPU. A machine without a GPU shows why, once. Beside it, the host:
-CPU, memory and each line's trainer process (`widgets/host_panel.py`), read with the GPUs.
+"""The GPU panel: every GPU of the host (NVML's index: the physical GPU, whatever a line's
+CUDA_VISIBLE_DEVICES) with its memory split between the selected line, other processes, the
+reserve and what is free; its utilisation as a sparkline; the line holding its lease and the lines
+waiting for it; whether the selected line shares the GPU. Lines that wait for any free GPU
+(`auto`, with every lease held) are listed under the GPUs. A machine without a GPU shows why,
+once. Beside it, the host: CPU, memory and each line's trainer process (`widgets/host_panel.py`),
+read with the GPUs.
 
 Memory segments are drawn with different characters (█ this line, ▓ other processes,
 ░ the reserve, · free) with a legend, so the split reads without colour.
@@ -74,6 +77,7 @@ class GpuPanel(Static):
     def __init__(self, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.utilisation: dict[int, deque[float | None]] = {}
+        self._shown: tuple[Text, Text | None, int] | None = None
 
     def record(self, reading: GpuReading) -> None:
         """Add a utilisation sample per device (a reading taken on the panel's cadence)."""
@@ -84,10 +88,16 @@ class GpuPanel(Static):
     def show(self, reading: GpuReading | None, book: LineBook, selected: LineView | None) -> None:
         HOST_SAMPLER.watch(line.trainer_pid for line in book if line.trainer_pid)
         gpus = self.render_text(reading, book, selected)
-        if reading is None or reading.host is None:
+        host = host_text(reading.host, book) if reading is not None and reading.host is not None else None
+        # An update re-lays out the screen: skip it when the panel would show what it shows (rich
+        # Texts compare by value), which is most ticks of a line watched for hours.
+        shown = (gpus, host, self.content_size.width)
+        if shown == self._shown:
+            return
+        self._shown = shown
+        if host is None:
             self.update(gpus)
             return
-        host = host_text(reading.host, book)
         if _widest(gpus) + HOST_GAP + _widest(host) <= self.content_size.width:
             beside = Table.grid(padding=(0, HOST_GAP, 0, 0))
             beside.add_row(gpus, host)
@@ -129,10 +139,18 @@ class GpuPanel(Static):
             text.append(f"lease: {_holder_name(holder, by_path, trainer_pids)}")
             if selected is not None:
                 text.append(f"  sharing: {'on' if sharing else 'off'}")
+            waiting = [line.name for line in book if line.waiting_for_gpus == [device.index]]
+            if waiting:
+                text.append(f"  waiting: {', '.join(waiting)}", style=theme.warning or "")
             history = self.utilisation.get(device.index, deque())
             utilisation = "—" if device.utilization is None else f"{device.utilization}%"
             text.append(f"\n{'':<26}utilisation {utilisation:>4} ")
             text.append(sparkline(list(history), SPARK_WIDTH, 0.0, 100.0), style=theme.success or "")
+        for line in book:
+            candidates = line.waiting_for_gpus
+            if len(candidates) > 1:
+                gpus = ", ".join(str(index) for index in candidates)
+                text.append(f"\n{line.name} waits for a free GPU (leases of {gpus} held)", style=theme.warning or "")
         text.append("\n█ this line  ▓ other processes  ░ reserve  · free", style="dim")
         return text
 

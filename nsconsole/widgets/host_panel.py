@@ -1,4 +1,5 @@
-"""The host beside the GPU panel: CPU use, memory, and each line's trainer process (CPU and RSS).
+"""The host beside the GPU panel: CPU use, memory, and each line's trainer process (CPU, RSS and the
+GPU it trains on).
 
 Read with psutil on the GPU reading's thread and cadence (`gpu_panel.read_gpus`), never on the
 UI thread. A process's CPU share is measured between two readings, so the sampler keeps each
@@ -96,4 +97,6 @@ def host_text(reading: HostReading, book: LineBook) -> Text:
         cpu = "—" if process.cpu_percent is None else f"{process.cpu_percent:.0f}%"
         text.append(f"\n{line.name[:18]:<18} ", style="bold")
         text.append(f"trainer {pid}  CPU {cpu:>5}  RSS {fmt.gib(process.rss)} GiB")
+        if line.gpu_index is not None:
+            text.append(f"  GPU{line.gpu_index}")
     return text

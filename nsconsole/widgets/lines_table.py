@@ -1,4 +1,11 @@
-"""The lines table: one row per line, redrawn cell by cell (only the cells whose text changed).
+"""The lines table: one row per line; a tick re-renders only the rows whose cells changed.
+
+Textual's `DataTable.update_cell` re-renders every visible row for one changed cell (it bumps a
+counter that keys every render cache, and repaints the whole widget): with eight lines logging, that
+was most of the console's CPU (bench/console_cpu.py). `LinesTable.show` writes a changed cell, drops
+the cached renders of that cell's row alone and repaints that row's lines; a change that moves a
+column's width (or lands while widths are still being measured) takes DataTable's own path, which
+lays every row out anew.
 
 A line whose supervisor does not answer keeps its last values, dimmed, with `⚡` before its
 state; every state and the heartbeat's age carry a glyph, so nothing is told by colour alone.
@@ -19,6 +26,7 @@ from pathlib import Path
 from rich.cells import cell_len
 from rich.text import Text
 from textual.widgets import DataTable
+from textual.widgets.data_table import ColumnKey, RowKey
 
 from nsconsole import health
 from nsconsole.state import LineView
@@ -59,6 +67,8 @@ class LinesTable(DataTable):
         self._shown_columns: tuple[str, ...] = ()
         self.cells_written = 0
         """Cells written since mounting (the benchmark and the tests read it)."""
+        self._renders_counted = -1
+        """DataTable's `_update_count` when its render caches were last pruned (`_forget_renders`)."""
 
     def on_mount(self) -> None:
         self._lay_out([column for column, _ in COLUMNS])
@@ -83,27 +93,91 @@ class LinesTable(DataTable):
         shown = list(lines)
         wanted = {line.key: line for line in shown}
         names = Counter(line.name for line in shown)
-        for key in [key for key in self._cells if key not in wanted]:
+        gone = [key for key in self._cells if key not in wanted]
+        for key in gone:
             self.remove_row(key)
             del self._cells[key]
+        changed: dict[str, dict[str, Text]] = {}
+        moved = bool(gone)  # any row or cell (shown or not) changed: only then may the fitting columns change
         for key, line in wanted.items():
             cells = self.render_cells(line, now, shared_name=names[line.name] > 1)
             previous = self._cells.get(key)
             if previous is None:
                 self.add_row(*(cells[column] for column in self._shown_columns), key=key)
                 self.cells_written += len(self._shown_columns)
-            else:
-                for column in self._shown_columns:
-                    if cells[column] != previous[column]:
-                        self.update_cell(key, column, cells[column], update_width=True)
-                        self.cells_written += 1
+                moved = True
+            elif cells != previous:
+                moved = True
+                row = {column: cells[column] for column in self._shown_columns if cells[column] != previous[column]}
+                if row:
+                    changed[key] = row
+                    self.cells_written += len(row)
             self._cells[key] = cells
+        self._write_cells(changed)
         if [row.key.value for row in self.ordered_rows] != list(wanted):
             # A line came back (the filter cleared, a supervisor restarted): in its place again.
             self._cells = {key: self._cells[key] for key in wanted}
             self._lay_out(self._shown_columns)
-        self._fit_columns()
+        if moved:
+            self._fit_columns()
         self._keep_cursor_on(selected)
+
+    def _write_cells(self, changed: dict[str, dict[str, Text]]) -> None:
+        """Put the changed cells in (`_cells` holds them already), re-rendering only their rows
+        where no column's width moves."""
+        if not changed:
+            return
+        if self._widths_pending() or self._moves_width(changed):
+            for key, row in changed.items():
+                for column, cell in row.items():
+                    self.update_cell(key, column, cell, update_width=True)
+            return
+        for key, row in changed.items():
+            data = self._data[RowKey(key)]
+            for column, cell in row.items():
+                data[ColumnKey(column)] = cell
+        self._forget_renders(changed)
+        for key in changed:
+            self.refresh_row(self.get_row_index(key))
+
+    def _widths_pending(self) -> bool:
+        """Whether DataTable still has rows or cells to measure (it measures them when idle)."""
+        return bool(self._new_rows or self._updated_cells or self._require_update_dimensions)
+
+    def _moves_width(self, changed: dict[str, dict[str, Text]]) -> bool:
+        """Whether a changed column's width is no longer its widest cell's (or heading's)."""
+        headings = dict(COLUMNS)
+        for column in {column for row in changed.values() for column in row}:
+            needed = max([cell_len(headings[column])] + [cells[column].cell_len for cells in self._cells.values()])
+            if needed != self.columns[ColumnKey(column)].content_width:
+                return True
+        return False
+
+    def _forget_renders(self, changed: dict[str, dict[str, Text]]) -> None:
+        """Drop DataTable's cached renders of the changed cells, of their rows and of the rows'
+        screen lines; every other row's renders stay (their cache keys are unchanged)."""
+        caches = (self._cell_render_cache, self._row_render_cache, self._line_cache, self._row_renderable_cache)
+        if self._update_count != self._renders_counted:
+            # DataTable's counter moved (a row added, a resize, a width): every render cached before
+            # is keyed by the old count and dead; dropping them all keeps the scans below short.
+            for cache in caches:
+                cache.clear()
+            self._renders_counted = self._update_count
+            return
+        rows = {RowKey(key) for key in changed}
+        cells = {(RowKey(key), ColumnKey(column)) for key, row in changed.items() for column in row}
+        lines: set[int] = set()
+        for key in changed:
+            index = self.get_row_index(key)
+            lines.update(self._get_row_region(index).line_range)
+            self._row_renderable_cache.discard((self._update_count, index))
+        # The keys are (row, column, ...), (row, line in row, ...) and (y, ...): see DataTable's
+        # _render_cell, _render_line_in_row and _render_line.
+        for cache, stale in ((self._cell_render_cache, lambda k: (k[0], k[1]) in cells),
+                             (self._row_render_cache, lambda k: k[0] in rows),
+                             (self._line_cache, lambda k: k[0] in lines)):
+            for cache_key in list(filter(stale, cache.keys())):  # an LRUCache: no iteration of its own
+                cache.discard(cache_key)
 
     def _keep_cursor_on(self, key: str | None) -> None:
         if key is not None and key in self._cells and self.selected_key != key:

@@ -43,6 +43,11 @@ def progress_text(requests: Sequence[PendingRequest], now: float) -> str:
 class RequestProgress(Static):
     """Shown while a request waits (see the module docstring); hidden otherwise."""
 
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self._text = ""
+        """The text shown."""
+
     def on_mount(self) -> None:
         self.set_interval(TICK_S, self._tick)
         self._tick()
@@ -51,5 +56,8 @@ class RequestProgress(Static):
         self.show(self.app.pending, self.app.clock())  # type: ignore[attr-defined]
 
     def show(self, requests: Sequence[PendingRequest], now: float) -> None:
-        self.update(progress_text(requests, now))
+        text = progress_text(requests, now)
+        if text != self._text:  # an update lays the screen out: none while nothing waits
+            self._text = text
+            self.update(text)
         self.set_class(bool(requests), "waiting")

@@ -39,6 +39,11 @@ class NSConfig:
     """Run the chunked scan through `torch.compile` on CUDA (fused kernels, compiled once per shape
     when a line starts; `engine.models.ns.scan.compiled_chunked_scan`). False runs it eagerly there
     too. On a CPU it always runs eagerly."""
+    scan_kernel: bool = True
+    """Run the chunked scan through the fused Triton kernels on CUDA (`kernels.ssd_scan`: one launch
+    forward, two backward, no (L x L) tensor in memory; 4.10 against compile_scan's 5.61 ms forward
+    + backward on the H200 at ns-2b's shape, bench/RESULTS.md). False leaves the choice to
+    `compile_scan`, as does a `chunk_len` the kernels do not take (not a power of two of at least 16)."""
     dt_init_min: float = 1e-3
     """Smallest initial step dt of a head (steps are log-spaced over the heads)."""
     dt_init_max: float = 1e-1
@@ -115,6 +120,8 @@ class NSConfig:
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"model.overrides: {name} must be positive, got {getattr(self, name)}")
+        if not isinstance(self.scan_kernel, bool):
+            raise ConfigError(f"model.overrides: scan_kernel must be true or false, got {self.scan_kernel!r}")
         if not isinstance(self.compile_scan, bool):
             raise ConfigError(f"model.overrides: compile_scan must be true or false, got {self.compile_scan!r}")
         if self.hippocampal_every < 0:

@@ -36,6 +36,7 @@ from engine.models.common import RMSNorm
 from engine.models.ns.config import NSConfig
 from engine.models.ns.neurons import PLIFNeurons, at_least_fp32
 from engine.models.ns.scan import chunked_scan, compiled_chunked_scan, recurrent_step
+from kernels.ssd_scan import ssd_scan
 
 
 @dataclass
@@ -155,6 +156,8 @@ class DendriticLayer(nn.Module):
         groups_shape = (batch, length, config.dendritic_groups, config.dendritic_state)
         if length == 1:  # a decoder's step: the recurrence itself, not a chunk padded from one token
             scan = recurrent_step
+        elif u.is_cuda and config.scan_kernel and u.dtype != torch.float64 and _kernel_takes(config.chunk_len):
+            scan = ssd_scan
         else:
             scan = compiled_chunked_scan() if u.is_cuda and config.compile_scan else chunked_scan
         y, compartments = scan(
@@ -169,3 +172,8 @@ class DendriticLayer(nn.Module):
         y = y + at_least_fp32(self.skip).view(heads, 1) * u
         spikes, membrane, soma = self.soma(y.reshape(batch, length, width), soma0)  # (Bt, T, E) x 2, (Bt, E)
         return membrane * F.silu(z), compartments, soma, dt, spikes
+
+
+def _kernel_takes(chunk_len: int) -> bool:
+    """Whether `kernels.ssd_scan` runs this chunk length (a power of two of at least 16)."""
+    return chunk_len >= 16 and chunk_len & (chunk_len - 1) == 0

@@ -135,8 +135,8 @@ class NSLM(LanguageModel):
 
     def losses_from_hidden(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """(B, T, D) last hidden states, (B, T) targets -> (B, T) float32 cross-entropy, the logits
-        made and dropped a chunk at a time (`chunked_token_losses`)."""
-        return chunked_token_losses(self.logits_from_hidden, x, targets)
+        made and dropped a chunk at a time (`chunked_token_losses`): `logits_from_hidden`'s head."""
+        return chunked_token_losses(self.final_norm(x), self.embed.weight, targets)
 
     def hidden(
         self,

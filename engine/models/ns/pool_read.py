@@ -7,17 +7,23 @@ monotone pool clock and lambda_h > 0 its rate. The term -lambda_h c_t is the sam
 of a query's row and cancels in the softmax, so the read is attention with a per-key bias
 log g_s + lambda_h c_s.
 
-Two paths compute it over a row: the explicit biased softmax (CPU, and the definition: it evaluates the
-difference c_t - c_s itself) and `torch.nn.attention.flex_attention` with the per-key bias as a
-score_mod (CUDA; flex has no backward on CPU in torch 2.13). A CUDA test holds them together.
-A decoder reads through `PoolCache`, the explicit path over the tokens seen so far.
+Three paths compute it over a row: the explicit biased softmax (CPU, and the definition: it
+evaluates the difference c_t - c_s itself); on CUDA the flash kernel kernels/pool_attention.py
+with the per-key bias (its backward sums d_bias over queries inside the program that owns the
+key, without atomics, so NS gradients repeat bit for bit and a resumed GPU line repeats an
+uninterrupted one); and `torch.nn.attention.flex_attention` with the bias as a score_mod, kept as
+an independent CUDA implementation that a test and bench/pool_attention.py hold the kernel
+against (flex's backward adds the bias gradient with atomics: not bitwise repeatable, and 14.9
+ms fwd+bwd on the H200 at B 8, H 20, T 4096, d 128 against SDPA flash's 4.9 ms without a bias;
+it has no backward on CPU in torch 2.13). A decoder reads through `PoolCache`, the explicit path
+over the tokens seen so far.
 The bias is one fp32 tensor indexed by the key alone: a score_mod that reads tensors needing
 gradients makes flex's backward accumulate their gradients with atomic adds, one per score, and
 a tensor indexed by the head alone (the rate) or by the query (its clock) puts thousands of
 those on one address -- measured on the H200 (B 8, H 20, T 4096, d 128): 2.4 s fwd+bwd with
 the rate and both clocks read in the score_mod, against SDPA flash's 6.4 ms without a bias.
 In fp32 the bias keeps the clocks' precision (lambda c_s of a few hundred leaves 1e-5 of a
-logit), which a bias carried in bf16 q / k dimensions would not.
+logit), which a bias carried in bf16 q / k dimensions would not; the kernel keeps it in fp32.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.models.base import register_shared_cache
+from kernels.pool_attention import pool_attention
 
 if TYPE_CHECKING:
     from torch.nn.attention.flex_attention import BlockMask
@@ -180,6 +187,21 @@ def per_key_bias(log_tag: torch.Tensor, clock: torch.Tensor, rate: torch.Tensor)
     return (log_tag.float() + rate.float().view(1, -1, 1) * elapsed).contiguous()
 
 
+def pool_read_kernel(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    log_tag: torch.Tensor,
+    clock: torch.Tensor,
+    rate: torch.Tensor,
+) -> torch.Tensor:
+    """The same read through the flash kernel with a per-key bias (CUDA; off CUDA only under
+    TRITON_INTERPRET=1). Same shapes as `pool_read_explicit`; the result is laid out (Bt, T, Ha, d)
+    underneath, so the layer's transpose to (Bt, T, Ha x d) is a view."""
+    out, _ = pool_attention(q, k, v, per_key_bias(log_tag, clock, rate), use_triton=True)
+    return out
+
+
 def pool_read(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -188,6 +210,6 @@ def pool_read(
     clock: torch.Tensor,
     rate: torch.Tensor,
 ) -> torch.Tensor:
-    """flex_attention on CUDA, the explicit biased softmax elsewhere."""
-    read = pool_read_flex if q.is_cuda else pool_read_explicit
+    """The flash kernel on CUDA, the explicit biased softmax elsewhere."""
+    read = pool_read_kernel if q.is_cuda else pool_read_explicit
     return read(q, k, v, log_tag, clock, rate)

@@ -26,6 +26,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from engine.models.base import IGNORE_INDEX
+from engine.models.pssa.read import topk_read
 from kernels.poincare import hyperbolic_distance, poincare_read
 
 MAX_BALL_RADIUS = 1.0 - 8.0 * torch.finfo(torch.float32).eps
@@ -164,8 +165,11 @@ class EpisodicBank(nn.Module):
         return self._live if self._live is not None else (self.keys, self.values)
 
     def read(self, q_ball: torch.Tensor, tau: float, top_k: int) -> torch.Tensor:
-        """(N, Dk) queries in the ball -> (N, Dv) reads; zeros while the bank is empty."""
+        """(N, Dk) queries in the ball -> (N, Dv) reads; zeros while the bank is empty. A top-k
+        read on the CPU reads only the chosen slots (`pssa.read`), elsewhere the kernel's."""
         keys, values = self._slots()
+        if not q_ball.is_cuda and 0 < top_k < self.capacity:
+            return topk_read(q_ball, keys, values, self.occupied, tau, top_k)
         return poincare_read(q_ball, keys, values, self.occupied, tau, top_k)
 
     @torch.no_grad()

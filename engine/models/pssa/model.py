@@ -10,8 +10,17 @@ One block, for x the RMSNorm (scale and offset) of its input:
 
 with `A = -softplus(A_raw)`. Blocks stack as `u = b0(e)`, `u = u + b_i(u) / sqrt(depth)`; Ouro
 loops run the whole stack again with shared weights and bank but each pass its own recurrent
-carry: `u = u + stack(u) / loops` for the passes after the first. Logits are
-`head(u) / sqrt(d)`, without a final norm (the article's model).
+carry, composed as the article's backward describes: pass 0 reads the embeddings, every later
+pass adds its output times loop_scale = 1 / loops to the stream (`u = u + stack(u) / loops`),
+so the backward walks the passes in reverse order, hands each later pass loop_scale times the
+stream's adjoint and adds the adjoint at its input back into the stream's (the residual
+adjoint); test_models_pssa_loops.py holds autograd to that recipe computed pass by pass.
+Logits are `head(u / sqrt(d))`, without a final norm (the article's model).
+
+The six projections of a block's normed input (delta, B, C, the query's x part, the gate, the
+adapter's down map) run as one matrix product. The scan is `pssa.scan` (the Triton kernel on
+CUDA, a blocked scan with a hand-written backward on the CPU) and a top-k memory read on the
+CPU gathers only the chosen slots (`pssa.read`).
 
 A row of T tokens is processed in pieces of `chunk_len`: the recurrent carry passes exactly
 from piece to piece but is detached at each edge (TBPTT), and at each piece's end every block
@@ -41,7 +50,7 @@ from engine.models.common import RMSNorm
 from engine.models.pssa.config import PSSAConfig
 from engine.models.pssa.dream import DreamCache, DreamReport, dream
 from engine.models.pssa.memory import EpisodicBank, PendingDreams, WriteRule, to_poincare_ball, write_banks
-from kernels.selective_scan import selective_scan
+from engine.models.pssa.scan import pssa_scan
 
 
 class _CachedRate(torch.autograd.Function):
@@ -85,6 +94,9 @@ class PSSABlock(nn.Module):
             config.mem_capacity, k, d, WriteRule(loss_threshold=config.write_loss_threshold)
         )
         self.ssm_scale = 1.0 / math.sqrt(n)
+        # The projections of the normed input, in the order of `forward`'s split.
+        self._input_projections = (self.W_delta, self.W_B, self.W_C, self.W_qx, self.W_gate, self.adapter_down)
+        self._input_widths = [linear.out_features for linear in self._input_projections]
         # (weakref to A_raw, its version, its values, A, dA/dA_raw) of the last transform.
         self._rate_cache: tuple[Any, int, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self._initialise()
@@ -151,17 +163,19 @@ class PSSABlock(nn.Module):
         config = self.config
         batch, length, width = u.shape
         x = self.norm(u)  # (B, L, d)
-        delta = F.softplus(self.W_delta(x))  # (B, L, d)
-        B_t = self.W_B(x).unsqueeze(2)  # (B, L, 1, N): one group shared by every channel
-        C_t = self.W_C(x).unsqueeze(2)  # (B, L, 1, N)
-        y, h_last = selective_scan(x, delta, self.rates(), B_t, C_t, None, h0)  # (B, L, d), (B, d, N)
+        # Every projection of x in one matrix product (one pass over x, one weight gradient).
+        inputs = F.linear(x, torch.cat([linear.weight for linear in self._input_projections]))
+        delta_raw, B_t, C_t, query_x, gate, down = inputs.split(self._input_widths, dim=-1)
+        delta = F.softplus(delta_raw)  # (B, L, d)
+        # B_t, C_t (B, L, N): one group shared by every channel.
+        y, h_last = pssa_scan(x, delta, self.rates(), B_t, C_t, h0)  # (B, L, d), (B, d, N)
         # The ball map in fp32 at least: under bf16 autocast its radius cap would round to 1.
-        query = self.W_qx(x) + self.W_qh(y)  # (B, L, Dk)
+        query = query_x + self.W_qh(y)  # (B, L, Dk)
         q_ball = to_poincare_ball(query.to(torch.promote_types(query.dtype, torch.float32)))
         flat_q = q_ball.reshape(batch * length, -1)
         m = self.bank.read(flat_q, config.tau_mem, config.mem_top_k).view(batch, length, width)
-        adapter = F.linear(F.silu(self.adapter_down(x)), self.adapter_up.weight + self.consolidated_up)
-        z = y * self.ssm_scale + torch.sigmoid(self.W_gate(x)) * self.W_proj(m) + adapter  # (B, L, d)
+        adapter = F.linear(F.silu(down), self.adapter_up.weight + self.consolidated_up)
+        z = y * self.ssm_scale + torch.sigmoid(gate) * self.W_proj(m) + adapter  # (B, L, d)
         out = z + self.mlp_down(F.silu(self.mlp_up(z)))  # (B, L, d)
         if probe is not None:
             probe["delta"].append(delta.detach().reshape(-1, width))
@@ -274,7 +288,8 @@ class PSSALM(LanguageModel):
 
     def _head_logits(self, u: torch.Tensor) -> torch.Tensor:
         """(B, L, d) final stream -> (B, L, V) logits, at least float32."""
-        logits = self.head(u) / math.sqrt(self.config.d_latent)
+        # Scaled before the head: (B, L, d) numbers to scale, not (B, L, V).
+        logits = self.head(u * (1.0 / math.sqrt(self.config.d_latent)))
         return logits.to(torch.promote_types(logits.dtype, torch.float32))
 
     # ---------------------------------------------------------------------------- decoding

@@ -40,6 +40,11 @@ class TransformerConfig:
     """Attention window: rows longer than this are cut into independent windows of this length."""
     init_std: float = 0.02
     """Standard deviation of the normal initialisation of matrices and embeddings."""
+    compile_layers: bool = True
+    """Run each layer's training forward through `torch.compile` on CUDA (norms, RoPE, SwiGLU and
+    residual adds fused around the matrix products; one compilation shared by the identical
+    layers, made at the step engine's warm-up before any CUDA-graph capture). False runs them
+    eagerly there. The CPU, decoding and no-grad forwards always run the layers eagerly."""
 
     def validate(self) -> None:
         """Raise ConfigError on a shape the model cannot be built with."""
@@ -49,6 +54,10 @@ class TransformerConfig:
                 raise ConfigError(f"model.overrides: {name} must be positive, got {getattr(self, name)}")
         if self.width % self.heads:
             raise ConfigError(f"model.overrides: width {self.width} is not a multiple of heads {self.heads}")
+        if not isinstance(self.compile_layers, bool):
+            raise ConfigError(
+                f"model.overrides: compile_layers must be true or false, got {self.compile_layers!r}"
+            )
         if (self.width // self.heads) % 2:
             raise ConfigError(f"model.overrides: head width {self.width // self.heads} must be even")
 

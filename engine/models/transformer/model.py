@@ -9,6 +9,13 @@ NS presets of the same size.
 Rows longer than `context_len` are cut into independent windows of that length: attention is
 causal within a window and nothing is carried across (the article's peer trained that way).
 
+Speed on CUDA (the large presets are the yardstick of the NS models, so they must be as fast as a
+plain compiled GPT: `bench/gpu_peers.py`): each layer's training forward runs through
+`torch.compile` (`compile_layers`; the RoPE tables are computed outside and passed in, so the
+identical layers share one compiled graph), and the loss is taken by `chunked_token_losses`, which
+never holds the (tokens, 65,536) logits of the whole micro-batch. On a CPU both stay eager and
+whole: the small presets' exact reference.
+
 Decoding keeps a KV cache per layer (`KVCache`) and adds each new token's position at the
 cache's offset (sinusoidal table row or RoPE angle). It follows the windows as training cut them:
 when a window is full the caches are dropped and the next token opens a new window at position 0,
@@ -18,7 +25,9 @@ equal the full forward's over the same tokens, windows included).
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,8 +35,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from engine.models.base import LanguageModel, token_losses
-from engine.models.common import RMSNorm, RotaryEmbedding, SwiGLU, sinusoidal_positions
+from engine.models.base import LanguageModel, chunked_token_losses, compute_dtype, linear_logits
+from engine.models.common import RMSNorm, RotaryEmbedding, SwiGLU, apply_rotary, sinusoidal_positions
 from engine.models.transformer.config import TransformerConfig
 
 
@@ -41,6 +50,10 @@ class FeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down(F.silu(self.up(x)))
+
+
+Rope = tuple[torch.Tensor, torch.Tensor]
+"""The (T, head_dim) cos and sin tables of a window's positions (`RotaryEmbedding.tables`)."""
 
 
 class KVCache:
@@ -86,22 +99,24 @@ def _mask_after(cached: int, length: int, device: torch.device) -> torch.Tensor 
 class CausalSelfAttention(nn.Module):
     """Multi-head causal attention through `scaled_dot_product_attention`, no biases."""
 
-    def __init__(self, config: TransformerConfig, rotary: RotaryEmbedding | None) -> None:
+    def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
         self.heads = config.heads
         self.head_dim = config.width // config.heads
         self.qkv = nn.Linear(config.width, 3 * config.width, bias=False)
         self.out = nn.Linear(config.width, config.width, bias=False)
-        self.rotary = rotary
 
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        """(B, T, d) -> (B, T, d); with a cache, x follows the cached tokens and joins them."""
+    def forward(
+        self, x: torch.Tensor, rope: Rope | None = None, cache: KVCache | None = None
+    ) -> torch.Tensor:
+        """(B, T, d) -> (B, T, d); `rope`: the (T, hd) cos and sin tables of the tokens' positions
+        (None: no rotation); with a cache, x follows the cached tokens and joins them."""
         batch, length, width = x.shape
         qkv = self.qkv(x).view(batch, length, 3, self.heads, self.head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (B, H, T, hd)
         cached = 0 if cache is None else cache.length
-        if self.rotary is not None:
-            q, k = self.rotary(q, cached), self.rotary(k, cached)
+        if rope is not None:
+            q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         if cache is None or cached == 0:
             if cache is not None:
                 cache.append(k, v)
@@ -116,10 +131,10 @@ class CausalSelfAttention(nn.Module):
 class TransformerLayer(nn.Module):
     """Pre-norm residual layer: `x + attn(norm(x))`, then `x + ffn(norm(x))`."""
 
-    def __init__(self, config: TransformerConfig, rotary: RotaryEmbedding | None) -> None:
+    def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
         self.attn_norm = RMSNorm(config.width, offset=config.norm_offset)
-        self.attn = CausalSelfAttention(config, rotary)
+        self.attn = CausalSelfAttention(config)
         self.ffn_norm = RMSNorm(config.width, offset=config.norm_offset)
         self.ffn: nn.Module = (
             SwiGLU(config.width, config.ffn_hidden)
@@ -127,9 +142,29 @@ class TransformerLayer(nn.Module):
             else FeedForward(config.width, config.ffn_hidden)
         )
 
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), cache)
+    def forward(
+        self, x: torch.Tensor, rope: Rope | None = None, cache: KVCache | None = None
+    ) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), rope, cache)
         return x + self.ffn(self.ffn_norm(x))
+
+
+def _run_layer(layer: TransformerLayer, x: torch.Tensor, rope: Rope | None) -> torch.Tensor:
+    return layer(x, rope)
+
+
+@functools.cache
+def _compiled_layer() -> Callable[[TransformerLayer, torch.Tensor, Rope | None], torch.Tensor]:
+    """`_run_layer` through torch.compile. The layer is an argument, not the compiled object, so
+    torch._dynamo traces its parameters as inputs and every layer of the same shape reuses one
+    graph (forward and backward). Static shapes: one compilation per training shape, at the step
+    engine's warm-up (past torch._dynamo's recompile limit, 8 shapes, a new shape runs eagerly).
+    Inductor's deterministic mode (where this torch has it): a resumed line compiles the kernels
+    the uninterrupted one did."""
+    import torch._inductor.config as inductor_config
+
+    options = {"deterministic": True} if hasattr(inductor_config, "deterministic") else {}
+    return torch.compile(_run_layer, dynamic=False, options=options)
 
 
 @dataclass
@@ -154,8 +189,8 @@ class TransformerLM(LanguageModel):
         self.config = config
         self.longest_context = config.context_len
         self.embed = nn.Embedding(config.vocab_size, config.width)
-        rotary = RotaryEmbedding(config.width // config.heads, config.rope_base) if config.rope else None
-        self.layers = nn.ModuleList(TransformerLayer(config, rotary) for _ in range(config.depth))
+        self.rotary = RotaryEmbedding(config.width // config.heads, config.rope_base) if config.rope else None
+        self.layers = nn.ModuleList(TransformerLayer(config) for _ in range(config.depth))
         self.final_norm = RMSNorm(config.width, offset=config.norm_offset) if config.final_norm else None
         self.head = None if config.tie_embeddings else nn.Linear(config.width, config.vocab_size, bias=False)
         if not config.rope:
@@ -180,35 +215,58 @@ class TransformerLM(LanguageModel):
     ) -> tuple[torch.Tensor, None]:
         if carry is not None:
             raise ValueError("the transformer carries no state across windows; pass carry=None")
-        return token_losses(self.logits(tokens), targets), None
+        return chunked_token_losses(
+            self.hidden(tokens), self._head_weight(), targets, self._logit_scale()
+        ), None
 
     def logits(self, tokens: torch.Tensor) -> torch.Tensor:
         """(B, T) tokens -> (B, T, V) logits; rows longer than context_len as independent windows."""
+        return self._head_logits(self.hidden(tokens))
+
+    def hidden(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(B, T) tokens -> (B, T, d) last hidden states (after the final norm, if any), rows longer
+        than context_len as independent windows."""
         batch, length = tokens.shape
         window = self.config.context_len
         if length <= window:
-            return self._window_logits(tokens)
+            return self._window_hidden(tokens)
         # Independent windows: fold them into the batch dimension (rows stay in order).
         pad = (-length) % window
         windows = (length + pad) // window
-        folded = self._window_logits(F.pad(tokens, (0, pad), value=0).view(batch * windows, window))
+        folded = self._window_hidden(F.pad(tokens, (0, pad), value=0).view(batch * windows, window))
         return folded.view(batch, windows * window, -1)[:, :length]
 
-    def _window_logits(self, tokens: torch.Tensor, caches: list[KVCache] | None = None) -> torch.Tensor:
-        """(B, T) tokens of one window -> (B, T, V) logits; with caches, the tokens follow theirs."""
+    def _window_hidden(self, tokens: torch.Tensor, caches: list[KVCache] | None = None) -> torch.Tensor:
+        """(B, T) tokens of one window -> (B, T, d) last hidden states; with caches, the tokens
+        follow theirs."""
         cached = 0 if caches is None else caches[0].length
         length = tokens.shape[1]
         x = self.embed(tokens)  # (B, T, d)
-        if not self.config.rope:
+        rope: Rope | None = None
+        if self.rotary is not None:
+            # q and k come out of a projection: the tables in the dtype it runs in (bf16 under autocast).
+            rope = self.rotary.tables(length, cached, x.device, compute_dtype(x))
+        else:
             x = x + self.positions[cached : cached + length].to(x.dtype)
-        for index, layer in enumerate(self.layers):
-            x = layer(x, None if caches is None else caches[index])
-        if self.final_norm is not None:
-            x = self.final_norm(x)
-        head_weight = self.embed.weight if self.head is None else self.head.weight
-        logits = x @ head_weight.T  # (B, T, V)
-        if self.config.scale_logits:
-            logits = logits / math.sqrt(self.config.width)
+        if caches is not None:
+            for layer, cache in zip(self.layers, caches, strict=True):
+                x = layer(x, rope, cache)
+        else:
+            compiled = self.config.compile_layers and x.is_cuda and torch.is_grad_enabled()
+            run = _compiled_layer() if compiled else _run_layer
+            for layer in self.layers:
+                x = run(layer, x, rope)
+        return x if self.final_norm is None else self.final_norm(x)
+
+    def _head_weight(self) -> torch.Tensor:
+        return self.embed.weight if self.head is None else self.head.weight
+
+    def _logit_scale(self) -> float | None:
+        return 1.0 / math.sqrt(self.config.width) if self.config.scale_logits else None
+
+    def _head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(..., d) last hidden states -> (..., V) logits, at least float32."""
+        logits = linear_logits(hidden, self._head_weight(), self._logit_scale())
         return logits.to(torch.promote_types(logits.dtype, torch.float32))
 
     def decode_state(self, batch: int, device: torch.device) -> TransformerDecodeState:
@@ -226,7 +284,7 @@ class TransformerLM(LanguageModel):
             if state.window_tokens == window:
                 state = self.decode_state(tokens.shape[0], tokens.device)
             end = start + min(window - state.window_tokens, tokens.shape[1] - start)
-            pieces.append(self._window_logits(tokens[:, start:end], state.caches))
+            pieces.append(self._head_logits(self._window_hidden(tokens[:, start:end], state.caches)))
             start = end
         return torch.cat(pieces, dim=1), state
 
@@ -247,5 +305,3 @@ class TransformerLM(LanguageModel):
         # for forward + backward; a causal window's query attends (window + 1) / 2 keys on average.
         attention = 12 * config.depth * config.width * (window + 1) / 2
         return 6.0 * matrix_weights + attention
-
-

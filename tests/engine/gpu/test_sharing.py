@@ -107,13 +107,20 @@ def test_a_snapshot_reading_leaves_the_trainer_out_and_assumes_the_worst_where_u
         return GpuSnapshot(available=True, reason="", driver="1", devices=[device])
 
     own = GpuProcess(pid=100, used_memory=20 * GIB)
-    assert reading_from_snapshot(snapshot([own]), 0, 100) == NOBODY
+    assert reading_from_snapshot(snapshot([own]), "uuid", 100) == NOBODY
     known = snapshot([own, GpuProcess(pid=7, used_memory=3 * GIB)])
-    assert reading_from_snapshot(known, 0, 100) == GpuReading(others=1, others_bytes=3 * GIB)
+    assert reading_from_snapshot(known, "uuid", 100) == GpuReading(others=1, others_bytes=3 * GIB)
     unknown = snapshot([own, GpuProcess(pid=7, used_memory=None)])
-    assert reading_from_snapshot(unknown, 0, 100) == GpuReading(others=1, others_bytes=10 * GIB)
+    assert reading_from_snapshot(unknown, "uuid", 100) == GpuReading(others=1, others_bytes=10 * GIB)
     no_gpu = GpuSnapshot(available=False, reason="no NVIDIA GPU", driver="", devices=[])
-    assert reading_from_snapshot(no_gpu, 0, 100) == NOBODY
+    assert reading_from_snapshot(no_gpu, "uuid", 100) == NOBODY
+    # The trainer's GPU is found by its UUID, not its CUDA index (cuda:0 under the supervisor's
+    # CUDA_VISIBLE_DEVICES is NVML's GPU 1 here): GPU 0's process is not on it.
+    busy = GpuDevice(0, "gpu", "GPU-a", 80 * GIB, 5 * GIB, None, [GpuProcess(pid=7, used_memory=5 * GIB)])
+    mine = GpuDevice(1, "gpu", "GPU-b", 80 * GIB, 20 * GIB, None, [own])
+    two = GpuSnapshot(available=True, reason="", driver="1", devices=[busy, mine])
+    assert reading_from_snapshot(two, "GPU-b", 100) == NOBODY
+    assert reading_from_snapshot(two, "GPU-a", 100) == GpuReading(others=1, others_bytes=5 * GIB)
 
 
 def test_the_room_left_to_others_is_the_reserve_less_what_they_hold() -> None:

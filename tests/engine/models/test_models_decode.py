@@ -148,7 +148,7 @@ def test_rope_decoding_keeps_a_few_tables_not_one_per_token() -> None:
     state = model.decode_state(1, torch.device("cpu"))
     for token in range(model.config.context_len):
         _, state = model.decode(torch.tensor([[token]]), state)
-    rotary = model.layers[0].attn.rotary
+    rotary = model.rotary
     assert rotary is not None and len(rotary._cache) <= 6  # lengths 1, 2, 4, 8, 16, 32
 
 

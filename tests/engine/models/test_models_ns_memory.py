@@ -145,7 +145,7 @@ def test_chunked_losses_equal_the_whole_head_and_keep_only_the_hidden_states() -
     from engine.models.base import token_losses
 
     torch.manual_seed(0)
-    head = torch.nn.Linear(16, 300)
+    head = torch.nn.Linear(16, 300, bias=False)
     hidden = torch.randn(2, 37, 16, requires_grad=True)
     targets = torch.randint(0, 300, (2, 37))
     targets[0, 3] = -100  # IGNORE_INDEX: no loss there, in either path
@@ -162,7 +162,7 @@ def test_chunked_losses_equal_the_whole_head_and_keep_only_the_hidden_states() -
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(keep, lambda tensor: tensor):
-        chunked = chunked_token_losses(head, hidden, targets, chunk_tokens=10)  # 8 chunks, the last of 4
+        chunked = chunked_token_losses(hidden, head.weight, targets, chunk_tokens=10)  # 8 chunks, the last of 4
     torch.testing.assert_close(chunked, whole)
     assert chunked[0, 3] == 0
     chunked.sum().backward()
@@ -178,7 +178,7 @@ def test_on_a_cpu_the_models_keep_everything_and_recompute_nothing(one_thread) -
     recomputing = saved_bytes(layer)
     with recompute_off_cuda(False):  # the CPU default, outside this module's fixture
         keeping = saved_bytes(layer)
-        head, hidden = torch.nn.Linear(4, 7), torch.randn(2, 5, 4, requires_grad=True)
+        head, hidden = torch.nn.Linear(4, 7, bias=False), torch.randn(2, 5, 4, requires_grad=True)
         widths: list[int] = []
 
         def keep(tensor: torch.Tensor) -> torch.Tensor:
@@ -186,6 +186,6 @@ def test_on_a_cpu_the_models_keep_everything_and_recompute_nothing(one_thread) -
             return tensor
 
         with torch.autograd.graph.saved_tensors_hooks(keep, lambda tensor: tensor):
-            chunked_token_losses(head, hidden, torch.zeros(2, 5, dtype=torch.long), chunk_tokens=3)
+            chunked_token_losses(hidden, head.weight, torch.zeros(2, 5, dtype=torch.long), chunk_tokens=3)
         assert 7 in widths  # the logits are kept: the loss is taken in one piece, not recomputed
     assert keeping > 2 * recomputing

@@ -234,20 +234,21 @@ def test_a_few_updates_lower_the_loss_on_a_repeated_row(one_thread):
 
 
 @pytest.mark.cuda
-def test_cuda_forward_backward_with_flex_matches_the_explicit_read(monkeypatch):
+def test_cuda_forward_backward_with_the_pool_kernel_matches_the_explicit_read(monkeypatch):
+    """The hippocampal layers' Triton pool read (the CUDA path) against the explicit biased softmax."""
     model = build(PRESETS["ns-tiny"]).cuda()
     tokens = random_tokens(2, 200, vocab=PRESETS["ns-tiny"].vocab_size).cuda()
     tokens[:, 50] = PRESETS["ns-tiny"].eos_id
-    flex_loss, flex_carry = model(tokens, tokens)
-    flex_loss.mean().backward()
-    flex_grads = [p.grad.clone() for p in model.parameters()]
+    kernel_loss, _ = model(tokens, tokens)
+    kernel_loss.mean().backward()
+    kernel_grads = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
     monkeypatch.setattr(ns_hippocampal, "pool_read", pool_read_explicit)
     loss, carry = model(tokens, tokens)
     loss.mean().backward()
-    torch.testing.assert_close(flex_loss, loss, rtol=1e-4, atol=1e-4)
-    for flex_grad, p in zip(flex_grads, model.parameters()):
-        torch.testing.assert_close(flex_grad, p.grad, rtol=1e-3, atol=1e-5)
+    torch.testing.assert_close(kernel_loss, loss, rtol=1e-4, atol=1e-4)
+    for kernel_grad, p in zip(kernel_grads, model.parameters()):
+        torch.testing.assert_close(kernel_grad, p.grad, rtol=1e-3, atol=1e-5)
     with torch.autocast("cuda", dtype=torch.bfloat16):
         bf16_loss, bf16_carry = model(tokens, tokens)
     assert torch.isfinite(bf16_loss).all()
@@ -255,22 +256,22 @@ def test_cuda_forward_backward_with_flex_matches_the_explicit_read(monkeypatch):
 
 
 @pytest.mark.cuda
-def test_cuda_compiled_scan_matches_the_eager_one():
-    """The dendritic layers' chunked scan through torch.compile (the default on CUDA) gives the
-    eager scan's loss and gradients. (The model's gradients are not bitwise repeatable on CUDA
-    either way: flex_attention's backward adds the per-key bias's gradient with atomics; the
-    scan's own repeatability is tested in test_models_ns_scan.py.)"""
+@pytest.mark.parametrize("scan", ["compiled", "kernel"])
+def test_cuda_compiled_scan_matches_the_eager_one(scan):
+    """The dendritic layers' chunked scan through torch.compile, or through the Triton kernels (the
+    default on CUDA), gives the eager scan's loss and gradients. (Bitwise repeatability of the
+    whole model's gradients is tests/kernels/test_pool_attention.py's.)"""
     tokens = random_tokens(2, 200, vocab=PRESETS["ns-tiny"].vocab_size).cuda()
 
-    def loss_and_grads(compile_scan: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        model = build(PRESETS["ns-tiny"], compile_scan=compile_scan).cuda()
+    def loss_and_grads(compile_scan: bool, scan_kernel: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        model = build(PRESETS["ns-tiny"], compile_scan=compile_scan, scan_kernel=scan_kernel).cuda()
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss, _ = model(tokens, tokens)
         loss.mean().backward()
         return loss.detach(), [p.grad for p in model.parameters()]
 
-    eager_loss, eager_grads = loss_and_grads(False)
-    compiled_loss, compiled_grads = loss_and_grads(True)
+    eager_loss, eager_grads = loss_and_grads(False, False)
+    compiled_loss, compiled_grads = loss_and_grads(scan == "compiled", scan == "kernel")
     torch.testing.assert_close(compiled_loss, eager_loss, rtol=2e-2, atol=2e-2)
     for compiled, eager in zip(compiled_grads, eager_grads):
         torch.testing.assert_close(compiled, eager, rtol=5e-2, atol=1e-3)

@@ -7,7 +7,8 @@ import torch
 
 from engine.models.base import IGNORE_INDEX
 from engine.models.pssa.config import PSSAConfig
-from engine.models.pssa.dream import LOSS_TOLERANCE
+from engine.models.pssa.dream import LOSS_TOLERANCE, DreamSources, _dream_from, _memory_seeds, dream
+from engine.models.pssa.memory import to_poincare_ball
 from engine.models.pssa.model import PSSALM
 
 # Threshold 0: every chunk is written and cached (a random model's loss, ~ln 24, is below 3.5).
@@ -125,3 +126,66 @@ def test_recorded_chunks_reach_the_cache_in_order_within_its_capacity() -> None:
     model(first, first_targets)
     model.load_extra_state_dict(saved)
     assert len(model.dream_cache) == 0
+
+
+def test_a_dream_from_a_memory_value_runs_the_model_s_own_stack_from_the_live_carry() -> None:
+    """A memory value stands in for the first token's embedding: a value equal to token 5's
+    embedding dreams the hidden states a plain read of 5 and the dreamt tokens gives, from the
+    same (non-zero) live carry; the dreamt tokens are the targets, and a seed redraws them."""
+    model = _dreaming_model()
+    live = 0.1 * torch.randn(model.initial_carry(1).shape, generator=torch.Generator().manual_seed(5))
+    seed = model.embed.weight[5].detach().clone()
+    sources = DreamSources(length=5)
+    hidden, dreamt = _dream_from(model, seed, live, sources, torch.Generator().manual_seed(6))
+    assert hidden.shape == (1, 5, CONFIG.d_latent) and dreamt.shape == (1, 5)
+    assert int(dreamt.min()) >= 0 and int(dreamt.max()) < CONFIG.vocab_size
+    with torch.no_grad():
+        expected, _, _ = model.hidden(torch.cat([torch.tensor([[5]]), dreamt[:, :-1]], dim=1), live)
+    torch.testing.assert_close(hidden, expected, rtol=1e-5, atol=1e-6)
+    again = _dream_from(model, seed, live, sources, torch.Generator().manual_seed(6))[1]
+    assert torch.equal(again, dreamt)
+
+
+def test_generate_mode_dreams_from_each_newest_memory_value_every_round() -> None:
+    model = _dreaming_model()
+    assert model.blocks[0].bank.count == 3
+    sources = DreamSources(sequences=2, cached=False, generated=True, repeats=3, length=4)
+    report = dream(model, *_fresh(), lr=0.5, steps=2, sources=sources, generator=torch.Generator().manual_seed(7))
+    assert report.sequences == 2 * 3 and report.generated_tokens == 2 * 3 * 4 and report.steps_tried == 12
+    assert report.fresh_loss_after <= report.fresh_loss_before + LOSS_TOLERANCE
+
+
+def test_generate_mode_without_memory_values_changes_nothing() -> None:
+    torch.manual_seed(0)
+    model = PSSALM(CONFIG)
+    before = model.head.weight.detach().clone()
+    report = dream(model, *_fresh(), lr=0.5, steps=1, sources=DreamSources(cached=False, generated=True))
+    assert (report.sequences, report.generated_tokens, report.steps_tried) == (0, 0, 0)
+    assert torch.equal(model.head.weight, before)
+
+
+def test_sequences_rehearses_only_the_newest_cached_chunks() -> None:
+    model = _dreaming_model()
+    _, newest_targets = model.dream_cache.sequences[-1]
+    before = model.head.weight.detach().clone()
+    report = dream(model, *_fresh(), lr=0.5, steps=1, sources=DreamSources(sequences=1))
+    assert report.sequences == 1 and report.steps_kept == 1
+    changed = (model.head.weight != before).any(dim=1).nonzero().flatten().tolist()
+    assert changed and set(changed) <= {int(t) for t in newest_targets if t != IGNORE_INDEX}
+
+
+def test_memory_seeds_are_the_newest_written_values_across_the_ring_s_wrap() -> None:
+    """Six slots take eight writes: the last two overwrite slots 0 and 1 (a loss far past any
+    confidence), so the newest values are rows 7, 6, 5, ... in that order."""
+    torch.manual_seed(0)
+    model = PSSALM(CONFIG)
+    bank = model.blocks[0].bank
+    generator = torch.Generator().manual_seed(8)
+    keys = to_poincare_ball(torch.randn(8, CONFIG.d_mem_key, generator=generator))
+    values = torch.randn(8, CONFIG.d_latent, generator=generator)
+    bank.write(keys, values, [1e6] * 8, 1000)
+    assert (bank.count, bank.head) == (6, 2)
+    seeds = _memory_seeds(model, 4)
+    for seed, row in zip(seeds, (7, 6, 5, 4), strict=True):
+        assert torch.equal(seed, values[row])
+    assert len(_memory_seeds(model, None)) == 6

@@ -133,6 +133,8 @@ def test_bad_shapes_are_refused_with_the_field() -> None:
         TransformerLM(TransformerConfig(width=10, heads=4))
     with pytest.raises(ConfigError, match="depth must be positive"):
         TransformerLM(TransformerConfig(depth=0))
+    with pytest.raises(ConfigError, match="compile_layers must be true or false, got 'yes'"):
+        TransformerLM(TransformerConfig(compile_layers="yes"))  # type: ignore[arg-type]
 
 
 @pytest.mark.cuda

@@ -29,11 +29,19 @@ class FakePresetConfig:
     vocab_size: int = 256
     width: int = 32
 
+    def validate(self) -> None:
+        """Every shape of this stand-in can be built (the registry's contract asks for the method)."""
+
 
 @dataclasses.dataclass
 class FakeDataLine:
     vocab_size: int
     eos_id: int
+    tokenizer_json: str = "{}"
+    cycle_tokens: int = 10**6
+
+    def last_cycle(self) -> int | None:
+        return 3  # the data line ends after 4 cycles: retention keeps at most 4 cycle ends
 
 
 DATA_VOCAB = {"vocab": 512}
@@ -65,6 +73,8 @@ def environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(
         checks, "_check_heldout_rows", lambda layout, config, model: checks.CheckResult(True, "held-out rows")
     )
+    # So does the memory estimate (tests/engine/models/test_memory_budget.py checks it).
+    monkeypatch.setattr(checks, "_check_memory", lambda config, model: checks.CheckResult(True, "memory"))
     monkeypatch.delenv("NSCONSOLE_HOST", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.chdir(tmp_path)
@@ -247,14 +257,18 @@ def test_check_verifies_the_checkpoints(line: Path, capsys: pytest.CaptureFixtur
 def test_check_wants_room_for_a_checkpoint(
     line: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Above the guard's floor but below 1.5x the first checkpoint (16 bytes a parameter): the
-    # trainer would stop at its first checkpoint, so the check fails now.
+    # Above the guard's floor but below 1.5x the first checkpoint (72 parameters x 12 bytes: fp32
+    # weights and two moments, no average; + the tokenizer): the trainer would refuse to start.
     edit_run_json(line, lambda d: d["guards"].update(min_free_disk_gb=0))
     full = shutil.disk_usage(line)._replace(free=1000)
     monkeypatch.setattr(checks.shutil, "disk_usage", lambda path: full)
     status, lines = check_output(line, capsys)
     assert status == 1
-    assert any("too little for a checkpoint of this line" in text for text in lines), lines
+    assert any(
+        "too little for the next checkpoint (a checkpoint about 8.07e-07 GiB, estimated: 72 parameters x 12 bytes"
+        in text and text.endswith("the trainer would not start")
+        for text in lines
+    ), lines
 
 
 def test_accept_refuses_then_records(line: Path) -> None:

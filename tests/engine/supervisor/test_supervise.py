@@ -109,14 +109,13 @@ import engine.supervisor.gpu_watch
 from engine.gpu.devices import GpuDevice, GpuProcess, GpuSnapshot
 
 def snapshot_from_file():
-    # NVML as the test sets it: GPU 0 with the pids listed in $FAKE_GPU_PIDS.
-    pids = json.load(open(os.environ["FAKE_GPU_PIDS"]))
+    # NVML as the test sets it: GPU 0 with the pids listed in $FAKE_GPU_PIDS (none where unset).
+    pids = json.load(open(os.environ["FAKE_GPU_PIDS"])) if os.environ.get("FAKE_GPU_PIDS") else []
     processes = [GpuProcess(pid, 1 << 30) for pid in pids]
     device = GpuDevice(0, "fake", "GPU-fake", 80 << 30, len(pids) << 30, 0, processes)
     return GpuSnapshot(True, "", "fake", [device])
 
-if os.environ.get("FAKE_GPU_PIDS"):
-    engine.supervisor.gpu_watch.gpu_snapshot = snapshot_from_file  # what the supervisor asks NVML
+engine.supervisor.gpu_watch.gpu_snapshot = snapshot_from_file  # what the supervisor asks NVML
 settings = engine.supervisor.supervisor.SupervisorSettings(**json.loads(sys.argv[2]))
 raise SystemExit(engine.supervisor.supervisor.Supervisor(sys.argv[1], settings).run())
 '''

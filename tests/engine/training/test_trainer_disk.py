@@ -62,10 +62,13 @@ def test_no_room_for_a_checkpoint_writes_none(
     updates_seen = []
 
     def usage_after_one_update(path: str | Path) -> DiskUsage:
-        # Plenty of room for the resumed line's first update, then a few bytes: too little to
-        # hold another checkpoint.
-        updates_seen.append(trainer.position.update)
-        if trainer.position.update <= 2:
+        # Plenty of room for the start (its room check runs before the position is restored) and
+        # the resumed line's first update, then a few bytes: too little to hold another checkpoint.
+        position = getattr(trainer, "position", None)
+        if position is None:
+            return real_usage(path)
+        updates_seen.append(position.update)
+        if position.update <= 2:
             return real_usage(path)
         return DiskUsage(total=10**12, used=10**12 - 1000, free=1000)
 
@@ -93,11 +96,20 @@ def test_a_checkpoint_larger_than_the_free_disk_is_not_started(
     line = _checkpointed_at_update_2_with_no_floor(tmp_path, data_template)
     newest = line / "checkpoints" / "u00000002"
     size = sum(path.stat().st_size for path in newest.iterdir())
-    monkeypatch.setattr(
-        trainer_module.shutil, "disk_usage", lambda path: DiskUsage(10**12, 10**12 - size, size * 6 // 5)
-    )
-    with pytest.raises(DiskFull, match=r"too little for the next checkpoint .*; the newest is update 2"):
-        Trainer(line, stop_at=10, echo=None).run()  # the rolling checkpoint at 5
+    real_usage = shutil.disk_usage
+    trainer = Trainer(line, stop_at=10, echo=None)
+
+    def usage(path: str | Path) -> DiskUsage:
+        # Room at the start (its own check is test_a_start_without_room_for_a_checkpoint_...), then
+        # less than 1.5 checkpoints from the first update on.
+        if getattr(trainer, "position", None) is None:
+            return real_usage(path)
+        return DiskUsage(10**12, 10**12 - size, size * 6 // 5)
+
+    monkeypatch.setattr(trainer_module.shutil, "disk_usage", usage)
+    with pytest.raises(DiskFull, match=r"too little for the next checkpoint .*; the newest is update 2") as stop:
+        trainer.run()  # the rolling checkpoint at 5
+    assert "not started" not in str(stop.value)  # stopped before the write, not at the start
     assert read_latest(line / "checkpoints") == "u00000002"
     assert sorted(path.name for path in (line / "checkpoints").iterdir()) == [
         "latest",

@@ -1,0 +1,111 @@
+"""Benchmark of the NS dendritic chunked scan's Triton kernels (kernels/ssd_scan.py) on the GPU.
+
+Side by side in one process, at the ns-2b layer's shape (B 8, T 4096, 40 heads of 64, N 64, the
+preset's groups (1) and chunk_len (64)), bf16 u, B, C and fp32 dt, A under bf16 autocast as the
+dendritic layer runs it: the engine's chunked_scan eager, compiled (`compiled_chunked_scan`, the
+model's CUDA path today) and the Triton kernels, forward and forward + backward. Each row holds
+the median ms, the achieved TFLOP/s and the arithmetic floor: the scan is not memory bound, so
+its floor is its matrix products' FLOPs over the bf16 matmul rate measured in the same run (one
+8192^3 product), and each row's fraction of that floor (floor_ms / ms).
+
+FLOPs counted, the SSD form of engine/models/ns/scan.py's docstring, per row and chunk of L:
+C B^T (2 L^2 N a group), the masked mixing times the drive (2 L^2 P a head), the chunk's state
+B^T x (2 L N P a head), the entering state read through C (2 L N P a head), and the pass between
+chunks (2 N P a head and chunk, as a recurrence). The backward forms two products for each
+forward one (the gradients of both factors): forward + backward counts 3x the forward. The
+kernels themselves do a little more (C B^T once a head, not a group; the backward recomputes
+C B^T, C S and dS'); the floor counts the form, not the kernels.
+
+    python bench/ssd_scan.py [--iters-budget 0.6] > rows.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+# The repository root first: run as a script, bench/ would lead sys.path and its kernels.py
+# would shadow the kernels package.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.kernels import time_ms  # noqa: E402
+from engine.models.ns.presets import PRESETS  # noqa: E402
+from engine.models.ns.scan import chunked_scan, compiled_chunked_scan  # noqa: E402
+from kernels.ssd_scan import ssd_scan  # noqa: E402
+
+
+def emit(**row) -> dict:
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def matmul_tflops(budget_s: float) -> float:
+    """The card's bf16 matmul rate, TFLOP/s, on one 8192^3 product."""
+    a, b = (torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    ms = time_ms(lambda: a @ b, budget_s)
+    rate = 2 * 8192**3 / ms / 1e9
+    emit(kernel="matmul", size="8192^3 bf16", impl="torch", ms=round(ms, 4), TFLOP_s=round(rate, 1))
+    return rate
+
+
+def forward_gflop(batch: int, length: int, heads: int, head_dim: int, groups: int, state: int, chunk: int) -> float:
+    """The SSD form's matrix-product FLOPs of one forward, GFLOP (module docstring)."""
+    chunks = -(-length // chunk)
+    per_chunk = 2 * chunk * chunk * state * groups + heads * (2 * chunk * chunk * head_dim + 4 * chunk * state * head_dim)
+    passing = heads * 2 * state * head_dim
+    return batch * chunks * (per_chunk + passing) / 1e9
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--iters-budget", type=float, default=0.6, help="seconds of timed calls a row")
+    args = parser.parse_args(argv)
+    preset = PRESETS["ns-2b"]
+    batch, length = 8, 4096
+    heads, head_dim, state = preset.dendritic_heads, preset.dendritic_head_dim, preset.dendritic_state
+    groups, chunk = preset.dendritic_groups, preset.chunk_len
+    rate = matmul_tflops(args.iters_budget)
+    generator = torch.Generator(device="cuda").manual_seed(0)
+
+    def leaf(*shape, dtype=torch.bfloat16, scale=1.0):
+        return (torch.randn(*shape, generator=generator, device="cuda") * scale).to(dtype).requires_grad_()
+
+    u = leaf(batch, length, heads, head_dim)
+    dt = (torch.rand(batch, length, heads, generator=generator, device="cuda") * 0.1).requires_grad_()
+    A = (-torch.rand(heads, generator=generator, device="cuda") * 4).requires_grad_()
+    B, C = leaf(batch, length, groups, state), leaf(batch, length, groups, state)
+    state0 = leaf(batch, heads, state, head_dim, dtype=torch.float32, scale=0.1)
+    grad_y = torch.randn(batch, length, heads, head_dim, generator=generator, device="cuda")
+    grad_last = torch.randn(batch, heads, state, head_dim, generator=generator, device="cuda")
+    leaves = (u, dt, A, B, C, state0)
+    gflop = forward_gflop(batch, length, heads, head_dim, groups, state, chunk)
+    shape = f"B{batch} T{length} H{heads} P{head_dim} G{groups} N{state} L{chunk} bf16 autocast"
+    impls: dict[str, Callable] = {"eager": chunked_scan, "compiled": compiled_chunked_scan(), "triton": ssd_scan}
+    for impl, scan in impls.items():
+
+        def forward(scan=scan) -> tuple[torch.Tensor, torch.Tensor]:
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                return scan(u, dt, A, B, C, chunk, state0)
+
+        def training(forward=forward) -> None:
+            for tensor in leaves:
+                tensor.grad = None
+            y, last = forward()
+            torch.autograd.backward((y, last), (grad_y, grad_last))
+
+        for mode, call, work in (("fwd", forward, gflop), ("fwd+bwd", training, 3 * gflop)):
+            ms = time_ms(call, args.iters_budget)  # the forward as training runs it: saving for a backward
+            floor_ms = work / rate
+            emit(kernel="ssd_scan", impl=impl, mode=mode, shape=shape, ms=round(ms, 4),
+                 TFLOP_s=round(work / ms, 2), GFLOP=round(work, 2), floor_ms=round(floor_ms, 4),
+                 fraction_of_floor=round(floor_ms / ms, 4))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

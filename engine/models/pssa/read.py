@@ -1,0 +1,55 @@
+"""The memory read's top-k path on the CPU: choose the k nearest slots, then read only those.
+
+`kernels.poincare.poincare_read_reference` (the definition) weighs every slot of the bank: a
+(queries x slots) distance matrix under autograd and a dense (queries x slots) @ (slots x d)
+product whose weights are zero but for k slots a row. Here the choice is made without autograd
+on the same distance argument the reference ranks by (arccosh is increasing, so the order is
+the distance's), and the distances, softmax and weighted sum are formed for the k chosen slots
+only: (queries x k) work under autograd instead of (queries x slots). The read is the same
+function (tests hold it to the reference in float64); on CUDA the Triton kernel runs instead.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels._dispatch import compute_dtype
+from kernels.poincare import ACOSH_MIN_ARG, BALL_MARGIN
+
+
+def _acosh_argument(query_sq: torch.Tensor, key_sq: torch.Tensor, gap_sq: torch.Tensor) -> torch.Tensor:
+    """`1 + 2 |q - k|^2 / ((1 - |q|^2)(1 - |k|^2))`, clamped as the reference clamps it;
+    query_sq broadcasts against key_sq and gap_sq."""
+    conformal = (1 - query_sq).clamp_min(BALL_MARGIN) * (1 - key_sq).clamp_min(BALL_MARGIN)
+    return (1 + 2 * gap_sq.clamp_min(0) / conformal).clamp_min(ACOSH_MIN_ARG)
+
+
+def topk_read(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, occupied: torch.Tensor, tau: float, top_k: int
+) -> torch.Tensor:
+    """q (Nq, Dk) in the ball; keys (S, Dk); values (S, Dv); occupied (S,) bool; 0 < top_k < S
+    -> (Nq, Dv) in q's dtype: softmax(-d_H / tau) over the top_k nearest occupied slots, zeros
+    for a row with none. Gradient flows to q only (the bank is detached state)."""
+    wide = compute_dtype(q, keys, values)
+    queries = q.to(wide)
+    keys_c, values_c = keys.detach().to(wide), values.detach().to(wide)
+    query_sq = (queries * queries).sum(-1)  # (Nq,)
+    with torch.no_grad():
+        key_sq = (keys_c * keys_c).sum(-1)  # (S,)
+        gap_sq = query_sq[:, None] + key_sq[None, :] - 2 * queries @ keys_c.T  # (Nq, S)
+        ranking = _acosh_argument(query_sq[:, None], key_sq[None, :], gap_sq)
+        ranking.masked_fill_(~occupied.to(torch.bool)[None, :], float("inf"))
+        chosen = ranking.topk(top_k, dim=-1, largest=False).indices  # (Nq, k)
+    picked_keys = keys_c[chosen]  # (Nq, k, Dk)
+    picked_sq = (picked_keys * picked_keys).sum(-1)  # (Nq, k)
+    dots = torch.bmm(picked_keys, queries.unsqueeze(-1)).squeeze(-1)  # (Nq, k)
+    distance = torch.acosh(_acosh_argument(query_sq[:, None], picked_sq, query_sq[:, None] + picked_sq - 2 * dots))
+    valid = occupied.to(torch.bool)[chosen]  # (Nq, k): fewer than k occupied slots leave some out
+    logits = (-distance / tau).masked_fill(~valid, float("-inf"))
+    # Rows with nothing valid (an empty bank) have max -inf: shift by 0 so they give weight 0.
+    shift = logits.detach().amax(-1, keepdim=True)
+    shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))
+    unnormalised = torch.exp(logits - shift)  # (Nq, k)
+    total = unnormalised.sum(-1, keepdim=True)
+    weights = unnormalised / torch.where(total > 0, total, torch.ones_like(total))
+    return torch.bmm(weights.unsqueeze(1), values_c[chosen]).squeeze(1).to(q.dtype)  # (Nq, Dv)

@@ -1,0 +1,62 @@
+"""`nsconsole check`'s look at the data cycle the line trains next: what the trainer refuses of it
+(a manifest that is not one, or not the manifest its newest checkpoint trained on) and a shard
+that is not the manifest's, which no start can train on until the cycle is rebuilt."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from datalines import open_data_line
+from datalines.errors import DataLineError
+from datalines.manifest import MANIFEST_NAME, load_manifest
+from engine.checkpoints.format import read_checkpoint_state, read_latest
+from engine.config.run import RunConfig
+from engine.errors import LineError
+from engine.layout import LineLayout
+from engine.ops.lines import resolve_data_path
+
+Finding = tuple[bool, str]
+"""(passed, one line): a `CheckResult`'s fields."""
+
+
+def current_cycle_finding(layout: LineLayout, config: RunConfig) -> Finding:
+    """The cycle at the newest checkpoint's position (cycle 0 before any): manifest and shards."""
+    try:
+        data = open_data_line(resolve_data_path(layout, config.data.line))
+    except (LineError, DataLineError) as error:
+        # The data line's own check fails on this already: one failure, said once.
+        return (True, f"current data cycle: not checked, the data line does not open ({error})")
+    latest = read_latest(layout.checkpoints)
+    state = (None if latest is None else read_checkpoint_state(layout.checkpoints / latest)) or {}
+    position: dict[str, Any] = state.get("position") if isinstance(state.get("position"), dict) else {}
+    index = position.get("cycle", 0)
+    if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+        return (True, "current data cycle: the newest checkpoint names none (the trainer decides)")
+    directory = data.cycle_dir(index)
+    last = data.last_cycle()
+    if last is not None and index > last:
+        return (True, f"current data cycle: none, the data line ended with cycle {last}")
+    if not (directory / MANIFEST_NAME).is_file():
+        return (True, f"current data cycle: {index} not prepared yet (the preparer makes it)")
+    try:
+        _manifest, manifest_sha = load_manifest(directory)
+    except (DataLineError, OSError) as error:
+        return (False, f"current data cycle: {error}; the trainer refuses to read it")
+    data_state = state.get("data") if isinstance(state.get("data"), dict) else {}
+    trained_on = data_state.get("manifest_sha256") if position.get("sample") else None
+    if isinstance(trained_on, str) and trained_on != manifest_sha:
+        return (
+            False,
+            f"current data cycle: {directory / MANIFEST_NAME} sha256 is {manifest_sha[:16]}..., the checkpoint "
+            f"{latest} trained on {trained_on[:16]}... (the data line changed); the trainer refuses to resume",
+        )
+    if data.is_consumed(index):
+        return (True, f"current data cycle: {index} ended (its end checkpoint moves the line on)")
+    problem = data.cycle_problem(index)
+    if problem is not None:
+        return (
+            False,
+            f"current data cycle: {problem}; no update can train on it until it is rebuilt from its manifest "
+            f"(`nsconsole data rebuild --work {data.path} --cycle {index}`; a running line's preparer does it)",
+        )
+    return (True, f"current data cycle: {index}, every shard matches its manifest")

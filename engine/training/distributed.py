@@ -1,0 +1,186 @@
+"""One line over several processes: a rank's view of its torch.distributed group.
+
+At `parallel.degree` N > 1 the supervisor starts the trainer through torchrun (`python -m
+torch.distributed.run --standalone --nproc-per-node N`); each of the N processes is a rank and
+runs the whole trainer loop. Data parallel, `parallel.shard: none`:
+
+- Every rank builds the same model from `seeds.model` and resumes from the same checkpoint; rank
+  0's weights and optimizer state are broadcast once at the start all the same (as DDP does), so
+  the ranks start from one state whatever their devices did.
+- An update's windows are read whole by every rank (token ids: a few MB at most) and dealt in
+  the length's micro-batches, as degree 1 cuts them: rank r trains on the r-th of N contiguous
+  runs of micro-batches (`rows_of`). Each micro-batch's gradient is then the degree-1 one bit for
+  bit, and the loss scale is one over the target tokens of the *whole* update, so the sum over
+  the ranks is the degree-1 gradient but for the order in which the micro-batches' float32
+  gradients are added (at degree 2 with two micro-batches, not even that: a + b == b + a). The
+  unit is the length's own `micro_batch_rows`, the same on every rank whatever its GPU mode (a
+  rank sharing its GPU cuts its run into its smaller shared micro-batches). A rank may get no
+  micro-batch (an update shorter than the degree's): it adds nothing and joins the sum.
+- The gradient: after the update's last micro-batch the optimizer's flat gradient buffer and
+  the loss sum are summed across ranks (`sum_`, one all_reduce each) and every rank takes the
+  same norms, clip and AdamW step on identical buffers, so the ranks' weights stay bit-identical.
+  Not DDP's module wrapper, which would (1) copy the gradient into its own buckets and back,
+  doubling gradient memory, unless `gradient_as_bucket_view`, which rebinds each `.grad` to its
+  buckets and so breaks the flat buffer the optimizer's norms and kernel read; (2) average where
+  the update needs a token-weighted sum; (3) refuse a model whose step leaves a parameter unused
+  unless it searches the graph for them every step; (4) need its reducer's hooks warmed up on a
+  side stream before a CUDA-graph capture. The flat buffer is already the one contiguous bucket
+  DDP would build; what is given up is overlapping the sum with the backward.
+- Decisions that must be the same on every rank are taken once and shared: a stop (any rank's
+  signal, rank 0's STOP file: `agree_max`), whether the next data cycle is ready, the disk's free
+  space and the end of the data line (rank 0 reads them: `from_writer`).
+- Rank 0 alone writes the line's records: rows.jsonl, heartbeat, checkpoints (the same format at
+  every degree: every rank holds the whole state, so no gather is needed), W&B, run.log; rank r
+  writes its log lines and heartbeat to `<line>/ranks/` (engine.supervisor.child.rank_file).
+- Validation: each source's held-out rows are split like an update's and the per-token losses
+  gathered to every rank (`gather_rows`), so the readings are computed once from all rows; the
+  model's probes, the long-row probe and the samples are rank 0's alone (readings of a handful of
+  rows: percentiles, texts, which do not add up across ranks).
+
+Without torchrun (`Ranks.alone()`) every collective is skipped: the plain path is untouched.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from engine.config.run import ParallelConfig
+from engine.errors import ConfigError
+
+
+@dataclass
+class Ranks:
+    """This process's rank in its group (see the module docstring); `alone()` outside torchrun."""
+
+    rank: int
+    """This process's rank (0 writes the line's records)."""
+    size: int
+    """Processes in the group (run.json `parallel.degree`)."""
+    local_rank: int
+    """The rank on this host: the offset of its GPU from the line's."""
+    launched: bool
+    """Started by torchrun: collectives run through the process group (even at size 1)."""
+    device: torch.device | None = None
+    """The device collectives run on (the rank's GPU for NCCL, the CPU for gloo); set by `connect`."""
+
+    @classmethod
+    def alone(cls) -> Ranks:
+        """A trainer run by itself: rank 0 of 1, no process group."""
+        return cls(rank=0, size=1, local_rank=0, launched=False)
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str] = os.environ) -> Ranks:
+        """The rank torchrun gave this process (RANK, WORLD_SIZE, LOCAL_RANK), else `alone()`."""
+        if "WORLD_SIZE" not in environ:
+            return cls.alone()
+        return cls(
+            rank=int(environ["RANK"]), size=int(environ["WORLD_SIZE"]),
+            local_rank=int(environ.get("LOCAL_RANK", environ["RANK"])), launched=True,
+        )  # fmt: skip
+
+    @property
+    def writes(self) -> bool:
+        """Whether this rank writes the line's records (rank 0)."""
+        return self.rank == 0
+
+    def connect(self, parallel: ParallelConfig, device: torch.device, source: str) -> torch.device:
+        """Check the group against run.json's `parallel`, join it; this rank's training device.
+
+        On CUDA rank r trains on the line's GPU index + r (NCCL); on the CPU the group is gloo.
+        """
+        if not self.launched:
+            if parallel.degree > 1:
+                raise ConfigError(
+                    f"{source}: parallel.degree is {parallel.degree}, but this trainer runs alone; "
+                    "start the line with `nsconsole run`, whose supervisor launches the group through torchrun"
+                )
+            return device
+        if parallel.degree != self.size:
+            raise ConfigError(
+                f"{source}: parallel.degree is {parallel.degree}, but torchrun started {self.size} processes"
+            )
+        if device.type == "cuda":
+            device = torch.device("cuda", (device.index or 0) + self.local_rank)
+            if device.index >= torch.cuda.device_count():
+                raise ConfigError(
+                    f"{source}: parallel.degree {self.size} puts rank {self.rank} on {device}, but this "
+                    f"process sees {torch.cuda.device_count()} GPU(s)"
+                )
+            torch.cuda.set_device(device)
+            backend = "nccl"
+        else:
+            backend = "gloo"
+        self.device = device
+        if not dist.is_initialized():
+            dist.init_process_group(
+                backend, timeout=timedelta(minutes=parallel.timeout_minutes),
+                device_id=device if device.type == "cuda" else None,
+            )  # fmt: skip
+        return device
+
+    def close(self) -> None:
+        """Leave the group (at the trainer's exit)."""
+        if self.launched and dist.is_initialized():
+            dist.destroy_process_group()
+
+    # -- the update's rows ---------------------------------------------------------------------
+
+    def rows_of(self, windows: torch.Tensor, unit_rows: int) -> torch.Tensor:
+        """This rank's rows of an update's (or a source's held-out) rows: its contiguous run of the
+        `unit_rows`-row micro-batches they make (the first `batches % size` ranks one more)."""
+        if self.size == 1:
+            return windows
+        batches = -(-windows.shape[0] // unit_rows)
+        share, extra = divmod(batches, self.size)
+        first = self.rank * share + min(self.rank, extra)
+        count = share + (self.rank < extra)
+        return windows[first * unit_rows : (first + count) * unit_rows]
+
+    # -- collectives (none without torchrun) ---------------------------------------------------
+
+    def sum_(self, *tensors: torch.Tensor) -> None:
+        """Sum each tensor across the ranks, in place (every rank gets the same bits)."""
+        if self.launched:
+            for tensor in tensors:
+                dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+
+    def broadcast_(self, *tensors: torch.Tensor) -> None:
+        """Rank 0's values into every rank's tensors, in place."""
+        if self.launched:
+            for tensor in tensors:
+                dist.broadcast(tensor, src=0)
+
+    def agree_max(self, values: list[int]) -> list[int]:
+        """The largest of every rank's value, position by position (a stop any rank asks for)."""
+        if not self.launched:
+            return list(values)
+        tensor = torch.tensor(values, dtype=torch.int64, device=self.device)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        return [int(value) for value in tensor.tolist()]
+
+    def from_writer(self, values: list[int]) -> list[int]:
+        """Rank 0's values on every rank (what rank 0 alone reads: a file, the disk)."""
+        if not self.launched:
+            return list(values)
+        tensor = torch.tensor(values, dtype=torch.int64, device=self.device)
+        dist.broadcast(tensor, src=0)
+        return [int(value) for value in tensor.tolist()]
+
+    def gather_rows(self, mine: torch.Tensor) -> torch.Tensor:
+        """Every rank's CPU rows (`rows_of` slices, in rank order) concatenated, on every rank."""
+        if not self.launched:
+            return mine
+        pieces: list[torch.Tensor | None] = [None] * self.size
+        dist.all_gather_object(pieces, mine)
+        return torch.cat([piece for piece in pieces if piece is not None])
+
+    def barrier(self) -> None:
+        """Wait for every rank (the exit: none leaves while rank 0 still writes)."""
+        if self.launched:
+            dist.barrier()

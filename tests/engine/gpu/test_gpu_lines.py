@@ -1,0 +1,244 @@
+"""Lines on a 4-GPU host (fake NVML through the real pynvml code path): real supervisors, each with a
+stand-in trainer that records the GPUs it was shown, take the first free lease (`auto`) or wait for
+the GPU they name (`cuda:N`); under CUDA_VISIBLE_DEVICES, `cuda:N` is the physical GPU behind the
+N-th entry: leased, read through NVML and shown to the trainer (by UUID) as that GPU."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from helpers.lines import make_data_line, make_line
+from helpers.nvml import FakeNvmlHost, fake_uuid
+from helpers.supervise import stop_supervisor
+
+from engine.gpu.devices import GpuLease, lease_holder
+from engine.ops.status import line_status
+
+TRAINER = r'''
+import json, os, signal, sys, time
+from engine.supervisor.child import die_with_parent
+line = sys.argv[1]
+if not die_with_parent(int(sys.argv[sys.argv.index("--parent") + 1])):
+    sys.exit(128 + signal.SIGTERM)
+exits_path = os.path.join(line, "exits.json")  # exit codes of the next launches (then: train until stopped)
+exits = json.load(open(exits_path)) if os.path.exists(exits_path) else []
+code = exits.pop(0) if exits else None
+json.dump(exits, open(exits_path, "w"))
+seen = {"pid": os.getpid(), "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "placed": os.environ.get("NSCONSOLE_GPUS")}
+with open(os.path.join(line, "launches.jsonl"), "a") as handle:
+    handle.write(json.dumps(seen) + "\n")
+
+def beat(stage, **extra):
+    temporary = os.path.join(line, ".heartbeat.fake")
+    json.dump({"time": time.time(), "update": 0, "stage": stage, "pid": os.getpid(), **extra}, open(temporary, "w"))
+    os.replace(temporary, os.path.join(line, "heartbeat"))
+
+beat("training")
+if code is not None:
+    sys.exit(code)
+terminated = []
+signal.signal(signal.SIGTERM, lambda number, frame: terminated.append(number))
+stop_path = os.path.join(line, "STOP")
+while not terminated and not os.path.exists(stop_path):
+    beat("training")
+    time.sleep(0.1)
+if terminated:
+    beat("stopped", reason="signal SIGTERM")
+    sys.exit(128 + signal.SIGTERM)
+os.remove(stop_path)
+beat("stopped", reason="stop requested")
+'''
+
+RUNNER = r'''
+import json, sys
+from engine.supervisor.supervisor import Supervisor, SupervisorSettings
+raise SystemExit(Supervisor(sys.argv[1], SupervisorSettings(**json.loads(sys.argv[2]))).run())
+'''
+
+
+class Host:
+    """A fake 4-GPU host and the supervisors a test starts on it."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.nvml = FakeNvmlHost(root / "nvml.json", count=4)
+        (root / "trainer.py").write_text(TRAINER)
+        (root / "runner.py").write_text(RUNNER)
+        self.data = make_data_line(root, files=1)
+        self.processes: dict[Path, subprocess.Popen[bytes]] = {}
+
+    def line(self, name: str, device: str) -> Path:
+        (self.root / name).mkdir()
+        return make_line(self.root / name, self.data, device=device)
+
+    def start(self, line: Path, visible: str | None = None) -> subprocess.Popen[bytes]:
+        settings = {
+            "poll_seconds": 0.05, "relaunch_delay_seconds": 0.01, "watchdog_seconds": 60, "run_preparer": False,
+            "trainer_command": [sys.executable, str(self.root / "trainer.py")],
+        }  # fmt: skip
+        environment = {**os.environ, **self.nvml.environment()}
+        environment.pop("CUDA_VISIBLE_DEVICES", None)
+        if visible is not None:
+            environment["CUDA_VISIBLE_DEVICES"] = visible
+        process = subprocess.Popen(
+            [sys.executable, str(self.root / "runner.py"), str(line), json.dumps(settings)], env=environment,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        self.processes[line] = process
+        return process
+
+    def close(self) -> None:
+        for line, process in self.processes.items():
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+            for launch in launches(line):
+                with contextlib.suppress(psutil.Error):
+                    psutil.Process(launch["pid"]).kill()
+
+
+@pytest.fixture
+def host(tmp_path: Path) -> Iterator[Host]:
+    made = Host(tmp_path)
+    yield made
+    made.close()
+
+
+def supervisor_json(line: Path) -> dict[str, Any]:
+    try:
+        return json.loads((line / "supervisor.json").read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
+
+
+def launches(line: Path) -> list[dict[str, Any]]:
+    path = line / "launches.jsonl"
+    return [json.loads(text) for text in path.read_text().splitlines()] if path.exists() else []
+
+
+def wait_until(what: str, predicate: Callable[[], Any], timeout: float = 60) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+    return value
+
+
+def training_on(line: Path, index: int) -> dict[str, Any]:
+    """Wait until the line's trainer runs holding GPU `index`'s lease; the supervisor's state then."""
+    def trains() -> dict[str, Any] | None:
+        state = supervisor_json(line)
+        holder = lease_holder(index)
+        pid = state.get("trainer_pid")
+        ours = holder is not None and holder.line == str(line) and holder.pid == pid
+        started = any(launch["pid"] == pid for launch in launches(line))  # it wrote what it saw
+        return state if state.get("state") == "training" and ours and started else None
+
+    state = wait_until(f"{line} training on GPU {index}", trains)
+    holder = lease_holder(index)
+    assert holder is not None and (holder.gpu, holder.uuid) == (index, fake_uuid(index))
+    assert (state["gpu_index"], state["gpu_uuid"]) == (index, fake_uuid(index))
+    # The trainer was shown that GPU alone, by UUID: its cuda:0.
+    last = launches(line)[-1]
+    assert last["pid"] == state["trainer_pid"]
+    assert last["visible"] == last["placed"] == fake_uuid(index)
+    return state
+
+
+def waiting_for(line: Path, holders: dict[int, Path]) -> dict[str, Any]:
+    """Wait until the line waits for a lease, naming `holders` (GPU -> line) as the leases' holders."""
+    expected = sorted((index, str(holder)) for index, holder in holders.items())
+
+    def waits() -> dict[str, Any] | None:
+        state = supervisor_json(line)
+        named = sorted((record["gpu"], record["line"]) for record in state.get("gpu_holders", []))
+        return state if state.get("state") == "waiting-gpu" and named == expected else None
+
+    return wait_until(f"{line} waiting for {expected}", waits)
+
+
+def test_auto_lines_take_the_first_free_gpus_and_a_cuda_n_line_waits_for_its_gpu(host: Host) -> None:
+    first, second, third = host.line("a", "auto"), host.line("b", "auto"), host.line("c", "cuda:1")
+    host.start(first)
+    assert training_on(first, 0)["gpu_candidates"] == [0, 1, 2, 3]
+    host.start(second)
+    training_on(second, 1)
+    host.start(third)
+    state = waiting_for(third, {1: second})
+    assert state["gpu_candidates"] == [1] and state["gpu_index"] is None and launches(third) == []
+    log = (third / "run.log").read_text()
+    assert f"waiting for GPU 1: leases held (GPU 1 by {second})" in log
+    assert line_status(third).gpu == f"waiting for a lease (held: GPU 1 by {second})"  # nsconsole status
+
+    stop_supervisor(second)  # its trainer ends, and with it its lease: the waiting line takes GPU 1
+    training_on(third, 1)
+    assert line_status(third).gpu == f"GPU 1 ({fake_uuid(1)})"
+    holder = lease_holder(0)
+    assert holder is not None and holder.line == str(first)  # untouched
+    assert lease_holder(2) is None and lease_holder(3) is None
+    for line in (first, third):
+        stop_supervisor(line)
+    assert all(lease_holder(index) is None for index in range(4))
+    assert line_status(third).gpu == f"GPU 1 ({fake_uuid(1)}), its last lease"
+
+
+def test_an_auto_line_with_every_lease_held_says_who_holds_them_and_takes_the_first_freed(
+    host: Host, tmp_path: Path
+) -> None:
+    others = [tmp_path / f"other{index}" for index in range(4)]
+    leases = [GpuLease(index, others[index], fake_uuid(index)) for index in range(4)]
+    assert all(lease.try_acquire() for lease in leases)
+    try:
+        line = host.line("d", "auto")
+        host.start(line)
+        waiting_for(line, dict(enumerate(others)))
+        leases[2].release()
+        training_on(line, 2)
+        stop_supervisor(line)
+    finally:
+        for lease in leases:
+            lease.release()
+
+
+def test_under_cuda_visible_devices_cuda_1_is_physical_gpu_3_leased_watched_and_trained_on(host: Host) -> None:
+    line = host.line("e", "cuda:1")
+    (line / "exits.json").write_text(json.dumps([75]))  # the first launch leaves the GPU to another process
+    host.nvml.set_processes(3, [(4242, 2 << 30)])  # ... which NVML shows on physical GPU 3, not on 1
+    host.nvml.set_processes(1, [(4343, 2 << 30)])  # (a process on visible GPU 1 is not the line's concern)
+    host.start(line, visible="2,3")
+    run_log = line / "run.log"
+    wait_until("the wait for a free GPU 3", lambda: run_log.exists() and
+               "waiting for GPU 3 to be free (other processes on it: [4242])" in run_log.read_text())  # fmt: skip
+    state = supervisor_json(line)
+    assert (state["state"], state["gpu_index"], state["gpu_candidates"]) == ("waiting-gpu", 3, [3])
+    host.nvml.set_processes(3, [])
+    training_on(line, 3)
+    assert [launch["visible"] for launch in launches(line)] == [fake_uuid(3)] * 2
+    process = host.processes[line]
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=60) == 0
+    assert lease_holder(3) is None
+
+
+def test_a_gpu_past_the_visible_ones_stops_the_supervisor_with_one_line(host: Host) -> None:
+    line = host.line("f", "cuda:2")
+    environment = {**os.environ, **host.nvml.environment(), "CUDA_VISIBLE_DEVICES": "2,3"}
+    command = [sys.executable, "-m", "engine.supervisor.supervisor", str(line), "--foreground"]
+    finished = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=120)
+    assert finished.returncode == 2, finished.stderr
+    assert finished.stderr.strip() == (
+        f"nsconsole: {line / 'run.json'}: device cuda:2: no such GPU (2 visible under CUDA_VISIBLE_DEVICES=2,3)"
+    )
+    assert lease_holder(2) is None and launches(line) == []

@@ -1,0 +1,153 @@
+"""The memory estimate against torch's measured peak, the config checks, and the refusal of a line
+that cannot fit, before anything is allocated (`check` prints the estimate)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from helpers.lines import copy_data_line, data_template_fixture, make_line
+from torch.distributed._tools.mem_tracker import MemTracker
+
+from engine.errors import ConfigError
+from engine.models.build import build_model, checked_config, count_parameters
+from engine.models.memory_budget import ACCURACY, estimate_memory, floats_per_token, memory_problem
+from engine.models.presets import family_of
+from engine.models.validation import MAX_LOOPS
+from engine.ops.check import check_line
+from engine.training.trainer import Trainer
+
+TINY = ("transformer-tiny", "pssa-tiny", "ns-tiny")
+LENGTHS = (16, 64)
+"""Two lengths each: PSSA-tiny's chunk (16) and four chunks; the transformer's window is 32."""
+
+
+def _estimated_activations(preset: str, rows: int, seq_len: int, device_type: str) -> float:
+    config = checked_config(preset)
+    return 4 * rows * seq_len * floats_per_token(family_of(preset), config, seq_len, device_type)
+
+
+def _batch(preset: str, rows: int, seq_len: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    vocab = checked_config(preset).vocab_size
+    generator = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, vocab, (rows, seq_len + 1), generator=generator).to(device)
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+@pytest.mark.parametrize("preset", TINY)
+def test_the_estimate_is_within_its_accuracy_of_the_measured_cpu_peak(preset: str) -> None:
+    for seq_len in LENGTHS:
+        torch.manual_seed(0)
+        model = build_model(preset)
+        tokens, targets = _batch(preset, 2, seq_len, "cpu")
+        tracker = MemTracker()
+        tracker.track_external(model)
+        with tracker:
+            loss, _ = model(tokens, targets)
+            loss.sum().backward()
+        peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
+        held = {str(kind).rsplit(".", 1)[-1]: size for kind, size in peak.items()}
+        measured = held["Total"] - held["PARAM"] - held["BUFFER"]  # activations, gradients and transients
+        ratio = _estimated_activations(preset, 2, seq_len, "cpu") / measured
+        assert 1 / ACCURACY <= ratio <= ACCURACY, f"{preset} T{seq_len}: estimate / measured = {ratio:.2f}"
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("preset", TINY)
+def test_the_estimate_bounds_the_measured_cuda_peak(preset: str) -> None:
+    """On CUDA the estimate is an upper bound (fp32 here, as on the CPU), within ACCURACY of the peak."""
+    for seq_len in LENGTHS:
+        torch.manual_seed(0)
+        model = build_model(preset).cuda()
+        tokens, targets = _batch(preset, 2, seq_len, "cuda")
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        loss, _ = model(tokens, targets)
+        loss.sum().backward()
+        torch.cuda.synchronize()
+        measured = torch.cuda.max_memory_allocated() - before
+        ratio = _estimated_activations(preset, 2, seq_len, "cuda") / measured
+        print(f"{preset} T{seq_len}: estimate / measured = {ratio:.2f}")
+        assert 1 / ACCURACY <= ratio <= 2 * ACCURACY, f"{preset} T{seq_len}: estimate / measured = {ratio:.2f}"
+        del model, loss
+        torch.cuda.empty_cache()
+
+
+def test_state_and_activations_add_up() -> None:
+    config = checked_config("pssa-1.5m")
+    parameters = count_parameters("pssa-1.5m")
+    assert parameters == 1_544_704  # counted on the meta device, nothing allocated
+    plain = estimate_memory("pssa", config, parameters, {64: 8})
+    with_ema = estimate_memory("pssa", config, parameters, {64: 8, 256: 2}, ema=True)
+    assert plain.state_bytes == 16 * parameters and with_ema.state_bytes == 20 * parameters
+    per_token = floats_per_token("pssa", config, 64)
+    assert plain.activations == {64: (8, int(4 * 8 * 64 * per_token))}
+    assert plain.total_bytes == plain.state_bytes + plain.activations[64][1]
+    assert with_ema.largest[0] in (64, 256)
+    # The NS pool read's biased softmax is materialised on the CPU only: quadratic there, not on CUDA.
+    ns = checked_config("ns-tiny")
+    growth_cpu = floats_per_token("ns", ns, 512, "cpu") - floats_per_token("ns", ns, 256, "cpu")
+    assert growth_cpu == 2 * ns.attn_heads * 256 * 1 and floats_per_token("ns", ns, 512, "cuda") == floats_per_token(
+        "ns", ns, 256, "cuda"
+    )
+    assert memory_problem(plain, plain.total_bytes, "run.json", "the CPU") is None
+    # Refused only when even the lower end (state + activations / ACCURACY) does not fit.
+    assert memory_problem(plain, plain.lower_bytes, "run.json", "the CPU") is None
+    problem = memory_problem(plain, plain.lower_bytes - 1, "run.json", "the CPU")
+    assert problem is not None and problem.startswith("run.json: training needs about ") and "\n" not in problem
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"depth": 33}, "depth must be in 1..32, got 33"),
+        ({"loops": 0}, "loops must be positive, got 0"),
+        ({"loops": MAX_LOOPS + 1}, f"loops must be in 1..{MAX_LOOPS}, got {MAX_LOOPS + 1}"),
+        ({"tau_mem": math.nan}, "tau_mem must be finite, got nan"),
+        ({"norm_eps": math.inf}, "norm_eps must be finite, got inf"),
+        ({"ema_alpha": 1.5}, "ema_alpha must be in [0, 1], got 1.5"),
+        ({"d_latent": 256.5}, "d_latent must be an integer, got 256.5"),
+        ({"d_state": True}, "d_state must be an integer, got True"),
+        ({"mem_top_k": 600}, "mem_top_k (600) exceeds mem_capacity (512): a read cannot pick more slots than a bank has"),
+        ({"d_mem_key": 0}, "d_mem_key must be positive, got 0"),
+    ],
+)
+def test_pssa_configs_the_article_refuses_are_refused_before_building(overrides: dict, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        build_model("pssa-1.5m", overrides)
+    assert str(info.value) == f"model.overrides: {message}"
+
+
+def test_float_fields_of_every_family_must_be_finite() -> None:
+    with pytest.raises(ConfigError, match=r"^model.overrides: init_std must be finite, got nan$"):
+        build_model("ns-tiny", {"init_std": math.nan})
+    with pytest.raises(ConfigError, match=r"^model.overrides: rope_base must be finite, got inf$"):
+        build_model("transformer-tiny", {"rope_base": math.inf})
+
+
+data_template = data_template_fixture()
+
+
+def test_a_line_that_cannot_fit_is_refused_before_allocating_and_check_says_so(
+    tmp_path: Path, data_template: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    line = make_line(tmp_path, copy_data_line(data_template, tmp_path))
+    _, results = check_line(line, verify_checkpoints=False)
+    memory = [result for result in results if result.message.startswith("memory: ")]
+    assert len(memory) == 1 and memory[0].ok, memory
+    assert "training needs about" in memory[0].message and "the CPU (available memory) has" in memory[0].message
+    # A micro-batch of a million rows: terabytes of activations.
+    big = make_line(tmp_path / "big", line.parent / "data", **{"lengths": [{"seq_len": 32, "micro_batch_rows": 10**6}]})
+    _, results = check_line(big, verify_checkpoints=False)
+    failed = [result.message for result in results if not result.ok]
+    assert any(message.startswith("memory: training needs about") and "cannot fit" in message for message in failed)
+
+    def no_model(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("the model was built")
+
+    monkeypatch.setattr("engine.training.trainer.build_model", no_model)
+    with pytest.raises(ConfigError, match=r"run\.json: training needs about .* cannot fit .* nothing was allocated$"):
+        Trainer(big, echo=None).run()

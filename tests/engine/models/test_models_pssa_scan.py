@@ -1,0 +1,121 @@
+"""PSSA's CPU scan and top-k memory read against their step-by-step definitions, in float64."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.models.pssa import scan as scan_module
+from engine.models.pssa.memory import to_poincare_ball
+from engine.models.pssa.read import topk_read
+from engine.models.pssa.scan import TIME_BLOCK, pssa_scan
+from kernels.poincare import poincare_read_reference
+
+F64 = torch.float64
+
+
+def _step_by_step(x, delta, A, B, C, h0):  # noqa: ANN001, ANN202
+    """The recurrence as written: h_t = exp(delta_t A) h_{t-1} + delta_t x_t B_t, y_t = h_t C_t."""
+    h = h0 if h0 is not None else x.new_zeros(x.shape[0], x.shape[2], A.shape[1])
+    outputs = []
+    for t in range(x.shape[1]):
+        decay = torch.exp(delta[:, t, :, None] * A)  # (Bt, d, N)
+        h = decay * h + (delta[:, t] * x[:, t])[:, :, None] * B[:, t, None, :]
+        outputs.append((h * C[:, t, None, :]).sum(-1))
+    return torch.stack(outputs, dim=1), h
+
+
+def _inputs(length: int, seed: int, with_h0: bool = True) -> list[torch.Tensor | None]:
+    """Random inputs with time constants from 0.02 to 20,000 tokens at delta = 1 (past the
+    initialisation's 1.5..200 both ways) and steps delta up to 12: decays from exp(-600) (an
+    underflow to 0) to 1 - 1e-4."""
+    generator = torch.Generator().manual_seed(seed)
+    batch, channels, states = 3, 6, 5
+    tau = torch.exp(torch.empty(channels, states, dtype=F64).uniform_(-4.0, 10.0, generator=generator))
+    A = -1.0 / tau
+    x = torch.randn(batch, length, channels, generator=generator, dtype=F64)
+    delta = 12 * torch.rand(batch, length, channels, generator=generator, dtype=F64)
+    B = torch.randn(batch, length, states, generator=generator, dtype=F64)
+    C = torch.randn(batch, length, states, generator=generator, dtype=F64)
+    h0 = torch.randn(batch, channels, states, generator=generator, dtype=F64) if with_h0 else None
+    return [x, delta, A, B, C, h0]
+
+
+def _close(actual: torch.Tensor, expected: torch.Tensor, rtol: float = 1e-12) -> None:
+    """Within rtol of the expected tensor's largest magnitude, elementwise."""
+    actual, expected = actual.detach(), expected.detach()
+    scale = float(expected.abs().max()) or 1.0
+    assert float((actual - expected).abs().max()) <= rtol * scale, (actual - expected).abs().max()
+
+
+@pytest.mark.parametrize("length", [1, TIME_BLOCK - 1, TIME_BLOCK, TIME_BLOCK + 3, 64])
+@pytest.mark.parametrize("with_h0", [True, False])
+def test_scan_equals_the_step_by_step_recurrence_forward_and_gradients(length: int, with_h0: bool) -> None:
+    inputs = _inputs(length, seed=length, with_h0=with_h0)
+    leaves = [t.requires_grad_() for t in inputs if t is not None]
+    generator = torch.Generator().manual_seed(100 + length)
+    grad_y = torch.randn(3, length, 6, generator=generator, dtype=F64)
+    grad_h = torch.randn(3, 6, 5, generator=generator, dtype=F64)
+    results = []
+    for scan in (_step_by_step, pssa_scan):
+        y, h_last = scan(*inputs)
+        gradients = torch.autograd.grad((y * grad_y).sum() + (h_last * grad_h).sum(), leaves)
+        results.append((y, h_last, *gradients))
+    for actual, expected in zip(results[1], results[0]):
+        _close(actual, expected)
+
+
+def test_scan_gradients_pass_gradcheck() -> None:
+    inputs = _inputs(TIME_BLOCK + 2, seed=7)
+    leaves = tuple(t.requires_grad_() for t in inputs)
+    assert torch.autograd.gradcheck(lambda *a: pssa_scan(*a), leaves, eps=1e-6, atol=1e-7)
+
+
+def test_scan_gradient_of_only_the_last_state() -> None:
+    """The carry's gradient alone (no y gradient) reaches h0 through every decay."""
+    inputs = _inputs(TIME_BLOCK * 2 + 1, seed=8)
+    inputs[5].requires_grad_()
+    _, h_last = pssa_scan(*inputs)
+    (grad,) = torch.autograd.grad(h_last.sum(), inputs[5])
+    x, delta, A = inputs[:3]
+    _close(grad, torch.exp(delta.sum(1)[:, :, None] * A))
+
+
+def test_scan_without_gradient_equals_the_one_with(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a gradient one block's buffers are reused block after block: same numbers."""
+    monkeypatch.setattr(scan_module, "TIME_BLOCK", 3)
+    inputs = _inputs(11, seed=9)
+    with torch.no_grad():
+        y_plain, h_plain = pssa_scan(*inputs)
+    inputs[0].requires_grad_()
+    y, h_last = pssa_scan(*inputs)
+    assert torch.equal(y.detach(), y_plain) and torch.equal(h_last.detach(), h_plain)
+
+
+def test_scan_of_float32_inputs_keeps_a_float32_state() -> None:
+    inputs = [t.float() for t in _inputs(5, seed=10)]
+    y, h_last = pssa_scan(*inputs)
+    expected_y, expected_h = _step_by_step(*[t.double() for t in inputs])
+    assert y.dtype == torch.float32 and h_last.dtype == torch.float32
+    torch.testing.assert_close(y.double(), expected_y, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(h_last.double(), expected_h, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("occupied", [0, 2, 4, 9, 12])
+def test_topk_read_equals_the_dense_reference(occupied: int) -> None:
+    """Empty, fewer than k, exactly k, and more than k occupied slots of 12; k = 4."""
+    generator = torch.Generator().manual_seed(occupied)
+    q = to_poincare_ball(2 * torch.randn(30, 5, generator=generator, dtype=F64)).requires_grad_()
+    keys = to_poincare_ball(2 * torch.randn(12, 5, generator=generator, dtype=F64))
+    values = torch.randn(12, 7, generator=generator, dtype=F64)
+    mask = torch.arange(12) < occupied
+    grad_m = torch.randn(30, 7, generator=generator, dtype=F64)
+    results = []
+    for read in (poincare_read_reference, topk_read):
+        m = read(q, keys, values, mask, 0.3, 4)
+        (grad,) = torch.autograd.grad((m * grad_m).sum(), q)
+        results.append((m, grad))
+    for actual, expected in zip(results[1], results[0]):
+        _close(actual, expected)
+    if occupied == 0:
+        assert torch.count_nonzero(results[1][0]) == 0
