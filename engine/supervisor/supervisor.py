@@ -597,8 +597,13 @@ class Supervisor:
                 return outcome
             heartbeat = read_json(self.layout.heartbeat)
             last_beat = launched
+            silence_allowed = self._watchdog_seconds()
             if heartbeat is not None and heartbeat.get("pid") in self._group_of(trainer):  # rank 0's in a group
                 last_beat = max(launched, beat_time(heartbeat))
+                if heartbeat.get("stage") == Stage.STOPPED:
+                    # It has checkpointed and is leaving (W&B's bounded close, a group's last barrier):
+                    # a stopping trainer's allowance bounds that, not the watchdog's silence.
+                    silence_allowed = max(silence_allowed, self.settings.stop_wait_seconds)
                 if heartbeat.get("stage") != Stage.WAITING_DATA:
                     data_wait_since, told_data_wait = None, False
                 elif data_wait_since is None:
@@ -608,7 +613,7 @@ class Supervisor:
                     self._event(EventKind.DATA_WAIT, f"the trainer has waited for data cycle {cycle} longer than the "
                                 "watchdog interval")
                     told_data_wait = True
-            if not asked and time.time() - last_beat > self._watchdog_seconds():
+            if not asked and time.time() - last_beat > silence_allowed:
                 return self._kill(trainer, launched, watchdog=True, stopped_by_us=False)
             time.sleep(self.settings.poll_seconds)
 

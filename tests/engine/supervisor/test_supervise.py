@@ -78,6 +78,10 @@ if action == "line-error":
 if action == "disk-full":
     print("nsconsole: /lines/x: 0.40 GiB free on its disk, below guards.min_free_disk_gb = 20", file=sys.stderr)
     sys.exit(74)
+if action == "slow-exit":  # stopped, then a long close (W&B's bounded one, a group's last barrier)
+    beat("stopped", reason="the plan is complete")
+    time.sleep(2.5)
+    sys.exit(0)
 if action == "wait-data":
     for _ in range(40):
         beat("waiting-data", cycle=3)
@@ -285,6 +289,15 @@ def test_a_silent_trainer_is_killed_and_relaunched(rig: Rig) -> None:
     kinds = [event["event"] for event in rig.notified("finished")]
     assert kinds == ["watchdog_restart", "finished"]
     assert "no heartbeat for 1 s" in (rig.line / "run.log").read_text()
+
+
+def test_a_trainer_that_said_stopped_may_take_longer_than_the_watchdog_to_leave(rig: Rig) -> None:
+    # Found under a loaded CI: killed while closing W&B, a finished trainer was relaunched in a loop.
+    rig.start(["slow-exit"], watchdog_seconds=0.5)
+    assert rig.finish() == 0
+    assert rig.launches() == ["slow-exit"]
+    assert rig.state()["state"] == "finished"
+    assert "no heartbeat" not in (rig.line / "run.log").read_text()
 
 
 def test_a_sigterm_it_did_not_send_relaunches_the_trainer(rig: Rig) -> None:
