@@ -564,6 +564,7 @@ class Supervisor:
         data_wait_since: float | None = None  # when the trainer began waiting for a data cycle
         told_data_wait = False
         others: list[int] = []
+        launch_pids: set[int] = set()
         while True:
             stop_file_seen = stop_file_seen or pending_stop(self.layout) is not None
             code = trainer.poll()
@@ -598,7 +599,10 @@ class Supervisor:
             heartbeat = read_json(self.layout.heartbeat)
             last_beat = launched
             silence_allowed = self._watchdog_seconds()
-            if heartbeat is not None and heartbeat.get("pid") in self._group_of(trainer):  # rank 0's in a group
+            # Every pid of this launch seen so far: rank 0 may have left (its heartbeat says so) while
+            # torchrun tears the group down, and its beat is still this launch's, not a stale one.
+            launch_pids.update(self._group_of(trainer))
+            if heartbeat is not None and heartbeat.get("pid") in launch_pids:  # rank 0's in a group
                 last_beat = max(launched, beat_time(heartbeat))
                 if heartbeat.get("stage") == Stage.STOPPED:
                     # It has checkpointed and is leaving (W&B's bounded close, a group's last barrier):

@@ -54,6 +54,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def train(args: argparse.Namespace) -> int:
     """Run the trainer; its exit status (see the module docstring)."""
     # Imported after the check: torch takes seconds to import.
+    import logging
+
     import psutil
 
     from datalines.errors import DataLineError
@@ -62,6 +64,9 @@ def train(args: argparse.Namespace) -> int:
     from engine.training.disk_full import disk_full_error, report_disk_full, say
     from engine.training.trainer import Trainer
 
+    # A library's log handler that cannot write (W&B's, to run.log on a full disk) must not print a
+    # traceback into run.log: the trainer reports the full disk in one line itself.
+    logging.raiseExceptions = False
     try:
         # The start-up's breakdown (run.log, startup.jsonl) counts from the process's start: the
         # interpreter and torch's import are a relaunch's first seconds too.
