@@ -23,6 +23,8 @@ from datalines.creation import init_data_line
 from datalines.preparer import prepare_cycle
 from datalines.tokenizer import EMBEDDED_EOS_TOKEN, train_byte_level_bpe
 from datalines.validation import build_validation
+from engine.checkpoints.format import read_latest
+from engine.checkpoints.tensors import Checkpoint, load_checkpoint
 from engine.config.run import RunConfig
 from engine.ops.new import NewLineOptions, new_line
 
@@ -149,3 +151,21 @@ def copy_data_line(template: Path, root: Path) -> Path:
     shutil.copytree(template, target)
     return target
 
+
+def latest_checkpoint(line: Path) -> Checkpoint:
+    """The line's checkpoint that `latest` names, loaded."""
+    return load_checkpoint(line / "checkpoints" / read_latest(line / "checkpoints"))
+
+
+def assert_same_state(line: Path, reference: Path) -> None:
+    """The latest checkpoints hold the same update, position, data record, weights, optimizer state
+    and extra state, bit for bit; the two lines logged the same rows."""
+    mine, theirs = latest_checkpoint(line), latest_checkpoint(reference)
+    assert mine.update == theirs.update
+    assert mine.state["position"] == theirs.state["position"] and mine.state["data"] == theirs.state["data"]
+    for part in ("weights", "optimizer", "extra"):
+        mine_part, their_part = getattr(mine, part), getattr(theirs, part)
+        assert sorted(mine_part) == sorted(their_part), part
+        for key, tensor in their_part.items():
+            assert torch.equal(mine_part[key], tensor), f"{part}/{key}"
+    assert rows_without_wall_clock(line / "rows.jsonl") == rows_without_wall_clock(reference / "rows.jsonl")

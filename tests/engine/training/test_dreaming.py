@@ -9,10 +9,15 @@ from typing import Any
 
 import pytest
 import torch
-from helpers.lines import copy_data_line, data_template_fixture, make_line, rows_without_wall_clock
+from helpers.lines import (
+    copy_data_line,
+    data_template_fixture,
+    latest_checkpoint,
+    make_line,
+    rows_without_wall_clock,
+)
 
-from engine.checkpoints.format import read_latest
-from engine.checkpoints.tensors import Checkpoint, load_checkpoint
+from engine.checkpoints.tensors import Checkpoint
 from engine.config.run import RunConfig
 from engine.errors import ConfigError
 from engine.gpu.sharing import GpuWatch
@@ -37,10 +42,6 @@ def pssa_line(root: Path, template: Path, dreaming: dict[str, Any] | None) -> Pa
 
 def rows(line: Path) -> list[dict[str, Any]]:
     return [json.loads(text) for text in (line / "rows.jsonl").read_text().splitlines()]
-
-
-def latest(line: Path) -> Checkpoint:
-    return load_checkpoint(line / "checkpoints" / read_latest(line / "checkpoints"))
 
 
 def assert_same_tensors(mine: Checkpoint, theirs: Checkpoint) -> None:
@@ -118,10 +119,10 @@ def test_a_line_resumed_right_after_a_dream_is_bit_identical(
 
     line = pssa_line(tmp_path / "resumed", data_template, DREAMING)
     assert Trainer(line, stop_at=4, echo=None).run() == 0
-    stopped = latest(line)
+    stopped = latest_checkpoint(line)
     assert stopped.update == 4 and stopped.extra["model/dream.tokens"].shape[0] > 0  # the cache is saved
     assert Trainer(line, stop_at=6, echo=None).run() == 0
-    assert_same_tensors(latest(line), latest(reference))
+    assert_same_tensors(latest_checkpoint(line), latest_checkpoint(reference))
     assert rows_without_wall_clock(line / "rows.jsonl") == rows_without_wall_clock(reference / "rows.jsonl")
 
 
@@ -138,7 +139,7 @@ def test_the_guard_undoes_every_step_that_would_raise_the_fresh_loss(tmp_path: P
     assert [row["dream/kept"] for row in dreamt] == [0, 0, 0, 0]
     assert all(row["dream/steps"] > 0 for row in dreamt)
     assert all(row["dream/fresh_loss_after"] == row["dream/fresh_loss_before"] for row in dreamt)
-    assert_same_tensors(latest(dreaming), latest(plain))
+    assert_same_tensors(latest_checkpoint(dreaming), latest_checkpoint(plain))
     without_dreams = [{k: v for k, v in row.items() if k not in DREAM_FIELDS}
                       for row in rows_without_wall_clock(dreaming / "rows.jsonl")]  # fmt: skip
     assert without_dreams == rows_without_wall_clock(plain / "rows.jsonl")
@@ -160,7 +161,7 @@ def test_a_cuda_line_dreams_between_graph_updates_and_resumes(tmp_path: Path, da
     line = make_line(tmp_path / "resumed", copy_data_line(data_template, tmp_path / "resumed"), **changes)
     assert Trainer(line, stop_at=4, echo=None, gpu_watch=alone).run() == 0
     assert Trainer(line, stop_at=6, echo=None, gpu_watch=alone).run() == 0
-    mine, theirs = latest(line), latest(reference)
+    mine, theirs = latest_checkpoint(line), latest_checkpoint(reference)
     assert mine.update == theirs.update == 6
     for key, tensor in theirs.weights.items():
         torch.testing.assert_close(mine.weights[key], tensor, rtol=1e-4, atol=1e-6, msg=key)

@@ -11,14 +11,13 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 from helpers import REPOSITORY
 from helpers.lines import (
     SEQ_LEN,
+    assert_same_state,
     copy_data_line,
     data_template_fixture,
     make_line,
-    rows_without_wall_clock,
 )
 
 from engine.checkpoints.format import read_latest, verify_line_checkpoints
@@ -36,20 +35,6 @@ def count_rows(line: Path) -> int:
         return (line / "rows.jsonl").read_bytes().count(b"\n")
     except FileNotFoundError:
         return 0
-
-
-def assert_same_state(line: Path, reference: Path) -> None:
-    """The latest checkpoints hold the same update, weights, optimizer state and extra state."""
-    mine = load_checkpoint(line / "checkpoints" / read_latest(line / "checkpoints"))
-    theirs = load_checkpoint(reference / "checkpoints" / read_latest(reference / "checkpoints"))
-    assert mine.update == theirs.update
-    assert mine.state["position"] == theirs.state["position"]
-    for part in ("weights", "optimizer", "extra"):
-        mine_part, their_part = getattr(mine, part), getattr(theirs, part)
-        assert sorted(mine_part) == sorted(their_part), part
-        for key, tensor in their_part.items():
-            assert torch.equal(mine_part[key], tensor), f"{part}/{key}"
-    assert rows_without_wall_clock(line / "rows.jsonl") == rows_without_wall_clock(reference / "rows.jsonl")
 
 
 def trainer_process(line: Path) -> subprocess.Popen:

@@ -23,16 +23,15 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
 from helpers import REPOSITORY
 from helpers.data import make_chat_corpus, make_tokenizer, make_web_corpus, write_recipe
-from helpers.lines import copy_data_line, make_data_line, make_line, rows_without_wall_clock
+from helpers.lines import assert_same_state, copy_data_line, latest_checkpoint, make_data_line, make_line
 
 from datalines import DataLineError, open_data_line
 from datalines.creation import init_data_line
 from datalines.cycle import Cycle
 from datalines.preparer import prepare_cycle
-from engine.checkpoints.format import checkpoint_name, read_latest, stage_end_kept
+from engine.checkpoints.format import checkpoint_name, stage_end_kept
 from engine.checkpoints.tensors import load_checkpoint
 from engine.training.position import Position
 from engine.training.trainer import Trainer
@@ -191,21 +190,6 @@ def test_a_checkpoint_without_earlier_reads_is_a_plain_position() -> None:
     assert old.data_tokens(Starts(), 64) == 10_000 + 9 * 128 + 3 * 64
 
 
-def latest(line: Path):
-    return load_checkpoint(line / "checkpoints" / read_latest(line / "checkpoints"))
-
-
-def assert_same_state(line: Path, reference: Path) -> None:
-    """The latest checkpoints hold the same position, weights, optimizer and extra state; the same rows."""
-    mine, theirs = latest(line), latest(reference)
-    assert mine.state["position"] == theirs.state["position"] and mine.state["data"] == theirs.state["data"]
-    for part in ("weights", "optimizer", "extra"):
-        mine_part, their_part = getattr(mine, part), getattr(theirs, part)
-        assert sorted(mine_part) == sorted(their_part), part
-        assert all(torch.equal(mine_part[key], tensor) for key, tensor in their_part.items()), part
-    assert rows_without_wall_clock(line / "rows.jsonl") == rows_without_wall_clock(reference / "rows.jsonl")
-
-
 def test_stops_at_the_stage_end_and_inside_the_relay_resume_bit_identically(
     tmp_path: Path, data_template: Path
 ) -> None:
@@ -214,7 +198,7 @@ def test_stops_at_the_stage_end_and_inside_the_relay_resume_bit_identically(
     line = two_stage_line(tmp_path / "stopped", data_template)
     for stop_at in (STAGE_END, STAGE_END + 2, CYCLE_END + 2):
         assert Trainer(line, stop_at=stop_at, echo=None).run() == 0
-        position = latest(line).state["position"]
+        position = latest_checkpoint(line).state["position"]
         if stop_at < CYCLE_END:  # a checkpoint in cycle 0 after the trunk: the relay's position
             assert position["earlier"] == [[TRUNK_LEN, TRUNK_TOKENS // TRUNK_LEN]], position
             assert position["sample"] == (stop_at - STAGE_END) * 512 // LONG_LEN
@@ -238,7 +222,7 @@ def test_sigkill_inside_the_relay_then_resume_is_bit_identical(tmp_path: Path, d
     process.send_signal(signal.SIGKILL)
     process.wait(timeout=60)
     assert process.returncode == -signal.SIGKILL, process.stderr.read().decode()
-    killed_at = latest(line).state["position"]
+    killed_at = latest_checkpoint(line).state["position"]
     assert killed_at["cycle"] == 0 and killed_at["earlier"], killed_at  # the resume starts inside the relay
     final = subprocess.run(command, cwd=REPOSITORY, env=environment, capture_output=True, timeout=300)
     assert final.returncode == 0, final.stderr.decode()
