@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU work no CI machine can do, in one script for a lent H200 (see bench/RESULTS.md).
-# Usage: bash bench/gpu_suite.sh kernel-tests|tests|bench|sharing|sharing-alone|sweep|profile|ncu|pattern [...]; logs go to $OUT (or ./gpu-out).
+# Usage: bash bench/gpu_suite.sh kernel-tests|tests|alone|bench|sharing|sharing-alone|sweep|profile|profile-2b|ncu|pattern [...]; logs go to $OUT (or ./gpu-out).
 set -u -o pipefail
 out=${OUT:-gpu-out}
 mkdir -p "$out"
@@ -14,6 +14,16 @@ for stage in "$@"; do
         tests/engine/models/test_models_ns_pool_read.py tests/engine/models/test_models_ns_model.py tests/engine/models/test_models_pssa.py \
         tests/engine/models/test_models_transformer.py tests/engine/ops/test_tune.py tests/engine/training/test_validate.py tests/engine/gpu/test_gpu.py \
         2>&1 | tee "$out/tests_cuda.log"
+      ;;
+    alone)
+      # CUDA tests that train real lines: each in its own pytest process, since a pytest process that
+      # already holds GPU memory trips the line's own sharing guard.
+      for selection in tests/engine/gpu/test_gpu_placement_cuda.py tests/engine/training/test_distributed_cuda.py \
+          "tests/engine/training/test_dreaming.py -k cuda" "tests/engine/models/test_memory_budget.py -k cuda" \
+          "tests/engine/models/test_models_pssa.py -m cuda" "tests/engine/models/test_models_ns_model.py -k kernel"; do
+        echo "== $selection"
+        timeout ${ALONE_TIMEOUT:-240} python3 -m pytest -v -p no:cacheprovider -rfE $selection 2>&1 | tail -40
+      done 2>&1 | tee -a "$out/tests_alone.log"
       ;;
     kernel-tests)
       # test_sass_report.py compiles the shipped tiles with this machine's Triton (layouts differ by version).
@@ -55,6 +65,11 @@ for stage in "$@"; do
       # Where the main model's update goes (MFU 0.13 at 4K in session 3): the top kernels of one update.
       timeout 240 python3 -m nsconsole bench --model ns-1p3b --seq-len 4096 --rows 4 --accum 2 \
         --recompute dendritic --engine eager --profile 2>&1 | grep -E '^\{|Error' | tee "$out/profile_ns1p3b.log"
+      ;;
+    profile-2b)
+      # Issue 22: where ns-2b's update at 4K goes (0.48 of the plain GPT in session 11).
+      timeout ${PROFILE_TIMEOUT:-300} python3 -m nsconsole bench --model ns-2b --seq-len 4096 --rows 8 --accum 1 \
+        --recompute dendritic --engine eager --updates 2 --profile 2>&1 | grep -E '^\{|Error' | tee "$out/profile_ns2b.log"
       ;;
     ncu)
       # Issue 5: the scans' hardware counters (Nsight Compute; works on the Firecracker H200).

@@ -100,7 +100,7 @@ def measure_matmul_tflops(device: torch.device, seconds: float = MATMUL_SECONDS)
     return 2.0 * size**3 * products / elapsed / 1e12
 
 
-def _top_kernels(profiler: torch.profiler.profile, cuda: bool, limit: int = 15) -> list[dict[str, Any]]:
+def _top_kernels(profiler: torch.profiler.profile, cuda: bool, limit: int = 40) -> list[dict[str, Any]]:
     events = profiler.key_averages()
     if cuda:
         timed = [(event.key, event.self_device_time_total, event.count) for event in events]
