@@ -10,6 +10,8 @@
   micro-batch (B 1, T 4096), as the model runs them (the PLIF scans through whatever
   `kernels.plif` dispatches to); the dendritic layer and the model with the chunked scan eager
   and compiled (`compile_scan`) side by side.
+- `glue`: the same layers and micro-batch with the elementwise work between the kernels eager and
+  compiled (`compile_glue`) side by side.
 
     python bench/ns_layers.py [--iters 10] [--only NAME ...]
 """
@@ -29,10 +31,12 @@ import torch
 # would shadow the kernels package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from engine.models.ns.config import NSConfig  # noqa: E402
 from engine.models.ns.dendritic import DendriticLayer  # noqa: E402
 from engine.models.ns.hippocampal import HippocampalLayer  # noqa: E402
-from engine.models.ns.model import NSLM, PRESETS  # noqa: E402
+from engine.models.ns.model import NSLM  # noqa: E402
 from engine.models.ns.pool_read import pool_read_flex  # noqa: E402
+from engine.models.ns.presets import PRESETS  # noqa: E402
 from engine.models.ns.scan import chunked_scan, compiled_chunked_scan  # noqa: E402
 from engine.units import GIB  # noqa: E402
 
@@ -100,9 +104,40 @@ def pool_read_rows(iters: int) -> list[dict]:
     ]
 
 
+def layer_ms(layer_class: type[DendriticLayer | HippocampalLayer], config: NSConfig, iters: int) -> float:
+    """Forward + backward of one layer of `config` on B 1, T 4096 under bf16 autocast."""
+    torch.manual_seed(0)
+    layer = layer_class(config).cuda()
+    x = torch.randn(1, 4096, config.d_model, device="cuda", requires_grad=True)
+    is_eos = torch.zeros(1, 4096, dtype=torch.bool, device="cuda")
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out, _, _ = layer(x, is_eos, None)
+        out.float().square().mean().backward()
+
+    return time_ms(step, iters)
+
+
+def model_row(config: NSConfig, iters: int) -> dict:
+    """Forward + backward of a whole model of `config` on one row of 4096 tokens under bf16 autocast."""
+    torch.manual_seed(0)
+    model = NSLM(config).cuda()
+    tokens = torch.randint(0, config.vocab_size, (1, 4096), device="cuda")
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss, _ = model(tokens, tokens)
+        loss.mean().backward()
+
+    torch.cuda.reset_peak_memory_stats()
+    ms = time_ms(step, iters, warmup=2)
+    return {"ms": ms, "tokens_per_s": 4096 / ms * 1e3, "params": model.num_parameters(),
+            "peak_gib": torch.cuda.max_memory_allocated() / GIB}  # fmt: skip
+
+
 def layer_rows(iters: int) -> list[dict]:
     rows = []
-    batch, length = 1, 4096
     cases = (
         ("dendritic_layer", DendriticLayer, False),
         ("dendritic_layer", DendriticLayer, True),
@@ -110,17 +145,7 @@ def layer_rows(iters: int) -> list[dict]:
     )
     for name, layer_class, compile_scan in cases:
         config = dataclasses.replace(PRESETS["ns-2b"], compile_scan=compile_scan)
-        torch.manual_seed(0)
-        layer = layer_class(config).cuda()
-        x = torch.randn(batch, length, config.d_model, device="cuda", requires_grad=True)
-        is_eos = torch.zeros(batch, length, dtype=torch.bool, device="cuda")
-
-        def step(layer=layer, x=x, is_eos=is_eos):
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                out, _, _ = layer(x, is_eos, None)
-            out.float().square().mean().backward()
-
-        rows.append({"bench": name, "compile_scan": compile_scan, "ms": time_ms(step, iters),
+        rows.append({"bench": name, "compile_scan": compile_scan, "ms": layer_ms(layer_class, config, iters),
                      "shape": "ns-2b B1 T4096 bf16 eager"})  # fmt: skip
     return rows
 
@@ -128,25 +153,27 @@ def layer_rows(iters: int) -> list[dict]:
 def model_rows(iters: int) -> list[dict]:
     rows = []
     for compile_scan in (False, True):
-        torch.manual_seed(0)
-        model = NSLM(dataclasses.replace(PRESETS["ns-2b"], compile_scan=compile_scan)).cuda()
-        tokens = torch.randint(0, model.config.vocab_size, (1, 4096), device="cuda")
-
-        def step(model=model, tokens=tokens):
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss, _ = model(tokens, tokens)
-            loss.mean().backward()
-
-        torch.cuda.reset_peak_memory_stats()
-        ms = time_ms(step, iters, warmup=2)
-        rows.append({"bench": "ns-2b_step", "compile_scan": compile_scan, "ms": ms, "tokens_per_s": 4096 / ms * 1e3,
-                     "params": model.num_parameters(), "shape": "B1 T4096 bf16 eager",
-                     "peak_gib": torch.cuda.max_memory_allocated() / GIB})  # fmt: skip
-        del model
+        row = model_row(dataclasses.replace(PRESETS["ns-2b"], compile_scan=compile_scan), iters)
+        rows.append({"bench": "ns-2b_step", "compile_scan": compile_scan, **row, "shape": "B1 T4096 bf16 eager"})
     return rows
 
 
-BENCHES = {"scan": scan_rows, "pool_read": pool_read_rows, "layers": layer_rows, "model": model_rows}
+def glue_rows(iters: int) -> list[dict]:
+    """The layers and the whole model with their elementwise glue eager and compiled (`compile_glue`,
+    engine/models/ns/glue.py), each with its recomputation in the backward as on CUDA."""
+    rows = []
+    for compile_glue in (False, True):
+        config = dataclasses.replace(PRESETS["ns-2b"], compile_glue=compile_glue)
+        for name, layer_class in (("dendritic_layer", DendriticLayer), ("hippocampal_layer", HippocampalLayer)):
+            rows.append({"bench": name, "compile_glue": compile_glue, "ms": layer_ms(layer_class, config, iters),
+                         "shape": "ns-2b B1 T4096 bf16"})  # fmt: skip
+        rows.append({"bench": "ns-2b_step", "compile_glue": compile_glue, **model_row(config, iters),
+                     "shape": "B1 T4096 bf16"})  # fmt: skip
+    return rows
+
+
+BENCHES = {"scan": scan_rows, "pool_read": pool_read_rows, "layers": layer_rows, "model": model_rows,
+           "glue": glue_rows}  # fmt: skip
 
 
 def main() -> int:

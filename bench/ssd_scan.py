@@ -14,7 +14,12 @@ B^T x (2 L N P a head), the entering state read through C (2 L N P a head), and 
 chunks (2 N P a head and chunk, as a recurrence). The backward forms two products for each
 forward one (the gradients of both factors): forward + backward counts 3x the forward. The
 kernels themselves do a little more (C B^T once a head, not a group; the backward recomputes
-C B^T, C S and dS'); the floor counts the form, not the kernels.
+C B^T and C S, and forms dY X^T in both of its per-chunk gradient kernels); the floor counts the
+form, not the kernels.
+
+Then the Triton kernels one by one (rows with a `piece`): each kernel's device time per call of
+the forward and of the backward (torch.profiler, the backward replayed on one kept graph), with
+the PyTorch kernels around them (the group sums of dB and dC, dA's sum, casts).
 
     python bench/ssd_scan.py [--iters-budget 0.6] > rows.jsonl
 """
@@ -51,6 +56,29 @@ def matmul_tflops(budget_s: float) -> float:
     rate = 2 * 8192**3 / ms / 1e9
     emit(kernel="matmul", size="8192^3 bf16", impl="torch", ms=round(ms, 4), TFLOP_s=round(rate, 1))
     return rate
+
+
+def kernel_split(forward: Callable, leaves: tuple[torch.Tensor, ...], gradients: tuple[torch.Tensor, ...],
+                 calls: int = 5) -> None:
+    """Each CUDA kernel's device time per call of `forward` and of its backward, one row each."""
+    outputs = forward()
+
+    def backward() -> None:
+        for tensor in leaves:
+            tensor.grad = None
+        torch.autograd.backward(outputs, gradients, retain_graph=True)
+
+    for mode, call in (("fwd", forward), ("bwd", backward)):
+        call()  # compiled and warm before the profile
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profiler:
+            for _ in range(calls):
+                call()
+            torch.cuda.synchronize()
+        for event in profiler.key_averages():
+            if event.self_device_time_total > 0:
+                emit(kernel="ssd_scan", impl="triton", mode=mode, piece=event.key,
+                     ms=round(event.self_device_time_total / calls / 1e3, 4), launches=event.count / calls)
 
 
 def forward_gflop(batch: int, length: int, heads: int, head_dim: int, groups: int, state: int, chunk: int) -> float:
@@ -104,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
             emit(kernel="ssd_scan", impl=impl, mode=mode, shape=shape, ms=round(ms, 4),
                  TFLOP_s=round(work / ms, 2), GFLOP=round(work, 2), floor_ms=round(floor_ms, 4),
                  fraction_of_floor=round(floor_ms / ms, 4))  # fmt: skip
+        if impl == "triton":
+            kernel_split(forward, leaves, (grad_y, grad_last))
     return 0
 
 

@@ -1,4 +1,4 @@
-"""The NS dendritic chunked scan (the SSD form) as two fused Triton kernels: forward and backward.
+"""The NS dendritic chunked scan (the SSD form) as chunk-parallel Triton kernels, forward and backward.
 
 Per head h (scalar decay A_h < 0, step dt_t >= 0) and group g(h) = h // (H // G) of B and C:
 
@@ -12,31 +12,38 @@ u_s, a_s = A_h dt_s, cs_t = a_1 + ... + a_t within a chunk of L tokens and tot =
 entered with state S gives
 
     y_t = sum_{s <= t} exp(cs_t - cs_s) (C_t . B_s) x_s + exp(cs_t) C_t^T S
-    S'  = exp(tot) S + sum_s exp(tot - cs_s) B_s x_s^T
+    S'  = exp(tot) S + S_loc        S_loc = sum_s exp(tot - cs_s) B_s x_s^T
 
-One program a (batch row, head) walks the chunks in order and carries S (fp32, or fp64 for fp64
-inputs) in registers: each chunk is four (L x 64 x 64) matrix products (C B^T; that masked by
-the decay matrix, times x; C S; B^T times the decay-weighted x) and L^2 exponentials, and no
-(L x L) tensor ever reaches memory. The forward writes y, the last state and, when a gradient
-is wanted, the state entering each chunk (Bt, H, chunks, N, P) for the backward. The backward
-walks the chunks in reverse carrying dS' (the gradient of the state leaving the chunk):
+Everything but the recurrence S' = exp(tot) S + S_loc is independent per chunk, so the forward is
+three launches (Mamba-2's SSD structure): one program a (row, head, chunk) writes S_loc and tot;
+one program a (row, head, tile of N x P) walks the chunks in order, replacing each S_loc in place
+by the state entering its chunk and writing the last state (elementwise: an FMA a chunk and
+element, the only sequential work); one program a (row, head, chunk) writes y from its chunk's
+inputs and entering state: three (L x 64 x 64) matrix products (C B^T; that masked by the decay
+matrix, times x; C S) and L^2 exponentials, no (L x L) tensor in memory. The entering states
+(Bt, H, chunks, N, P) stay for the backward. The backward mirrors it: one program a chunk writes
+dS_loc = sum_t exp(cs_t) C_t dy_t^T, the pass walks the chunks in reverse,
+
+    dS = exp(tot) dS' + dS_loc                          (dS' the gradient of the state leaving a chunk)
+
+replacing each dS_loc by the dS' of its chunk and writing the entering state's gradient, and two
+launches of one program a chunk take every other gradient from the chunk's inputs, S and dS':
 
     dx_s  = sum_{t >= s} M_ts dy_t + exp(tot - cs_s) dS'^T B_s      M_ts = exp(cs_t - cs_s) C_t . B_s
     dC_t  = sum_s G_ts B_s + exp(cs_t) S dy_t                       G_ts = exp(cs_t - cs_s) dy_t . x_s
     dB_s  = sum_t G_ts C_t + exp(tot - cs_s) dS' x_s
-    dS    = exp(tot) dS' + sum_t exp(cs_t) C_t dy_t^T
 
 and the log-decays' gradient through cs (the row sums minus the column sums of M * dY X^T, the
 entering state's read, the chunk's weights to its end and exp(tot) <S, dS'>), summed from the
 end of the chunk (a reverse cumsum) into each a_t, then into dt (A da + u . dx) and A (dt da).
 dB and dC come out per head (Bt, T, H, N) and are summed over a group's heads afterwards, and
-dA per (row, head) summed over rows: sums in a fixed order, no atomics, the same bits on every
-call (a resumed GPU line repeats an uninterrupted one).
+dA per (row, head, chunk) summed over rows and chunks: every sum in a fixed order, no atomics,
+the same bits on every call (a resumed GPU line repeats an uninterrupted one).
 
 Matrix products take the autocast dtype when autocast is on (bf16 on tensor cores, fp32
 accumulators, as the reference's einsums under autocast), IEEE fp32 otherwise (fp64 for fp64
-inputs, which only the interpreter runs). The carried state, dS', every accumulator and every
-exponent are fp32 or wider.
+inputs, which only the interpreter runs). The passed states and their gradients, every
+accumulator and every exponent are fp32 or wider.
 
 Exponents: the reference sums exactly the steps each decay spans, never differences of long
 running sums. Here the chunk's running sum cs is taken in fp64 (L additions a chunk, a vector,
@@ -55,14 +62,21 @@ import triton.language as tl
 
 from kernels._dispatch import compute_dtype, new_buffer, wants_triton
 
-_WARPS = 8
-"""Warps a program. sm_90, Triton 3.9 (`bench/sass_report.py`'s compile, bf16, L = N = P = 64): the
-forward holds its tiles in 230 registers with 8 warps and spills 48 bytes with 4; the backward
-spills with 4 or 8 (8: 248 bytes a thread in the inputs' half, 80 in the maps' half; 16 warps cap
-a thread at 128 registers and spill more)."""
-_BACKWARD_STAGES = 1
-"""Loads of later chunks in flight in the backward: 1 spills least (3, Triton's default, adds 72
-bytes a thread and 108 KiB of shared memory)."""
+_WARPS = 4
+"""Warps a program of one chunk. sm_90, Triton 3.9, bf16, L = N = P = 64 (bench/sass_report.py's
+compile; no spills anywhere): a chunk's contribution to the passed state 59-62 registers a thread,
+its output 138, dB and dC 152 (196 with 8 warps: Hopper's wgmma gives a warpgroup whole 64-row
+tiles, so 8 warps do not halve them); three of those programs fit an SM's registers."""
+_INPUT_GRAD_WARPS = 8
+"""du, ddt and dA hold the most (L x L) tiles at once (M, dY X^T, their products and the decay
+matrix besides dx and the states' products): 212 registers with 8 warps, 255 and 72 bytes of
+spills a thread with 4."""
+_PASS_BLOCK = 1024
+"""State elements a program of the pass between chunks: 4 tiles of a 64 x 64 state, 1280 programs
+at ns-2b's shape (8 rows x 40 heads), enough loads in flight to stream the states at the memory's
+rate (the pass is an FMA an element and chunk)."""
+_PASS_WARPS = 4
+"""Warps a program of the pass: 8 elements a thread (two 16-byte loads a chunk), 32 registers."""
 _FP_FUSION = True
 """Multiply-adds fused, named at every launch: a new Triton's default must not change the bits."""
 
@@ -71,30 +85,43 @@ _TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.floa
 
 
 @triton.jit
-def _chunk_inputs(
-    u_base, dt_base, B_base, C_base, A, chunk, seq_len,
-    su_t, sdt_t, sb_t, sc_t, head_dim, state_size,
-    ACC: tl.constexpr, L: tl.constexpr, N_PAD: tl.constexpr, P_PAD: tl.constexpr,
-):
-    """One chunk's inputs, rows past T zero (dt 0: neither decay nor drive), and its
-    running log-decay as hi + lo (module docstring) with the chunk's total."""
+def _program_chunk(heads, heads_per_group):
+    """(row, head, group, chunk) of a program of one chunk. The heads of a chunk are neighbours in
+    the launch order, so the B and C tiles they share come from L2."""
+    program = tl.program_id(0)
+    head = program % heads
+    return tl.program_id(1).to(tl.int64), head, head // heads_per_group, program // heads
+
+
+@triton.jit
+def _chunk_decays(dt_base, A, chunk, seq_len, sdt_t, ACC: tl.constexpr, L: tl.constexpr):
+    """A chunk's rows (those past T have dt 0: neither decay nor drive), its dt, its running
+    log-decay as hi + lo (module docstring), its total and each step's decay to the chunk's end."""
     rows = chunk * L + tl.arange(0, L)
     row_ok = rows < seq_len
-    offs_n = tl.arange(0, N_PAD)
-    offs_p = tl.arange(0, P_PAD)
-    bc_ok = row_ok[:, None] & (offs_n < state_size)[None, :]
-    up_ok = row_ok[:, None] & (offs_p < head_dim)[None, :]
     dt = tl.load(dt_base + rows * sdt_t, mask=row_ok, other=0.0).to(ACC)
-    # u, B and C stay in their own dtype (bf16 tiles hold half the registers); they widen where used.
-    u = tl.load(u_base + rows[:, None] * su_t + offs_p[None, :], mask=up_ok, other=0.0)
-    B = tl.load(B_base + rows[:, None] * sb_t + offs_n[None, :], mask=bc_ok, other=0.0)
-    C = tl.load(C_base + rows[:, None] * sc_t + offs_n[None, :], mask=bc_ok, other=0.0)
     cs = tl.cumsum((dt * A).to(tl.float64), 0)
     tot = tl.sum(tl.where(tl.arange(0, L) == L - 1, cs, 0.0), 0)  # cs's last element, exactly
     cs_hi = cs.to(ACC)
     cs_lo = (cs - cs_hi.to(tl.float64)).to(ACC)
     to_end = tl.exp((tot - cs).to(ACC))  # exp(a_{s+1} + ... + a_L): how x_s reaches the chunk's end
-    return rows, row_ok, dt, u, B, C, cs_hi, cs_lo, tot.to(ACC), to_end
+    return rows, row_ok, dt, cs_hi, cs_lo, tot.to(ACC), to_end
+
+
+@triton.jit
+def _row_tile(rows, row_ok, stride_t, width, PAD: tl.constexpr):
+    """Offsets and mask of a chunk's (L, PAD) tile of a (., T, ., width) tensor, the row's base apart."""
+    columns = tl.arange(0, PAD)
+    return rows[:, None] * stride_t + columns[None, :], row_ok[:, None] & (columns < width)[None, :]
+
+
+@triton.jit
+def _state_tile(slot, state_size, head_dim, N_PAD: tl.constexpr, P_PAD: tl.constexpr):
+    """Offsets and mask of the (N, P) state at `slot` of a contiguous (..., N, P) buffer."""
+    offs_n = tl.arange(0, N_PAD)
+    offs_p = tl.arange(0, P_PAD)
+    offsets = slot * state_size * head_dim + offs_n[:, None] * head_dim + offs_p[None, :]
+    return offsets, (offs_n < state_size)[:, None] & (offs_p < head_dim)[None, :]
 
 
 @triton.jit
@@ -107,142 +134,194 @@ def _decay_matrix(cs_hi, cs_lo, L: tl.constexpr):
 
 
 @triton.jit
-def _ssd_forward_kernel(
-    u_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, s0_ptr, y_ptr, s_last_ptr, s_saved_ptr,
-    su_b, su_t, su_h, sdt_b, sdt_t, sdt_h, sb_b, sb_t, sb_g, sc_b, sc_t, sc_g,
+def _chunk_contribution_kernel(
+    dt_ptr, A_ptr, map_ptr, rows_ptr, out_ptr, totals_ptr,
+    sdt_b, sdt_t, sdt_h, smap_b, smap_t, smap_g, srow_b, srow_t, srow_h,
     seq_len, chunks, heads, heads_per_group, head_dim, state_size,
-    HAS_S0: tl.constexpr, SAVE: tl.constexpr, DOT: tl.constexpr, PRECISION: tl.constexpr,
+    GRADIENT: tl.constexpr, DOT: tl.constexpr, PRECISION: tl.constexpr,
     L: tl.constexpr, N_PAD: tl.constexpr, P_PAD: tl.constexpr,
 ):
-    """y (Bt, T, H, P), the last state (Bt, H, N, P) and with SAVE each chunk's entering state
-    (Bt, H, chunks, N, P) of one (row, head), chunk after chunk."""
-    head = tl.program_id(0)
-    batch = tl.program_id(1).to(tl.int64)
-    group = head // heads_per_group
-    ACC = y_ptr.dtype.element_ty
+    """What one chunk of one (row, head) adds on its own to what passes between chunks, into
+    `out` (Bt, H, chunks, N, P). Forward (GRADIENT False; map B, rows u): S_loc = sum_s
+    exp(tot - cs_s) B_s x_s^T, and the chunk's total log-decay into `totals` (Bt, H, chunks).
+    Backward (map C, rows dy): dS_loc = sum_t exp(cs_t) C_t dy_t^T."""
+    batch, head, group, chunk = _program_chunk(heads, heads_per_group)
+    ACC = out_ptr.dtype.element_ty
     A = tl.load(A_ptr + head).to(ACC)
-    u_base = u_ptr + batch * su_b + head * su_h
-    dt_base = dt_ptr + batch * sdt_b + head * sdt_h
-    B_base = B_ptr + batch * sb_b + group * sb_g
-    C_base = C_ptr + batch * sc_b + group * sc_g
-    offs_n = tl.arange(0, N_PAD)
-    offs_p = tl.arange(0, P_PAD)
-    state_ok = (offs_n < state_size)[:, None] & (offs_p < head_dim)[None, :]
-    state_offsets = offs_n[:, None] * head_dim + offs_p[None, :]
-    bh = batch * heads + head
-    if HAS_S0:
-        S = tl.load(s0_ptr + bh * state_size * head_dim + state_offsets, mask=state_ok, other=0.0).to(ACC)
+    rows, row_ok, dt, cs_hi, cs_lo, tot, to_end = _chunk_decays(
+        dt_ptr + batch * sdt_b + head * sdt_h, A, chunk, seq_len, sdt_t, ACC, L)
+    offsets, ok = _row_tile(rows, row_ok, smap_t, state_size, N_PAD)
+    maps = tl.load(map_ptr + batch * smap_b + group * smap_g + offsets, mask=ok, other=0.0)
+    offsets, ok = _row_tile(rows, row_ok, srow_t, head_dim, P_PAD)
+    values = tl.load(rows_ptr + batch * srow_b + head * srow_h + offsets, mask=ok, other=0.0).to(ACC)
+    if GRADIENT:
+        weighted = values * tl.exp(cs_hi)[:, None]  # exp(a_1 + ... + a_t) dy_t
     else:
-        S = tl.zeros([N_PAD, P_PAD], dtype=ACC)
-    y_base = y_ptr + (batch * seq_len * heads + head) * head_dim
-    for chunk in range(chunks):
-        if SAVE:
-            tl.store(s_saved_ptr + (bh * chunks + chunk) * state_size * head_dim + state_offsets, S, mask=state_ok)
-        rows, row_ok, dt, u, B, C, cs_hi, cs_lo, tot, to_end = _chunk_inputs(
-            u_base, dt_base, B_base, C_base, A, chunk, seq_len, su_t, sdt_t, sb_t, sc_t, head_dim, state_size,
-            ACC, L, N_PAD, P_PAD)
-        x = dt[:, None] * u  # (L, P): the drive dt_s u_s
-        C_dot = C.to(DOT)
-        x_dot = x.to(DOT)
-        overlap = tl.dot(C_dot, tl.trans(B.to(DOT)), input_precision=PRECISION, out_dtype=ACC)  # (L, L)
-        mixing = overlap * _decay_matrix(cs_hi, cs_lo, L)
-        y = tl.dot(mixing.to(DOT), x_dot, input_precision=PRECISION, out_dtype=ACC)  # (L, P)
-        read = tl.dot(C_dot, S.to(DOT), input_precision=PRECISION, out_dtype=ACC)  # C_t^T S
-        y += tl.exp(cs_hi)[:, None] * read
-        tl.store(y_base + rows[:, None] * heads * head_dim + offs_p[None, :], y,
-                 mask=row_ok[:, None] & (offs_p < head_dim)[None, :])
-        weighted = (x * to_end[:, None]).to(DOT)
-        S = tl.exp(tot) * S + tl.dot(tl.trans(B.to(DOT)), weighted, input_precision=PRECISION, out_dtype=ACC)
-    tl.store(s_last_ptr + bh * state_size * head_dim + state_offsets, S, mask=state_ok)
+        weighted = (dt[:, None] * values) * to_end[:, None]  # exp(a_{s+1} + ... + a_L) x_s
+    contribution = tl.dot(tl.trans(maps.to(DOT)), weighted.to(DOT), input_precision=PRECISION, out_dtype=ACC)
+    slot = (batch * heads + head) * chunks + chunk
+    offsets, ok = _state_tile(slot, state_size, head_dim, N_PAD, P_PAD)
+    tl.store(out_ptr + offsets, contribution, mask=ok)
+    if not GRADIENT:
+        tl.store(totals_ptr + slot, tot)
 
 
 @triton.jit
-def _ssd_backward_kernel(
-    u_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, s_saved_ptr, dy_ptr, ds_last_ptr,
-    du_ptr, ddt_ptr, dA_ptr, dB_ptr, dC_ptr, ds0_ptr,
+def _state_pass_kernel(
+    states_ptr, totals_ptr, start_ptr, end_ptr, heads, chunks, size,
+    HAS_START: tl.constexpr, REVERSE: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """The only sequential work: one tile of one (row, head)'s (N x P) state walks the chunks,
+    in order (forward) or in reverse (backward, for dS'). Each chunk's slot of `states` (Bt, H,
+    chunks, N, P) holds its own contribution and is replaced by what enters it on the walk (the
+    state entering the chunk; the gradient of the state leaving it); then the running value
+    becomes exp(tot) times itself plus that contribution. `start` (Bt, H, N, P; zeros without
+    HAS_START) is the first running value, `end` receives the last."""
+    tile = tl.program_id(0)
+    bh = tl.program_id(2).to(tl.int64) * heads + tl.program_id(1)
+    offsets = tile * BLOCK + tl.arange(0, BLOCK)
+    ok = offsets < size
+    ACC = states_ptr.dtype.element_ty
+    if HAS_START:
+        running = tl.load(start_ptr + bh * size + offsets, mask=ok, other=0.0).to(ACC)
+    else:
+        running = tl.zeros([BLOCK], dtype=ACC)
+    for step in range(chunks):
+        if REVERSE:
+            chunk = chunks - 1 - step
+        else:
+            chunk = step
+        slot = bh * chunks + chunk
+        own = tl.load(states_ptr + slot * size + offsets, mask=ok, other=0.0)
+        tl.store(states_ptr + slot * size + offsets, running, mask=ok)
+        running = tl.exp(tl.load(totals_ptr + slot)) * running + own
+    tl.store(end_ptr + bh * size + offsets, running, mask=ok)
+
+
+@triton.jit
+def _chunk_output_kernel(
+    u_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, states_ptr, y_ptr,
+    su_b, su_t, su_h, sdt_b, sdt_t, sdt_h, sb_b, sb_t, sb_g, sc_b, sc_t, sc_g,
+    seq_len, chunks, heads, heads_per_group, head_dim, state_size,
+    DOT: tl.constexpr, PRECISION: tl.constexpr, L: tl.constexpr, N_PAD: tl.constexpr, P_PAD: tl.constexpr,
+):
+    """y (Bt, T, H, P) of one chunk of one (row, head) from its inputs and the state entering it
+    (`states`, after the forward pass)."""
+    batch, head, group, chunk = _program_chunk(heads, heads_per_group)
+    ACC = y_ptr.dtype.element_ty
+    A = tl.load(A_ptr + head).to(ACC)
+    rows, row_ok, dt, cs_hi, cs_lo, _, _ = _chunk_decays(
+        dt_ptr + batch * sdt_b + head * sdt_h, A, chunk, seq_len, sdt_t, ACC, L)
+    # u, B and C stay in their own dtype (bf16 tiles hold half the registers); they widen where used.
+    offsets, ok = _row_tile(rows, row_ok, su_t, head_dim, P_PAD)
+    u = tl.load(u_ptr + batch * su_b + head * su_h + offsets, mask=ok, other=0.0)
+    offsets, ok = _row_tile(rows, row_ok, sb_t, state_size, N_PAD)
+    B = tl.load(B_ptr + batch * sb_b + group * sb_g + offsets, mask=ok, other=0.0)
+    offsets, ok = _row_tile(rows, row_ok, sc_t, state_size, N_PAD)
+    C = tl.load(C_ptr + batch * sc_b + group * sc_g + offsets, mask=ok, other=0.0)
+    C_dot = C.to(DOT)
+    overlap = tl.dot(C_dot, tl.trans(B.to(DOT)), input_precision=PRECISION, out_dtype=ACC)  # (L, L)
+    mixing = overlap * _decay_matrix(cs_hi, cs_lo, L)
+    y = tl.dot(mixing.to(DOT), (dt[:, None] * u).to(DOT), input_precision=PRECISION, out_dtype=ACC)  # (L, P)
+    offsets, ok = _state_tile((batch * heads + head) * chunks + chunk, state_size, head_dim, N_PAD, P_PAD)
+    S = tl.load(states_ptr + offsets, mask=ok, other=0.0)
+    read = tl.dot(C_dot, S.to(DOT), input_precision=PRECISION, out_dtype=ACC)  # C_t^T S
+    y += tl.exp(cs_hi)[:, None] * read
+    offsets, ok = _row_tile(rows, row_ok, heads * head_dim, head_dim, P_PAD)
+    tl.store(y_ptr + (batch * seq_len * heads + head) * head_dim + offsets, y, mask=ok)
+
+
+@triton.jit
+def _chunk_input_grad_kernel(
+    u_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, states_ptr, grad_states_ptr, dy_ptr, du_ptr, ddt_ptr, dA_ptr,
     su_b, su_t, su_h, sdt_b, sdt_t, sdt_h, sb_b, sb_t, sb_g, sc_b, sc_t, sc_g, sdy_b, sdy_t, sdy_h,
     seq_len, chunks, heads, heads_per_group, head_dim, state_size,
-    MAPS: tl.constexpr, HAS_DS_LAST: tl.constexpr, DOT: tl.constexpr, PRECISION: tl.constexpr,
-    L: tl.constexpr, N_PAD: tl.constexpr, P_PAD: tl.constexpr,
+    DOT: tl.constexpr, PRECISION: tl.constexpr, L: tl.constexpr, N_PAD: tl.constexpr, P_PAD: tl.constexpr,
 ):
-    """The gradients of one (row, head), chunk after chunk from the last (module docstring), in
-    two launches that each carry dS' back through the chunks (one product a chunk, recomputed
-    rather than stored): MAPS False gives du (Bt, T, H, P) and ddt (Bt, T, H) in u's and dt's
-    dtypes, dA per row and head (Bt, H) and the entering state's gradient (Bt, H, N, P); MAPS
-    True gives dB and dC per head (Bt, T, H, N). One launch holding both halves' tiles spills
-    registers (sm_90: a warpgroup holds a 64 x 64 fp32 product in 32 registers a thread)."""
-    head = tl.program_id(0)
-    batch = tl.program_id(1).to(tl.int64)
-    group = head // heads_per_group
-    ACC = ds0_ptr.dtype.element_ty
+    """du (Bt, T, H, P) and ddt (Bt, T, H) in u's and dt's dtypes and this chunk's part of dA
+    (Bt, H, chunks) of one chunk of one (row, head) (module docstring), from its inputs, the state
+    entering it (`states`) and the gradient of the state leaving it (`grad_states`)."""
+    batch, head, group, chunk = _program_chunk(heads, heads_per_group)
+    ACC = dA_ptr.dtype.element_ty
     A = tl.load(A_ptr + head).to(ACC)
-    u_base = u_ptr + batch * su_b + head * su_h
-    dt_base = dt_ptr + batch * sdt_b + head * sdt_h
-    B_base = B_ptr + batch * sb_b + group * sb_g
-    C_base = C_ptr + batch * sc_b + group * sc_g
-    dy_base = dy_ptr + batch * sdy_b + head * sdy_h
-    offs_l = tl.arange(0, L)
-    offs_n = tl.arange(0, N_PAD)
-    offs_p = tl.arange(0, P_PAD)
-    p_ok = offs_p < head_dim
-    state_ok = (offs_n < state_size)[:, None] & p_ok[None, :]
-    state_offsets = offs_n[:, None] * head_dim + offs_p[None, :]
-    bh = batch * heads + head
-    if HAS_DS_LAST:
-        dS = tl.load(ds_last_ptr + bh * state_size * head_dim + state_offsets, mask=state_ok, other=0.0).to(ACC)
-    else:
-        dS = tl.zeros([N_PAD, P_PAD], dtype=ACC)
-    dA = tl.zeros([L], dtype=ACC)
+    rows, row_ok, dt, cs_hi, cs_lo, tot, to_end = _chunk_decays(
+        dt_ptr + batch * sdt_b + head * sdt_h, A, chunk, seq_len, sdt_t, ACC, L)
+    slot = (batch * heads + head) * chunks + chunk
+    offsets, ok = _state_tile(slot, state_size, head_dim, N_PAD, P_PAD)
+    S = tl.load(states_ptr + offsets, mask=ok, other=0.0)
+    dS = tl.load(grad_states_ptr + offsets, mask=ok, other=0.0)
+    state_flow = tl.exp(tot) * tl.sum(tl.sum(S * dS, 1), 0)  # exp(tot) <S, dS'>: the fp32 states die here
+    S_dot, dS_dot = S.to(DOT), dS.to(DOT)
+    # Each fp32 tile dies as soon as its sums are taken (only bf16 copies wait for the products).
+    offsets, ok = _row_tile(rows, row_ok, sc_t, state_size, N_PAD)
+    C_dot = tl.load(C_ptr + batch * sc_b + group * sc_g + offsets, mask=ok, other=0.0).to(DOT)
+    offsets, ok = _row_tile(rows, row_ok, sdy_t, head_dim, P_PAD)
+    dy = tl.load(dy_ptr + batch * sdy_b + head * sdy_h + offsets, mask=ok, other=0.0).to(ACC)
+    read = tl.dot(C_dot, S_dot, input_precision=PRECISION, out_dtype=ACC)  # C_t^T S
+    d_cs = tl.exp(cs_hi) * tl.sum(read * dy, 1)
+    dy_dot = dy.to(DOT)
+    offsets, ok = _row_tile(rows, row_ok, su_t, head_dim, P_PAD)
+    u = tl.load(u_ptr + batch * su_b + head * su_h + offsets, mask=ok, other=0.0)
+    offsets, ok = _row_tile(rows, row_ok, sb_t, state_size, N_PAD)
+    B_dot = tl.load(B_ptr + batch * sb_b + group * sb_g + offsets, mask=ok, other=0.0).to(DOT)
+    x = dt[:, None] * u
+    B_dS = tl.dot(B_dot, dS_dot, input_precision=PRECISION, out_dtype=ACC)  # (L, P): dS'^T B_s
+    leaving = to_end * tl.sum(B_dS * x, 1)
+    dx = to_end[:, None] * B_dS
+    x_dot = x.to(DOT)
+    mixing = tl.dot(C_dot, tl.trans(B_dot), input_precision=PRECISION, out_dtype=ACC) * _decay_matrix(
+        cs_hi, cs_lo, L)  # M
+    products = mixing * tl.dot(dy_dot, tl.trans(x_dot), input_precision=PRECISION, out_dtype=ACC)
+    d_cs += tl.sum(products, 1) - tl.sum(products, 0)  # the gradient of each exponent cs_t - cs_s
+    dx += tl.dot(tl.trans(mixing.to(DOT)), dy_dot, input_precision=PRECISION, out_dtype=ACC)
+    # The gradient of each running sum cs_t, then of each step a_t (a sum from t to the end).
+    d_cs += tl.where(tl.arange(0, L) == L - 1, state_flow + tl.sum(leaving, 0), 0.0) - leaving
+    d_step = tl.cumsum(d_cs, 0, reverse=True)
+    tl.store(dA_ptr + slot, tl.sum(dt * d_step, 0))
     row_base = batch * seq_len * heads + head  # (row, t = 0, head) in (Bt, T, H, .) buffers
-    for back in range(chunks):
-        chunk = chunks - 1 - back
-        rows, row_ok, dt, u, B, C, cs_hi, cs_lo, tot, to_end = _chunk_inputs(
-            u_base, dt_base, B_base, C_base, A, chunk, seq_len, su_t, sdt_t, sb_t, sc_t, head_dim, state_size,
-            ACC, L, N_PAD, P_PAD)
-        up_ok = row_ok[:, None] & p_ok[None, :]
-        dy = tl.load(dy_base + rows[:, None] * sdy_t + offs_p[None, :], mask=up_ok, other=0.0).to(ACC)
-        S = tl.load(s_saved_ptr + (bh * chunks + chunk) * state_size * head_dim + state_offsets, mask=state_ok,
-                    other=0.0)
-        x = dt[:, None] * u
-        B_dot, C_dot, x_dot, dy_dot, dS_dot = B.to(DOT), C.to(DOT), x.to(DOT), dy.to(DOT), dS.to(DOT)
-        from_start = tl.exp(cs_hi)  # exp(a_1 + ... + a_t)
-        decay = _decay_matrix(cs_hi, cs_lo, L)
-        dyx = tl.dot(dy_dot, tl.trans(x_dot), input_precision=PRECISION, out_dtype=ACC)  # dy_t . x_s
-        if MAPS:
-            weights = (dyx * decay).to(DOT)  # G
-            bc_offsets = (row_base + rows[:, None] * heads) * state_size + offs_n[None, :]
-            bc_ok = row_ok[:, None] & (offs_n < state_size)[None, :]
-            dC = tl.dot(weights, B_dot, input_precision=PRECISION, out_dtype=ACC)
-            dC += from_start[:, None] * tl.dot(dy_dot, tl.trans(S.to(DOT)), input_precision=PRECISION,
-                                               out_dtype=ACC)
-            tl.store(dC_ptr + bc_offsets, dC, mask=bc_ok)
-            dB = tl.dot(tl.trans(weights), C_dot, input_precision=PRECISION, out_dtype=ACC)
-            dB += to_end[:, None] * tl.dot(x_dot, tl.trans(dS_dot), input_precision=PRECISION, out_dtype=ACC)
-            tl.store(dB_ptr + bc_offsets, dB, mask=bc_ok)
-        else:
-            mixing = tl.dot(C_dot, tl.trans(B_dot), input_precision=PRECISION, out_dtype=ACC) * decay  # M
-            products = mixing * dyx  # the gradient of each exponent cs_t - cs_s
-            d_cs = tl.sum(products, 1) - tl.sum(products, 0)
-            dx = tl.dot(tl.trans(mixing.to(DOT)), dy_dot, input_precision=PRECISION, out_dtype=ACC)
-            read = tl.dot(C_dot, S.to(DOT), input_precision=PRECISION, out_dtype=ACC)  # C_t^T S
-            d_cs += from_start * tl.sum(read * dy, 1)
-            B_dS = tl.dot(B_dot, dS_dot, input_precision=PRECISION, out_dtype=ACC)  # (L, P): dS'^T B_s
-            dx += to_end[:, None] * B_dS
-            leaving = to_end * tl.sum(B_dS * x, 1)
-            d_tot = tl.exp(tot) * tl.sum(tl.sum(S * dS, 1), 0) + tl.sum(leaving, 0)
-            # The gradient of each running sum cs_t, then of each step a_t (a sum from t to the end).
-            d_cs += tl.where(offs_l == L - 1, d_tot, 0.0) - leaving
-            d_step = tl.cumsum(d_cs, 0, reverse=True)
-            ddt = A * d_step + tl.sum(u * dx, 1)
-            dA += dt * d_step
-            tl.store(du_ptr + (row_base + rows[:, None] * heads) * head_dim + offs_p[None, :],
-                     (dt[:, None] * dx).to(du_ptr.dtype.element_ty), mask=up_ok)
-            tl.store(ddt_ptr + row_base + rows * heads, ddt.to(ddt_ptr.dtype.element_ty), mask=row_ok)
-        dS = tl.exp(tot) * dS + tl.dot(tl.trans((C * from_start[:, None]).to(DOT)), dy_dot,
-                                       input_precision=PRECISION, out_dtype=ACC)
-    if not MAPS:
-        tl.store(ds0_ptr + bh * state_size * head_dim + state_offsets, dS, mask=state_ok)
-        tl.store(dA_ptr + bh, tl.sum(dA, 0))
+    ddt = A * d_step + tl.sum(u * dx, 1)
+    tl.store(ddt_ptr + row_base + rows * heads, ddt.to(ddt_ptr.dtype.element_ty), mask=row_ok)
+    offsets, ok = _row_tile(rows, row_ok, heads * head_dim, head_dim, P_PAD)
+    tl.store(du_ptr + row_base * head_dim + offsets, (dt[:, None] * dx).to(du_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _chunk_map_grad_kernel(
+    u_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, states_ptr, grad_states_ptr, dy_ptr, dB_ptr, dC_ptr,
+    su_b, su_t, su_h, sdt_b, sdt_t, sdt_h, sb_b, sb_t, sb_g, sc_b, sc_t, sc_g, sdy_b, sdy_t, sdy_h,
+    seq_len, chunks, heads, heads_per_group, head_dim, state_size,
+    DOT: tl.constexpr, PRECISION: tl.constexpr, L: tl.constexpr, N_PAD: tl.constexpr, P_PAD: tl.constexpr,
+):
+    """dB and dC per head (Bt, T, H, N) of one chunk of one (row, head) (module docstring), from
+    its inputs, the state entering it and the gradient of the state leaving it. Apart from the
+    input gradients' kernel: one launch holding both halves' tiles spills registers."""
+    batch, head, group, chunk = _program_chunk(heads, heads_per_group)
+    ACC = dB_ptr.dtype.element_ty
+    A = tl.load(A_ptr + head).to(ACC)
+    rows, row_ok, dt, cs_hi, cs_lo, _, to_end = _chunk_decays(
+        dt_ptr + batch * sdt_b + head * sdt_h, A, chunk, seq_len, sdt_t, ACC, L)
+    offsets, ok = _row_tile(rows, row_ok, su_t, head_dim, P_PAD)
+    u = tl.load(u_ptr + batch * su_b + head * su_h + offsets, mask=ok, other=0.0)
+    x_dot = (dt[:, None] * u).to(DOT)
+    offsets, ok = _row_tile(rows, row_ok, sdy_t, head_dim, P_PAD)
+    dy_dot = tl.load(dy_ptr + batch * sdy_b + head * sdy_h + offsets, mask=ok, other=0.0).to(DOT)
+    weights = tl.dot(dy_dot, tl.trans(x_dot), input_precision=PRECISION, out_dtype=ACC)  # dy_t . x_s
+    weights = (weights * _decay_matrix(cs_hi, cs_lo, L)).to(DOT)  # G
+    offsets, ok = _state_tile((batch * heads + head) * chunks + chunk, state_size, head_dim, N_PAD, P_PAD)
+    S_dot = tl.load(states_ptr + offsets, mask=ok, other=0.0).to(DOT)
+    dS_dot = tl.load(grad_states_ptr + offsets, mask=ok, other=0.0).to(DOT)
+    n_offsets, n_ok = _row_tile(rows, row_ok, sb_t, state_size, N_PAD)
+    B_dot = tl.load(B_ptr + batch * sb_b + group * sb_g + n_offsets, mask=n_ok, other=0.0).to(DOT)
+    offsets, ok = _row_tile(rows, row_ok, sc_t, state_size, N_PAD)
+    C_dot = tl.load(C_ptr + batch * sc_b + group * sc_g + offsets, mask=ok, other=0.0).to(DOT)
+    out_offsets, out_ok = _row_tile(rows, row_ok, heads * state_size, state_size, N_PAD)
+    out_base = (batch * seq_len * heads + head) * state_size
+    dC = tl.dot(weights, B_dot, input_precision=PRECISION, out_dtype=ACC)
+    dC += tl.exp(cs_hi)[:, None] * tl.dot(dy_dot, tl.trans(S_dot), input_precision=PRECISION, out_dtype=ACC)
+    tl.store(dC_ptr + out_base + out_offsets, dC, mask=out_ok)
+    dB = tl.dot(tl.trans(weights), C_dot, input_precision=PRECISION, out_dtype=ACC)
+    dB += to_end[:, None] * tl.dot(x_dot, tl.trans(dS_dot), input_precision=PRECISION, out_dtype=ACC)
+    tl.store(dB_ptr + out_base + out_offsets, dB, mask=out_ok)
 
 
 def _check(u: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, chunk_len: int,
@@ -283,6 +362,33 @@ def _dot_dtype(device_type: str, accumulate: torch.dtype) -> torch.dtype:
     return accumulate
 
 
+def _tile_arguments(dot_dtype: torch.dtype, accumulate: torch.dtype, chunk_len: int, head_dim: int,
+                    state_size: int) -> dict:
+    """The compile-time arguments every per-chunk kernel takes: the products' operand dtype and
+    precision, the tile sizes, and the multiply-adds' fusion."""
+    n_pad, p_pad = _pads(head_dim, state_size)
+    return {"DOT": _TL_DTYPES[dot_dtype], "PRECISION": "ieee" if dot_dtype == accumulate else "tf32",
+            "L": chunk_len, "N_PAD": n_pad, "P_PAD": p_pad, "enable_fp_fusion": _FP_FUSION}
+
+
+def _strides(*tensors: torch.Tensor) -> list[int]:
+    """The (row, time, head or group) strides of each tensor, in the kernels' argument order."""
+    return [stride for tensor in tensors for stride in tensor.stride()[:3]]
+
+
+def _pass_states(states: torch.Tensor, totals: torch.Tensor, start: torch.Tensor | None, end: torch.Tensor,
+                 reverse: bool) -> None:
+    """`_state_pass_kernel` over every (row, head) and tile of its state."""
+    batch, heads, chunks, state_size, head_dim = states.shape
+    size = state_size * head_dim
+    block = min(_PASS_BLOCK, triton.next_power_of_2(size))
+    _state_pass_kernel[(triton.cdiv(size, block), heads, batch)](
+        states, totals, start if start is not None else end, end, heads, chunks, size,
+        HAS_START=start is not None, REVERSE=reverse, BLOCK=block, num_warps=_PASS_WARPS,
+        enable_fp_fusion=_FP_FUSION,
+    )
+
+
 class _SSDScan(torch.autograd.Function):
     """The forward and backward kernels (module docstring)."""
 
@@ -294,22 +400,19 @@ class _SSDScan(torch.autograd.Function):
         accumulate = compute_dtype(u, dt, A, B, C, state0)
         A = A.contiguous()
         chunks = triton.cdiv(length, chunk_len)
-        save = any(ctx.needs_input_grad[:6])
         y = new_buffer((batch, length, heads, head_dim), accumulate, u.device)
         last = new_buffer((batch, heads, state_size, head_dim), accumulate, u.device)
-        saved = new_buffer((batch, heads, chunks, state_size, head_dim) if save else (1,), accumulate, u.device)
-        s0 = state0.contiguous() if state0 is not None else last
-        n_pad, p_pad = _pads(head_dim, state_size)
-        _ssd_forward_kernel[(heads, batch)](
-            u, dt, A, B, C, s0, y, last, saved,
-            u.stride(0), u.stride(1), u.stride(2), dt.stride(0), dt.stride(1), dt.stride(2),
-            B.stride(0), B.stride(1), B.stride(2), C.stride(0), C.stride(1), C.stride(2),
-            length, chunks, heads, heads // groups, head_dim, state_size,
-            HAS_S0=state0 is not None, SAVE=save, DOT=_TL_DTYPES[dot_dtype],
-            PRECISION="ieee" if dot_dtype == accumulate else "tf32", L=chunk_len, N_PAD=n_pad, P_PAD=p_pad,
-            num_warps=_WARPS, enable_fp_fusion=_FP_FUSION,
-        )
-        ctx.save_for_backward(u, dt, A, B, C, saved)
+        states = new_buffer((batch, heads, chunks, state_size, head_dim), accumulate, u.device)
+        totals = new_buffer((batch, heads, chunks), accumulate, u.device)
+        shape = (length, chunks, heads, heads // groups, head_dim, state_size)
+        tiles = _tile_arguments(dot_dtype, accumulate, chunk_len, head_dim, state_size)
+        grid = (chunks * heads, batch)
+        _chunk_contribution_kernel[grid](
+            dt, A, B, u, states, totals, *_strides(dt, B, u), *shape, GRADIENT=False, num_warps=_WARPS, **tiles)
+        _pass_states(states, totals, state0.contiguous() if state0 is not None else None, last, reverse=False)
+        _chunk_output_kernel[grid](
+            u, dt, A, B, C, states, y, *_strides(u, dt, B, C), *shape, num_warps=_WARPS, **tiles)
+        ctx.save_for_backward(u, dt, A, B, C, states, totals)
         ctx.chunk_len, ctx.dot_dtype = chunk_len, dot_dtype
         ctx.state0_dtype = state0.dtype if state0 is not None else None
         ctx.set_materialize_grads(False)
@@ -317,40 +420,42 @@ class _SSDScan(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_y, grad_last):
-        u, dt, A, B, C, saved = ctx.saved_tensors
+        u, dt, A, B, C, states, totals = ctx.saved_tensors
         batch, length, heads, head_dim = u.shape
         groups, state_size = B.shape[2], B.shape[3]
-        accumulate = saved.dtype
+        chunks = states.shape[2]
+        accumulate = states.dtype
         chunk_len, dot_dtype = ctx.chunk_len, ctx.dot_dtype
         if grad_y is None:
             grad_y = torch.zeros(u.shape, dtype=accumulate, device=u.device)
         grad_y = _last_dim_contiguous(grad_y)
         grad_u = new_buffer(u.shape, u.dtype, u.device)
         grad_dt = new_buffer(dt.shape, dt.dtype, u.device)
-        grad_A_rows = new_buffer((batch, heads), accumulate, u.device)
+        grad_A_parts = new_buffer((batch, heads, chunks), accumulate, u.device)
         grad_B_heads = new_buffer((batch, length, heads, state_size), accumulate, u.device)
         grad_C_heads = new_buffer((batch, length, heads, state_size), accumulate, u.device)
         grad_state0 = new_buffer((batch, heads, state_size, head_dim), accumulate, u.device)
-        ds_last = grad_last.contiguous() if grad_last is not None else grad_state0
-        n_pad, p_pad = _pads(head_dim, state_size)
-        for maps in (False, True):
-            _ssd_backward_kernel[(heads, batch)](
-                u, dt, A, B, C, saved, grad_y, ds_last,
-                grad_u, grad_dt, grad_A_rows, grad_B_heads, grad_C_heads, grad_state0,
-                u.stride(0), u.stride(1), u.stride(2), dt.stride(0), dt.stride(1), dt.stride(2),
-                B.stride(0), B.stride(1), B.stride(2), C.stride(0), C.stride(1), C.stride(2),
-                grad_y.stride(0), grad_y.stride(1), grad_y.stride(2),
-                length, triton.cdiv(length, chunk_len), heads, heads // groups, head_dim, state_size,
-                MAPS=maps, HAS_DS_LAST=grad_last is not None, DOT=_TL_DTYPES[dot_dtype],
-                PRECISION="ieee" if dot_dtype == accumulate else "tf32", L=chunk_len, N_PAD=n_pad, P_PAD=p_pad,
-                num_warps=_WARPS, num_stages=_BACKWARD_STAGES, enable_fp_fusion=_FP_FUSION,
-            )
+        grad_states = new_buffer(states.shape, accumulate, u.device)
+        shape = (length, chunks, heads, heads // groups, head_dim, state_size)
+        tiles = _tile_arguments(dot_dtype, accumulate, chunk_len, head_dim, state_size)
+        grid = (chunks * heads, batch)
+        _chunk_contribution_kernel[grid](
+            dt, A, C, grad_y, grad_states, totals, *_strides(dt, C, grad_y), *shape, GRADIENT=True,
+            num_warps=_WARPS, **tiles)
+        _pass_states(grad_states, totals, grad_last.contiguous() if grad_last is not None else None, grad_state0,
+                     reverse=True)
+        inputs = (u, dt, A, B, C, states, grad_states, grad_y)
+        strides = _strides(u, dt, B, C, grad_y)
+        _chunk_input_grad_kernel[grid](
+            *inputs, grad_u, grad_dt, grad_A_parts, *strides, *shape, num_warps=_INPUT_GRAD_WARPS, **tiles)
+        _chunk_map_grad_kernel[grid](
+            *inputs, grad_B_heads, grad_C_heads, *strides, *shape, num_warps=_WARPS, **tiles)
         # A group's heads share its B and C: their per-head gradients summed in one fixed order.
         per_group = (batch, length, groups, heads // groups, state_size)
         grad_B = grad_B_heads.view(per_group).sum(3).to(B.dtype)
         grad_C = grad_C_heads.view(per_group).sum(3).to(C.dtype)
         grad_state0 = grad_state0.to(ctx.state0_dtype) if ctx.state0_dtype is not None else None
-        return (grad_u, grad_dt, grad_A_rows.sum(0).to(A.dtype), grad_B, grad_C,
+        return (grad_u, grad_dt, grad_A_parts.sum((0, 2)).to(A.dtype), grad_B, grad_C,
                 grad_state0, None, None)
 
 

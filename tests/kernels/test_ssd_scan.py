@@ -1,7 +1,8 @@
 """The NS dendritic chunked scan's Triton kernels (kernels/ssd_scan.py) against the engine's
 chunked_scan autograd: y, the last state and every gradient (ragged rows, groups shared by heads,
-a carried state or none, the last state's gradient or none), exponents after a boundary flush,
-bitwise repeatability, clear errors, and on CUDA the ns-2b shape under bf16 autocast."""
+a carried state or none, the last state's gradient or none, many chunks passing the state, a loss
+of the last state alone), exponents after a boundary flush, bitwise repeatability, clear errors,
+and on CUDA the ns-2b shape under bf16 autocast."""
 
 from __future__ import annotations
 
@@ -70,6 +71,8 @@ def _assert_close(got: list, want: list, tolerance: float) -> None:
         (1, 50, 3, 12, 3, 20, 32, False, True),  # no carried state, one head a group
         (2, 40, 6, 16, 2, 16, 16, True, False),  # no gradient of the last state
         (1, 9, 2, 16, 1, 16, 16, False, False),  # shorter than a chunk
+        (2, 90, 4, 8, 2, 16, 16, True, True),  # six chunks passing the state, carried in and out
+        (1, 160, 2, 16, 1, 8, 16, False, True),  # ten chunks from a zero state
     ],
 )
 def test_kernels_match_the_reference(batch, length, heads, head_dim, groups, state, chunk_len, with_state0, with_last):
@@ -89,13 +92,29 @@ def test_float32_matches_a_float64_reference():
 
 
 def test_a_scan_continues_from_its_first_parts_last_state():
-    u, dt, A, B, C, state0, _, _ = _inputs(1, 48, 2, 16, 1, 16, torch.float64 if DEVICE == "cpu" else torch.float32)
+    """Seven chunks in one call equal three, then four from the first call's last state (a cut inside a chunk)."""
+    u, dt, A, B, C, state0, _, _ = _inputs(1, 100, 2, 16, 1, 16, torch.float64 if DEVICE == "cpu" else torch.float32)
     y, last = ssd_scan(u, dt, A, B, C, 16, state0)
-    y1, last1 = ssd_scan(u[:, :20], dt[:, :20], A, B[:, :20], C[:, :20], 16, state0)
-    y2, last2 = ssd_scan(u[:, 20:], dt[:, 20:], A, B[:, 20:], C[:, 20:], 16, last1)
+    y1, last1 = ssd_scan(u[:, :37], dt[:, :37], A, B[:, :37], C[:, :37], 16, state0)
+    y2, last2 = ssd_scan(u[:, 37:], dt[:, 37:], A, B[:, 37:], C[:, 37:], 16, last1)
     tolerance = 1e-12 if DEVICE == "cpu" else 1e-5
     assert _relative_error(torch.cat([y1, y2], 1), y) < tolerance
     assert _relative_error(last2, last) < tolerance
+
+
+def test_gradients_of_the_last_state_alone():
+    """A loss of the last state only (y's gradient None, as a layer whose outputs are unused gives
+    it): every input's gradient flows back through the chunks' passed states alone."""
+    dtype, tolerance = (torch.float32, 1e-4) if DEVICE == "cuda" else (torch.float64, 1e-10)
+    tensors = _inputs(2, 75, 4, 8, 2, 16, dtype, seed=5)
+    grads = []
+    for scan in (ssd_scan, chunked_scan):
+        leaves = [t.detach().clone().requires_grad_() for t in tensors[:6]]
+        _, last = scan(*leaves[:5], 16, leaves[5])
+        (last * tensors[7]).sum().backward()
+        grads.append([leaf.grad for leaf in leaves])
+    errors = {name: _relative_error(g, w) for name, g, w in zip(NAMES[2:], *grads)}
+    assert max(errors.values()) < tolerance, errors
 
 
 def test_decays_after_a_boundary_flush_keep_their_precision():

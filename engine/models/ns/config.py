@@ -44,6 +44,12 @@ class NSConfig:
     forward, two backward, no (L x L) tensor in memory; 4.10 against compile_scan's 5.61 ms forward
     + backward on the H200 at ns-2b's shape, bench/RESULTS.md). False leaves the choice to
     `compile_scan`, as does a `chunk_len` the kernels do not take (not a power of two of at least 16)."""
+    compile_glue: bool = True
+    """Run the layers' elementwise work between the matrix products and the kernels (norms, steps,
+    the skip path, gating, RoPE, pool clocks and tags, centred residual adds) through `torch.compile`
+    on CUDA, a few fused kernels per layer instead of dozens (`engine.models.ns.glue`; compiled once
+    per shape when a line starts). False runs it eagerly there too. The CPU and the no-grad forwards
+    (validation, probes, decoding) always run it eagerly."""
     dt_init_min: float = 1e-3
     """Smallest initial step dt of a head (steps are log-spaced over the heads)."""
     dt_init_max: float = 1e-1
@@ -122,6 +128,8 @@ class NSConfig:
                 raise ConfigError(f"model.overrides: {name} must be positive, got {getattr(self, name)}")
         if not isinstance(self.scan_kernel, bool):
             raise ConfigError(f"model.overrides: scan_kernel must be true or false, got {self.scan_kernel!r}")
+        if not isinstance(self.compile_glue, bool):
+            raise ConfigError(f"model.overrides: compile_glue must be true or false, got {self.compile_glue!r}")
         if not isinstance(self.compile_scan, bool):
             raise ConfigError(f"model.overrides: compile_scan must be true or false, got {self.compile_scan!r}")
         if self.hippocampal_every < 0:

@@ -17,6 +17,12 @@ kept 109 KB per token, 25 KB now (`bench/ns_memory.py`). The recomputation is on
 of the scan, the PLIF scan and the norm (a few percent of the layer's FLOPs; the projections are
 not recomputed) and gives the same values, so the gradients are unchanged. On CUDA only
 (`recompute_saves_memory`): on a CPU it cost a third of ns-tiny's step for memory nobody lacks.
+
+Speed on CUDA: the elementwise work between the matrix products and the kernels runs as compiled
+stages (`engine.models.ns.glue`, config `compile_glue`): the norm with in_proj's bf16 cast, dt and
+A (`scan_steps`), y + D u with the soma's leak and threshold (`soma_drive`), the gating in out_proj's
+dtype (`gated_membrane`) and the centred residual add. The stages are called inside the checkpoints
+as the eager operations were, and keep no more for the backward.
 """
 
 from __future__ import annotations
@@ -31,9 +37,10 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
-from engine.models.base import recompute_saves_memory
+from engine.models.base import compute_dtype, recompute_saves_memory
 from engine.models.common import RMSNorm
 from engine.models.ns.config import NSConfig
+from engine.models.ns.glue import fused, fuses_glue, normalised, with_update
 from engine.models.ns.neurons import PLIFNeurons, at_least_fp32
 from engine.models.ns.scan import chunked_scan, compiled_chunked_scan, recurrent_step
 from kernels.ssd_scan import ssd_scan
@@ -51,17 +58,15 @@ class DendriticTrace:
     """(Bt, T, H * P) the soma's spikes."""
 
 
-def centred(update: torch.Tensor) -> torch.Tensor:
-    """Residual centering: a layer's update minus its mean over the width (B, T, D)."""
-    return update - update.mean(dim=-1, keepdim=True)
-
-
-def recomputed_in_backward(function: Callable[..., Any], *args: Any) -> Any:
+def recomputed_in_backward(function: Callable[..., Any], *args: Any, enabled: bool = True) -> Any:
     """function(*args) with only the arguments kept for the backward, which recomputes the rest
     (non-reentrant torch.utils.checkpoint): for the parts whose intermediates weigh more per
     token than their recomputation costs. Called directly where `recompute_saves_memory` says no
-    (no graph recorded, or a CPU)."""
-    if not recompute_saves_memory(args[0]):
+    (no graph recorded, or a CPU), or where not `enabled`: inside a layer the model already
+    recomputes whole (`NSModel.recompute`), whose own checkpoint keeps only the layer's input.
+    Nested, the part would run three times an update (the forward, the layer's recomputation,
+    then its own): ns-2b ran its dendritic scan 108 times an update for 36 layers."""
+    if not enabled or not recompute_saves_memory(args[0]):
         return function(*args)
     # Nothing recomputed draws random numbers: no RNG state to stash (or to read in a CUDA graph capture).
     return checkpoint(function, *args, use_reentrant=False, preserve_rng_state=False)
@@ -77,6 +82,9 @@ class DendriticLayer(nn.Module):
         self.config = config
         heads, width = config.dendritic_heads, config.dendritic_width
         self.bc_width = config.dendritic_groups * config.dendritic_state
+        self.recompute_parts = True
+        """Whether the layer's parts recompute their intermediates in the backward (see
+        `recomputed_in_backward`); False while the model recomputes the whole layer."""
         self.norm = RMSNorm(config.d_model, eps=config.norm_eps)
         self.in_proj = nn.Linear(config.d_model, 2 * width + 2 * self.bc_width + heads, bias=False)
         self.dt_bias = nn.Parameter(torch.empty(heads))
@@ -125,16 +133,20 @@ class DendriticLayer(nn.Module):
         """x (Bt, T, D) -> x + update, the new state, and a trace when `capture` (is_eos unused)."""
         config = self.config
         width, heads = config.dendritic_width, config.dendritic_heads
-        projected = self.in_proj(recomputed_in_backward(self.norm, x))  # (Bt, T, 2E + 2GN + H)
+        fuse = fuses_glue(config, x)
+        normed = recomputed_in_backward(
+            fused(normalised, fuse), x, self.norm, compute_dtype(x), enabled=self.recompute_parts
+        )
+        projected = self.in_proj(normed)  # (Bt, T, 2E + 2GN + H)
         parts = projected.split([width, width, self.bc_width, self.bc_width, heads], dim=-1)
         compartments0, soma0 = (None, None) if state is None else (state["compartments"], state["soma"])
         gated, compartments, soma, dt, spikes = recomputed_in_backward(
-            self.gated_soma, *parts, compartments0, soma0
+            self.gated_soma, *parts, compartments0, soma0, fuse, enabled=self.recompute_parts
         )
-        update = self.out_proj(gated.to(x.dtype))  # (Bt, T, D)
+        update = self.out_proj(gated)  # (Bt, T, D)
         new_state = {"compartments": compartments, "soma": soma}
         trace = DendriticTrace(dt=dt, A=self.decay(), soma_spikes=spikes) if capture else None
-        return x + centred(update), new_state, trace
+        return fused(with_update, fuse)(x, update), new_state, trace
 
     def gated_soma(
         self,
@@ -145,13 +157,15 @@ class DendriticLayer(nn.Module):
         dt_raw: torch.Tensor,
         compartments0: torch.Tensor | None,
         soma0: torch.Tensor | None,
+        fuse: bool,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """in_proj's parts (Bt, T, .) and the carried state -> soma membrane * silu(z) (Bt, T, E),
-        the compartments (Bt, H, N, P), the soma membranes (Bt, E), dt (Bt, T, H) and the spikes."""
+        """in_proj's parts (Bt, T, .) and the carried state -> soma membrane * silu(z) (Bt, T, E) in
+        the dtype out_proj runs in, the compartments (Bt, H, N, P), the soma membranes (Bt, E), dt
+        (Bt, T, H) and the spikes. fuse: the stages between the kernels compiled (`fuses_glue`)."""
         config = self.config
         batch, length, _ = u.shape
-        heads, head_dim, width = config.dendritic_heads, config.dendritic_head_dim, config.dendritic_width
-        dt = self.steps(dt_raw)  # (Bt, T, H)
+        heads, head_dim = config.dendritic_heads, config.dendritic_head_dim
+        dt, A = fused(scan_steps, fuse)(dt_raw, self)  # (Bt, T, H), (H,)
         u = u.reshape(batch, length, heads, head_dim)
         groups_shape = (batch, length, config.dendritic_groups, config.dendritic_state)
         if length == 1:  # a decoder's step: the recurrence itself, not a chunk padded from one token
@@ -163,15 +177,37 @@ class DendriticLayer(nn.Module):
         y, compartments = scan(
             u,
             dt,
-            self.decay(),
+            A,
             B.reshape(groups_shape),
             C.reshape(groups_shape),
             config.chunk_len,
             compartments0,
         )  # (Bt, T, H, P), (Bt, H, N, P)
-        y = y + at_least_fp32(self.skip).view(heads, 1) * u
-        spikes, membrane, soma = self.soma(y.reshape(batch, length, width), soma0)  # (Bt, T, E) x 2, (Bt, E)
-        return membrane * F.silu(z), compartments, soma, dt, spikes
+        drive, beta, threshold = fused(soma_drive, fuse)(y, u, self)
+        spikes, membrane, soma = self.soma.scan(drive, soma0, beta, threshold)  # (Bt, T, E) x 2, (Bt, E)
+        gated = fused(gated_membrane, fuse)(membrane, z, compute_dtype(z))
+        return gated, compartments, soma, dt, spikes
+
+
+def scan_steps(dt_raw: torch.Tensor, layer: DendriticLayer) -> tuple[torch.Tensor, torch.Tensor]:
+    """The scan's elementwise inputs: dt (Bt, T, H) and A (H,) (a stage, `engine.models.ns.glue`)."""
+    return layer.steps(dt_raw), layer.decay()
+
+
+def soma_drive(
+    y: torch.Tensor, u: torch.Tensor, layer: DendriticLayer
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The scan's y and the inputs u (Bt, T, H, P) -> the soma's input y + D u (Bt, T, E), float32
+    (the membranes' precision), and the soma's leak and threshold (a stage)."""
+    batch, length, heads, _ = u.shape
+    drive = y + at_least_fp32(layer.skip).view(heads, 1) * u
+    return drive.reshape(batch, length, -1), layer.soma.beta(), layer.soma.threshold()
+
+
+def gated_membrane(membrane: torch.Tensor, z: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """membrane * silu(z) (Bt, T, E) in `dtype`, out_proj's (a stage): compiled, the bf16 product
+    comes out of the gating's kernel, with no fp32 copy between it and autocast's cast."""
+    return (membrane * F.silu(z)).to(dtype)
 
 
 def _kernel_takes(chunk_len: int) -> bool:

@@ -27,6 +27,11 @@ instead of keeping the neurons' inputs and membranes (bf16, plus the fp32 copies
 keeps for bf16 inputs) and the normalised streams (fp32); the recomputation gives the same
 values. Each normalised stream is cast to autocast's dtype once for the maps that read it, which
 would each make and keep a copy of their own (`SharedAutocastCast`).
+
+Speed on CUDA: the elementwise work between the matrix products and the kernels runs as compiled
+stages (`engine.models.ns.glue`, config `compile_glue`): the norms, RoPE on q and k (`rotated`), the
+clocks' increments, the write tags and the rates (`pool_terms`), the centred residual adds. The pool
+read's output and the FFN's product go to their maps in the maps' dtype, without an fp32 round trip.
 """
 
 from __future__ import annotations
@@ -38,9 +43,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from engine.models.common import RMSNorm, RotaryEmbedding
+from engine.models.common import RMSNorm, RotaryEmbedding, apply_rotary
 from engine.models.ns.config import NSConfig
-from engine.models.ns.dendritic import centred, recomputed_in_backward
+from engine.models.ns.dendritic import recomputed_in_backward
+from engine.models.ns.glue import fused, fuses_glue, normalised, with_update, with_updates
 from engine.models.ns.neurons import PLIFNeurons, at_least_fp32, softplus_inverse
 from engine.models.ns.pool_read import PoolCache, pool_read
 
@@ -115,6 +121,9 @@ class HippocampalLayer(nn.Module):
         super().__init__()
         self.config = config
         heads, width = config.attn_heads, config.attn_width
+        self.recompute_parts = True
+        """Whether the layer's parts recompute their intermediates in the backward (see
+        `recomputed_in_backward`); False while the model recomputes the whole layer."""
 
         def neurons(channels: int) -> PLIFNeurons:
             return PLIFNeurons(
@@ -187,45 +196,41 @@ class HippocampalLayer(nn.Module):
         batch, length, _ = x.shape
         heads, head_dim = config.attn_heads, config.attn_head_dim
         position = 0 if pool is None else pool.length
-        h = SharedAutocastCast(recomputed_in_backward(self.attn_norm, x))
+        fuse = fuses_glue(config, x)
+        h = SharedAutocastCast(
+            recomputed_in_backward(fused(normalised, fuse), x, self.attn_norm, x.dtype, enabled=self.recompute_parts)
+        )
         qkv = self.qkv(h.read()).view(batch, length, 3, heads, head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4)  # (Bt, Ha, T, d)
-        q, k = self.rotary(q, position), self.rotary(k, position)
+        cos, sin = self.rotary.tables(length, position, q.device, q.dtype)
+        q, k = fused(rotated, fuse)(q, k, cos, sin)
 
-        clock_step = F.softplus(at_least_fp32(self.clock_proj(h.read()))) + is_eos.unsqueeze(-1) * F.softplus(
-            at_least_fp32(self.clock_eos_raw)
-        )  # (Bt, T, Ha)
-        # The clocks run along the last axis of a (Bt, Ha, T) copy: CUDA's cumsum along the middle
-        # axis of (Bt, T, Ha) walks T one step at a time (0.62 against 0.03 ms at T 4096, 20
-        # heads on the H200), and so does its backward, a reversed cumsum.
-        clock_step_bh = clock_step.transpose(1, 2).contiguous()  # (Bt, Ha, T)
+        clock_raw = self.clock_proj(h.read())  # (Bt, T, Ha)
+        gate_spikes, gate_membrane, gate_last = self.write_gate(
+            self.write_proj(h.read()), None if state is None else state["write_gate"]
+        )  # (Bt, T, Ha) x 2, (Bt, Ha)
+        clock_step_bh, log_tag_bh, rate = fused(pool_terms, fuse)(clock_raw, is_eos, gate_membrane, self)
         clock_bh = clock_step_bh.cumsum(dim=-1)  # relative to the window's start
         clock_offset = (
             clock_bh.new_zeros(batch, heads) if state is None else state["clock"].to(clock_bh.dtype)
         )  # (Bt, Ha)
-
-        gate_spikes, gate_membrane, gate_last = self.write_gate(
-            self.write_proj(h.read()), None if state is None else state["write_gate"]
-        )  # (Bt, T, Ha) x 2, (Bt, Ha)
-        log_tag = F.logsigmoid(
-            config.surrogate_alpha * (at_least_fp32(gate_membrane) - self.write_gate.threshold())
-        )  # (Bt, T, Ha)
-        rate = self.rate()
-        log_tag_bh = log_tag.transpose(1, 2)  # (Bt, Ha, T)
         if pool is None:
             read = pool_read(q, k, v, log_tag_bh, clock_bh, rate)  # (Bt, Ha, T, d)
         else:
             read = pool.read(q, k, v, log_tag_bh, clock_offset.unsqueeze(-1) + clock_bh, rate)
+        # In v's dtype, as out_proj reads it (bf16 under autocast): no fp32 copy in between.
         read = read.transpose(1, 2).reshape(batch, length, heads * head_dim)
-        x = x + centred(self.out_proj(read.to(x.dtype)))
+        x = fused(with_update, fuse)(x, self.out_proj(read))
 
-        f = SharedAutocastCast(recomputed_in_backward(self.ffn_norm, x))
+        f = SharedAutocastCast(
+            recomputed_in_backward(fused(normalised, fuse), x, self.ffn_norm, x.dtype, enabled=self.recompute_parts)
+        )
         gate_in, up_in = self.ffn_in(f.read()).chunk(2, dim=-1)  # (Bt, T, F) each
         gate_v0, up_v0 = (None, None) if state is None else (state["ffn_gate"], state["ffn_up"])
         hidden, ffn_gate_spikes, ffn_up_spikes, ffn_gate_last, ffn_up_last = recomputed_in_backward(
-            self.ffn_hidden, gate_in, up_in, gate_v0, up_v0
+            self.ffn_hidden, gate_in, up_in, gate_v0, up_v0, enabled=self.recompute_parts
         )
-        x = x + centred(self.ffn_down(hidden.to(x.dtype)) + self.ffn_skip(f.read()))
+        x = fused(with_updates, fuse)(x, self.ffn_down(hidden), self.ffn_skip(f.read()))
 
         new_state = {
             "clock": clock_offset + clock_bh[..., -1],
@@ -255,8 +260,33 @@ class HippocampalLayer(nn.Module):
         gate_v0: torch.Tensor | None,
         up_v0: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The FFN's inputs (Bt, T, F) and carried membranes (Bt, F) -> V_gate * V_up (Bt, T, F),
-        the gate and up spikes (Bt, T, F) and the last membranes (Bt, F)."""
+        """The FFN's inputs (Bt, T, F) and carried membranes (Bt, F) -> V_gate * V_up (Bt, T, F) in
+        the inputs' dtype (ffn_down's: bf16 under autocast), the gate and up spikes (Bt, T, F) and
+        the last membranes (Bt, F)."""
         gate_spikes, gate_v, gate_last = self.ffn_gate(gate_in, gate_v0)
         up_spikes, up_v, up_last = self.ffn_up(up_in, up_v0)
         return gate_v * up_v, gate_spikes, up_spikes, gate_last, up_last
+
+
+def rotated(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q and k (Bt, Ha, T, d) rotated by RoPE tables (T, d) (a stage, `engine.models.ns.glue`)."""
+    return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+
+
+def pool_terms(
+    clock_raw: torch.Tensor, is_eos: torch.Tensor, gate_membrane: torch.Tensor, layer: HippocampalLayer
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """clock_proj's output and the write gates' membranes (Bt, T, Ha), is_eos (Bt, T) -> the clocks'
+    increments and the log write tags (Bt, Ha, T), and the clock rates (Ha,) (a stage)."""
+    clock_step = F.softplus(at_least_fp32(clock_raw)) + is_eos.unsqueeze(-1) * F.softplus(
+        at_least_fp32(layer.clock_eos_raw)
+    )  # (Bt, T, Ha)
+    log_tag = F.logsigmoid(
+        layer.config.surrogate_alpha * (at_least_fp32(gate_membrane) - layer.write_gate.threshold())
+    )  # (Bt, T, Ha)
+    # The clocks run along the last axis of a (Bt, Ha, T) copy: CUDA's cumsum along the middle
+    # axis of (Bt, T, Ha) walks T one step at a time (0.62 against 0.03 ms at T 4096, 20 heads on
+    # the H200), and so does its backward, a reversed cumsum.
+    return clock_step.transpose(1, 2).contiguous(), log_tag.transpose(1, 2), layer.rate()

@@ -79,6 +79,8 @@ class NSLM(LanguageModel):
         if value not in RECOMPUTE_CHOICES:
             raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE_CHOICES)}; got {value!r}")
         self._recompute = value
+        for layer in self.layers:
+            layer.recompute_parts = not self._recomputes(layer)
 
     def _initialise(self) -> None:
         std = self.config.init_std

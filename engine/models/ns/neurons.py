@@ -79,7 +79,14 @@ class PLIFNeurons(nn.Module):
         The membrane returned is the potential before the reset (what the layers read, so the
         gradient reaches beta and x without passing the surrogate).
         """
-        return plif_scan(x, self.beta(), self.threshold(), v0, self.alpha)
+        return self.scan(x, v0, self.beta(), self.threshold())
+
+    def scan(
+        self, x: torch.Tensor, v0: torch.Tensor | None, beta: torch.Tensor, threshold: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`forward` with this population's `beta()` and `threshold()` computed by the caller: in a
+        compiled stage (`engine.models.ns.glue`), fused with the elementwise work that feeds x."""
+        return plif_scan(x, beta, threshold, v0, self.alpha)
 
     def extra_repr(self) -> str:
         return f"channels={self.beta_logit.numel()}, beta_max={self.beta_max}, alpha={self.alpha}"

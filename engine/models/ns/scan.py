@@ -21,11 +21,12 @@ running sums), so a fast head's large exponents cannot swamp a slow head's small
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 
 import torch
 from torch.nn import functional as F
+
+from engine.models.ns.glue import compiled
 
 
 def segment_sums(x: torch.Tensor) -> torch.Tensor:
@@ -143,7 +144,6 @@ def recurrent_step(
     return y.reshape(batch, 1, heads, head_dim), state.reshape(batch, heads, state_size, head_dim)
 
 
-@functools.cache
 def compiled_chunked_scan() -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
     """`chunked_scan` through torch.compile, for CUDA tensors. Eagerly, every einsum, exp and mask
     above is its own kernel with its own (Bt, G, R, c, L, L) intermediate in device memory; compiled,
@@ -151,10 +151,6 @@ def compiled_chunked_scan() -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
     backward on the H200 at B 8, T 4096, 40 heads of 64, N 64 (`python bench/ns_layers.py --only
     scan`), and ns-1p3b's update 1.42x faster (bench/RESULTS.md, session 8). Shapes are static: one
     compilation per training or validation shape, at the engine's warm-up, before any CUDA graph
-    capture (past torch._dynamo's recompile limit, 8 shapes, a new shape runs eagerly). Inductor's
-    deterministic mode (where this torch has it) keeps it from choosing a reduction's kernel by
-    timing it, so that a resumed line compiles the same kernels as the uninterrupted one did."""
-    import torch._inductor.config as inductor_config
-
-    options = {"deterministic": True} if hasattr(inductor_config, "deterministic") else {}
-    return torch.compile(chunked_scan, dynamic=False, options=options)
+    capture (past torch._dynamo's recompile limit, 8 shapes, a new shape runs eagerly), in inductor's
+    deterministic mode (`engine.models.ns.glue.compiled`)."""
+    return compiled(chunked_scan)

@@ -189,3 +189,32 @@ def test_on_a_cpu_the_models_keep_everything_and_recompute_nothing(one_thread) -
             chunked_token_losses(hidden, head.weight, torch.zeros(2, 5, dtype=torch.long), chunk_tokens=3)
         assert 7 in widths  # the logits are kept: the loss is taken in one piece, not recomputed
     assert keeping > 2 * recomputing
+
+
+@pytest.mark.parametrize("recompute", ["none", "dendritic", "hippocampal", "all"])
+def test_a_layer_recomputed_whole_runs_its_scans_twice_not_three_times(
+    monkeypatch: pytest.MonkeyPatch, recompute: str
+) -> None:
+    """The forward and one recomputation per update, whichever layers the model recomputes whole:
+    nested inside the layer's checkpoint, the parts' own checkpoints ran a third forward (ns-2b's
+    profile: its dendritic scan 108 times an update for 36 layers)."""
+    scans: list[int] = []
+    neurons: list[int] = []
+    chunked_scan, plif_scan = ns_dendritic.chunked_scan, ns_dendritic.PLIFNeurons.scan
+    monkeypatch.setattr(ns_dendritic, "chunked_scan", lambda *args: scans.append(1) or chunked_scan(*args))
+    monkeypatch.setattr(
+        ns_dendritic.PLIFNeurons, "scan", lambda *args, **kwargs: neurons.append(1) or plif_scan(*args, **kwargs)
+    )
+    torch.manual_seed(0)
+    model = NSLM(dataclasses.replace(SMALL, n_layers=4))
+    model.recompute = recompute
+    tokens = torch.randint(0, SMALL.vocab_size, (ROWS, LENGTH + 1))
+    losses, _ = model(tokens[:, :-1], tokens[:, 1:])
+    losses.mean().backward()
+    dendritic = sum(isinstance(layer, DendriticLayer) for layer in model.layers)
+    hippocampal = len(model.layers) - dendritic
+    assert len(scans) == 2 * dendritic
+    # The soma a dendritic layer, the write gate and the FFN's two populations a hippocampal layer;
+    # the write gate is kept (not recomputed) unless its layer is recomputed whole.
+    write_gate_again = hippocampal if recompute in ("hippocampal", "all") else 0
+    assert len(neurons) == 2 * dendritic + 2 * 2 * hippocampal + hippocampal + write_gate_again
