@@ -311,9 +311,8 @@ class SeedsConfig:
     """Seeds the sample order within every cycle."""
 
 
-PARALLEL_SHARDS = ("none",)
-"""`parallel.shard` values built so far (FSDP2's `fsdp` is not: the flat-buffer optimizer holds
-whole parameters on every rank)."""
+PARALLEL_SHARDS = ("none", "fsdp")
+"""`parallel.shard` values: whole state on every rank, or FSDP2's shards."""
 
 
 @dataclass
@@ -329,7 +328,13 @@ class ParallelConfig:
     sum), and a checkpoint saved at one degree resumes at any other."""
     shard: str = "none"
     """How the model's state is spread over the ranks: `none` (every rank holds the whole weights
-    and optimizer state; the gradient is summed across ranks before the update)."""
+    and optimizer state; the gradient is summed across ranks before the update) or `fsdp` (FSDP2
+    `fully_shard` of the model's layers and root: each rank holds 1/degree of the weights, the
+    gradient and the AdamW moments, for a model whose training state does not fit one GPU; eager
+    engine only, no moving average yet). The update is the same either way (up to the order of
+    the gradient sum), and so are the checkpoints: one saved with either value resumes with the
+    other, at any degree. At degree 1 `fsdp` trains as `none` (nothing to shard), so a line's
+    degree can change without touching this key."""
     timeout_minutes: float = 20.0
     """How long a collective (the gradient sum, a stop agreement) may wait for a rank before it
     fails and the group ends (the supervisor then relaunches it from the newest checkpoint). Longer
@@ -340,10 +345,7 @@ class ParallelConfig:
         if self.degree < 1:
             raise ConfigError(f"{source}: parallel.degree must be at least 1, got {self.degree!r}")
         if self.shard not in PARALLEL_SHARDS:
-            raise ConfigError(
-                f"{source}: parallel.shard must be one of {', '.join(PARALLEL_SHARDS)}, got {self.shard!r} "
-                "(FSDP2 sharding is not built yet)"
-            )
+            raise ConfigError(f"{source}: parallel.shard must be one of {', '.join(PARALLEL_SHARDS)}, got {self.shard!r}")
         if not self.timeout_minutes > 0:
             raise ConfigError(f"{source}: parallel.timeout_minutes must be positive, got {self.timeout_minutes!r}")
 

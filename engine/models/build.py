@@ -49,8 +49,13 @@ def line_memory_estimate(run_config: Any, device_type: str, parameters: int | No
         parameters = count_parameters(model.preset, model.overrides)
     return estimate_memory(
         family_of(model.preset), config, parameters, line_shapes(run_config),
-        ema=run_config.ema is not None, device_type=device_type,
+        ema=run_config.ema is not None, device_type=device_type, shards=state_shards(run_config.parallel),
     )  # fmt: skip
+
+
+def state_shards(parallel: Any) -> int:
+    """Ranks a line's state is sharded over: its degree under `shard: fsdp`, else 1 (whole on each)."""
+    return parallel.degree if parallel.shard == "fsdp" else 1
 
 
 def device_memory(device: torch.device) -> tuple[int, str]:

@@ -28,6 +28,7 @@ exceeds the device: a configuration that cannot fit, never one that might.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,6 +73,10 @@ class MemoryEstimate:
     """Weights, gradients, AdamW moments (and the `ema` average)."""
     activations: dict[int, tuple[int, int]]
     """seq_len -> (micro_batch_rows, activation bytes of one micro-batch)."""
+    bytes_per_parameter: int = STATE_BYTES_PER_PARAMETER
+    """State bytes a parameter takes in the whole model (weights, gradient, moments [, average])."""
+    shards: int = 1
+    """Ranks the state is sharded over (FSDP2); 1: every process holds it whole."""
 
     @property
     def largest(self) -> tuple[int, int, int]:
@@ -92,7 +97,8 @@ class MemoryEstimate:
         seq_len, rows, size = self.largest
         text = (
             f"about {self.total_bytes / GIB:.3g} GiB: state {self.state_bytes / GIB:.3g} GiB "
-            f"({self.parameters:,} parameters x {self.state_bytes // max(1, self.parameters)} bytes) "
+            f"({self.parameters:,} parameters x {self.bytes_per_parameter} bytes"
+            f"{f' over {self.shards} ranks' if self.shards > 1 else ''}) "
             f"+ activations {size / GIB:.3g} GiB (a micro-batch of {rows} rows at T{seq_len})"
         )
         if len(self.activations) > 1:
@@ -109,14 +115,21 @@ def estimate_memory(
     *,
     ema: bool = False,
     device_type: str = "cpu",
+    shards: int = 1,
 ) -> MemoryEstimate:
-    """The estimate for `shapes` (seq_len -> micro_batch_rows) of a model of `parameters`."""
+    """The estimate for `shapes` (seq_len -> micro_batch_rows) of a model of `parameters`, per
+    process. With `shards` > 1 (FSDP2 over that many ranks) each rank holds 1/shards of the state;
+    what FSDP2 adds on top (one layer's gathered weights, an update's unsynced gradients before its
+    last micro-batch) is not counted: the estimate stays a bound a start is refused by only when
+    it cannot fit."""
     per_parameter = STATE_BYTES_PER_PARAMETER + (EMA_BYTES_PER_PARAMETER if ema else 0)
+    shards = max(1, shards)
     activations = {
         seq_len: (rows, int(4 * rows * seq_len * floats_per_token(family, config, seq_len, device_type)))
         for seq_len, rows in shapes.items()
     }
-    return MemoryEstimate(parameters, parameters * per_parameter, activations)
+    state = math.ceil(parameters * per_parameter / shards)
+    return MemoryEstimate(parameters, state, activations, per_parameter, shards)
 
 
 def line_shapes(run_config: Any) -> dict[int, int]:

@@ -37,21 +37,35 @@ runs the whole trainer loop. Data parallel, `parallel.shard: none`:
   model's probes, the long-row probe and the samples are rank 0's alone (readings of a handful of
   rows: percentiles, texts, which do not add up across ranks).
 
+`parallel.shard: fsdp` (`FullyShardedModel`) keeps the update, the dealing of micro-batches, the
+shared decisions and rank 0's records, but each rank holds a chunk of the state instead of all of
+it: FSDP2 gathers the weights layer by layer and reduce-scatters the gradient into each rank's
+chunk of the flat buffer (engine.training.sharded_optim, whose norms are summed across ranks);
+checkpoints are gathered to rank 0 in the same whole-state format; validation runs with the
+layers gathered on every rank (`whole_weights`).
+
 Without torchrun (`Ranks.alone()`) every collective is skipped: the plain path is untouched.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import warnings
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from engine.config.run import ParallelConfig
 from engine.errors import ConfigError
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import FSDPModule
 
 
 @dataclass
@@ -172,6 +186,15 @@ class Ranks:
         dist.broadcast(tensor, src=0)
         return [int(value) for value in tensor.tolist()]
 
+    def gather_to_writer(self, mine: torch.Tensor) -> list[torch.Tensor] | None:
+        """Every rank's `mine` (the same shape on every rank) on rank 0, in rank order; None on the
+        others. Alone: [mine]."""
+        if not self.launched:
+            return [mine]
+        pieces = [torch.empty_like(mine) for _ in range(self.size)] if self.writes else None
+        dist.gather(mine, pieces, dst=0)
+        return pieces
+
     def gather_rows(self, mine: torch.Tensor) -> torch.Tensor:
         """Every rank's CPU rows (`rows_of` slices, in rank order) concatenated, on every rank."""
         if not self.launched:
@@ -184,3 +207,72 @@ class Ranks:
         """Wait for every rank (the exit: none leaves while rank 0 still writes)."""
         if self.launched:
             dist.barrier()
+
+
+class FullyShardedModel:
+    """A model's layers and root wrapped by FSDP2 `fully_shard` (run.json `parallel.shard: fsdp`).
+
+    Each rank keeps the dim-0 chunk of every parameter (its gradient and AdamW moments alike:
+    engine.training.sharded_optim); a layer's weights are all-gathered for its forward and again
+    for its backward, and its gradient is reduce-scattered back to the chunks. The layers are the
+    modules of the root's `nn.ModuleList`s (the transformer's and NS's `layers`); the embedding,
+    the head and the final norm stay with the root (a tied embedding is one parameter there).
+
+    - No mixed-precision policy: the weights are gathered in fp32 and the forward runs under the
+      same bf16 autocast as at degree 1 (`step.autocast_for`), so the update is degree 1's.
+    - The reduction is a plain SUM (divide factor 1, sum-only collectives), not FSDP's mean: the
+      loss scale already counts the whole update's targets (engine.training.step).
+    - Gradients are reduced once per update: every micro-batch but the last accumulates the whole
+      gradient locally (`sync_gradients(False)`), the last one reduce-scatters the sum. That holds a
+      whole fp32 gradient per rank through an update of several micro-batches, and sends it once.
+    - Every rank runs the same number of micro-batches (the collectives pair up across ranks).
+    - `whole_weights()`: every layer gathered and kept for forwards a rank runs alone (validation's
+      probes and samples on rank 0, a rank's share of the held-out rows).
+
+    Rank 0's initial weights go to every rank before the weights are cut (as `none` broadcasts them
+    after the optimizer is built): the ranks then start from one state whatever their devices did.
+    """
+
+    def __init__(self, model: nn.Module, ranks: Ranks, device: torch.device) -> None:
+        # Imported here: FSDP2 and DTensor take over a second to import, and only this mode needs them.
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        # The step sums the model's loss out of place; FSDP2 warns once per process that an in-place
+        # op on the root's output (a view) would skip its backward hook, which nothing here does.
+        warnings.filterwarnings(
+            "ignore", message=r"FSDP2-wrapped module .* returned a view tensor", category=UserWarning
+        )
+        ranks.broadcast_(*(parameter.detach() for parameter in model.parameters()))
+        mesh = init_device_mesh(device.type, (ranks.size,))
+        layers = [layer for child in model.children() if isinstance(child, nn.ModuleList) for layer in child]
+        self.layers: list[FSDPModule] = [
+            fully_shard(layer, mesh=mesh, reshard_after_forward=True) for layer in layers
+        ]
+        self.root: FSDPModule = fully_shard(model, mesh=mesh, reshard_after_forward=False)
+        for module in (self.root, *self.layers):  # (both settings are per module, not recursive)
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)
+
+    def sync_gradients(self, sync: bool) -> None:
+        """Whether the next backward reduce-scatters the gradient (the update's last micro-batch)
+        or accumulates it whole on this rank."""
+        self.root.set_requires_gradient_sync(sync)
+
+    @contextmanager
+    def whole_weights(self) -> Iterator[None]:
+        """Every layer's whole weights on every rank inside (one all-gather each, every rank
+        together), kept through any number of forwards a rank runs alone; sharded again after.
+        The weights must not change inside: the gathered copies would not see it."""
+        for module in (self.root, *self.layers):
+            module.unshard()
+        self._keep_after_forward(True)
+        try:
+            yield
+        finally:
+            self._keep_after_forward(False)
+            self.root.reset_iter_state()  # reshards every layer; forgets the forwards' bookkeeping
+
+    def _keep_after_forward(self, keep: bool) -> None:
+        for layer in self.layers:
+            layer.set_reshard_after_forward(not keep, recurse=False)

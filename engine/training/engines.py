@@ -5,7 +5,9 @@ On CUDA (unless `--engine eager`) a length's engine is a `GraphEngine` captured 
 they may still take. Before every capture the trainer's `before_capture(seq_len)` runs (one row
 of each probe); a step that cannot be captured trains eagerly with `--engine auto` (run.log says
 why), but an out-of-memory is never taken for that: it is raised to the trainer, which knows
-whether other processes took the memory. On a CPU every engine is eager.
+whether other processes took the memory. On a CPU every engine is eager, and so is every engine
+of a model sharded by FSDP2 (`parallel.shard: fsdp`): torch cannot capture its collectives and
+hooks in a CUDA graph (the trainer says so in run.log).
 
 The GPU mode says whose shapes the engines use: the lengths' own, or their `shared` ones beside
 other processes (engine.gpu.sharing). A switch drops every engine and the arena; the next update
@@ -26,7 +28,7 @@ from engine.errors import is_out_of_memory
 from engine.gpu.sharing import GpuMode
 from engine.models.base import LanguageModel
 from engine.protocol.facts import Engine, Stage
-from engine.training.distributed import Ranks
+from engine.training.distributed import FullyShardedModel, Ranks
 from engine.training.optim import FlatAdamW
 from engine.training.step import EagerEngine, GraphEngine
 from engine.units import GIB
@@ -60,6 +62,7 @@ class StepEngines:
         log: Callable[[str], None],
         phase: Callable[..., AbstractContextManager[None]] = lambda stage, **details: nullcontext(),
         ranks: Ranks | None = None,
+        sharded: FullyShardedModel | None = None,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
@@ -74,6 +77,8 @@ class StepEngines:
         """`phase(stage, **details)`: a context that beats the heartbeat through a long phase."""
         self.ranks = ranks or Ranks.alone()
         """The rank's group: each engine trains on its rows and sums the gradient across the ranks."""
+        self.sharded = sharded
+        """FSDP2's wrapper of the model (`parallel.shard: fsdp`): eager engines only."""
         self.gpu_mode = GpuMode.OWN
         """Whose shapes the engines use: the lengths' own, or their `shared` ones beside other processes."""
         self.arena: Any = None
@@ -101,7 +106,8 @@ class StepEngines:
         if seq_len not in self._engines:
             rows, _recompute = self.shape(seq_len)
             engine: EagerEngine | GraphEngine | None = None
-            if self.device.type == "cuda" and self.engine_choice in (Engine.AUTO, Engine.GRAPH):
+            capturable = self.device.type == "cuda" and self.sharded is None
+            if capturable and self.engine_choice in (Engine.AUTO, Engine.GRAPH):
                 try:
                     with self.phase(Stage.CAPTURING, seq_len=seq_len):
                         engine = self._captured(seq_len, rows)
@@ -112,7 +118,7 @@ class StepEngines:
                     first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
                     self.log(f"CUDA graph capture failed at seq_len {seq_len} ({first_line}); eager engine")
             if engine is None:
-                engine = EagerEngine(self.model, self.optimizer, rows, self.ranks, self.slice_rows(seq_len))
+                engine = EagerEngine(self.model, self.optimizer, rows, self.ranks, self.slice_rows(seq_len), self.sharded)
             self._engines[seq_len] = engine
         return self._engines[seq_len]
 

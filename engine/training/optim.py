@@ -92,38 +92,51 @@ class UpdateStats:
         return math.isfinite(self.grad_norm)
 
 
+def flat_layout(model: LanguageModel) -> tuple[list[Segment], list[GroupSlice], list[nn.Parameter]]:
+    """Every parameter's place in the flat buffers, group after group in `param_groups()` order,
+    and the parameters in that order (each parameter's whole shape: a DTensor's is the global one)."""
+    segments: list[Segment] = []
+    groups: list[GroupSlice] = []
+    parameters: list[nn.Parameter] = []
+    offset = 0
+    for group in model.param_groups():
+        start = offset
+        for name, parameter in group.params:
+            segments.append(Segment(name, group.name, model.layer_of(name), offset, tuple(parameter.shape)))
+            parameters.append(parameter)
+            offset += parameter.numel()
+        groups.append(GroupSlice(group.name, start, offset, group.weight_decay))
+    if len({id(p) for p in parameters}) != len(parameters):
+        raise ValueError("param_groups() lists a parameter twice")
+    return segments, groups, parameters
+
+
 class FlatAdamW:
     """Flat-buffer AdamW for one model (see the module docstring)."""
 
     def __init__(self, model: LanguageModel, settings: AdamWSettings, device: torch.device):
+        segments, groups, parameters = flat_layout(model)
+        self._allocate(settings, device, segments, groups)
+        with torch.no_grad():
+            for segment, parameter in zip(segments, parameters):
+                self.params[segment.offset : segment.offset + segment.numel].copy_(parameter.reshape(-1))
+        self._bind(parameters)
+
+    def _allocate(
+        self, settings: AdamWSettings, device: torch.device, segments: list[Segment], groups: list[GroupSlice]
+    ) -> None:
+        """The flat buffers, device scalars and norm bookkeeping of `segments` (the weights not yet copied)."""
         self.settings = settings
         self.device = device
-        segments: list[Segment] = []
-        groups: list[GroupSlice] = []
-        parameters: list[nn.Parameter] = []
-        offset = 0
-        for group in model.param_groups():
-            start = offset
-            for name, parameter in group.params:
-                layer = model.layer_of(name)
-                segments.append(Segment(name, group.name, layer, offset, tuple(parameter.shape)))
-                parameters.append(parameter)
-                offset += parameter.numel()
-            groups.append(GroupSlice(group.name, start, offset, group.weight_decay))
-        if len({id(p) for p in parameters}) != len(parameters):
-            raise ValueError("param_groups() lists a parameter twice")
         self.segments = segments
         self.groups = groups
+        offset = segments[-1].offset + segments[-1].numel if segments else 0
         self.numel = offset
 
         self.params = torch.empty(offset, dtype=torch.float32, device=device)
         self.grads = torch.zeros(offset, dtype=torch.float32, device=device)
         self.exp_avg = torch.zeros(offset, dtype=torch.float32, device=device)
         self.exp_avg_sq = torch.zeros(offset, dtype=torch.float32, device=device)
-        with torch.no_grad():
-            for segment, parameter in zip(segments, parameters):
-                self.params[segment.offset : segment.offset + segment.numel].copy_(parameter.reshape(-1))
-        self._bind(parameters)
 
         # Device scalars read by the kernels (and by a captured graph on replay).
         self.step = torch.zeros((), dtype=torch.int64, device=device)
@@ -147,6 +160,15 @@ class FlatAdamW:
 
         self.nonfinite_in_a_row = 0
         """Updates skipped for a non-finite gradient norm since the last finite one (host count)."""
+
+    def whole_sums(self, sums: torch.Tensor) -> torch.Tensor:
+        """Per-segment sums over the whole model from this process's: every element is here, so
+        they are already whole (`ShardedFlatAdamW` adds the other ranks' shards)."""
+        return sums
+
+    def group_numel(self, group: GroupSlice) -> int:
+        """Elements of `group` in the whole model (here all of them are in this process)."""
+        return group.end - group.start
 
     def _membership(self, keys: list[str], names: list[str]) -> torch.Tensor:
         """(len(names), segments) float64 0/1 matrix: row i selects the segments of names[i]."""
@@ -241,18 +263,32 @@ class FlatAdamW:
             "step": self.step.to("cpu", copy=True),
         }
 
-    @torch.no_grad()
-    def load(self, weights: dict[str, torch.Tensor], state: dict[str, torch.Tensor]) -> None:
-        """Restore weights (by name) and optimizer state; shapes must match this model exactly."""
-        names = {segment.name for segment in self.segments}
+    def host_state(self) -> tuple[torch.Tensor, dict[str, torch.Tensor]] | None:
+        """Host copies of the flat weights (`weights_by_name` names them) and of the optimizer state
+        (`state_tensors`): what a checkpoint holds. Never None here; a sharded optimizer's copy is
+        rank 0's alone (engine.training.sharded_optim)."""
+        return self.params.to("cpu", copy=True), self.state_tensors()
+
+    @staticmethod
+    def check_whole_weights(segments: list[Segment], weights: dict[str, torch.Tensor]) -> None:
+        """ValueError unless `weights` names exactly the segments' parameters, in their shapes."""
+        names = {segment.name for segment in segments}
         missing, unexpected = sorted(names - set(weights)), sorted(set(weights) - names)
         if missing or unexpected:
             raise ValueError(f"weights do not match the model: missing {missing[:3]}, extra {unexpected[:3]}")
+        for segment in segments:
+            shape = tuple(weights[segment.name].shape)
+            if shape != segment.shape:
+                raise ValueError(f"{segment.name}: shape {shape}, model {segment.shape}")
+
+    @torch.no_grad()
+    def load(self, weights: dict[str, torch.Tensor], state: dict[str, torch.Tensor]) -> None:
+        """Restore weights (by name) and optimizer state; shapes must match this model exactly."""
+        self.check_whole_weights(self.segments, weights)
         for segment in self.segments:
-            tensor = weights[segment.name]
-            if tuple(tensor.shape) != segment.shape:
-                raise ValueError(f"{segment.name}: shape {tuple(tensor.shape)}, model {segment.shape}")
-            self.params[segment.offset : segment.offset + segment.numel].copy_(tensor.reshape(-1))
+            self.params[segment.offset : segment.offset + segment.numel].copy_(
+                weights[segment.name].reshape(-1)
+            )
         for key, buffer in (("exp_avg", self.exp_avg), ("exp_avg_sq", self.exp_avg_sq), ("step", self.step)):
             if key not in state or state[key].shape != buffer.shape:
                 raise ValueError(f"optimizer state {key!r} missing or of the wrong shape")

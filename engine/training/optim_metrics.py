@@ -66,13 +66,14 @@ def optimizer_summary(optimizer: FlatAdamW, next_lr: float, next_weight_decay: f
         per_segment.append(sums)
     if not per_segment:
         return {}
-    sums = torch.stack(per_segment).cpu().tolist()  # (segments, 4): one transfer
+    # (segments, 4), summed over the ranks' shards under FSDP2; one transfer.
+    sums = optimizer.whole_sums(torch.stack(per_segment)).cpu().tolist()
 
     metrics: dict[str, float] = {}
     for group in optimizer.groups:
         rows = [sums[i] for i, segment in enumerate(optimizer.segments) if segment.group == group.name]
         totals = [sum(row[column] for row in rows) for column in range(4)]
-        numel = group.end - group.start
+        numel = optimizer.group_numel(group)
         metrics.update(_norms(f"opt/{group.name}", totals))
         metrics[f"opt/{group.name}/m_norm"] = math.sqrt(totals[_M_SQ])
         metrics[f"opt/{group.name}/grad_rms"] = math.sqrt(totals[_V_HAT_SUM] / max(numel, 1))

@@ -10,7 +10,10 @@ In a torch.distributed group (engine.training.distributed) an engine is given th
 windows and trains on its rank's run of `slice_rows`-row micro-batches (`Ranks.rows_of`); the
 loss scale still counts the whole update's targets, and after the last micro-batch the flat gradient and the loss sum are
 summed across the ranks (`Ranks.sum_`), before the norms: every rank then takes the same update.
-In the CUDA-graph engine that sum runs between the replays, uncaptured.
+In the CUDA-graph engine that sum runs between the replays, uncaptured. With `parallel.shard:
+fsdp` (engine.training.distributed.FullyShardedModel; eager only: FSDP2 cannot be captured) the
+last micro-batch's backward reduce-scatters the summed gradient into each rank's shard of the
+flat buffer, and only the loss sum is summed after it.
 
 - `EagerEngine`: plain PyTorch on any device (the CPU reference; bit for bit deterministic there).
 - `GraphEngine` (CUDA): three CUDA graphs per micro-batch shape -- micro-batch forward+backward
@@ -29,7 +32,7 @@ import torch
 
 from engine.models.base import IGNORE_INDEX, LanguageModel
 from engine.training.arena import Arena
-from engine.training.distributed import Ranks
+from engine.training.distributed import FullyShardedModel, Ranks
 from engine.training.optim import FlatAdamW, UpdateStats
 
 
@@ -70,6 +73,7 @@ class EagerEngine:
         micro_batch_rows: int,
         ranks: Ranks | None = None,
         slice_rows: int | None = None,
+        sharded: FullyShardedModel | None = None,
     ):
         self.model = model
         self.optimizer = optimizer
@@ -77,6 +81,8 @@ class EagerEngine:
         self.ranks = ranks or Ranks.alone()
         self.slice_rows = slice_rows or micro_batch_rows
         """The micro-batch the update is dealt to the ranks in: the length's own, on every rank."""
+        self.sharded = sharded
+        """FSDP2's wrapper of the model (`parallel.shard: fsdp`): it sums the gradient itself."""
         self.device = optimizer.device
         self.loss_scale = torch.zeros((), dtype=torch.float32, device=self.device)
         self.loss_sum = torch.zeros((), dtype=torch.float32, device=self.device)
@@ -88,20 +94,41 @@ class EagerEngine:
         self.loss_sum.zero_()
         self.optimizer.zero_grad()
         self.model.train()
-        mine = self.ranks.rows_of(windows, self.slice_rows)
-        for chunk in mine.split(self.micro_batch_rows) if mine.shape[0] else ():
-            chunk = chunk.to(self.device, non_blocking=True)
+        batches = self._micro_batches(self.ranks.rows_of(windows, self.slice_rows), windows.shape[1] - 1)
+        for index, (tokens, targets) in enumerate(batches):
+            if self.sharded is not None:  # the last micro-batch's backward reduce-scatters the sum
+                self.sharded.sync_gradients(index == len(batches) - 1)
             with autocast_for(self.device):
-                loss_per_token, _carry = self.model(chunk[:, :-1], chunk[:, 1:])  # (B, T)
+                loss_per_token, _carry = self.model(tokens, targets)  # (B, T)
             scaled = loss_per_token.sum() * self.loss_scale
             scaled.backward()
             self.loss_sum += scaled.detach()
-        self.ranks.sum_(self.optimizer.grads, self.loss_sum)
+        if self.sharded is None:
+            self.ranks.sum_(self.optimizer.grads, self.loss_sum)
+        else:
+            self.ranks.sum_(self.loss_sum)
         self.optimizer.set_hyperparameters(lr, weight_decay)
         self.optimizer.compute_norms()
         self.optimizer.apply_update()
         stats = self.optimizer.read_stats()
         return UpdateResult(loss=self.loss_sum.item(), target_tokens=target_tokens, stats=stats)
+
+    def _micro_batches(self, mine: torch.Tensor, seq_len: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(tokens, targets) of this rank's micro-batches, on the device. Sharded, every rank runs
+        as many as the rank with the most (FSDP2's collectives pair up across the ranks): the
+        missing ones are full-size micro-batches of ignored targets, which add no loss and no
+        gradient."""
+        batches = []
+        for chunk in mine.split(self.micro_batch_rows) if mine.shape[0] else ():
+            chunk = chunk.to(self.device, non_blocking=True)
+            batches.append((chunk[:, :-1], chunk[:, 1:]))
+        if self.sharded is None:
+            return batches
+        (count,) = self.ranks.agree_max([len(batches)])
+        shape = (self.micro_batch_rows, seq_len)
+        idle = (torch.zeros(shape, dtype=torch.int64, device=self.device),
+                torch.full(shape, IGNORE_INDEX, dtype=torch.int64, device=self.device))  # fmt: skip
+        return batches + [idle] * (count - len(batches))
 
     def close(self) -> None:
         """Nothing held beyond the optimizer's buffers."""

@@ -78,7 +78,7 @@ from engine.ops.stop import read_stop
 from engine.protocol.facts import SIGNAL_EXIT_BASE, Engine, Stage, StopReason, TrainerExitCode
 from engine.rows import Heartbeat, RowsFile, RunLog, format_row
 from engine.supervisor.child import rank_file
-from engine.training.distributed import Ranks
+from engine.training.distributed import FullyShardedModel, Ranks
 from engine.training.dreaming import Dreamer
 from engine.training.engines import ArenaNotReleased, StepEngines
 from engine.training.line_lock import hold_trainer_lock
@@ -87,6 +87,7 @@ from engine.training.phase_beat import PhaseBeats
 from engine.training.position import Position
 from engine.training.samples import ValidationSampler
 from engine.training.schedule import learning_rate, tokens_per_update, update_weight_decay
+from engine.training.sharded_optim import ShardedFlatAdamW
 from engine.training.startup import CompileCaches, StartupClock, TimedPhases, append_startup_record
 from engine.training.step import EagerEngine, UpdateResult
 from engine.training.validation import Validator, format_probe_rows, format_validation
@@ -212,7 +213,9 @@ class Trainer:
         refuse_a_start_without_room(layout.root, layout.checkpoints, self._checkpoint_size(), resumed_from)
         betas = config.optimizer.betas
         settings = AdamWSettings(betas[0], betas[1], config.optimizer.eps, config.optimizer.clip)
-        self.optimizer = FlatAdamW(self.model, settings, self.device)
+        self.sharded = self._shard_model()
+        self.optimizer = (ShardedFlatAdamW(self.model, settings, self.device, ranks) if self.sharded is not None
+                          else FlatAdamW(self.model, settings, self.device))  # fmt: skip
         self.average = (
             ParameterAverage(self.optimizer, config.ema.horizon_tokens, config.ema.from_tokens)
             if config.ema is not None
@@ -240,6 +243,7 @@ class Trainer:
             log=self.log.write,
             phase=lambda stage, **details: self.beats.phase(stage, self.position.update, **details),
             ranks=ranks,
+            sharded=self.sharded,
         )
         self.position = Position()
         self.startup.lap("optimizer and held-out rows")
@@ -281,11 +285,35 @@ class Trainer:
         self.mirror.start()
         self.startup.lap("rows and W&B")
 
+    def _shard_model(self) -> FullyShardedModel | None:
+        """The model under FSDP2 (`parallel.shard: fsdp`, engine.training.distributed) above degree 1;
+        at degree 1 there is nothing to shard and the line trains as `none` (the same update)."""
+        config, ranks, where = self.config, self.ranks, self.layout.run_json
+        if config.parallel.shard != "fsdp":
+            return None
+        if ranks.size == 1:
+            self.log.write("parallel.shard fsdp at degree 1: nothing to shard; the line trains as none")
+            return None
+        if config.ema is not None:
+            raise ConfigError(
+                f"{where}: parallel.shard fsdp does not keep the moving average (ema) yet: validation would swap "
+                "it into the weights while FSDP2 holds them gathered; remove ema or use parallel.shard none"
+            )
+        sharded = FullyShardedModel(self.model, ranks, self.device)
+        self.log.write(f"parallel.shard fsdp: the model's {len(sharded.layers)} layers and its root sharded over "
+                       f"{ranks.size} ranks (FSDP2); eager engine: FSDP2 cannot be captured in CUDA graphs")  # fmt: skip
+        return sharded
+
     def _share_rank_zero_state(self) -> None:
         """Rank 0's weights, optimizer state and moving average on every rank (as DDP does at its
         start): the ranks built and resumed the same state, and now hold the same bits whatever
-        their devices did."""
+        their devices did. Sharded, each rank holds its own part of them: rank 0's whole weights
+        went to every rank before they were cut (FullyShardedModel), and a resume's parts come
+        from one checkpoint."""
         optimizer = self.optimizer
+        if self.sharded is not None:
+            self.ranks.broadcast_(optimizer.step)
+            return
         tensors = [optimizer.params, optimizer.exp_avg, optimizer.exp_avg_sq, optimizer.step]
         if self.average is not None:
             tensors.append(self.average.average)
@@ -364,12 +392,13 @@ class Trainer:
     # -----------------------------------------------------------------------------------------
     # checkpoints
 
-    def _snapshot(self, kept: str | None) -> CheckpointSnapshot:
+    def _snapshot(self, kept: str | None, host_state: tuple[torch.Tensor, dict[str, torch.Tensor]]) -> CheckpointSnapshot:
+        """The checkpoint of the line as it stands; `host_state`: the optimizer's whole weights and state
+        on the host (`FlatAdamW.host_state`)."""
         assert self.rows is not None, "rank 0 alone snapshots the line"
         optimizer = self.optimizer
         position = self.position
-        params = optimizer.params.to("cpu", copy=True)
-        optimizer_state = optimizer.state_tensors()
+        params, optimizer_state = host_state
         if self.average is not None:
             optimizer_state["ema"] = self.average.average.to("cpu", copy=True)
         extra = {
@@ -420,12 +449,15 @@ class Trainer:
             last = self._last_checkpoint_update
             newest = f"the newest is update {last}" if last is not None else "none written yet"
             self._stop_for_disk(free, f"too little for the next checkpoint (about {size / GIB:.2f} GiB); {newest}")
-        if self.rows is not None:  # rank 0 writes the checkpoint: every rank holds the same state
+        # Rank 0 writes the checkpoint: every rank holds the same state, or, sharded, every rank
+        # takes part in gathering it to rank 0.
+        if self.rows is not None or self.sharded is not None:
             with self.beats.phase(Stage.CHECKPOINTING, self.position.update):
-                snapshot = self._snapshot(kept)
-                self.writer.save(snapshot, before_latest=self.rows.sync)
-                if wait:
-                    self.writer.wait()
+                host_state = self.optimizer.host_state()
+                if self.rows is not None and host_state is not None:
+                    self.writer.save(self._snapshot(kept, host_state), before_latest=self.rows.sync)
+                    if wait:
+                        self.writer.wait()
         self._last_checkpoint_update = self.position.update
 
     # -----------------------------------------------------------------------------------------
@@ -681,7 +713,8 @@ class Trainer:
         data_tokens = position.data_tokens(self.data_line, seq_len)
         next_lr = learning_rate(self.config, position.tokens_trained)
         next_weight_decay = update_weight_decay(self.config, tokens_per_update(self.config, data_tokens))
-        with self.engines.from_the_arena():
+        whole = self.sharded.whole_weights() if self.sharded is not None else contextlib.nullcontext()
+        with self.engines.from_the_arena(), whole:  # sharded: rank 0's probes and samples run alone
             readings: dict[str, Any] = self.validator.run(seq_len, data_tokens, next_lr, next_weight_decay)
             if self.ranks.writes:  # texts of rank 0's row
                 readings.update(self.sampler.run(seq_len, position.update))

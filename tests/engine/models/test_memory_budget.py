@@ -155,3 +155,15 @@ def test_a_line_that_cannot_fit_is_refused_before_allocating_and_check_says_so(
     monkeypatch.setattr("engine.training.trainer.build_model", no_model)
     with pytest.raises(ConfigError, match=r"run\.json: training needs about .* cannot fit .* nothing was allocated$"):
         Trainer(big, echo=None).run()
+
+
+def test_fsdp_shards_the_state_and_not_the_activations() -> None:
+    """Under `parallel.shard: fsdp` a rank holds 1/degree of the weights, gradients and moments; its
+    micro-batch's activations are its own, whole."""
+    config = checked_config("pssa-1.5m")
+    parameters = count_parameters("pssa-1.5m")
+    whole = estimate_memory("pssa", config, parameters, {64: 8})
+    sharded = estimate_memory("pssa", config, parameters, {64: 8}, shards=4)
+    assert sharded.state_bytes == math.ceil(16 * parameters / 4) and sharded.activations == whole.activations
+    assert "(1,544,704 parameters x 16 bytes over 4 ranks)" in sharded.describe()
+    assert "over" not in whole.describe().split("+")[0]
