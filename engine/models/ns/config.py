@@ -40,9 +40,9 @@ class NSConfig:
     when a line starts; `engine.models.ns.scan.compiled_chunked_scan`). False runs it eagerly there
     too. On a CPU it always runs eagerly."""
     scan_kernel: bool = True
-    """Run the chunked scan through the fused Triton kernels on CUDA (`kernels.ssd_scan`: one launch
-    forward, two backward, no (L x L) tensor in memory; 4.10 against compile_scan's 5.61 ms forward
-    + backward on the H200 at ns-2b's shape, bench/RESULTS.md). False leaves the choice to
+    """Run the chunked scan through the fused Triton kernels on CUDA (`kernels.ssd_scan`: chunk-parallel,
+    three launches forward, four backward, no (L x L) tensor in memory; 4.22 against compile_scan's
+    5.59 ms forward + backward on the H200 at ns-2b's shape, bench/RESULTS.md). False leaves the choice to
     `compile_scan`, as does a `chunk_len` the kernels do not take (not a power of two of at least 16)."""
     compile_glue: bool = True
     """Run the layers' elementwise work between the matrix products and the kernels (norms, steps,
