@@ -5,6 +5,7 @@ set -u -o pipefail
 out=${OUT:-gpu-out}
 mkdir -p "$out"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+# (The device copy's .git is the session's first commit: never `git stash` or `git checkout` there.)
 for stage in "$@"; do
   case $stage in
     tests)
@@ -17,12 +18,13 @@ for stage in "$@"; do
       ;;
     alone)
       # CUDA tests that train real lines: each in its own pytest process, since a pytest process that
-      # already holds GPU memory trips the line's own sharing guard.
+      # already holds GPU memory trips the line's own sharing guard. Their lines compile at start: the
+      # placement and dreaming tests needed more than 100 s each in session 12 (the default is 300).
       for selection in tests/engine/gpu/test_gpu_placement_cuda.py tests/engine/training/test_distributed_cuda.py \
           "tests/engine/training/test_dreaming.py -k cuda" "tests/engine/models/test_memory_budget.py -k cuda" \
           "tests/engine/models/test_models_pssa.py -m cuda" "tests/engine/models/test_models_ns_model.py -k kernel"; do
         echo "== $selection"
-        timeout ${ALONE_TIMEOUT:-240} python3 -m pytest -v -p no:cacheprovider -rfE $selection 2>&1 | tail -40
+        timeout ${ALONE_TIMEOUT:-300} python3 -m pytest -v -p no:cacheprovider -rfE $selection 2>&1 | tail -40
       done 2>&1 | tee -a "$out/tests_alone.log"
       ;;
     kernel-tests)
