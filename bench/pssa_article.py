@@ -188,14 +188,19 @@ def summary(line: Path, preset: str, wall_s: float, load: list[float]) -> dict[s
         losses = [row["loss"] for row in rows if low < row["tokens"] <= high and math.isfinite(row["loss"])]
         tenths.append(round(sum(losses) / len(losses), 4) if losses else None)
     update_seconds = sum(row["tokens_per_update"] / row["tokens_per_s"] for row in rows)
-    heldout = rows[-1].get(f"val_{CHUNK}/mix")
+    # The last validation: the stage ends on its tokens, which an update short of rows (a cycle's
+    # last) can put an update or two past `every_updates`' last multiple.
+    validated = [row for row in rows if f"val_{CHUNK}/mix" in row]
+    heldout_row = validated[-1] if validated else {}
+    heldout = heldout_row.get(f"val_{CHUNK}/mix")
     return {
         "model": preset,
         "tokens": tokens,
         "updates": len(rows),
         "train_ce_each_tenth": tenths,
         "heldout_ce": None if heldout is None else round(heldout, 4),
-        "heldout_bpb": rows[-1].get(f"val_{CHUNK}/bpb/mix"),
+        "heldout_bpb": heldout_row.get(f"val_{CHUNK}/bpb/mix"),
+        "heldout_at_update": heldout_row.get("update"),
         "tokens_per_s": round(tokens / update_seconds, 1),
         "wall_s": round(wall_s, 1),
         "load_1min_before_after": [round(value, 2) for value in load],

@@ -58,3 +58,23 @@ def test_a_corpus_too_small_for_the_tokens_is_refused_in_one_line(tmp_path: Path
     assert done.returncode == 2
     assert len(done.stderr.strip().splitlines()) == 1
     assert "fewer than --tokens 10,000,000; give --corpus DIR" in done.stderr
+
+
+def test_the_held_out_reading_is_the_last_validation_not_the_last_row(tmp_path: Path) -> None:
+    """A stage ends on its tokens: an update short of rows can put the last update past the last
+    validation (3.5M tokens: validated at update 6,835, ended at 6,837). The summary reads the last
+    row that carries the held-out reading, and says which update it is."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("pssa_article", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    article = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(article)
+    line = tmp_path / "line"
+    line.mkdir()
+    rows = [{"update": update, "tokens": 512 * update, "loss": 4.0, "tokens_per_update": 512, "tokens_per_s": 1000.0}
+            for update in range(1, 11)]  # fmt: skip
+    rows[7].update({"val_64/mix": 3.25, "val_64/bpb/mix": 1.5})
+    (line / "rows.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    summary = article.summary(line, "pssa-1.5m", 10.0, [0.0, 0.0])
+    assert (summary["heldout_ce"], summary["heldout_bpb"], summary["heldout_at_update"]) == (3.25, 1.5, 8)
