@@ -402,22 +402,32 @@ def _store_rows(
     slots: torch.Tensor,
 ) -> None:
     """Put each writing row's key and value in its slot (slot_of_row (K, R), S for rows that
-    write nothing), the last row writing a slot winning; out of place (see `writing`)."""
+    write nothing), the last row writing a slot winning; out of place (see `writing`).
+
+    Each bank's new keys and values are a copy of the old with one spare slot after the last:
+    the rows are copied into their slots in one `index_copy_`, and a row that writes nothing, or
+    whose slot a later row of the same write takes, is sent to the spare (so every real slot
+    receives one row at most: no order among duplicates to rely on). Then the spare is dropped.
+    The alternative, a (K, S, D) gather of the rows and a select against the old slots, makes
+    three passes over the bank a write instead of one copy."""
+    capacity = slots.shape[0]
     rows = torch.arange(slot_of_row.shape[1], device=slot_of_row.device)
     writes_slot = slot_of_row[:, :, None] == slots  # (K, R, S)
     writer = torch.where(writes_slot, rows[:, None], -1).amax(dim=1)  # (K, S) last writing row or -1
-    written = (writer >= 0)[:, :, None]
-    source = writer.clamp_min(0)[:, :, None]
+    # The last writer of each row's slot (the spare's is -1, which no row equals).
+    last_writer = F.pad(writer, (0, 1), value=-1).gather(1, slot_of_row)  # (K, R)
+    target = torch.where(last_writer == rows, slot_of_row, capacity)  # (K, R)
 
-    def replaced(rows_data: torch.Tensor, live: list[torch.Tensor]) -> list[torch.Tensor]:
-        old = torch.stack(live)  # (K, S, D)
-        new = rows_data.detach().to(old.dtype).gather(1, source.expand(-1, -1, old.shape[2]))
-        return list(torch.where(written, new, old).unbind(0))
+    def replaced(old: torch.Tensor, target_rows: torch.Tensor, data: torch.Tensor) -> torch.Tensor:
+        with_spare = torch.cat([old, old[:1]])  # (S + 1, D): the spare's content is never read
+        return with_spare.index_copy_(0, target_rows, data.detach().to(old.dtype))[:capacity]
 
-    new_keys = replaced(keys, [bank._slots()[0] for bank in banks])
-    new_values = replaced(values, [bank._slots()[1] for bank in banks])
-    for bank, bank_keys, bank_values in zip(banks, new_keys, new_values):
-        bank._live = (bank_keys, bank_values)
+    for index, bank in enumerate(banks):
+        old_keys, old_values = bank._slots()
+        bank._live = (
+            replaced(old_keys, target[index], keys[index]),
+            replaced(old_values, target[index], values[index]),
+        )
 
 
 class PendingDreams(nn.Module):

@@ -5,13 +5,17 @@
 product whose weights are zero but for k slots a row. Here the choice is made without autograd
 on the same distance argument the reference ranks by (arccosh is increasing, so the order is
 the distance's), and the distances, softmax and weighted sum are formed for the k chosen slots
-only: (queries x k) work under autograd instead of (queries x slots). The read is the same
-function (tests hold it to the reference in float64); on CUDA the Triton kernel runs instead.
+only: (queries x k) work under autograd instead of (queries x slots). The ranking's
+(queries x slots) arithmetic runs in place on one buffer (the reference's operations in its
+order, so the same numbers), and the weighted sum of the chosen values is one `embedding_bag`,
+which never gathers the (queries x k x d) values. The read is the same function (tests hold it
+to the reference in float64); on CUDA the Triton kernel runs instead.
 """
 
 from __future__ import annotations
 
 import torch
+from torch.nn import functional as F
 
 from kernels._dispatch import compute_dtype
 from kernels.poincare import ACOSH_MIN_ARG, BALL_MARGIN
@@ -24,6 +28,22 @@ def _acosh_argument(query_sq: torch.Tensor, key_sq: torch.Tensor, gap_sq: torch.
     return (1 + 2 * gap_sq.clamp_min(0) / conformal).clamp_min(ACOSH_MIN_ARG)
 
 
+@torch.no_grad()
+def _nearest(
+    queries: torch.Tensor, query_sq: torch.Tensor, keys: torch.Tensor, occupied: torch.Tensor, top_k: int
+) -> torch.Tensor:
+    """(Nq, k) indices of the top_k occupied slots nearest each query (any slots when fewer are
+    occupied): `_acosh_argument`'s arithmetic in place on one (Nq, S) buffer."""
+    key_sq = (keys * keys).sum(-1)  # (S,)
+    ranking = torch.add(query_sq[:, None], key_sq[None, :])  # |q|^2 + |k|^2
+    ranking.sub_(torch.mm(queries, keys.T).mul_(2)).clamp_min_(0)  # |q - k|^2
+    conformal = torch.mul((1 - query_sq).clamp_min(BALL_MARGIN)[:, None],
+                          (1 - key_sq).clamp_min(BALL_MARGIN)[None, :])  # fmt: skip
+    ranking.mul_(2).div_(conformal).add_(1).clamp_min_(ACOSH_MIN_ARG)
+    ranking.masked_fill_(~occupied[None, :], float("inf"))
+    return ranking.topk(top_k, dim=-1, largest=False).indices
+
+
 def topk_read(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, occupied: torch.Tensor, tau: float, top_k: int
 ) -> torch.Tensor:
@@ -33,18 +53,14 @@ def topk_read(
     wide = compute_dtype(q, keys, values)
     queries = q.to(wide)
     keys_c, values_c = keys.detach().to(wide), values.detach().to(wide)
+    occupied = occupied.to(torch.bool)
     query_sq = (queries * queries).sum(-1)  # (Nq,)
-    with torch.no_grad():
-        key_sq = (keys_c * keys_c).sum(-1)  # (S,)
-        gap_sq = query_sq[:, None] + key_sq[None, :] - 2 * queries @ keys_c.T  # (Nq, S)
-        ranking = _acosh_argument(query_sq[:, None], key_sq[None, :], gap_sq)
-        ranking.masked_fill_(~occupied.to(torch.bool)[None, :], float("inf"))
-        chosen = ranking.topk(top_k, dim=-1, largest=False).indices  # (Nq, k)
+    chosen = _nearest(queries.detach(), query_sq.detach(), keys_c, occupied, top_k)  # (Nq, k)
     picked_keys = keys_c[chosen]  # (Nq, k, Dk)
     picked_sq = (picked_keys * picked_keys).sum(-1)  # (Nq, k)
     dots = torch.bmm(picked_keys, queries.unsqueeze(-1)).squeeze(-1)  # (Nq, k)
     distance = torch.acosh(_acosh_argument(query_sq[:, None], picked_sq, query_sq[:, None] + picked_sq - 2 * dots))
-    valid = occupied.to(torch.bool)[chosen]  # (Nq, k): fewer than k occupied slots leave some out
+    valid = occupied[chosen]  # (Nq, k): fewer than k occupied slots leave some out
     logits = (-distance / tau).masked_fill(~valid, float("-inf"))
     # Rows with nothing valid (an empty bank) have max -inf: shift by 0 so they give weight 0.
     shift = logits.detach().amax(-1, keepdim=True)
@@ -52,4 +68,4 @@ def topk_read(
     unnormalised = torch.exp(logits - shift)  # (Nq, k)
     total = unnormalised.sum(-1, keepdim=True)
     weights = unnormalised / torch.where(total > 0, total, torch.ones_like(total))
-    return torch.bmm(weights.unsqueeze(1), values_c[chosen]).squeeze(1).to(q.dtype)  # (Nq, Dv)
+    return F.embedding_bag(chosen, values_c, mode="sum", per_sample_weights=weights).to(q.dtype)  # (Nq, Dv)
