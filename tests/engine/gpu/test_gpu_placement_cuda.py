@@ -20,22 +20,12 @@ from engine.gpu.sharing import cuda_uuid, reading_from_snapshot
 pytestmark = pytest.mark.cuda
 
 
-def test_cuda_reports_the_uuid_nvml_names_and_the_trainer_s_lookup_finds_others_by_it() -> None:
-    snapshot = gpu_snapshot()
-    uuid = cuda_uuid(torch.device("cuda", 0))
-    placed = gpu_candidates("cuda:0", snapshot)
-    assert placed is not None and placed[0].uuid == uuid  # this process's cuda:0 is NVML's GPU behind it
-    held = torch.empty(256 << 20, dtype=torch.uint8, device="cuda:0")
-    torch.cuda.synchronize()
-    # Seen from another process's side (not this pid), this process is "another process" on the GPU.
-    reading = reading_from_snapshot(gpu_snapshot(), uuid, own_pid=0)
-    assert reading.others >= 1 and reading.others_bytes >= held.numel()
-    del held
-
-
 def test_a_cuda_0_line_under_cuda_visible_devices_trains_on_the_gpu_it_leased(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # This pytest process must hold no CUDA context of its own: the line would see it as another
+    # process on its GPU and wait for it (the sharing rules). So this test runs first in the file.
+    assert not torch.cuda.is_initialized(), "run this test before any CUDA test of its pytest process"
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # the supervisor's (and so the line's) view
     physical = gpu_candidates("cuda:0", gpu_snapshot())
     assert physical is not None
@@ -64,3 +54,16 @@ def test_a_cuda_0_line_under_cuda_visible_devices_trains_on_the_gpu_it_leased(
             supervisor.kill()
             supervisor.wait()
     assert lease_holder(gpu.index) is None
+
+
+def test_cuda_reports_the_uuid_nvml_names_and_the_trainer_s_lookup_finds_others_by_it() -> None:
+    snapshot = gpu_snapshot()
+    uuid = cuda_uuid(torch.device("cuda", 0))
+    placed = gpu_candidates("cuda:0", snapshot)
+    assert placed is not None and placed[0].uuid == uuid  # this process's cuda:0 is NVML's GPU behind it
+    held = torch.empty(256 << 20, dtype=torch.uint8, device="cuda:0")
+    torch.cuda.synchronize()
+    # Seen from another process's side (not this pid), this process is "another process" on the GPU.
+    reading = reading_from_snapshot(gpu_snapshot(), uuid, own_pid=0)
+    assert reading.others >= 1 and reading.others_bytes >= held.numel()
+    del held
