@@ -21,12 +21,20 @@ Then the Triton kernels one by one (rows with a `piece`): each kernel's device t
 the forward and of the backward (torch.profiler, the backward replayed on one kept graph), with
 the PyTorch kernels around them (the group sums of dB and dC, dA's sum, casts).
 
-    python bench/ssd_scan.py [--iters-budget 0.6] > rows.jsonl
+`--pass-sweep` times only the pass between chunks (`_state_pass_kernel`, the one sequential
+launch) at the same shape over its tile, warps and prefetch settings, forward and reverse: that
+launch reads each chunk's contribution and writes its entering state (fp32, 2 x 335 MB at ns-2b's
+shape) with an FMA an element, so it is memory bound and its floor is a device copy of the same
+bytes, timed in the same run (`fraction_of_copy` = copy ms / pass ms).
+
+    python bench/ssd_scan.py [--iters-budget 0.6] [--pass-sweep] > rows.jsonl
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import itertools
 import json
 import sys
 from collections.abc import Callable
@@ -41,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.kernels import time_ms  # noqa: E402
 from engine.models.ns.presets import PRESETS  # noqa: E402
 from engine.models.ns.scan import chunked_scan, compiled_chunked_scan  # noqa: E402
-from kernels.ssd_scan import ssd_scan  # noqa: E402
+from kernels.ssd_scan import _pass_states, ssd_scan  # noqa: E402
 
 
 def emit(**row) -> dict:
@@ -89,14 +97,40 @@ def forward_gflop(batch: int, length: int, heads: int, head_dim: int, groups: in
     return batch * chunks * (per_chunk + passing) / 1e9
 
 
+def pass_sweep(batch: int, heads: int, chunks: int, state: int, head_dim: int, budget_s: float) -> None:
+    """The pass between chunks alone, per setting, against a copy of the bytes it moves."""
+    states = torch.randn(batch, heads, chunks, state, head_dim, device="cuda")
+    # Decays of exp(-30): each entering state is the previous chunk's contribution, so repeated
+    # passes in place neither grow nor change the values' magnitude (the timing's inputs stay alike).
+    totals = torch.full((batch, heads, chunks), -30.0, device="cuda")
+    start, end = torch.randn(batch, heads, state, head_dim, device="cuda"), torch.empty(batch, heads, state, head_dim, device="cuda")
+    source = torch.empty_like(states)
+    moved_gb = 2 * states.numel() * states.element_size() / 1e9
+    copy_ms = time_ms(lambda: states.copy_(source), budget_s)
+    emit(kernel="ssd_state_pass", impl="copy", shape=list(states.shape), ms=round(copy_ms, 4),
+         GB_s=round(moved_gb / copy_ms * 1e3, 1))
+    for reverse, block, warps, prefetch in itertools.product((False, True), (128, 256, 512, 1024, 2048),
+                                                             (1, 2, 4, 8), (False, True)):
+        if block < 32 * warps:
+            continue
+        walk = functools.partial(_pass_states, states, totals, start, end, reverse, block, warps, prefetch)
+        ms = time_ms(walk, budget_s)
+        emit(kernel="ssd_state_pass", reverse=reverse, block=block, warps=warps, prefetch=prefetch,
+             ms=round(ms, 4), GB_s=round(moved_gb / ms * 1e3, 1), fraction_of_copy=round(copy_ms / ms, 3))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--iters-budget", type=float, default=0.6, help="seconds of timed calls a row")
+    parser.add_argument("--pass-sweep", action="store_true", help="only the pass between chunks, every setting")
     args = parser.parse_args(argv)
     preset = PRESETS["ns-2b"]
     batch, length = 8, 4096
     heads, head_dim, state = preset.dendritic_heads, preset.dendritic_head_dim, preset.dendritic_state
     groups, chunk = preset.dendritic_groups, preset.chunk_len
+    if args.pass_sweep:
+        pass_sweep(batch, heads, length // chunk, state, head_dim, args.iters_budget)
+        return 0
     rate = matmul_tflops(args.iters_budget)
     generator = torch.Generator(device="cuda").manual_seed(0)
 

@@ -71,12 +71,16 @@ _INPUT_GRAD_WARPS = 8
 """du, ddt and dA hold the most (L x L) tiles at once (M, dY X^T, their products and the decay
 matrix besides dx and the states' products): 212 registers with 8 warps, 255 and 72 bytes of
 spills a thread with 4."""
-_PASS_BLOCK = 1024
-"""State elements a program of the pass between chunks: 4 tiles of a 64 x 64 state, 1280 programs
-at ns-2b's shape (8 rows x 40 heads), enough loads in flight to stream the states at the memory's
-rate (the pass is an FMA an element and chunk)."""
-_PASS_WARPS = 4
-"""Warps a program of the pass: 8 elements a thread (two 16-byte loads a chunk), 32 registers."""
+_PASS_BLOCK = 512
+"""State elements a program of the pass between chunks: 8 tiles of a 64 x 64 state, 2,560 programs
+at ns-2b's shape (8 rows x 40 heads)."""
+_PASS_WARPS = 1
+"""Warps a program of the pass: 16 elements a thread."""
+_PASS_PREFETCH = True
+"""Whether the pass loads the next chunk's contribution before it waits on the current one
+(`_state_pass_kernel`). H200, ns-2b's shape, `python bench/ssd_scan.py --pass-sweep` (session 13):
+0.179 ms with it (0.90 of a copy of the same bytes), 0.46-0.74 ms without it at any tile and warps
+(0.70 ms with the previous 1,024-element tiles of 4 warps)."""
 _FP_FUSION = True
 """Multiply-adds fused, named at every launch: a new Triton's default must not change the bits."""
 
@@ -169,14 +173,18 @@ def _chunk_contribution_kernel(
 @triton.jit
 def _state_pass_kernel(
     states_ptr, totals_ptr, start_ptr, end_ptr, heads, chunks, size,
-    HAS_START: tl.constexpr, REVERSE: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_START: tl.constexpr, REVERSE: tl.constexpr, PREFETCH: tl.constexpr, BLOCK: tl.constexpr,
 ):
     """The only sequential work: one tile of one (row, head)'s (N x P) state walks the chunks,
     in order (forward) or in reverse (backward, for dS'). Each chunk's slot of `states` (Bt, H,
     chunks, N, P) holds its own contribution and is replaced by what enters it on the walk (the
     state entering the chunk; the gradient of the state leaving it); then the running value
     becomes exp(tot) times itself plus that contribution. `start` (Bt, H, N, P; zeros without
-    HAS_START) is the first running value, `end` receives the last."""
+    HAS_START) is the first running value, `end` receives the last.
+
+    PREFETCH: each step issues the next chunk's loads before it waits on its own, so a warp has
+    two loads in flight instead of one (the walk is latency bound otherwise: session 12 measured
+    the plain walk at a quarter of the card's copy rate). The same arithmetic either way."""
     tile = tl.program_id(0)
     bh = tl.program_id(2).to(tl.int64) * heads + tl.program_id(1)
     offsets = tile * BLOCK + tl.arange(0, BLOCK)
@@ -186,15 +194,26 @@ def _state_pass_kernel(
         running = tl.load(start_ptr + bh * size + offsets, mask=ok, other=0.0).to(ACC)
     else:
         running = tl.zeros([BLOCK], dtype=ACC)
+    first = bh * chunks + (chunks - 1 if REVERSE else 0)
+    step_slots = -1 if REVERSE else 1
+    if PREFETCH:
+        own = tl.load(states_ptr + first * size + offsets, mask=ok, other=0.0)
+        total = tl.load(totals_ptr + first)
     for step in range(chunks):
-        if REVERSE:
-            chunk = chunks - 1 - step
+        slot = first + step * step_slots
+        if PREFETCH:
+            # The last step loads its own slot again (in bounds, unused) rather than branch.
+            upcoming_slot = first + tl.minimum(step + 1, chunks - 1) * step_slots
+            upcoming = tl.load(states_ptr + upcoming_slot * size + offsets, mask=ok, other=0.0)
+            upcoming_total = tl.load(totals_ptr + upcoming_slot)
         else:
-            chunk = step
-        slot = bh * chunks + chunk
-        own = tl.load(states_ptr + slot * size + offsets, mask=ok, other=0.0)
+            own = tl.load(states_ptr + slot * size + offsets, mask=ok, other=0.0)
+            total = tl.load(totals_ptr + slot)
         tl.store(states_ptr + slot * size + offsets, running, mask=ok)
-        running = tl.exp(tl.load(totals_ptr + slot)) * running + own
+        running = tl.exp(total) * running + own
+        if PREFETCH:
+            own = upcoming
+            total = upcoming_total
     tl.store(end_ptr + bh * size + offsets, running, mask=ok)
 
 
@@ -377,14 +396,16 @@ def _strides(*tensors: torch.Tensor) -> list[int]:
 
 
 def _pass_states(states: torch.Tensor, totals: torch.Tensor, start: torch.Tensor | None, end: torch.Tensor,
-                 reverse: bool) -> None:
-    """`_state_pass_kernel` over every (row, head) and tile of its state."""
+                 reverse: bool, block: int = _PASS_BLOCK, warps: int = _PASS_WARPS,
+                 prefetch: bool = _PASS_PREFETCH) -> None:
+    """`_state_pass_kernel` over every (row, head) and tile of its state (the tile, warps and
+    prefetch are arguments for bench/ssd_scan.py's sweep; the model takes the defaults)."""
     batch, heads, chunks, state_size, head_dim = states.shape
     size = state_size * head_dim
-    block = min(_PASS_BLOCK, triton.next_power_of_2(size))
+    block = min(block, triton.next_power_of_2(size))
     _state_pass_kernel[(triton.cdiv(size, block), heads, batch)](
         states, totals, start if start is not None else end, end, heads, chunks, size,
-        HAS_START=start is not None, REVERSE=reverse, BLOCK=block, num_warps=_PASS_WARPS,
+        HAS_START=start is not None, REVERSE=reverse, PREFETCH=prefetch, BLOCK=block, num_warps=warps,
         enable_fp_fusion=_FP_FUSION,
     )
 

@@ -11,7 +11,7 @@ import torch
 
 from engine.models.ns.scan import chunked_scan
 from kernels._dispatch import poison
-from kernels.ssd_scan import ssd_scan
+from kernels.ssd_scan import _pass_states, ssd_scan
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 NAMES = ("y", "last", "u", "dt", "A", "B", "C", "state0")
@@ -174,6 +174,33 @@ def test_bad_arguments_are_one_clear_error(change, message):
         arguments["C"] = arguments["B"]
     with pytest.raises(ValueError, match=message):
         ssd_scan(**{name: t.to(DEVICE) if isinstance(t, torch.Tensor) else t for name, t in arguments.items()})
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("with_start", [False, True])
+def test_the_state_pass_with_and_without_prefetch_walks_the_chunks_alike(reverse, with_start):
+    """The pass between chunks, alone: every tile, warps and prefetch setting the bench sweeps
+    gives the recurrence's entering states and last state, and the same bits as each other."""
+    generator = torch.Generator().manual_seed(3)
+    batch, heads, chunks, state, head_dim = 2, 3, 5, 8, 16  # 128-element states: tiles of 32 split them
+    own = torch.randn(batch, heads, chunks, state, head_dim, generator=generator, dtype=torch.float64)
+    totals = -torch.rand(batch, heads, chunks, generator=generator, dtype=torch.float64)
+    start = torch.randn(batch, heads, state, head_dim, generator=generator, dtype=torch.float64) if with_start else None
+    running = start.clone() if with_start else torch.zeros(batch, heads, state, head_dim, dtype=torch.float64)
+    want = torch.empty_like(own)
+    for chunk in reversed(range(chunks)) if reverse else range(chunks):
+        want[:, :, chunk] = running
+        running = totals[:, :, chunk, None, None].exp() * running + own[:, :, chunk]
+    results = []
+    for block, prefetch in ((32, False), (32, True), (1024, True)):
+        states, end = own.clone().to(DEVICE), torch.empty(batch, heads, state, head_dim, dtype=torch.float64, device=DEVICE)
+        _pass_states(states, totals.to(DEVICE), None if start is None else start.to(DEVICE), end, reverse=reverse,
+                     block=block, prefetch=prefetch)
+        torch.testing.assert_close(states.cpu(), want, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(end.cpu(), running, rtol=1e-12, atol=1e-12)
+        results.append((states, end))
+    for states, end in results[1:]:
+        assert torch.equal(states, results[0][0]) and torch.equal(end, results[0][1])
 
 
 @pytest.mark.cuda
