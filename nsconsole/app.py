@@ -23,6 +23,7 @@ focused; discovery then attaches to it like to any new supervisor.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import time
 from collections.abc import Callable, Iterable
@@ -35,6 +36,7 @@ from textual.binding import Binding
 from textual.command import CommandPalette
 from textual.css.query import NoMatches
 from textual.screen import Screen
+from textual.theme import Theme
 
 from engine.errors import LineError
 from engine.supervisor.registry import SupervisorEntry, list_supervisors
@@ -52,7 +54,9 @@ from nsconsole.widgets.gpu_panel import GpuPanel, GpuReader, GpuReading, read_gp
 from nsconsole.widgets.request_progress import PendingRequest, RequestProgress
 from themes import DEFAULT_THEME, STYLESHEET, THEMES
 
-REFRESH_INTERVAL_S = 0.5
+REFRESH_INTERVAL_S = 1.0
+"""The views' tick: as often as each supervisor's status is polled (`live.STATUS_INTERVAL_S`) and a GPU
+line logs a row; ticking faster showed nothing sooner but cost the console CPU (bench/console_cpu.py)."""
 GPU_INTERVAL_S = 2.0
 DISK_INTERVAL_S = 10.0
 MUTATING_ACTIONS = frozenset({"stop", "branch", "rollback", "tune"})
@@ -105,8 +109,17 @@ class ConsoleApp(App[None]):
         self.live: LiveLines | None = LiveLines(self.book, self._line_changed, clock, discover) if attach else None
         self.pending: list[PendingRequest] = []
         """Requests sent to a supervisor and not yet answered, oldest first (the progress line shows them)."""
-        self._connected_keys: set[str] = set()
-        self._resumable_keys: set[str] = set()
+        self._key_switches: dict[str, tuple[bool, bool]] = {}
+        """(connected, resumable) of each line as the bindings last saw it (a line not seen yet: neither)."""
+
+    @property
+    def current_theme(self) -> Theme:
+        """The theme by its name. Textual's own copies its whole table of themes to look one up, and
+        asks for every screen line it paints: that was a tenth of the console's CPU on a line's screen
+        (bench/console_cpu.py). The project's themes (the ones registered at mount) come from their
+        table; any other name goes to Textual's lookup."""
+        theme = THEMES.get(self.theme)
+        return theme if theme is not None else super().current_theme
 
     # ---- life ----------------------------------------------------------------------------------
 
@@ -126,11 +139,11 @@ class ConsoleApp(App[None]):
         self.call_after_refresh(self.refresh_views)
 
     def _line_changed(self, line: LineView) -> None:
-        # A line that came or went changes which mutating keys are on, and whether `resume` is.
-        connected = {state.key for state in self.book if state.connected}
-        resumable = {state.key for state in self.book if state.resumable}
-        if (connected, resumable) != (self._connected_keys, self._resumable_keys):
-            self._connected_keys, self._resumable_keys = connected, resumable
+        # A line that came or went changes which mutating keys are on, and whether `resume` is. Called
+        # for every row and heartbeat pushed: only the line that changed is looked at.
+        switches = (line.connected, line.resumable)
+        if self._key_switches.get(line.key, (False, False)) != switches:
+            self._key_switches[line.key] = switches
             self.refresh_bindings()
 
     def refresh_views(self) -> None:
@@ -159,8 +172,9 @@ class ConsoleApp(App[None]):
     def _take_gpu_reading(self, reading: GpuReading) -> None:
         self.gpu_reading = reading
         for screen in self.screen_stack:
-            for panel in screen.query(GpuPanel):
-                panel.record(reading)
+            if isinstance(screen, LinesScreen):  # the one screen with a GPU panel
+                with contextlib.suppress(NoMatches):  # not composed yet: it records from the next reading
+                    screen.query_one(GpuPanel).record(reading)
 
     @work(thread=True, exclusive=True, group="disk")
     def read_disks(self) -> None:

@@ -66,6 +66,8 @@ class HealthFlag:
 
 
 def _finite(value: Any) -> float | None:
+    if type(value) is float:  # the console's series hold floats: the common case, checked first
+        return value if math.isfinite(value) else None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return float(value) if math.isfinite(value) else None

@@ -263,6 +263,11 @@ class LineView:
         line, whatever its last state says (set by the console's link while it cannot reattach)."""
         self.version = 0
         """Bumped by every change, so a widget redraws only lines that changed."""
+        self.rows_version = 0
+        """Bumped by every change to the training rows (`series`, `recent_rows`): what depends on the
+        rows alone is computed again only when it moves (the row checks of `refresh_health`)."""
+        self._row_checks: tuple[tuple[Any, ...], list[HealthFlag | None]] | None = None
+        """(what the row checks read, their flags) as last run (see `_row_health`)."""
 
     # ---- what the supervisor says ------------------------------------------------------------
 
@@ -301,6 +306,7 @@ class LineView:
             self.series = Series()
             self.recent_rows.clear()
             self.validations.clear()
+            self.rows_version += 1
         count = 0
         for row in rows:
             count += 1
@@ -318,6 +324,7 @@ class LineView:
             while self.validations and self.validations[-1].get("update", -1) >= update:
                 self.validations.pop()
             self.validations.append(row)
+            self.version += 1
         if "loss" not in row:
             return  # a validation row of its own: the training row of its update came before it
         if self.series.update and self.series.update[-1] >= update:
@@ -326,6 +333,8 @@ class LineView:
                 self.recent_rows.pop()
         self.series.append(row)
         self.recent_rows.append(row)
+        self.rows_version += 1
+        self.version += 1
 
     def apply_notification(self, kind: str, data: dict[str, Any], now: float) -> None:
         if "omitted" in data:
@@ -414,22 +423,18 @@ class LineView:
 
     def refresh_health(self, now: float) -> list[HealthFlag]:
         """Re-run the health checks; returns the flags that were not raised before (also as events)."""
-        series = self.series
         heartbeat = self.heartbeat or {}
-        newest_row = self.recent_rows[-1] if self.recent_rows else None
-        slow = next((flag for flag in self.health if flag.kind == "slow"), None)
+        spike, slow, lr, skipped = self._row_health()
         candidates = [
-            health.loss_spike(series.loss[-health.SPIKE_WINDOW - 1 :]),
-            health.slow_throughput(
-                series.tokens_per_s[-health.SLOW_WINDOW - health.SLOW_SUSTAIN :], self.rows_since_start(), slow
-            ),
-            None if newest_row is None else health.lr_off_schedule(newest_row, self.facts.schedule),
+            spike,
+            slow,
+            lr,
             # A line that nothing runs any more (read at rest, or orphaned) has ended: its old heartbeat is no alarm.
             health.stale_heartbeat(
                 None if self.at_rest or self.orphaned else self.supervisor_state, self.heartbeat_age(now),
                 stage=heartbeat.get("stage"),
             ),
-            health.skipped_updates(series.skipped[-health.SKIPPED_WINDOW :]),
+            skipped,
             health.waiting_for_data(heartbeat.get("stage"), heartbeat.get("cycle")),
             health.full_disk(self.disk_free, self.disk_total, self.facts.min_free_disk_bytes),
         ]
@@ -446,15 +451,38 @@ class LineView:
         self.health = flags
         return new
 
-    def rows_since_start(self) -> int | None:
-        """Rows the running trainer has written (those after its launch; counted up to the
-        `RECENT_ROWS` kept); None when its launch is unknown."""
+    def _row_health(self) -> list[HealthFlag | None]:
+        """The checks of the rows (spike, slow, lr, skipped), run again only when what they read
+        changed: the rows, the trainer's launch (the slow check skips its first rows) or run.json's
+        facts (the lr schedule). Between two rows every tick would find the same flags (a slow flag
+        raised stays raised on the rows that raised it), so the rows are judged once, not at every tick."""
+        inputs = (self.rows_version, self.trainer_started, self.facts)
+        if self._row_checks is not None and self._row_checks[0] == inputs:
+            return self._row_checks[1]
+        series = self.series
+        newest_row = self.recent_rows[-1] if self.recent_rows else None
+        raised_slow = next((flag for flag in self.health if flag.kind == "slow"), None)
+        judged = health.SLOW_SKIP_AFTER_START + health.SLOW_SUSTAIN  # rows since a launch before any is judged
+        flags = [
+            health.loss_spike(series.loss[-health.SPIKE_WINDOW - 1 :]),
+            health.slow_throughput(
+                series.tokens_per_s[-health.SLOW_WINDOW - health.SLOW_SUSTAIN :], self.rows_since_start(judged),
+                raised_slow,
+            ),
+            None if newest_row is None else health.lr_off_schedule(newest_row, self.facts.schedule),
+            health.skipped_updates(series.skipped[-health.SKIPPED_WINDOW :]),
+        ]
+        self._row_checks = (inputs, flags)
+        return flags
+
+    def rows_since_start(self, at_most: int = RECENT_ROWS) -> int | None:
+        """Rows the running trainer has written (those after its launch), counted up to `at_most`;
+        None when its launch is unknown."""
         if self.trainer_started is None:
             return None
         count = 0
-        for row in reversed(self.recent_rows):
-            written = row.get("time")
-            if not isinstance(written, (int, float)) or written < self.trainer_started:
+        for written in reversed(self.series.time):  # NaN where a row has no time: that ends the count
+            if count >= at_most or not written >= self.trainer_started:
                 break
             count += 1
         return count

@@ -11,7 +11,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Input, Static, TabbedContent, TabPane
+from textual.widgets import Footer, Header, Input, TabbedContent, TabPane
 
 from engine.errors import LineError
 from nsconsole.screens.run_config import RunConfigScreen
@@ -24,11 +24,12 @@ from nsconsole.widgets.line_header import EtaLine
 from nsconsole.widgets.log_follower import LogFollower
 from nsconsole.widgets.memory_tab import MemoryTab
 from nsconsole.widgets.probe_table import ProbeTable
+from nsconsole.widgets.quiet_static import QuietStatic
 from nsconsole.widgets.request_progress import RequestProgress
 from nsconsole.widgets.samples_tab import SamplesTab
 
-CHECKPOINT_REFRESH_TICKS = 10
-"""The checkpoint directory is listed every this many view refreshes (it changes seldom)."""
+CHECKPOINT_REFRESH_TICKS = 5
+"""The checkpoint directory is listed every this many view refreshes (it changes seldom): every 5 s."""
 
 
 def summary(line: LineView, now: float) -> Text:
@@ -82,7 +83,7 @@ class LineScreen(Screen[None]):
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
-        yield Static(id="summary")
+        yield QuietStatic(id="summary")
         yield EtaLine(id="eta")
         with TabbedContent(initial="tab-curves"):
             with TabPane("curves", id="tab-curves"):
@@ -117,8 +118,7 @@ class LineScreen(Screen[None]):
 
     def refresh_view(self, now: float) -> None:
         line = self.line
-        header = self.query_one("#summary", Static)
-        header.update(summary(line, now))
+        self.query_one("#summary", QuietStatic).show_text(summary(line, now))
         eta = self.query_one(EtaLine)
         eta.show(line)
         curves = self.query_one(CurvesTab)

@@ -49,6 +49,8 @@ class LinesScreen(Screen[None]):
         super().__init__()
         self.filter_text = ""
         self._shared_names: set[str] = set()
+        self._names_checked = 0
+        """How many lines the book had when shared names were last looked for (it only grows)."""
         self._empty_message = NO_LINES
         self._title, self._subtitle = "lines", ""
         """The table's border title and subtitle as last set (see `refresh_view`)."""
@@ -79,7 +81,7 @@ class LinesScreen(Screen[None]):
     def refresh_view(self, now: float) -> None:
         app = self.app
         book = app.book  # type: ignore[attr-defined]
-        shown = [line for line in book if matches(line, self.filter_text)]
+        shown = [line for line in book if matches(line, self.filter_text)] if self.filter_text else list(book)
         table = self.table
         table.show(shown, now)
         self._warn_of_shared_names(book)
@@ -106,6 +108,9 @@ class LinesScreen(Screen[None]):
 
     def _warn_of_shared_names(self, book: LineBook) -> None:
         """A toast when two lines come to share a name (the table then shows each by its path)."""
+        if len(book) == self._names_checked:
+            return  # no line came: no name is newly shared
+        self._names_checked = len(book)
         paths: dict[str, list[str]] = {}
         for line in book:
             paths.setdefault(line.name, []).append(line.path)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -221,12 +222,15 @@ class CurvePlot(Widget):
 
     def __init__(self, column: str, title: str, pinned: bool = False, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.auto_links = False  # a plot has no links: Textual would unpack every cell's metadata looking for them
         self.column = column
         self.title = title
         self.pinned = pinned
         self.frame: CurveFrame | None = None
         self.settings = CurveSettings()
         self.grid: PlotGrid | None = None
+        self.render_cost_s = 0.0
+        """CPU seconds its last render took (the curves tab paces redraws by it)."""
 
     def show(self, frame: CurveFrame, settings: CurveSettings) -> None:
         self.frame, self.settings = frame, settings
@@ -253,6 +257,13 @@ class CurvePlot(Widget):
         return layers
 
     def render(self) -> Text:
+        started = time.thread_time()
+        text = self._draw()
+        self.render_cost_s = time.thread_time() - started
+        return text
+
+    def _draw(self) -> Text:
+        """The plot as text: its title, the curve with its axis labels, the marker strip, the x labels."""
         theme = self.app.current_theme
         settings, frame = self.settings, self.frame
         width, height = self.plot_width, max(1, self.size.height - CHROME_ROWS)

@@ -4,16 +4,20 @@ It owns the tab's `CurveSettings` and the rows the line's own `Series` lacks: a 
 the fork and the history of each pinned reading that is not a validation reading (a training
 row's metric), both fetched in the background (`widgets/row_history.py`); a pinned metric's
 history then grows from the line's newest rows. It redraws only when the line, the settings, its
-size or the fetched rows changed.
+size or the fetched rows changed; new rows redraw it about every 3 s (`ROWS_REDRAW_S`), and less
+often still when a redraw is dear (`RedrawPacer`): a plot is repainted whole, and with a line
+logging a row a second that was most of the console's CPU on this tab (bench/console_cpu.py).
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+from time import monotonic
 from typing import Any
 
 from textual.app import ComposeResult
 from textual.containers import Container, Vertical
-from textual.widgets import Static
 
 from engine.errors import LineError
 from nsconsole.state import LineView
@@ -28,10 +32,36 @@ from nsconsole.widgets.curves import (
 )
 from nsconsole.widgets.line_header import Fork
 from nsconsole.widgets.probe_table import probe_readings
+from nsconsole.widgets.quiet_static import QuietStatic
 from nsconsole.widgets.row_history import History, HistoryUnavailable, fetch_history
 
-FETCH_RETRY_TICKS = 10
-"""Refreshes between attempts at rows that could not be had (a trunk being written, unattached)."""
+FETCH_RETRY_TICKS = 5
+"""Refreshes between attempts at rows that could not be had (a trunk being written, unattached): 5 s."""
+ROWS_REDRAW_S = 2.9
+"""The least time between two redraws for new rows: every third tick of a console ticking every second
+(a little less than 3 s: ticks jitter); the header above the plots gives the newest numbers every
+second. A key, a resize or fetched rows redraw at once."""
+REDRAW_CPU_SHARE = 0.02
+"""The share of a core the plots may take redrawing for new rows: a redraw that costs more (a line
+of many thousand rows) waits longer before the next one."""
+
+
+@dataclass
+class RedrawPacer:
+    """When new rows may redraw the plots: `ROWS_REDRAW_S` after the last redraw, or longer when
+    the plots' last renders cost more than `REDRAW_CPU_SHARE` of that time."""
+
+    every_s: float = ROWS_REDRAW_S
+    cpu_share: float = REDRAW_CPU_SHARE
+    next_s: float = -math.inf
+    """The monotonic time from which new rows redraw."""
+
+    def due(self, now: float) -> bool:
+        return now >= self.next_s
+
+    def drew(self, now: float, render_cost_s: float) -> None:
+        """A redraw at `now`, whose plots took `render_cost_s` (CPU seconds) to render last time."""
+        self.next_s = now + max(self.every_s, render_cost_s / self.cpu_share)
 
 
 class CurvesTab(Vertical):
@@ -50,13 +80,17 @@ class CurvesTab(Vertical):
         """What is being fetched now (`trunk` or a pinned name)."""
         self._retry_in: dict[str, int] = {}
         """Refreshes left before a fetch that could not be had is tried again, by what it fetches."""
-        self._drawn: tuple[Any, ...] | None = None
+        self._drawn_view: tuple[Any, ...] | None = None
+        """What the plots show as last drawn, but the rows (see `refresh_if_changed`)."""
+        self._drawn_rows: tuple[Any, ...] | None = None
+        """The rows the plots show as last drawn."""
+        self.pacer = RedrawPacer()
 
     def compose(self) -> ComposeResult:
         with Container(id="curves"):
             for column, title in CURVES:
                 yield CurvePlot(column, title, id=f"curve-{column}")
-        yield Static(id="curve-readout")
+        yield QuietStatic(id="curve-readout")
 
     # ---- what the keys do ----------------------------------------------------------------------
 
@@ -89,7 +123,7 @@ class CurvesTab(Vertical):
                 self.pinned_rows[name] = History((name,))
                 self.pinned_rows[name].extend(self.line.recent_rows)
                 self._fetch(name)
-        self._drawn = None
+        self._drawn_view = None
         self.call_after_refresh(self.changed)
 
     @property
@@ -106,17 +140,22 @@ class CurvesTab(Vertical):
         width = self.plot_width
         if self.settings.cursor is not None and self.settings.cursor >= width:
             self.settings.cursor = width - 1
-        drawn = (
-            frame_inputs(self.line), self.settings.key, tuple(plot.size for plot in plots), id(self.trunk),
-            tuple((name, len(history.update)) for name, history in self.pinned_rows.items()),
+        # The settings, the sizes, a fetched trunk or pinned history (a new object) redraw at once; rows
+        # that arrived (the line's, a pinned history grown from them) redraw when the pacer says.
+        view = (
+            self.settings.key, tuple(plot.size for plot in plots), id(self.trunk),
+            tuple((name, id(history)) for name, history in self.pinned_rows.items()),
         )
-        if drawn == self._drawn:
+        rows = frame_inputs(self.line), tuple(len(history.update) for history in self.pinned_rows.values())
+        now = monotonic()
+        if view == self._drawn_view and (rows == self._drawn_rows or not self.pacer.due(now)):
             return
-        self._drawn = drawn
+        self._drawn_view, self._drawn_rows = view, rows
+        self.pacer.drew(now, sum(plot.render_cost_s for plot in plots))
         frame = build_frame(self.line, self.settings, self.trunk, self.pinned_rows)
         for plot in plots:
             plot.show(frame, self.settings)
-        self.query_one("#curve-readout", Static).update(cursor_readout(frame, self.settings, width))
+        self.query_one("#curve-readout", QuietStatic).show_text(cursor_readout(frame, self.settings, width))
 
     # ---- rows fetched in the background --------------------------------------------------------
 

@@ -20,13 +20,13 @@ from pathlib import Path
 from rich.cells import cell_len
 from rich.table import Table
 from rich.text import Text
-from textual.widgets import Static
 
 from engine.gpu.devices import GpuSnapshot, LeaseHolder, gpu_snapshot, lease_holder
 from nsconsole.state import LineBook, LineView
 from nsconsole.widgets import format as fmt
 from nsconsole.widgets.host_panel import HOST_SAMPLER, HostReading, host_text
 from nsconsole.widgets.plot import sparkline
+from nsconsole.widgets.quiet_static import QuietStatic, text_height, text_key
 
 UTILISATION_HISTORY = 120
 """Utilisation samples kept per GPU (a minute at the panel's 2 Hz)."""
@@ -71,13 +71,12 @@ def memory_bar(
     return [(char, count, name) for (char, _, name), count in zip(segments, cells) if count > 0]
 
 
-class GpuPanel(Static):
+class GpuPanel(QuietStatic):
     """See the module docstring; `show(reading, book, selected)` redraws it."""
 
     def __init__(self, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.utilisation: dict[int, deque[float | None]] = {}
-        self._shown: tuple[Text, Text | None, int] | None = None
 
     def record(self, reading: GpuReading) -> None:
         """Add a utilisation sample per device (a reading taken on the panel's cadence)."""
@@ -89,21 +88,21 @@ class GpuPanel(Static):
         HOST_SAMPLER.watch(line.trainer_pid for line in book if line.trainer_pid)
         gpus = self.render_text(reading, book, selected)
         host = host_text(reading.host, book) if reading is not None and reading.host is not None else None
-        # An update re-lays out the screen: skip it when the panel would show what it shows (rich
-        # Texts compare by value), which is most ticks of a line watched for hours.
-        shown = (gpus, host, self.content_size.width)
-        if shown == self._shown:
-            return
-        self._shown = shown
+        # Most ticks of a line watched for hours show what the panel shows: nothing is repainted
+        # then; and a new reading (the host's CPU share every few seconds) repaints the panel alone
+        # unless its height changes (see `QuietStatic`).
+        width = self.content_size.width
         if host is None:
-            self.update(gpus)
+            self.show_text(gpus)
             return
-        if _widest(gpus) + HOST_GAP + _widest(host) <= self.content_size.width:
+        key = (text_key(gpus), text_key(host), width)
+        if _widest(gpus) + HOST_GAP + _widest(host) <= width:
             beside = Table.grid(padding=(0, HOST_GAP, 0, 0))
             beside.add_row(gpus, host)
-            self.update(beside)
+            self.show_content(beside, key, max(len(gpus.plain.split("\n")), len(host.plain.split("\n"))))
         else:  # too narrow for both side by side: the host under the GPUs
-            self.update(Text("\n").join([gpus, host]))
+            stacked = Text("\n").join([gpus, host])
+            self.show_content(stacked, key, text_height(stacked, width))
 
     def render_text(self, reading: GpuReading | None, book: LineBook, selected: LineView | None) -> Text:
         theme = self.app.current_theme

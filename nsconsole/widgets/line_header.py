@@ -17,7 +17,6 @@ from typing import Any
 
 from rich.text import Text
 from textual import work
-from textual.widgets import Static
 
 from engine.config.run import RunConfig
 from engine.errors import LineError
@@ -27,6 +26,7 @@ from engine.ops.lines import resolve_data_path
 from engine.protocol.facts import LineState
 from nsconsole.state import LineView
 from nsconsole.widgets import format as fmt
+from nsconsole.widgets.quiet_static import QuietStatic
 
 RATE_WINDOW = 50
 """Newest rows whose pace estimates the times ahead."""
@@ -184,11 +184,11 @@ def pretty_run_json(text: str) -> str:
         return text
 
 
-PLAN_REFRESH_TICKS = 20
-"""Refreshes between readings of run.json and the data line (a tune or an edit shows within seconds)."""
+PLAN_REFRESH_TICKS = 10
+"""Refreshes between readings of run.json and the data line (a tune or an edit shows within 10 s)."""
 
 
-class EtaLine(Static):
+class EtaLine(QuietStatic):
     """The header's line of what comes next; reads the run plan itself, off the UI thread."""
 
     def __init__(self, **kwargs: Any) -> None:
@@ -202,7 +202,7 @@ class EtaLine(Static):
         if self._ticks % PLAN_REFRESH_TICKS == 0:
             self._read(line.path, line.parent)
         self._ticks += 1
-        self.update(eta_line(line, self.plan, self.problem))
+        self.show_text(eta_line(line, self.plan, self.problem))
 
     @work(thread=True, exclusive=True, group="run-plan")
     def _read(self, path: str, parent: str | None) -> None:

@@ -5,7 +5,9 @@ counter that keys every render cache, and repaints the whole widget): with eight
 was most of the console's CPU (bench/console_cpu.py). `LinesTable.show` writes a changed cell, drops
 the cached renders of that cell's row alone and repaints that row's lines; a change that moves a
 column's width (or lands while widths are still being measured) takes DataTable's own path, which
-lays every row out anew.
+lays every row out anew. A line that did not change since the last tick is not even rendered to
+cells, and one whose progress alone moved (update, tokens, loss, tok/s) is repainted about every
+2 s at most (`PROGRESS_REPAINT_S`).
 
 A line whose supervisor does not answer keeps its last values, dimmed, with `⚡` before its
 state; every state and the heartbeat's age carry a glyph, so nothing is told by colour alone.
@@ -19,9 +21,11 @@ lists the branches its supervisor holds for a cycle end (queued `⑂`, failed `�
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
+from time import monotonic
 
 from rich.cells import cell_len
 from rich.text import Text
@@ -57,6 +61,14 @@ PRIORITY = ("line", "state", "health", "beat", "loss", "update", "forks", "token
 
 RIGHT_ALIGNED = {"update", "tokens", "cycle", "loss", "val_loss", "tokens_per_s", "restarts"}
 
+PROGRESS_COLUMNS = frozenset({"update", "tokens", "loss", "tokens_per_s"})
+"""The columns every training row moves."""
+PROGRESS_REPAINT_S = 1.9
+"""A row whose progress columns alone changed is repainted about every 2 s at most (a little less: ticks
+jitter), however often the console ticks (`refresh_interval`) or rows come: a repainted row is most
+of what the lines screen costs (bench/console_cpu.py), and a line's own screen gives its numbers
+every second. Any other change (state, health, beat...) is painted at once."""
+
 
 class LinesTable(DataTable):
     """Every line; `show(lines, now)` redraws what changed."""
@@ -64,6 +76,10 @@ class LinesTable(DataTable):
     def __init__(self, **kwargs: object) -> None:
         super().__init__(cursor_type="row", zebra_stripes=False, **kwargs)  # type: ignore[arg-type]
         self._cells: dict[str, dict[str, Text]] = {}
+        self._drawn_from: dict[str, tuple[object, ...]] = {}
+        """What each row's cells were made from (`_cell_inputs`): a line whose inputs are the same is not redrawn."""
+        self._painted_at: dict[str, float] = {}
+        """When each row's changed cells were last painted (time.monotonic())."""
         self._shown_columns: tuple[str, ...] = ()
         self.cells_written = 0
         """Cells written since mounting (the benchmark and the tests read it)."""
@@ -97,22 +113,34 @@ class LinesTable(DataTable):
         for key in gone:
             self.remove_row(key)
             del self._cells[key]
+            self._drawn_from.pop(key, None)
+            self._painted_at.pop(key, None)
         changed: dict[str, dict[str, Text]] = {}
         moved = bool(gone)  # any row or cell (shown or not) changed: only then may the fitting columns change
+        painted_at = monotonic()
         for key, line in wanted.items():
-            cells = self.render_cells(line, now, shared_name=names[line.name] > 1)
+            shared_name = names[line.name] > 1
+            inputs = self._cell_inputs(line, now, shared_name)
             previous = self._cells.get(key)
+            if previous is not None and self._drawn_from.get(key) == inputs:
+                continue  # nothing its cells show can have changed
+            cells = self.render_cells(line, now, shared_name)
             if previous is None:
                 self.add_row(*(cells[column] for column in self._shown_columns), key=key)
                 self.cells_written += len(self._shown_columns)
                 moved = True
             elif cells != previous:
+                differing = {column for column in cells if cells[column] != previous[column]}
+                if differing <= PROGRESS_COLUMNS and painted_at - self._painted_at.get(key, -math.inf) < PROGRESS_REPAINT_S:
+                    continue  # only its progress moved, and its row was just painted: a later tick paints it
                 moved = True
-                row = {column: cells[column] for column in self._shown_columns if cells[column] != previous[column]}
+                row = {column: cells[column] for column in self._shown_columns if column in differing}
                 if row:
                     changed[key] = row
                     self.cells_written += len(row)
+                    self._painted_at[key] = painted_at
             self._cells[key] = cells
+            self._drawn_from[key] = inputs
         self._write_cells(changed)
         if [row.key.value for row in self.ordered_rows] != list(wanted):
             # A line came back (the filter cleared, a supervisor restarted): in its place again.
@@ -121,6 +149,13 @@ class LinesTable(DataTable):
         if moved:
             self._fit_columns()
         self._keep_cursor_on(selected)
+
+    def _cell_inputs(self, line: LineView, now: float, shared_name: bool) -> tuple[object, ...]:
+        """What a row's cells are made from: the line's `version` (bumped by every change of it), its
+        heartbeat's mark, whether its name is shared and the theme. The same inputs, the same cells."""
+        age = line.heartbeat_age(now)
+        glyph, severity = fmt.heartbeat_mark(age, health.STALE_HEARTBEAT_S)
+        return line.version, beat_text(glyph, age), severity, shared_name, self.app.theme
 
     def _write_cells(self, changed: dict[str, dict[str, Text]]) -> None:
         """Put the changed cells in (`_cells` holds them already), re-rendering only their rows

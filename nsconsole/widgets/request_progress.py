@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from textual.timer import Timer
 from textual.widgets import Static
 
 from nsconsole.widgets import format as fmt
@@ -47,9 +48,11 @@ class RequestProgress(Static):
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self._text = ""
         """The text shown."""
+        self._ticker: Timer | None = None
+        """Redraws the waiting times; it runs only while a request waits (nothing ticks otherwise)."""
 
     def on_mount(self) -> None:
-        self.set_interval(TICK_S, self._tick)
+        self._ticker = self.set_interval(TICK_S, self._tick, pause=True)
         self._tick()
 
     def _tick(self) -> None:
@@ -61,3 +64,8 @@ class RequestProgress(Static):
             self._text = text
             self.update(text)
         self.set_class(bool(requests), "waiting")
+        if self._ticker is not None:
+            if requests:
+                self._ticker.resume()
+            else:
+                self._ticker.pause()
