@@ -55,6 +55,12 @@ from engine.wandb.state import Gap, PendingStart, ReplayMismatch, WandbRunState,
 
 logger = logging.getLogger("nsconsole.wandb")
 
+CLOSE_CONNECT_ATTEMPTS = 3
+"""Failed connections while closing before the mirror gives up on handing its rows over. W&B out at
+the close (not installed, an offline host, a run id still held by a killed trainer) would otherwise
+hold every stop and relaunch of the line for the close's whole limit; the next start re-sends what
+was not handed over, from rows.jsonl."""
+
 
 @dataclass(frozen=True)
 class RetryPolicy:
@@ -233,12 +239,15 @@ class WandbMirror:
 
     def _mirror(self) -> None:
         first_start = True
+        failed_while_closing = 0
         while not self._should_stop():
             if not self._connected:
                 if self._attempt(self._connect):
                     if first_start:
                         self._mark_superseded()
                         first_start = False
+                elif self._is_closing() and (failed_while_closing := failed_while_closing + 1) >= CLOSE_CONNECT_ATTEMPTS:
+                    break
                 else:
                     self._wait(self._delay)
                     self._delay = min(self._delay * 2, self.options.retry.max_delay_s)
@@ -455,6 +464,10 @@ class WandbMirror:
                 return
 
     # Helpers.
+
+    def _is_closing(self) -> bool:
+        with self._lock:
+            return self._closing
 
     def _should_stop(self) -> bool:
         """Closing, and either everything queued is handed over or the time is up."""

@@ -308,6 +308,19 @@ def test_logging_never_waits_on_wandb_and_close_is_bounded(tmp_path: Path) -> No
     release.set()
 
 
+def test_closing_while_wandb_is_out_gives_up_after_a_few_tries(tmp_path: Path) -> None:
+    server = SimulatedServer(down=True)  # unreachable from the start (as with wandb not installed)
+    mirror = started_mirror(tmp_path, server, FAST)
+    for item in write_rows(tmp_path, range(1, 4)):
+        mirror.log(item)
+    wait_for(lambda: mirror.status().last_error is not None)
+    # Returns before its time is up (a few failed tries): the trainer's stop does not wait it out.
+    assert mirror.close(timeout_s=20.0) is True
+    server.down = False
+    session(tmp_path, RecordingBackend(server), ids=run_ids())
+    assert server.steps("run1") == [1, 2, 3]  # the next start sent what the outage held back
+
+
 def test_a_full_queue_is_dropped_and_read_back_from_rows_jsonl(tmp_path: Path) -> None:
     server = SimulatedServer(down=True)
     options = MirrorOptions(retry=FAST.retry, acknowledge_every_s=0.01, max_queued_rows=3)
