@@ -20,9 +20,11 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
+from rich.segment import Segment
 from rich.text import Text
+from textual.strip import Strip
 from textual.widget import Widget
 
 from engine.protocol.facts import EventKind
@@ -230,6 +232,7 @@ class CurvePlot(Widget):
         self.settings = CurveSettings()
         self.grid: PlotGrid | None = None
         self.render_cost_s = 0.0
+        self._strips: list[Strip] | None = None
         """CPU seconds its last render took (the curves tab paces redraws by it)."""
 
     def show(self, frame: CurveFrame, settings: CurveSettings) -> None:
@@ -256,11 +259,31 @@ class CurvePlot(Widget):
         layers.append(Layer(xs, smooth(values, weight)))
         return layers
 
+    def refresh(self, *regions: Any, **kwargs: Any) -> Self:
+        self._strips = None  # new readings, settings, size or theme: draw again at the next paint
+        return super().refresh(*regions, **kwargs)
+
     def render(self) -> Text:
-        started = time.thread_time()
-        text = self._draw()
-        self.render_cost_s = time.thread_time() - started
-        return text
+        """The plot as text (what `render_line` paints; Textual's Widget API, and the tests' view)."""
+        return self._draw()
+
+    def render_line(self, y: int) -> Strip:
+        """A line of the plot, from strips drawn once a refresh. Textual's own path would convert the
+        plot's Text into its Content and render that line by line at every paint: five times the
+        drawing's own cost (bench/console_cpu.py's curves tab, profiled)."""
+        if self._strips is None:
+            started = time.thread_time()
+            text = self._draw()
+            base = self.rich_style
+            lines = text.render(self.app.console).__iter__()
+            self._strips = [
+                Strip(Segment.apply_style(line, base)).adjust_cell_length(self.size.width, base)
+                for line in Segment.split_lines(lines)
+            ]
+            self.render_cost_s = time.thread_time() - started
+        if y < len(self._strips):
+            return self._strips[y]
+        return Strip.blank(self.size.width, self.rich_style)
 
     def _draw(self) -> Text:
         """The plot as text: its title, the curve with its axis labels, the marker strip, the x labels."""
