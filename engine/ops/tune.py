@@ -9,10 +9,13 @@ timed (tokens/s over whole updates after a warm-up) and its peak memory measured
   budget is the free memory at the start minus `GPU_MARGIN_BYTES` (what a capture creates outside
   the allocator), and with --shared minus `guards.share_reserve_gb` as well. A setting that runs
   out of memory is recorded as such and never picked; rows are not grown past it.
-- CPU: the process's peak resident memory (VmHWM, reset through /proc/self/clear_refs before each
-  setting, after glibc's free memory is handed back with malloc_trim) minus the resident memory
-  before the model was built. Where the peak cannot be reset a sampling thread reads the RSS
-  instead. The budget is `--budget-gb` (GiB), else CPU_BUDGET_FRACTION of the available memory. A CPU
+- CPU: the model and optimizer's resident memory (what the process grew by while building them)
+  plus the setting's growth: the process's peak resident memory (VmHWM, reset through
+  /proc/self/clear_refs before each setting, after glibc's free memory is handed back with
+  malloc_trim) over its resident memory at that reset. Counting the growth from each setting's own
+  start keeps a reading true when the process hands back memory it held before the tune (a test
+  worker's earlier work): against one baseline from the start such a reading came out negative.
+  Where the peak cannot be reset a sampling thread reads the RSS instead. The budget is `--budget-gb` (GiB), else CPU_BUDGET_FRACTION of the available memory. A CPU
   out of memory kills the process rather than raising, so the next rows are not tried when the
   growth measured so far, continued, would not fit; and recomputation is tried only when no
   setting without it fits (on a CPU it only trades time for memory).
@@ -114,7 +117,8 @@ class TuneResult:
 
 
 class CpuPeakMeter:
-    """The process's peak resident memory since `reset()`, over a baseline (see the module docstring)."""
+    """The process's peak resident memory since `reset()`, over its resident memory at that reset
+    (see the module docstring)."""
 
     def __init__(self) -> None:
         self._trim = _malloc_trim()
@@ -122,25 +126,31 @@ class CpuPeakMeter:
         self._sampler: threading.Thread | None = None
         self._sampled_peak = 0
         self._stop = threading.Event()
-        gc.collect()
-        if self._trim is not None:
-            self._trim(0)  # what earlier work freed must not count in the baseline
-        self.baseline = self._rss()
+        self.floor = self._settled_rss()
 
     @staticmethod
     def _rss() -> int:
         return psutil.Process().memory_info().rss
 
-    def reset(self) -> None:
-        """Hand freed memory back, then start a new peak."""
+    def _settled_rss(self) -> int:
+        """The resident memory once what is free has been handed back."""
         gc.collect()
         if self._trim is not None:
             self._trim(0)
+        return self._rss()
+
+    def growth_since_start(self) -> int:
+        """Bytes the process grew by since it was built (the model and optimizer, in the tuner)."""
+        return max(0, self._settled_rss() - self.floor)
+
+    def reset(self) -> None:
+        """Hand freed memory back, then start a new peak over the memory held now."""
+        self.floor = self._settled_rss()
         if self._resettable:
             Path("/proc/self/clear_refs").write_text("5")
             return
         self.stop()
-        self._sampled_peak = self._rss()
+        self._sampled_peak = self.floor
         self._stop.clear()
         self._sampler = threading.Thread(target=self._sample, name="tune-rss", daemon=True)
         self._sampler.start()
@@ -156,13 +166,13 @@ class CpuPeakMeter:
             self._sampler = None
 
     def peak(self) -> int:
-        """Peak resident bytes since `reset()` over the baseline."""
+        """Peak resident bytes since `reset()` over the resident bytes at it (never negative)."""
         if self._resettable:
             for line in Path("/proc/self/status").read_text().splitlines():
                 if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024 - self.baseline
+                    return max(0, int(line.split()[1]) * 1024 - self.floor)
         self.stop()
-        return max(self._sampled_peak, self._rss()) - self.baseline
+        return max(0, max(self._sampled_peak, self._rss()) - self.floor)
 
 
 def _malloc_trim():
@@ -231,7 +241,7 @@ class Tuner:
         if self.cuda:
             return torch.cuda.memory_allocated(self.device)
         assert self.meter is not None
-        return max(0, CpuPeakMeter._rss() - self.meter.baseline)
+        return self.meter.growth_since_start()
 
     def tune_length(self, seq_len: int) -> LengthTuning:
         """Every setting worth trying at `seq_len`, measured."""
@@ -302,7 +312,9 @@ class Tuner:
             seconds = (time.perf_counter() - started) / timed
             measurement.tokens_per_s = update_rows * seq_len / seconds
             measurement.peak_bytes = (
-                torch.cuda.max_memory_allocated(self.device) if self.meter is None else self.meter.peak()
+                torch.cuda.max_memory_allocated(self.device)
+                if self.meter is None
+                else self.static_bytes + self.meter.peak()
             )
         except (torch.OutOfMemoryError, RuntimeError) as error:
             if not is_out_of_memory(error):
