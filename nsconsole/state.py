@@ -600,6 +600,15 @@ class LineView:
         return index if isinstance(index, int) else None
 
     @property
+    def gpu_indices(self) -> list[int]:
+        """Every GPU the line's leases hold, rank 0's first (one at parallel.degree 1; none on the
+        CPU or while it waits; a supervisor older than the field: `gpu_index` alone)."""
+        indices = self.status.get("gpu_indices")
+        if isinstance(indices, list) and indices and all(type(index) is int for index in indices):
+            return indices
+        return [] if self.gpu_index is None else [self.gpu_index]
+
+    @property
     def gpu_candidates(self) -> list[int] | None:
         """The GPUs (NVML indices) run.json's `device` lets the line lease (None: the CPU, or not said)."""
         candidates = self.status.get("gpu_candidates")
@@ -626,6 +635,17 @@ class LineView:
     def trainer_pid(self) -> int | None:
         pid = self.status.get("trainer_pid")
         return pid if isinstance(pid, int) else None
+
+    @property
+    def trainer_pids(self) -> list[int]:
+        """The trainer's processes: its pid and, at parallel.degree above 1, its ranks' (none while no
+        trainer runs)."""
+        pid = self.trainer_pid
+        if pid is None:
+            return []
+        children = self.status.get("trainer_children")
+        ranks = [child for child in children if type(child) is int] if isinstance(children, list) else []
+        return [pid, *ranks]
 
     @property
     def latest_checkpoint(self) -> int | None:

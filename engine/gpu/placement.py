@@ -134,12 +134,14 @@ def _count(gpus: Sequence[PhysicalGpu]) -> str:
 
 
 def gpu_candidates(
-    device: str, snapshot: GpuSnapshot, environ: Mapping[str, str] | None = None
+    device: str, snapshot: GpuSnapshot, environ: Mapping[str, str] | None = None, degree: int = 1
 ) -> list[PhysicalGpu] | None:
-    """The GPUs a line with this `device` may lease, in the order it tries them; None: the CPU.
+    """The GPUs a line with this `device` and `degree` ranks may lease, in the order it tries them;
+    None: the CPU. `auto` and `cuda` offer every visible GPU (the line takes the first `degree` free
+    ones); `cuda:N` names exactly GPUs N .. N + degree - 1 of the visible ones (rank r on N + r).
 
     `PlacementError` (one line) when the setting names no GPU there is: `cuda:N` past the GPUs
-    this process sees, `cuda` on a host without one.
+    this process sees (or its ranks' GPUs past them), `cuda` on a host without one.
     """
     setting = parse_device(device)
     if setting is None:
@@ -158,10 +160,22 @@ def gpu_candidates(
         if setting.kind == "auto":
             return None
         raise PlacementError(f"device {device}: no GPU is visible{under}")
+    seen = f"{len(visible)} visible{under}" if under else _count(visible)
     if setting.ordinal >= len(visible):
-        seen = f"{len(visible)} visible{under}" if under else _count(visible)
         raise PlacementError(f"device {device}: no such GPU ({seen})")
-    return [visible[setting.ordinal]]
+    last = setting.ordinal + degree - 1
+    if last >= len(visible):
+        raise PlacementError(
+            f"device {device} at parallel.degree {degree}: its ranks need GPUs {setting.ordinal}..{last} ({seen})"
+        )
+    return visible[setting.ordinal : last + 1]
+
+
+def gpus_label(indices: Sequence[int]) -> str:
+    """`GPU 3` or `GPUs 2, 3`: the GPUs of a line, by NVML's index."""
+    if len(indices) == 1:
+        return f"GPU {indices[0]}"
+    return "GPUs " + ", ".join(str(index) for index in indices)
 
 
 def _under_visible(environ: Mapping[str, str] | None) -> str:
@@ -170,20 +184,28 @@ def _under_visible(environ: Mapping[str, str] | None) -> str:
 
 
 def device_finding(
-    device: str, snapshot: GpuSnapshot, source: str = "run.json", environ: Mapping[str, str] | None = None
+    device: str,
+    snapshot: GpuSnapshot,
+    source: str = "run.json",
+    environ: Mapping[str, str] | None = None,
+    degree: int = 1,
 ) -> tuple[bool, str]:
-    """Whether `device` names a device of this host, and one line saying which or what is wrong
-    (`nsconsole new` refuses, and `nsconsole check` reports, on it)."""
+    """Whether `device` (with `degree` ranks) names devices of this host, and one line saying which
+    or what is wrong (`nsconsole new` refuses, and `nsconsole check` reports, on it)."""
     try:
-        gpus = gpu_candidates(device, snapshot, environ)
+        gpus = gpu_candidates(device, snapshot, environ, degree)
     except PlacementError as error:
         return False, f"{source}: {error}"
     if gpus is None:
         return True, f"device {device}: the CPU"
-    if len(gpus) == 1:
-        return True, f"device {device}: {gpus[0].label()}, {gpus[0].name}"
+    if len(gpus) < degree:
+        return False, f"{source}: device {device}: parallel.degree {degree} needs {degree} GPUs, {len(gpus)} visible"
+    if device.startswith("cuda:"):
+        named = "; ".join(f"{gpu.label()}, {gpu.name}" for gpu in gpus)
+        return True, f"device {device}: {named}"
     indices = ", ".join(str(gpu.index) for gpu in gpus)
-    return True, f"device {device}: the first of GPUs {indices} whose lease is free"
+    first = "the first" if degree == 1 else f"the first {degree}"
+    return True, f"device {device}: {first} of GPUs {indices} whose lease is free"
 
 
 def child_environment(gpus: Sequence[PhysicalGpu], environ: Mapping[str, str] | None = None) -> dict[str, str]:

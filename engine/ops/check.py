@@ -73,7 +73,7 @@ def check_line(root: Path | str, *, verify_checkpoints: bool = True) -> tuple[Ru
     results.append(_check_heldout_rows(layout, config, model))
     results += _check_lifelong(layout, config)
     results.append(_check_metrics(config))
-    results.append(CheckResult(*device_finding(config.device, gpu_snapshot())))
+    results.append(CheckResult(*device_finding(config.device, gpu_snapshot(), degree=config.parallel.degree)))
     results += _check_sharing(config)
     results.append(_check_memory(config, model))
     results += disk_results(layout, config, model)
@@ -170,7 +170,7 @@ def _check_memory(config: RunConfig, model: torch.nn.Module) -> CheckResult:
     """The training's memory estimate against the device's (the trainer refuses what cannot fit)."""
     snapshot = gpu_snapshot()
     try:
-        gpus = gpu_candidates(config.device, snapshot)
+        gpus = gpu_candidates(config.device, snapshot, degree=config.parallel.degree)
     except PlacementError:
         gpus = None  # the device check above fails it; the CPU's figure still says something
     if gpus is None:

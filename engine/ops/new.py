@@ -116,7 +116,7 @@ def new_line(root: Path | str, options: NewLineOptions) -> RunConfig:
         config.lr = LRConfig(peak=options.peak_lr)
     source = str(layout.run_json)
     config.validate(source=source)
-    usable, finding = device_finding(config.device, gpu_snapshot(), source)
+    usable, finding = device_finding(config.device, gpu_snapshot(), source, degree=config.parallel.degree)
     if not usable:
         raise LineError(finding)
     # The model's vocabulary follows the data line's tokenizer unless the user overrode it.

@@ -15,6 +15,7 @@ from typing import Any
 
 from engine.config.run import RunConfig
 from engine.errors import LineError
+from engine.gpu.placement import gpus_label
 from engine.layout import LineLayout, checkpoint_update
 from engine.ops.lines import open_line
 from engine.ops.stop import StopRequest, read_stop
@@ -118,6 +119,9 @@ def gpu_summary(supervisor: dict[str, Any]) -> str | None:
     if not isinstance(index, int):
         return None
     gpu = f"GPU {index} ({supervisor.get('gpu_uuid') or 'UUID unknown'})"
+    indices = supervisor.get("gpu_indices")
+    if isinstance(indices, list) and len(indices) > 1:  # a line over several GPUs: every rank's
+        gpu = f"{gpus_label(indices)} (rank 0 on {gpu})"
     if supervisor.get("state") in FINAL_LINE_STATES:
         return f"{gpu}, its last lease"
     if supervisor.get("state") == LineState.WAITING_GPU:

@@ -37,7 +37,8 @@ def memory_of_others_on_gpu(index: int) -> int | None:
     return None if any(value is None for value in used) else sum(used)
 
 
-def line_gpus(device: str, environ: Mapping[str, str] | None = None) -> list[PhysicalGpu] | None:
-    """The GPUs a line with run.json's `device` may lease, in the order to try them (None: the
-    CPU); `PlacementError` when it names none there is (`engine.gpu.placement.gpu_candidates`)."""
-    return gpu_candidates(device, gpu_snapshot(), environ)
+def line_gpus(device: str, degree: int = 1, environ: Mapping[str, str] | None = None) -> list[PhysicalGpu] | None:
+    """The GPUs a line with run.json's `device` and `parallel.degree` may lease, in the order to try
+    them (None: the CPU); `PlacementError` when it names none there is
+    (`engine.gpu.placement.gpu_candidates`)."""
+    return gpu_candidates(device, gpu_snapshot(), environ, degree)

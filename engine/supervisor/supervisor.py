@@ -175,6 +175,13 @@ class SupervisorState:
     launches (None: on the CPU, or waiting for a lease)."""
     gpu_uuid: str | None = None
     """That GPU's UUID: the trainer's CUDA_VISIBLE_DEVICES (`engine/gpu/placement.py`)."""
+    trainer_children: list[int] = field(default_factory=list)
+    """At parallel.degree above 1, the trainer's processes under `trainer_pid` (torchrun's ranks and
+    what they start), so that a reader can sum the line's CPU, memory and GPU memory; empty at
+    degree 1, where the trainer is one process."""
+    gpu_indices: list[int] = field(default_factory=list)
+    """Every GPU of the line's leases, rank 0's first (`gpu_index` alone at parallel.degree 1;
+    empty with it None). Each is watched for other processes as the line's own."""
     gpu_candidates: list[int] | None = None
     """The GPUs run.json's `device` lets the line lease, in the order it tries them (None: the CPU)."""
     gpu_holders: list[dict[str, Any]] = field(default_factory=list)
@@ -302,7 +309,7 @@ class Supervisor:
             self.state.crashes = self._crashes_before(previous)
             self._parent = branched_from(self.layout)
             try:
-                self._gpus = line_gpus(self._config.device)
+                self._gpus = line_gpus(self._config.device, self._config.parallel.degree)
             except PlacementError as error:
                 raise LineError(f"{self.layout.run_json}: {error}") from None
             self.state.gpu_candidates = None if self._gpus is None else [gpu.index for gpu in self._gpus]
@@ -427,7 +434,8 @@ class Supervisor:
             if taken is not None:
                 by_index = {gpu.index: gpu for gpu in gpus}
                 self._placed = [by_index[lease.index] for lease in taken]
-                self._set(gpu_index=taken[0].index, gpu_uuid=taken[0].uuid, gpu_holders=[])
+                self._set(gpu_index=taken[0].index, gpu_uuid=taken[0].uuid,
+                          gpu_indices=[lease.index for lease in taken], gpu_holders=[])
                 return taken
             # A lease freed since the try above is left out: the next try takes it.
             holders = [(gpu, holder) for gpu in gpus if (holder := lease_holder(gpu.index)) is not None]
@@ -436,7 +444,8 @@ class Supervisor:
                        for gpu, holder in holders]  # fmt: skip
             what = f"GPU {gpus[0].index}" if len(gpus) == 1 else "a GPU" if count == 1 else f"{count} GPUs"
             if self.state.state != LineState.WAITING_GPU or held_by != said:
-                self._set(state=LineState.WAITING_GPU, gpu_index=None, gpu_uuid=None, gpu_holders=records)
+                self._set(state=LineState.WAITING_GPU, gpu_index=None, gpu_uuid=None, gpu_indices=[],
+                          gpu_holders=records)
                 taken_by = ", ".join(f"GPU {index} by {line}" for index, line in held_by)
                 self._say(f"waiting for {what}: leases held ({taken_by})")
                 said = held_by
@@ -520,7 +529,7 @@ class Supervisor:
         self._pump()
         exit_record = {"code": outcome.code, "ran_seconds": round(outcome.ran_seconds, 3),
                        "latest_checkpoint": latest_update(self.layout), "time": time.time()}
-        self._set(trainer_pid=None, trainer_launched=None, last_exit=exit_record)
+        self._set(trainer_pid=None, trainer_children=[], trainer_launched=None, last_exit=exit_record)
         return outcome
 
     def _degree(self) -> int:
@@ -568,8 +577,12 @@ class Supervisor:
         while True:
             stop_file_seen = stop_file_seen or pending_stop(self.layout) is not None
             code = trainer.poll()
-            if self.state.gpu_index is not None:
-                now_on_gpu = processes_on_gpu(self.state.gpu_index, exclude=self._group_of(trainer))
+            group = self._group_of(trainer)
+            if sorted(group[1:]) != self.state.trainer_children:
+                self._set(trainer_children=sorted(group[1:]))
+            if self.state.gpu_indices:  # every rank's GPU is the line's to watch
+                now_on_gpu = sorted({pid for index in self.state.gpu_indices
+                                     for pid in processes_on_gpu(index, exclude=group)})  # fmt: skip
                 # At the exit, what was there at the last look before it counts too.
                 others = sorted(set(others) | set(now_on_gpu)) if code is not None else now_on_gpu
             if code is not None:
@@ -683,7 +696,7 @@ class Supervisor:
             failures_in_a_row=self.state.failures_in_a_row,
             crashes_beside_others=self.state.crashes_beside_others,
             max_failures=self.settings.max_failures,
-            gpu_index=self.state.gpu_index,
+            gpu_indices=tuple(self.state.gpu_indices),
             watchdog_seconds=self._watchdog_seconds(),
             last_error=last_error_line(self.layout.run_log),
         )

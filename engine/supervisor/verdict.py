@@ -14,6 +14,7 @@ import signal
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from engine.gpu.placement import gpus_label
 from engine.protocol.facts import (
     SIGNAL_EXIT_BASE,
     EventKind,
@@ -67,8 +68,8 @@ class ExitContext:
     """Crashes in a row without progress beside other GPU processes so far."""
     max_failures: int
     """Failures in a row after which the line fails."""
-    gpu_index: int | None
-    """The line's GPU (None: the CPU)."""
+    gpu_indices: tuple[int, ...]
+    """The line's GPUs, one a rank (empty: the CPU)."""
     watchdog_seconds: float
     """The heartbeat interval after which the trainer is killed."""
     last_error: str | None
@@ -147,7 +148,7 @@ def judge_exit(outcome: TrainerExit, context: ExitContext) -> Verdict:
         notice = Notice(EventKind.DISK_FULL, context.last_error or "the disk is full", True)
         return Verdict(SupervisorExitCode.FAILED, LineState.DISK_FULL, (notice,), **keep)
     if code == TrainerExitCode.GPU_BUSY:
-        said = f"the trainer left GPU {context.gpu_index} to other processes: relaunching once it is free"
+        said = f"the trainer left {gpus_label(context.gpu_indices)} to other processes: relaunching once it is free"
         notice = Notice(EventKind.GPU_BUSY, "the trainer checkpointed and left the GPU to other processes", False)
         # A trainer that trained and then left (an in-process switch that could not get its memory,
         # say) starts again beside them if they fit; one that left at once waits.
@@ -189,7 +190,7 @@ def _crash_beside_others(outcome: TrainerExit, context: ExitContext, keep: dict[
     assert outcome.code is not None
     crashes = 1 if outcome.progressed else context.crashes_beside_others + 1
     message = (f"the trainer exited with status {describe_code(outcome.code)} beside other processes on "
-               f"GPU {context.gpu_index} (pids {outcome.others_on_gpu}): not counted as a failure")
+               f"{gpus_label(context.gpu_indices)} (pids {outcome.others_on_gpu}): not counted as a failure")
     verdict = Verdict(None, notices=(Notice(EventKind.CRASHED, message, False),), said=(message,), crashed=True,
                       **keep)
     if crashes >= CRASHES_BESIDE_OTHERS:

@@ -85,7 +85,7 @@ class GpuPanel(QuietStatic):
             history.append(None if device.utilization is None else float(device.utilization))
 
     def show(self, reading: GpuReading | None, book: LineBook, selected: LineView | None) -> None:
-        HOST_SAMPLER.watch(line.trainer_pid for line in book if line.trainer_pid)
+        HOST_SAMPLER.watch(pid for line in book for pid in line.trainer_pids)
         gpus = self.render_text(reading, book, selected)
         host = host_text(reading.host, book) if reading is not None and reading.host is not None else None
         # Most ticks of a line watched for hours show what the panel shows: nothing is repainted
@@ -116,14 +116,11 @@ class GpuPanel(QuietStatic):
             return text
         by_path = {line.path: line for line in book}
         trainer_pids: dict[int, LineView] = {line.trainer_pid: line for line in book if line.trainer_pid}
+        selected_pids = set(selected.trainer_pids) if selected is not None else set()  # every rank's
         for device in snapshot.devices:
             if text:
                 text.append("\n")
-            this_line = sum(
-                process.used_memory or 0
-                for process in device.processes
-                if selected is not None and process.pid == selected.trainer_pid
-            )
+            this_line = sum(process.used_memory or 0 for process in device.processes if process.pid in selected_pids)
             others = max(0, device.memory_used - this_line)
             sharing = selected is not None and selected.facts.sharing
             reserve = (selected.facts.share_reserve_bytes or 0) if sharing and selected else 0

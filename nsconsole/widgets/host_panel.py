@@ -90,13 +90,18 @@ def host_text(reading: HostReading, book: LineBook) -> Text:
     text.append(f"CPU {reading.cpu_percent:.0f}% of {reading.cores} cores  ")
     text.append(f"RAM {fmt.gib(reading.memory_used)}/{fmt.gib(reading.memory_total)} GiB")
     for line in book:
-        pid = line.trainer_pid
-        process = reading.processes.get(pid) if pid is not None else None
+        pids = line.trainer_pids
+        process = reading.processes.get(pids[0]) if pids else None
         if process is None:
             continue
-        cpu = "—" if process.cpu_percent is None else f"{process.cpu_percent:.0f}%"
+        # A line over several processes (torchrun and its ranks) is their sum.
+        group = [reading.processes[pid] for pid in pids if pid in reading.processes]
+        shares = [member.cpu_percent for member in group]
+        cpu = "—" if None in shares else f"{sum(share or 0.0 for share in shares):.0f}%"
+        rss = sum(member.rss for member in group)
+        ranks = f" +{len(pids) - 1}" if len(pids) > 1 else ""
         text.append(f"\n{line.name[:18]:<18} ", style="bold")
-        text.append(f"trainer {pid}  CPU {cpu:>5}  RSS {fmt.gib(process.rss)} GiB")
+        text.append(f"trainer {pids[0]}{ranks}  CPU {cpu:>5}  RSS {fmt.gib(rss)} GiB")
         if line.gpu_index is not None:
-            text.append(f"  GPU{line.gpu_index}")
+            text.append("  GPU" + ",".join(str(index) for index in line.gpu_indices))
     return text

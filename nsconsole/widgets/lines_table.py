@@ -311,6 +311,7 @@ def gpu_cell(line: LineView) -> tuple[str, str]:
     """Where the line trains, and a warning while it shares its GPU (shared shapes, slower)."""
     if line.gpu_index is None:
         return "cpu", ""
+    gpus = "gpu" + ",".join(str(index) for index in line.gpu_indices)
     if line.sharing_gpu:
-        return f"gpu{line.gpu_index} shared", "warning"
-    return f"gpu{line.gpu_index}", ""
+        return f"{gpus} shared", "warning"
+    return gpus, ""

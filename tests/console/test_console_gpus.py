@@ -14,7 +14,9 @@ from helpers.nvml import GIB, FakeNvmlHost, fake_uuid
 from engine.gpu.devices import GpuLease
 from nsconsole.app import ConsoleApp
 from nsconsole.state import LineBook, LineFacts, LineView
-from nsconsole.widgets.gpu_panel import GpuPanel, read_gpus
+from nsconsole.widgets.gpu_panel import BAR_WIDTH, GpuPanel, read_gpus
+from nsconsole.widgets.host_panel import HostReading, ProcessReading, host_text
+from nsconsole.widgets.lines_table import gpu_cell
 
 
 def line_on(book: LineBook, path: Path, status: dict) -> LineView:
@@ -69,3 +71,50 @@ def test_the_panel_shows_every_gpu_of_the_host_with_its_lines(tmp_path: Path, mo
     assert rows[2].endswith("lease: sweep")
     assert rows[3].endswith("lease: tf-d") and "40.0/141.0 GiB" in rows[3]
     assert "auto-e waits for a free GPU (leases of 0, 1, 2, 3 held)" in text
+
+
+def test_a_line_over_two_gpus_holds_both_leases_and_its_ranks_memory_is_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    host = FakeNvmlHost(tmp_path / "nvml.json", count=4)
+    host.install(monkeypatch)
+    # torchrun (6000) holds no GPU memory; its ranks 6001 and 6002 do, one GPU each; 7777 is another user's.
+    host.set_processes(2, [(6001, 50 * GIB), (7777, 10 * GIB)])
+    host.set_processes(3, [(6002, 50 * GIB)])
+    book = LineBook()
+    path = tmp_path / "runs" / "wide"
+    line = line_on(book, path, {"state": "training", "trainer_pid": 6000, "trainer_children": [6001, 6002],
+                                "gpu_index": 2, "gpu_uuid": fake_uuid(2), "gpu_indices": [2, 3],
+                                "gpu_candidates": [2, 3]})  # fmt: skip
+    assert line.trainer_pids == [6000, 6001, 6002]
+    assert gpu_cell(line) == ("gpu2,3", "")
+    leases = [GpuLease(index, path, fake_uuid(index)) for index in (2, 3)]
+    assert all(lease.try_acquire() for lease in leases)
+    app = ConsoleApp(book=book, attach=False, clock=lambda: NOW, gpu_reader=read_gpus, refresh_interval=3600)
+
+    async def panel() -> list[str]:
+        async with app.run_test(size=(170, 44)) as pilot:
+            while app.gpu_reading is None:
+                await pilot.pause(0.05)
+            return app.screen.query_one(GpuPanel).render_text(app.gpu_reading, book, line).plain.splitlines()
+
+    try:
+        text = asyncio.run(panel())
+    finally:
+        for lease in leases:
+            lease.release()
+    rows = {row.split()[0]: row for row in text if row.startswith("GPU")}
+    assert "lease: wide" in rows["GPU2"] and "lease: wide" in rows["GPU3"]
+    # The bar: each rank's 50 GiB as the line's (█), the other user's 10 GiB as others' (▓).
+    assert rows["GPU2"].count("█") == round(50 / 141 * BAR_WIDTH) and rows["GPU2"].count("▓") == round(10 / 141 * BAR_WIDTH)
+    assert rows["GPU3"].count("█") == round(50 / 141 * BAR_WIDTH) and "▓" not in rows["GPU3"]
+
+
+def test_the_host_column_sums_a_line_s_ranks() -> None:
+    book = LineBook()
+    line_on(book, Path("/runs/wide"), {"state": "training", "trainer_pid": 6000, "trainer_children": [6001, 6002],
+                                       "gpu_index": 2, "gpu_indices": [2, 3]})  # fmt: skip
+    processes = {6000: ProcessReading(1.0, GIB), 6001: ProcessReading(95.0, 4 * GIB), 6002: ProcessReading(97.0, 4 * GIB)}
+    reading = HostReading(cpu_percent=50.0, cores=16, memory_used=20 * GIB, memory_total=128 * GIB, processes=processes)
+    [row] = [row for row in host_text(reading, book).plain.splitlines() if row.startswith("wide")]
+    assert "trainer 6000 +2  CPU  193%  RSS 9.0 GiB  GPU2,3" in row

@@ -27,20 +27,24 @@ from engine.ops.status import line_status
 
 TRAINER = r'''
 import json, os, signal, sys, time
-from engine.supervisor.child import die_with_parent
+from engine.supervisor.child import die_with_group, die_with_parent
 line = sys.argv[1]
-if not die_with_parent(int(sys.argv[sys.argv.index("--parent") + 1])):
+parent = int(sys.argv[sys.argv.index("--parent") + 1])
+rank = os.environ.get("RANK")  # under torchrun (parallel.degree > 1): one of its ranks
+if not (die_with_parent(parent) if rank is None else die_with_group(parent)):
     sys.exit(128 + signal.SIGTERM)
 exits_path = os.path.join(line, "exits.json")  # exit codes of the next launches (then: train until stopped)
 exits = json.load(open(exits_path)) if os.path.exists(exits_path) else []
 code = exits.pop(0) if exits else None
 json.dump(exits, open(exits_path, "w"))
-seen = {"pid": os.getpid(), "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+seen = {"pid": os.getpid(), "rank": rank, "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "placed": os.environ.get("NSCONSOLE_GPUS")}
 with open(os.path.join(line, "launches.jsonl"), "a") as handle:
     handle.write(json.dumps(seen) + "\n")
 
 def beat(stage, **extra):
+    if rank not in (None, "0"):
+        return  # rank 0 beats the line's heartbeat
     temporary = os.path.join(line, ".heartbeat.fake")
     json.dump({"time": time.time(), "update": 0, "stage": stage, "pid": os.getpid(), **extra}, open(temporary, "w"))
     os.replace(temporary, os.path.join(line, "heartbeat"))
@@ -51,12 +55,20 @@ if code is not None:
 terminated = []
 signal.signal(signal.SIGTERM, lambda number, frame: terminated.append(number))
 stop_path = os.path.join(line, "STOP")
-while not terminated and not os.path.exists(stop_path):
+def asked_to_stop():  # rank 0 takes the STOP file; a rank above 0 ends when rank 0 has stopped
+    if rank in (None, "0"):
+        return os.path.exists(stop_path)
+    with open(os.path.join(line, "heartbeat")) as handle:
+        return json.load(handle)["stage"] == "stopped"
+
+while not terminated and not asked_to_stop():
     beat("training")
     time.sleep(0.1)
 if terminated:
     beat("stopped", reason="signal SIGTERM")
     sys.exit(128 + signal.SIGTERM)
+if rank not in (None, "0"):
+    sys.exit(0)
 os.remove(stop_path)
 beat("stopped", reason="stop requested")
 '''
@@ -79,9 +91,9 @@ class Host:
         self.data = make_data_line(root, files=1)
         self.processes: dict[Path, subprocess.Popen[bytes]] = {}
 
-    def line(self, name: str, device: str) -> Path:
+    def line(self, name: str, device: str, **overrides: Any) -> Path:
         (self.root / name).mkdir()
-        return make_line(self.root / name, self.data, device=device)
+        return make_line(self.root / name, self.data, device=device, **overrides)
 
     def start(self, line: Path, visible: str | None = None) -> subprocess.Popen[bytes]:
         settings = {
@@ -242,3 +254,41 @@ def test_a_gpu_past_the_visible_ones_stops_the_supervisor_with_one_line(host: Ho
         f"nsconsole: {line / 'run.json'}: device cuda:2: no such GPU (2 visible under CUDA_VISIBLE_DEVICES=2,3)"
     )
     assert lease_holder(2) is None and launches(line) == []
+
+
+def test_a_line_over_two_gpus_leases_both_watches_both_and_shows_the_ranks_both(host: Host) -> None:
+    line = host.line("g", "cuda:2", **{"parallel.degree": 2})
+    (line / "exits.json").write_text(json.dumps([1, 1]))  # the first launch's ranks crash
+    host.nvml.set_processes(3, [(4242, 2 << 30)])  # another process on rank 1's GPU, not rank 0's
+    host.start(line)
+    run_log = line / "run.log"
+    crash = "the trainer exited with status 1 beside other processes on GPUs 2, 3 (pids [4242])"
+    wait_until("the crash beside GPU 3's process", lambda: run_log.exists() and crash in run_log.read_text())
+    host.nvml.set_processes(3, [])
+
+    def trains_on_both() -> dict[str, Any] | None:
+        state = supervisor_json(line)
+        pid = state.get("trainer_pid")
+        ours = [(holder := lease_holder(index)) is not None and holder.line == str(line) and holder.pid == pid
+                for index in (2, 3)]  # fmt: skip
+        ranks = [launch for launch in launches(line) if launch["pid"] in state.get("trainer_children", [])]
+        return state if state.get("state") == "training" and all(ours) and len(ranks) == 2 else None
+
+    state = wait_until(f"{line} training on GPUs 2 and 3", trains_on_both)
+    assert (state["gpu_index"], state["gpu_uuid"], state["gpu_indices"]) == (2, fake_uuid(2), [2, 3])
+    assert state["gpu_candidates"] == [2, 3] and state["crashes"] == 1
+    ranks = [launch for launch in launches(line) if launch["pid"] in state["trainer_children"]]
+    assert sorted(launch["rank"] for launch in ranks) == ["0", "1"]
+    for launch in ranks:  # each rank sees both GPUs, by UUID, in rank order (rank r on its cuda:r)
+        assert launch["visible"] == launch["placed"] == f"{fake_uuid(2)},{fake_uuid(3)}"
+    assert lease_holder(0) is None and lease_holder(1) is None
+    assert line_status(line).gpu == f"GPUs 2, 3 (rank 0 on GPU 2 ({fake_uuid(2)}))"  # nsconsole status
+
+    # A second line over two GPUs takes the first two free ones: 0 and 1.
+    other = host.line("h", "auto", **{"parallel.degree": 2})
+    host.start(other)
+    wait_until(f"{other} on GPUs 0 and 1", lambda: supervisor_json(other).get("gpu_indices") == [0, 1])
+    for each in (line, other):
+        stop_supervisor(each)
+    assert all(lease_holder(index) is None for index in range(4))
+    assert supervisor_json(line)["trainer_children"] == []

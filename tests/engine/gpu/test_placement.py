@@ -164,3 +164,39 @@ def test_run_json_takes_auto_cpu_cuda_or_cuda_n_only(device: str) -> None:
         RunConfig.from_dict(document).validate(source="x/run.json")
     document["device"] = "cuda:12"
     RunConfig.from_dict(document).validate()
+
+
+def test_cuda_n_at_a_degree_above_1_names_gpu_n_and_the_next_ones(host: FakeNvmlHost) -> None:
+    snapshot = gpu_snapshot()
+    two = gpu_candidates("cuda:2", snapshot, {}, degree=2)
+    assert two is not None and [gpu.index for gpu in two] == [2, 3]
+    auto = gpu_candidates("auto", snapshot, {}, degree=2)
+    assert auto is not None and [gpu.index for gpu in auto] == [0, 1, 2, 3]  # the first 2 free of them
+    with pytest.raises(PlacementError) as refused:
+        gpu_candidates("cuda:3", snapshot, {}, degree=2)
+    assert str(refused.value) == (
+        "device cuda:3 at parallel.degree 2: its ranks need GPUs 3..4 (this host has 4 GPUs, 0..3)"
+    )
+    # Under CUDA_VISIBLE_DEVICES the ranks' GPUs are the entries after N's, as CUDA numbers them.
+    visible = {"CUDA_VISIBLE_DEVICES": "3,1,0"}
+    pair = gpu_candidates("cuda:1", snapshot, visible, degree=2)
+    assert pair is not None and [gpu.index for gpu in pair] == [1, 0]
+    assert device_finding("cuda:1", snapshot, environ=visible, degree=2) == (
+        True, f"device cuda:1: GPU 1 ({fake_uuid(1)}), {pair[0].name}; GPU 0 ({fake_uuid(0)}), {pair[1].name}"
+    )
+    assert device_finding("auto", snapshot, environ=visible, degree=2) == (
+        True, "device auto: the first 2 of GPUs 3, 1, 0 whose lease is free"
+    )
+    assert device_finding("cuda", snapshot, "x/run.json", environ={"CUDA_VISIBLE_DEVICES": "2"}, degree=2) == (
+        False, "x/run.json: device cuda: parallel.degree 2 needs 2 GPUs, 1 visible"
+    )
+
+
+def test_new_and_check_refuse_ranks_past_the_host_s_gpus(host: FakeNvmlHost, tmp_path: Path) -> None:
+    data = make_data_line(tmp_path, files=1)
+    line = make_line(tmp_path, data, device="cuda:3", **{"parallel.degree": 2})
+    _config, results = check_line(line, verify_checkpoints=False)
+    failed = [result.message for result in results if not result.ok]
+    assert failed == [
+        "run.json: device cuda:3 at parallel.degree 2: its ranks need GPUs 3..4 (this host has 4 GPUs, 0..3)"
+    ]

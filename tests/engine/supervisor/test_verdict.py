@@ -12,7 +12,7 @@ from engine.supervisor.verdict import CRASHES_BESIDE_OTHERS, ExitContext, Traine
 
 CONTEXT = ExitContext(
     heartbeat_reason=None, stop_signal=None, stop_asked=False, stop_pending_now=False,
-    failures_in_a_row=0, crashes_beside_others=0, max_failures=5, gpu_index=0,
+    failures_in_a_row=0, crashes_beside_others=0, max_failures=5, gpu_indices=(0,),
     watchdog_seconds=1800.0, last_error=None,
 )
 SIGTERM_EXIT = 128 + signal.SIGTERM
