@@ -1,7 +1,8 @@
 """PSSA's selective scan: `h_ij <- exp(delta_i A_ij) h_ij + delta_i B_j x_i`, `y_i = sum_j C_j h_ij`.
 
-On CUDA the Triton kernel (`kernels.selective_scan`) runs it. On the CPU `_CpuScan` does, with a
-hand-written backward: autograd through the step-by-step definition records several nodes a
+On CUDA the Triton kernel (`kernels.selective_scan`) runs it. On the CPU `_NativeScan` does (the
+C loops of `native`, the same arithmetic, when the host's compiler builds them), else `_CpuScan`,
+with a hand-written backward: autograd through the step-by-step definition records several nodes a
 token (the reference's 64 steps cost more than all of a pssa-1.5m block's matrices), while here
 the work is a few tensor operations per block of `TIME_BLOCK` tokens and one fused multiply-add
 per token and direction.
@@ -41,6 +42,7 @@ from typing import Any
 
 import torch
 
+from engine.models.pssa import native
 from kernels._dispatch import compute_dtype
 from kernels.selective_scan import selective_scan
 
@@ -65,6 +67,8 @@ def pssa_scan(
     (float64 for float64 inputs)."""
     if x.is_cuda:
         return selective_scan(x, delta, A, B.unsqueeze(2), C.unsqueeze(2), None, h0)
+    if A.shape[1] <= native.MAX_STATES and native.library(TIME_BLOCK) is not None:
+        return _NativeScan.apply(x, delta, A, B, C, h0)
     return _CpuScan.apply(x, delta, A, B, C, h0)
 
 
@@ -194,3 +198,39 @@ class _CpuScan(torch.autograd.Function):
         g_h0 = after.transpose(1, 2).to(h0_dtype) if h0_dtype is not None and after is not None else None
         g_A = g_rates.t().to(A_dtype)
         return g_x, g_delta, g_A, g_B.transpose(0, 1).to(B_dtype), g_C.transpose(0, 1).to(C_dtype), g_h0
+
+
+class _NativeScan(torch.autograd.Function):
+    """The same scan by `native`'s C loops: the tensors pass in their own (Bt, L, ...) layout."""
+
+    @staticmethod
+    def forward(ctx: Any, x, delta, A, B, C, h0):  # noqa: ANN001, ANN205 (autograd's signature)
+        dtype = compute_dtype(x, delta, A, B, C, h0)
+        batch, length, channels = x.shape
+        wide = [t.to(dtype).contiguous() for t in (x, delta, B, C)]
+        rates = A.t().to(dtype).contiguous()  # (N, d)
+        rates_log2 = rates * LOG2_E
+        h0_wide = h0.to(dtype).contiguous() if h0 is not None else None
+        training = any(ctx.needs_input_grad)
+        blocks = -(-length // TIME_BLOCK)
+        # Each block's first state, (blocks, Bt, N, d): the backward starts its blocks from them.
+        firsts = x.new_empty((blocks, batch, rates.shape[0], channels), dtype=dtype) if training else None
+        lib = native.library(TIME_BLOCK)
+        y, h_last = native.forward(lib, wide[0], wide[1], rates_log2, wide[2], wide[3], h0_wide, firsts)
+        if training:
+            ctx.save_for_backward(wide[0], wide[1], rates_log2, rates, wide[2], wide[3], firsts)
+            ctx.h0_given = h0 is not None
+            ctx.input_dtypes = (x.dtype, delta.dtype, A.dtype, B.dtype, C.dtype, h0.dtype if h0 is not None else None)
+        ctx.set_materialize_grads(False)
+        return y.to(x.dtype), h_last
+
+    @staticmethod
+    def backward(ctx: Any, grad_y: torch.Tensor | None, grad_last: torch.Tensor | None):  # noqa: ANN205
+        saved = ctx.saved_tensors
+        dtype = saved[0].dtype
+        gy = grad_y.to(dtype).contiguous() if grad_y is not None else None
+        g_last = grad_last.to(dtype).contiguous() if grad_last is not None else None
+        g_x, g_delta, g_rates, g_B, g_C, g_h0 = native.backward(native.library(TIME_BLOCK), saved, gy, g_last)
+        x_dtype, delta_dtype, A_dtype, B_dtype, C_dtype, h0_dtype = ctx.input_dtypes
+        return (g_x.to(x_dtype), g_delta.to(delta_dtype), g_rates.t().to(A_dtype), g_B.to(B_dtype),
+                g_C.to(C_dtype), g_h0.to(h0_dtype) if ctx.h0_given else None)  # fmt: skip

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 
+from engine.models.pssa import native
 from engine.models.pssa import scan as scan_module
 from engine.models.pssa.memory import to_poincare_ball
 from engine.models.pssa.read import topk_read
@@ -48,16 +51,29 @@ def _close(actual: torch.Tensor, expected: torch.Tensor, rtol: float = 1e-12) ->
     assert float((actual - expected).abs().max()) <= rtol * scale, (actual - expected).abs().max()
 
 
+def _torch_scan(*inputs):  # noqa: ANN002, ANN202
+    return scan_module._CpuScan.apply(*inputs)
+
+
+def _native_scan(*inputs):  # noqa: ANN002, ANN202
+    if native.library(TIME_BLOCK) is None:
+        pytest.skip("no C compiler: the native scan is not built")
+    return scan_module._NativeScan.apply(*inputs)
+
+
 @pytest.mark.parametrize("length", [1, TIME_BLOCK - 1, TIME_BLOCK, TIME_BLOCK + 3, 64])
 @pytest.mark.parametrize("with_h0", [True, False])
-def test_scan_equals_the_step_by_step_recurrence_forward_and_gradients(length: int, with_h0: bool) -> None:
+@pytest.mark.parametrize("implementation", [_torch_scan, _native_scan])
+def test_scan_equals_the_step_by_step_recurrence_forward_and_gradients(
+    length: int, with_h0: bool, implementation: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+) -> None:
     inputs = _inputs(length, seed=length, with_h0=with_h0)
     leaves = [t.requires_grad_() for t in inputs if t is not None]
     generator = torch.Generator().manual_seed(100 + length)
     grad_y = torch.randn(3, length, 6, generator=generator, dtype=F64)
     grad_h = torch.randn(3, 6, 5, generator=generator, dtype=F64)
     results = []
-    for scan in (_step_by_step, pssa_scan):
+    for scan in (_step_by_step, implementation):
         y, h_last = scan(*inputs)
         gradients = torch.autograd.grad((y * grad_y).sum() + (h_last * grad_h).sum(), leaves)
         results.append((y, h_last, *gradients))
@@ -119,3 +135,27 @@ def test_topk_read_equals_the_dense_reference(occupied: int) -> None:
         _close(actual, expected)
     if occupied == 0:
         assert torch.count_nonzero(results[1][0]) == 0
+
+
+def test_native_scan_is_bit_identical_at_any_thread_count() -> None:
+    """Tasks own their outputs and the cross-task sums run in PyTorch in a fixed order."""
+    if native.library(TIME_BLOCK) is None:
+        pytest.skip("no C compiler: the native scan is not built")
+    generator = torch.Generator().manual_seed(3)
+    x, delta = torch.randn(4, 20, 40, generator=generator), torch.rand(4, 20, 40, generator=generator)
+    B, C = torch.randn(4, 20, 5, generator=generator), torch.randn(4, 20, 5, generator=generator)
+    A = -torch.rand(40, 5, generator=generator)
+    h0 = torch.randn(4, 40, 5, generator=generator)
+    results = []
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            leaves = [t.clone().requires_grad_() for t in (x, delta, A, B, C, h0)]
+            y, h_last = scan_module._NativeScan.apply(*leaves)
+            grads = torch.autograd.grad((y * y).sum() + h_last.sum(), leaves)
+            results.append([y, h_last, *grads])
+    finally:
+        torch.set_num_threads(threads)
+    for one, two in zip(*results):
+        assert torch.equal(one, two)
