@@ -26,6 +26,21 @@ def line_on(book: LineBook, path: Path, status: dict) -> LineView:
     return line
 
 
+def panel_text(book: LineBook, selected: LineView | None) -> list[str]:
+    """The GPU panel's lines in the running app, once it has read the GPUs (the real reader)."""
+    app = ConsoleApp(book=book, attach=False, clock=lambda: NOW, gpu_reader=read_gpus, refresh_interval=3600)
+
+    async def panel() -> list[str]:
+        async with app.run_test(size=(170, 44)) as pilot:
+            while app.gpu_reading is None:
+                await pilot.pause(0.05)
+            app.refresh_views()
+            await pilot.pause()
+            return app.screen.query_one(GpuPanel).render_text(app.gpu_reading, book, selected).plain.splitlines()
+
+    return asyncio.run(panel())
+
+
 def test_the_panel_shows_every_gpu_of_the_host_with_its_lines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     host = FakeNvmlHost(tmp_path / "nvml.json", count=4)
     host.install(monkeypatch)
@@ -49,18 +64,8 @@ def test_the_panel_shows_every_gpu_of_the_host_with_its_lines(tmp_path: Path, mo
     held.append(outside)
     line_on(book, runs / "pinned-c", {"state": "waiting-gpu", "gpu_index": None, "gpu_candidates": [1]})
     line_on(book, runs / "auto-e", {"state": "waiting-gpu", "gpu_index": None, "gpu_candidates": [0, 1, 2, 3]})
-    app = ConsoleApp(book=book, attach=False, clock=lambda: NOW, gpu_reader=read_gpus, refresh_interval=3600)
-
-    async def panel() -> list[str]:
-        async with app.run_test(size=(170, 44)) as pilot:
-            while app.gpu_reading is None:
-                await pilot.pause(0.05)
-            app.refresh_views()
-            await pilot.pause()
-            return app.screen.query_one(GpuPanel).render_text(app.gpu_reading, book, None).plain.splitlines()
-
     try:
-        text = asyncio.run(panel())
+        text = panel_text(book, None)
     finally:
         for lease in held:
             lease.release()
@@ -90,16 +95,8 @@ def test_a_line_over_two_gpus_holds_both_leases_and_its_ranks_memory_is_its_own(
     assert gpu_cell(line) == ("gpu2,3", "")
     leases = [GpuLease(index, path, fake_uuid(index)) for index in (2, 3)]
     assert all(lease.try_acquire() for lease in leases)
-    app = ConsoleApp(book=book, attach=False, clock=lambda: NOW, gpu_reader=read_gpus, refresh_interval=3600)
-
-    async def panel() -> list[str]:
-        async with app.run_test(size=(170, 44)) as pilot:
-            while app.gpu_reading is None:
-                await pilot.pause(0.05)
-            return app.screen.query_one(GpuPanel).render_text(app.gpu_reading, book, line).plain.splitlines()
-
     try:
-        text = asyncio.run(panel())
+        text = panel_text(book, line)
     finally:
         for lease in leases:
             lease.release()
