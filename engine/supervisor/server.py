@@ -127,6 +127,7 @@ class SupervisorServer:
         self._ring_lock = threading.Lock()
         self._last_seq = 0
         self._connections: set[_Connection] = set()
+        self._serving: set[asyncio.Task[None]] = set()  # every connection's task, admitted or waiting for a slot
         self._slot_freed: asyncio.Condition | None = None  # made on the loop, in _listen
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.AbstractServer | None = None
@@ -205,6 +206,14 @@ class SupervisorServer:
         for connection in list(self._connections):
             connection.writer.close()
         self._connections.clear()
+        # Connections still waiting for a slot (or closing) end here, on the running loop: left
+        # pending when it stops, each would be finalized later, outside it, and its cleanup would
+        # await a condition of a loop that is gone.
+        serving = [task for task in self._serving if task is not asyncio.current_task()]
+        for task in serving:
+            task.cancel()
+        if serving:
+            await asyncio.wait(serving, timeout=SHUTDOWN_REPLY_GRACE_S)
 
     def _remove_socket(self) -> None:
         # A newer supervisor may have replaced the socket; only remove the one we bound.
@@ -285,6 +294,9 @@ class SupervisorServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         connection = _Connection(writer, asyncio.get_running_loop().time())
+        task = asyncio.current_task()
+        assert task is not None
+        self._serving.add(task)
         try:
             sock = writer.get_extra_info("socket")
             uid = peer_uid(sock)
@@ -315,6 +327,7 @@ class SupervisorServer:
                     self._slot_freed.notify_all()
             with contextlib.suppress(ConnectionError, OSError):
                 await writer.wait_closed()
+            self._serving.discard(task)
 
     async def _take_slot(self, connection: _Connection) -> bool:
         """Admit a connection, at the cap once a slot frees; False when none did within the wait.
