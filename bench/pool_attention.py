@@ -7,8 +7,10 @@ holds the median ms, the achieved TFLOP/s on causal attention's FLOPs (forward 2
 backward 2.5x that: the count flash attention quotes) and the Triton kernel's arithmetic floor:
 its own matmul FLOPs (2 block matmuls a block pair forward, 7 backward: dQ recomputes the scores
 and dP instead of adding with atomics) over the measured bf16 matmul rate. A last row gives the
-ratios. `--sweep` times tile variants of each kernel instead, each checked against the reference
-first. Run: `python bench/pool_attention.py [--out rows.jsonl] [--quick] [--sweep]`.
+ratios. `--shapes` times other (B, T) at H 20, d 128: a 16K or 32K row is the long-context
+update's shape (B 2 x T 16384, B 1 x T 32768, the same 32,768 tokens). `--sweep` times tile
+variants of each kernel instead, each checked against the reference first.
+Run: `python bench/pool_attention.py [--out rows.jsonl] [--quick] [--shapes 8x4096,1x32768] [--sweep]`.
 """
 
 from __future__ import annotations
@@ -189,7 +191,9 @@ def main() -> int:
     parser.add_argument("--out", type=Path, help="also write the rows here as JSON lines")
     parser.add_argument("--quick", action="store_true", help="a small shape (a smoke run)")
     parser.add_argument("--sweep", action="store_true", help="also time tile variants of the kernels")
+    parser.add_argument("--shapes", default="8x4096", help="comma-separated BxT at H 20, d 128 (default 8x4096)")
     args = parser.parse_args()
+    shapes = [tuple(int(n) for n in shape.split("x")) for shape in args.shapes.split(",")]
     if not torch.cuda.is_available():
         print("bench/pool_attention.py needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -197,7 +201,10 @@ def main() -> int:
          date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
     rate = matmul_tflops()
     emit(kernel="pool_attention", impl="check", size="B 2 H 3 T 1000 d 128 bf16", rel_err=_check_error())
-    bench_shape(*((2, 4, 1024, 128) if args.quick else (8, 20, 4096, 128)), rate)
+    if args.quick:
+        bench_shape(2, 4, 1024, 128, rate)
+    for batch, length in [] if args.quick else shapes:
+        bench_shape(batch, 20, length, 128, rate)
     if args.sweep:
         sweep(rate)
     if args.out:

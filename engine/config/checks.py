@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, NoReturn
 from engine.config.json_fields import show
 from engine.errors import ConfigError
 from engine.models import presets
+from engine.models.ns.config import NSConfig
+from engine.models.ns.presets import recomputed_layers
 from engine.models.validation import validate_model_config
 
 if TYPE_CHECKING:
@@ -23,7 +25,7 @@ LR_SHAPES = ("linear", "cosine", "sqrt")
 WANDB_MODES = ("online", "offline", "disabled")
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 """run.json's `device`; which GPU `cuda:N` is on this host is `nsconsole check`'s (`engine/gpu/placement.py`)."""
-RECOMPUTE_PATTERN = re.compile(r"^[a-z][a-z0-9_]*$")
+RECOMPUTE_PATTERN = re.compile(r"^[a-z][a-z0-9_]*(:[0-9]+)?$")
 STAGE_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 MAX_SAMPLE_PROMPTS = 8
 MAX_SAMPLE_TOKENS = 256
@@ -93,6 +95,20 @@ class RunConfigChecks:
             raise ConfigError(f"{self.source}: {error}") from None
         except (TypeError, ValueError) as error:
             self.fail("model.overrides", f"are not valid for {self.config.model.preset}: {error}")
+        if isinstance(model, NSConfig):
+            self.check_recompute_layers(model)
+
+    def check_recompute_layers(self, model: NSConfig) -> None:
+        """Each length's recompute setting names layers this NS model has (`dendritic:40` of 36)."""
+        for index, entry in enumerate(self.config.lengths):
+            shapes = [(f"lengths[{index}]", entry.recompute)]
+            if entry.shared is not None:
+                shapes.append((f"lengths[{index}].shared", entry.shared.recompute))
+            for key, setting in shapes:
+                try:
+                    recomputed_layers(setting, model)
+                except ValueError as error:
+                    self.fail(f"{key}.recompute", f"is not valid for {self.config.model.preset}: {error}")
 
     def check_dreaming(self) -> None:
         # Imported here: engine.config.run imports this module.
@@ -113,7 +129,7 @@ class RunConfigChecks:
     def check_shape(self, key: str, micro_batch_rows: int, recompute: str) -> None:
         self.at_least(f"{key}.micro_batch_rows", micro_batch_rows, 1)
         if not RECOMPUTE_PATTERN.match(recompute):
-            self.fail(f"{key}.recompute", f"must be none, all or a layer kind, got {show(recompute)}")
+            self.fail(f"{key}.recompute", f"must be none, all, a layer kind or kind:count, got {show(recompute)}")
 
     def check_lengths_and_plan(self) -> None:
         config = self.config

@@ -9,6 +9,12 @@ timed (tokens/s over whole updates after a warm-up) and its peak memory measured
   budget is the free memory at the start minus `GPU_MARGIN_BYTES` (what a capture creates outside
   the allocator), and with --shared minus `guards.share_reserve_gb` as well. A setting that runs
   out of memory is recorded as such and never picked; rows are not grown past it.
+- A count of a kind's layers (`dendritic:K`, NS models): where `none` runs out of memory at some
+  rows and a kind recomputed whole fits there, one more setting is measured at those rows: the
+  fewest of that kind's layers whose recomputation should bring the peak inside the budget
+  (`partial_recompute`, from the peaks measured at half the rows), so the line recomputes no more
+  layers than the memory asks for (ns-2b's 36 dendritic layers each cost one more forward of
+  their projections when recomputed).
 - CPU: the model and optimizer's resident memory (what the process grew by while building them)
   plus the setting's growth: the process's peak resident memory (VmHWM, reset through
   /proc/self/clear_refs before each setting, after glibc's free memory is handed back with
@@ -29,6 +35,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import gc
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -42,7 +49,7 @@ from engine.errors import LineError, is_out_of_memory
 from engine.models.base import LanguageModel
 from engine.models.build import build_model
 from engine.models.ns.model import NSLM
-from engine.models.ns.presets import RECOMPUTE_CHOICES
+from engine.models.ns.presets import LAYER_KINDS, RECOMPUTE_CHOICES, recomputed_layers
 from engine.ops.lines import model_vocab_size, open_line
 from engine.ops.rollback import running_trainer
 from engine.training.arena import DEFAULT_SLACK_BYTES, Arena, release_step_caches
@@ -217,6 +224,39 @@ def recompute_choices(model: LanguageModel) -> tuple[str, ...]:
     return RECOMPUTE_CHOICES if isinstance(model, NSLM) else ("none",)
 
 
+def partial_recompute(
+    tuning: LengthTuning, kind: str, layers: int, static_bytes: int, budget: int
+) -> tuple[int, str] | None:
+    """(rows, `kind:K`) worth measuring, or None: at the most rows where `kind` recomputed whole
+    fits and `none` did not, the fewest K of its `layers` layers that should bring the peak within
+    `budget`, with one layer's margin.
+
+    From half those rows, where both were measured: activations grow with the rows, so `none`'s
+    peak at twice the rows is static + 2 (its peak - static), and each layer recomputed whole saves
+    2 (none's peak - kind's peak) / layers there."""
+    by_setting = {(m.micro_batch_rows, m.recompute): m for m in tuning.measurements}
+    failing = [
+        m.micro_batch_rows
+        for m in tuning.measurements
+        if m.recompute == "none" and not m.fits and getattr(by_setting.get((m.micro_batch_rows, kind)), "fits", False)
+    ]
+    if not failing:
+        return None
+    rows = max(failing)
+    half = [by_setting.get((rows // 2, setting)) for setting in ("none", kind)]
+    if rows < 2 or any(m is None or m.peak_bytes is None or not m.fits for m in half):
+        return None
+    none_peak, kind_peak = (m.peak_bytes for m in half)  # type: ignore[union-attr]
+    saving_per_layer = 2 * (none_peak - kind_peak) / layers
+    if saving_per_layer <= 0:
+        return None
+    predicted_none = static_bytes + 2 * (none_peak - static_bytes)
+    count = math.ceil((predicted_none - budget) / saving_per_layer) + 1
+    if not 0 < count < layers:
+        return None
+    return rows, f"{kind}:{count}"
+
+
 class Tuner:
     """Measures settings of one model on one device (see the module docstring)."""
 
@@ -260,6 +300,13 @@ class Tuner:
                     break
                 previous = measurement
                 rows *= 2
+        if isinstance(self.model, NSLM):
+            for kind in LAYER_KINDS:
+                setting = partial_recompute(
+                    tuning, kind, len(recomputed_layers(kind, self.model.config)), self.static_bytes, self.budget
+                )
+                if setting is not None:
+                    tuning.measurements.append(self.measure(seq_len, setting[0], setting[1], update_rows))
         return tuning
 
     def _next_may_fit(self, measurement: Measurement, previous: Measurement | None) -> bool:

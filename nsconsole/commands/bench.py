@@ -38,7 +38,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--override", action="append", default=[], type=parse_override, metavar="KEY=VALUE",
                         help="replace a preset config field (VALUE as JSON, else a string); repeatable")
     parser.add_argument("--recompute", default="none", metavar="R",
-                        help="activation recomputation: none, all, or a layer kind of NS models (dendritic, hippocampal)")
+                        help="activation recomputation of NS models: none, all, a layer kind (dendritic, hippocampal) "
+                             "or a kind's first K layers (dendritic:18)")
     parser.set_defaults(func=run)
 
 
@@ -47,15 +48,19 @@ def run(args: argparse.Namespace) -> int:
         value = getattr(args, name)
         if value < 1:
             raise ConfigError(f"bench: --{name.replace('_', '-')} must be at least 1, got {value}")
-    from engine.models.ns.presets import RECOMPUTE_CHOICES
-    from engine.models.presets import preset_config
+    from engine.models.ns.presets import recomputed_layers
+    from engine.models.presets import family_of, preset_config
     from engine.ops.bench import bench_shape
 
     overrides = dict(args.override)
     # A bad preset or override is one clear line, before anything is built.
-    preset_config(args.model, overrides).validate()
-    if args.recompute not in RECOMPUTE_CHOICES:
-        raise ConfigError(f"bench: --recompute must be one of {', '.join(RECOMPUTE_CHOICES)}, got {args.recompute!r}")
+    model_config = preset_config(args.model, overrides)
+    model_config.validate()
+    if family_of(args.model) == "ns":
+        try:
+            recomputed_layers(args.recompute, model_config)
+        except ValueError as error:
+            raise ConfigError(f"bench: --{error}") from None
     result = bench_shape(
         args.model,
         args.seq_len,

@@ -36,7 +36,7 @@ from engine.models.ns.dendritic import DendriticLayer
 from engine.models.ns.hippocampal import HippocampalLayer
 from engine.models.ns.neurons import at_least_fp32
 from engine.models.ns.pool_read import PoolCache
-from engine.models.ns.presets import RECOMPUTE_CHOICES
+from engine.models.ns.presets import recomputed_layers
 from engine.models.ns.probes import model_probes
 
 
@@ -66,21 +66,22 @@ class NSLM(LanguageModel):
         )
         self.final_norm = RMSNorm(config.d_model, eps=config.norm_eps)
         self._recompute = "none"
+        self._recomputed: frozenset[int] = frozenset()
         self._initialise()
 
     @property
     def recompute(self) -> str:
         """Which layers recompute their activations in the backward (torch.utils.checkpoint,
-        non-reentrant): "none", "all", "dendritic" or "hippocampal". Set by the trainer."""
+        non-reentrant): "none", "all", "dendritic", "hippocampal" or a kind's first K layers,
+        e.g. "dendritic:18" (`recomputed_layers`). Set by the trainer."""
         return self._recompute
 
     @recompute.setter
     def recompute(self, value: str) -> None:
-        if value not in RECOMPUTE_CHOICES:
-            raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE_CHOICES)}; got {value!r}")
+        self._recomputed = recomputed_layers(value, self.config)
         self._recompute = value
-        for layer in self.layers:
-            layer.recompute_parts = not self._recomputes(layer)
+        for index, layer in enumerate(self.layers):
+            layer.recompute_parts = index not in self._recomputed
 
     def _initialise(self) -> None:
         std = self.config.init_std
@@ -101,15 +102,6 @@ class NSLM(LanguageModel):
                 layer.reset_parameters()
             else:
                 nn.init.normal_(layer.out_proj.weight, mean=0.0, std=residual_std)
-
-    def _recomputes(self, layer: nn.Module) -> bool:
-        if self._recompute == "all":
-            return True
-        if self._recompute == "dendritic":
-            return isinstance(layer, DendriticLayer)
-        if self._recompute == "hippocampal":
-            return isinstance(layer, HippocampalLayer)
-        return False
 
     @staticmethod
     def layer_name(index: int) -> str:
@@ -155,7 +147,7 @@ class NSLM(LanguageModel):
             state = self.layer_state(carry, index)
             if pools is not None and index in pools:
                 x, layer_state, _ = layer(x, is_eos, state, pool=pools[index])
-            elif self._recomputes(layer) and torch.is_grad_enabled():
+            elif index in self._recomputed and torch.is_grad_enabled():
                 x, layer_state, _ = checkpoint(layer, x, is_eos, state, use_reentrant=False)
             else:
                 x, layer_state, _ = layer(x, is_eos, state)

@@ -5,6 +5,40 @@ from __future__ import annotations
 from engine.models.ns.config import NSConfig
 
 RECOMPUTE_CHOICES = ("none", "all", "dendritic", "hippocampal")
+"""The whole-kind recomputation settings. A layer kind may also be named with a count,
+`dendritic:K`: the first K layers of that kind only (see `recomputed_layers`)."""
+LAYER_KINDS = ("dendritic", "hippocampal")
+
+
+def recomputed_layers(setting: str, config: NSConfig) -> frozenset[int]:
+    """The layers (indices from 0) that `setting` recomputes whole in the backward.
+
+    `none`, `all`, a layer kind (every layer of it), or `kind:K` (the first K layers of that kind):
+    a count between none and the whole kind fills a GPU's memory where the kind would not fit
+    unrecomputed and recomputing all of it costs time (ns-2b: 36 dendritic layers, each recomputed
+    layer one more forward of its projections). Where in the stack the K layers sit does not
+    change the peak: every layer's activations are held when the backward begins.
+    Raises ValueError naming the problem."""
+    kind, _, count_text = setting.partition(":")
+    hippocampal = {index for index in range(config.n_layers) if config.is_hippocampal(index)}
+    layers = {
+        "none": set(),
+        "all": set(range(config.n_layers)),
+        "hippocampal": hippocampal,
+        "dendritic": set(range(config.n_layers)) - hippocampal,
+    }
+    if kind not in layers or (count_text and kind not in LAYER_KINDS):
+        raise ValueError(
+            f"recompute must be one of {', '.join(RECOMPUTE_CHOICES)} or <layer kind>:<count>; got {setting!r}"
+        )
+    chosen = sorted(layers[kind])
+    if count_text:
+        if not count_text.isdigit() or not 0 < int(count_text) <= len(chosen):
+            raise ValueError(
+                f"recompute {setting!r}: the count must be 1..{len(chosen)} (this model's {kind} layers)"
+            )
+        chosen = chosen[: int(count_text)]
+    return frozenset(chosen)
 
 
 PRESETS: dict[str, NSConfig] = {

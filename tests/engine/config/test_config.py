@@ -173,7 +173,9 @@ def test_missing_file_and_malformed_json(tmp_path: Path) -> None:
         (lambda d: d["lengths"][1].update(seq_len=4096),
          "run.json: lengths[1].seq_len 4096 already has an entry (lengths[0])"),
         (lambda d: d["lengths"][0].update(recompute="Some layers"),
-         'run.json: lengths[0].recompute must be none, all or a layer kind, got "Some layers"'),
+         'run.json: lengths[0].recompute must be none, all, a layer kind or kind:count, got "Some layers"'),
+        (lambda d: d["lengths"][0].update(recompute="dendritic:"),
+         'run.json: lengths[0].recompute must be none, all, a layer kind or kind:count, got "dendritic:"'),
         (lambda d: d["lengths"][0]["shared"].update(micro_batch_rows=0),
          "run.json: lengths[0].shared.micro_batch_rows must be at least 1, got 0"),
         (lambda d: d["tokens_per_update"][1].update({"from": 5e9}),
@@ -226,6 +228,30 @@ def test_a_presets_own_refusal_is_one_line(monkeypatch: pytest.MonkeyPatch) -> N
     assert error_of(document) == (
         "run.json: model.overrides are not valid for tiny-test: width 30 is not a multiple of heads 4"
     )
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ("dendritic:7", "lengths[0].recompute is not valid for ns-tiny: recompute 'dendritic:7': the count must be 1..3"),
+        ("hippocampal:0", "lengths[0].recompute is not valid for ns-tiny: recompute 'hippocampal:0': the count must be 1..1"),
+        ("all:2", "lengths[0].recompute is not valid for ns-tiny: recompute must be one of"),
+        ("most", "lengths[0].recompute is not valid for ns-tiny: recompute must be one of"),
+    ],
+)
+def test_an_ns_recompute_setting_must_name_layers_the_model_has(
+    monkeypatch: pytest.MonkeyPatch, setting: str, message: str
+) -> None:
+    monkeypatch.undo()  # the real registry: an NS preset's layers
+    document = minimal()
+    document["model"]["preset"] = "ns-tiny"
+    document["lengths"] = [{"seq_len": 64, "micro_batch_rows": 1, "recompute": setting}]
+    document["plan"] = [{"name": "main", "seq_len": 64, "tokens": None}]
+    document["tokens_per_update"] = 64
+    assert error_of(document).startswith(f"run.json: {message}")
+    document["lengths"][0]["shared"] = {"micro_batch_rows": 1, "recompute": setting}
+    document["lengths"][0]["recompute"] = "dendritic:2"
+    assert error_of(document).startswith(f"run.json: {message}".replace("lengths[0]", "lengths[0].shared"))
 
 
 def test_load_names_the_file_it_read(tmp_path: Path) -> None:

@@ -191,7 +191,7 @@ def test_on_a_cpu_the_models_keep_everything_and_recompute_nothing(one_thread) -
     assert keeping > 2 * recomputing
 
 
-@pytest.mark.parametrize("recompute", ["none", "dendritic", "hippocampal", "all"])
+@pytest.mark.parametrize("recompute", ["none", "dendritic", "hippocampal", "all", "dendritic:1"])
 def test_a_layer_recomputed_whole_runs_its_scans_twice_not_three_times(
     monkeypatch: pytest.MonkeyPatch, recompute: str
 ) -> None:
@@ -218,3 +218,39 @@ def test_a_layer_recomputed_whole_runs_its_scans_twice_not_three_times(
     # the write gate is kept (not recomputed) unless its layer is recomputed whole.
     write_gate_again = hippocampal if recompute in ("hippocampal", "all") else 0
     assert len(neurons) == 2 * dendritic + 2 * 2 * hippocampal + hippocampal + write_gate_again
+
+
+def model_saved_bytes(model: NSLM) -> int:
+    """Bytes of the storages (each once) that a bf16-autocast training forward of `model` saves for
+    the backward, its parameters and their bf16 casts (the only 2-d bf16 tensors) left out."""
+    parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        pointer = tensor.untyped_storage().data_ptr()
+        weight_cast = tensor.dtype == torch.bfloat16 and tensor.dim() == 2
+        if pointer not in parameters and not weight_cast:
+            saved.setdefault(pointer, tensor.untyped_storage().nbytes())
+        return tensor
+
+    tokens = torch.randint(0, SMALL.vocab_size, (ROWS, LENGTH), generator=torch.Generator().manual_seed(2))
+    with (
+        torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor),
+        torch.autocast("cpu", dtype=torch.bfloat16),
+    ):
+        model(tokens, tokens)
+    return sum(saved.values())
+
+
+def test_each_dendritic_layer_recomputed_whole_keeps_the_same_less() -> None:
+    """`dendritic:K` sits between none and every dendritic layer, one layer's saving a step:
+    the knob that fills a GPU's memory without recomputing more layers than it must."""
+    torch.manual_seed(0)
+    model = NSLM(dataclasses.replace(SMALL, n_layers=4, hippocampal_every=4))  # 3 dendritic layers
+    kept = []
+    for setting in ("none", "dendritic:1", "dendritic:2", "dendritic"):
+        model.recompute = setting
+        kept.append(model_saved_bytes(model))
+    savings = [before - after for before, after in zip(kept, kept[1:])]
+    assert all(saving > 0 for saving in savings), kept
+    assert savings[0] == savings[1] == savings[2], kept

@@ -11,6 +11,7 @@ from engine.errors import ConfigError
 from engine.models import common
 from engine.models.base import IGNORE_INDEX
 from engine.models.ns import hippocampal as ns_hippocampal
+from engine.models.ns.dendritic import DendriticLayer
 from engine.models.ns.model import NSLM, NSConfig
 from engine.models.ns.pool_read import pool_read_explicit
 from engine.models.ns.presets import PRESETS
@@ -128,7 +129,7 @@ def test_a_carry_from_another_model_is_refused():
         build()(random_tokens(1, 4), random_tokens(1, 4), {"layer00.soma": torch.zeros(1, 6)})
 
 
-@pytest.mark.parametrize("mode", ["all", "dendritic", "hippocampal"])
+@pytest.mark.parametrize("mode", ["all", "dendritic", "hippocampal", "dendritic:2"])
 def test_recomputation_changes_nothing_but_memory(one_thread, mode):
     tokens = random_tokens(2, 11)
     reference, recomputed = build(), build()
@@ -143,6 +144,19 @@ def test_recomputation_changes_nothing_but_memory(one_thread, mode):
         torch.testing.assert_close(recomputed_grad, reference_grad, rtol=1e-6, atol=1e-9)
     with pytest.raises(ValueError, match="recompute must be one of"):
         recomputed.recompute = "some"
+    assert recomputed.recompute == mode  # a refused setting leaves the one in force
+
+
+def test_a_kind_with_a_count_recomputes_that_many_of_its_layers_whole():
+    model = build()
+    dendritic = [index for index, layer in enumerate(model.layers) if isinstance(layer, DendriticLayer)]
+    model.recompute = "dendritic:2"
+    assert [not layer.recompute_parts for layer in model.layers] == [
+        index in dendritic[:2] for index in range(len(model.layers))
+    ]
+    for setting in ("dendritic:0", f"dendritic:{len(dendritic) + 1}", "dendritic:x", "all:1"):
+        with pytest.raises(ValueError, match="recompute"):
+            model.recompute = setting
 
 
 def test_ignored_targets_have_zero_loss_and_the_forward_is_deterministic(one_thread):

@@ -11,7 +11,15 @@ from helpers.lines import SEQ_LEN, make_data_line, make_line
 
 from engine.config.run import RunConfig
 from engine.errors import LineError
-from engine.ops.tune import CpuPeakMeter, LengthTuning, Measurement, Tuner, memory_budget, tune_line
+from engine.ops.tune import (
+    CpuPeakMeter,
+    LengthTuning,
+    Measurement,
+    Tuner,
+    memory_budget,
+    partial_recompute,
+    tune_line,
+)
 from engine.units import GIB
 from nsconsole.cli import main as cli_main
 
@@ -142,3 +150,21 @@ def test_tune_on_the_gpu_measures_with_cuda_memory(line: Path) -> None:
     chosen = result.lengths[0].chosen
     assert chosen is not None and chosen.peak_bytes is not None and chosen.peak_bytes > 0
     assert RunConfig.load(line / "run.json").length(SEQ_LEN).micro_batch_rows == chosen.micro_batch_rows
+
+
+def test_a_kind_recomputed_in_part_is_tried_where_none_runs_out_and_the_kind_fits() -> None:
+    """At 8 rows `none` ran out and `dendritic` (36 layers) fits; from 4 rows: none's peak would be
+    10 + 2 x 50 = 110 GiB at 8 rows, each layer recomputed saves 2 x 36 / 36 = 2 GiB there, so a
+    budget of 100 GiB needs 5 of them, and one more for the margin."""
+    tuning = LengthTuning(4096)
+    for rows, setting, peak_gib, fits in [
+        (4, "none", 60, True), (8, "none", None, False), (4, "dendritic", 24, True), (8, "dendritic", 38, True),
+    ]:  # fmt: skip
+        peak = None if peak_gib is None else peak_gib * GIB
+        tuning.measurements.append(Measurement(4096, rows, setting, 1.0, peak, fits))
+    assert partial_recompute(tuning, "dendritic", 36, 10 * GIB, 100 * GIB) == (8, "dendritic:6")
+    # Nothing to try: the kind was not measured at 8 rows, or does not fit there, or every layer is needed.
+    assert partial_recompute(tuning, "hippocampal", 12, 10 * GIB, 100 * GIB) is None
+    assert partial_recompute(tuning, "dendritic", 36, 10 * GIB, 30 * GIB) is None
+    tuning.measurements[3].fits = False
+    assert partial_recompute(tuning, "dendritic", 36, 10 * GIB, 100 * GIB) is None
