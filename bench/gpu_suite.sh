@@ -70,8 +70,10 @@ for stage in "$@"; do
       ;;
     profile-2b)
       # Issue 22: where ns-2b's update at 4K goes (0.48 of the plain GPT in session 11).
-      timeout ${PROFILE_TIMEOUT:-300} python3 -m nsconsole bench --model ns-2b --seq-len 4096 --rows 8 --accum 1 \
-        --recompute dendritic --engine eager --updates 2 --profile 2>&1 | grep -E '^\{|Error' | tee "$out/profile_ns2b.log"
+      # SEQ_LEN=32768 ROWS=1 profiles a long-context update; RECOMPUTE picks the recomputation.
+      timeout ${PROFILE_TIMEOUT:-300} python3 -m nsconsole bench --model ns-2b --seq-len ${SEQ_LEN:-4096} --rows ${ROWS:-8} \
+        --accum 1 --recompute ${RECOMPUTE:-dendritic} --engine eager --updates 2 --profile 2>&1 | grep -E '^\{|Error' \
+        | tee "$out/profile_ns2b_${SEQ_LEN:-4096}.log"
       ;;
     ncu)
       # Issue 5: the scans' hardware counters (Nsight Compute; works on the Firecracker H200).

@@ -26,6 +26,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from engine.models.base import IGNORE_INDEX
+from engine.models.pssa import native_memory
 from engine.models.pssa.read import topk_read
 from kernels.poincare import hyperbolic_distance, poincare_read
 
@@ -37,8 +38,34 @@ def to_poincare_ball(q: torch.Tensor) -> torch.Tensor:
     """`q / (1 + |q|)` over the last dimension, radially capped at MAX_BALL_RADIUS.
 
     Overflow-safe: the norm is taken of q divided by its largest magnitude, so a finite query
-    of any size (|q| = 1e30 in fp32, where q * q overflows) maps to a finite point.
+    of any size (|q| = 1e30 in fp32, where q * q overflows) maps to a finite point. On the CPU,
+    float32 or float64, `native_memory`'s C loop where it is built (one operation forward and
+    back instead of some twenty small ones each way), else `torch_poincare_ball`.
     """
+    if not q.is_cuda and q.dtype in (torch.float32, torch.float64) and native_memory.library() is not None:
+        return _NativeBall.apply(q)
+    return torch_poincare_ball(q)
+
+
+class _NativeBall(torch.autograd.Function):
+    """`to_poincare_ball` by `native_memory.ball`, forward and backward."""
+
+    @staticmethod
+    def forward(ctx: Any, q: torch.Tensor) -> torch.Tensor:
+        rows = q.detach().reshape(-1, q.shape[-1]).contiguous()
+        if ctx.needs_input_grad[0]:
+            ctx.save_for_backward(rows)
+        return native_memory.ball(native_memory.library(), rows, None, MAX_BALL_RADIUS).view(q.shape)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        (rows,) = ctx.saved_tensors
+        grad_rows = grad.reshape(rows.shape).to(rows.dtype).contiguous()
+        return native_memory.ball(native_memory.library(), rows, grad_rows, MAX_BALL_RADIUS).view(grad.shape)
+
+
+def torch_poincare_ball(q: torch.Tensor) -> torch.Tensor:
+    """`to_poincare_ball` in PyTorch operations (the definition the native map is held to)."""
     largest = q.detach().abs().amax(dim=-1, keepdim=True)  # (..., 1)
     largest = torch.where(largest > 0, largest, torch.ones_like(largest))
     scaled = q / largest  # (..., Dk), entries in [-1, 1]
@@ -308,7 +335,8 @@ def write_banks(
     keys (K, R, Dk) in the ball and values (K, R, Dv), bank k's in row k; losses (R,) (nan: the
     row had no target); update the optimizer updates done, (1,) int64. Inside a training step
     losses and update are device tensors; outside one a list of floats and an int do (a
-    host-to-device copy). A bank outside a `writing()` session gets one for this write.
+    host-to-device copy). A bank outside a `writing()` session gets one for this write. On the
+    CPU the rule runs as C loops where they are built (`native_memory`, the same rule bit for bit).
     """
     first = banks[0]
     if any(bank.capacity != first.capacity or bank.rule != first.rule for bank in banks):
@@ -322,6 +350,10 @@ def write_banks(
         for bank in banks:
             if bank._live is None:
                 sessions.enter_context(bank.writing())
+        lib = native_memory.library() if device.type == "cpu" else None
+        if lib is not None:
+            _native_write(lib, banks, keys, values, losses, update)
+            return
         state = _StackedRuleState.of(banks)
         gated = losses > first.rule.loss_threshold  # (R,); nan never passes
         append_slot, appended = _append(state, gated, update, first.slot_index)
@@ -332,6 +364,27 @@ def write_banks(
         state.store_into(banks)
         slot_of_row = torch.where(appended, append_slot, torch.where(replaced, heads, first.capacity))
         _store_rows(banks, slot_of_row, keys, values, first.slot_index)
+
+
+def _native_write(
+    lib: Any,
+    banks: Sequence[EpisodicBank],
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    losses: torch.Tensor,
+    update: torch.Tensor,
+) -> None:
+    """`write_banks` on the CPU by `native_memory`'s C rule, bank by bank (the same rule row by
+    row as the host ran it: a dozen tiny tensor operations a row are each a C statement here)."""
+    rule = banks[0].rule
+    numbers = (rule.loss_threshold, rule.damage_rate, rule.recovery_updates, rule.min_gain)
+    losses, update = losses.contiguous(), update.contiguous()
+    for index, bank in enumerate(banks):
+        state = tuple(getattr(bank, name) for name in _StackedRuleState.BUFFERS)
+        target = native_memory.write_rule(lib, numbers, losses, update, state)
+        old_keys, old_values = bank._slots()
+        bank._live = (native_memory.stored(lib, old_keys, keys[index], target),
+                      native_memory.stored(lib, old_values, values[index], target))  # fmt: skip
 
 
 def _append(

@@ -226,12 +226,15 @@ class PSSALM(LanguageModel):
             self._dream_cache.remember(tokens, targets)
         return self._dream_cache
 
+    def carry_shape(self, batch: int) -> tuple[int, ...]:
+        """The carry's shape (loops, depth, B, d, N)."""
+        config = self.config
+        return (config.loops, config.depth, batch, config.d_latent, config.d_state)
+
     def initial_carry(self, batch: int) -> torch.Tensor:
         """Zeros of the carry's shape (loops, depth, B, d, N) for fresh rows."""
-        config = self.config
         dtype = torch.float64 if self.head.weight.dtype == torch.float64 else torch.float32
-        shape = (config.loops, config.depth, batch, config.d_latent, config.d_state)
-        return torch.zeros(shape, device=self.head.weight.device, dtype=dtype)
+        return torch.zeros(self.carry_shape(batch), device=self.head.weight.device, dtype=dtype)
 
     def forward(
         self, tokens: torch.Tensor, targets: torch.Tensor, carry: torch.Tensor | None = None
@@ -239,8 +242,8 @@ class PSSALM(LanguageModel):
         """(B, T) tokens and targets, carry (loops, depth, B, d, N) or None -> (B, T) loss, carry."""
         batch, length = tokens.shape
         state = self.initial_carry(batch) if carry is None else carry
-        expected = self.initial_carry(batch).shape
-        if state.shape != expected:
+        expected = self.carry_shape(batch)
+        if tuple(state.shape) != expected:
             raise ValueError(f"PSSA carry has shape {tuple(state.shape)}, expected {tuple(expected)}")
         writes = self.training
         losses = []

@@ -37,6 +37,7 @@ import subprocess
 import tempfile
 import warnings
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -196,24 +197,34 @@ def _horner(terms: int) -> str:
     return expression
 
 
+_TYPES = {
+    "f32": ("float", "int32_t", 127, 23, _horner(8)),
+    "f64": ("double", "int64_t", 1023, 52, _horner(14)),
+}
+"""Per variant: the real type, the integer of its bits, its exponent bias and mantissa bits, and
+the exp2 polynomial (to the term below half a unit in the last place)."""
+
+
+def typed_source(body: str) -> str:
+    """body once per real type, f32 then f64: inside it NAME(f) is f_f32 or f_f64, and REAL,
+    IBITS, EXP_BIAS, MANT_BITS, ROUNDER and POLY (exp2's polynomial) describe the type."""
+    parts = []
+    for suffix, (real, ibits, bias, mantissa, poly) in _TYPES.items():
+        parts.append(
+            f"#define REAL {real}\n#define IBITS {ibits}\n#define EXP_BIAS {bias}\n#define MANT_BITS {mantissa}\n"
+            f"#define ROUNDER ((REAL){1.5 * 2.0**mantissa!r})\n"
+            f"#define POLY(x) {poly}\n#define NAME(f) f##_{suffix}\n{body}\n"
+            "#undef REAL\n#undef IBITS\n#undef EXP_BIAS\n#undef MANT_BITS\n#undef ROUNDER\n#undef POLY\n#undef NAME\n"
+        )
+    return "".join(parts)
+
+
 def _source(time_block: int) -> str:
     header = (
         "#include <stdint.h>\n"
         f"#define LANES {LANES}\n#define MAX_STATES {MAX_STATES}\n#define TIME_BLOCK {time_block}\n"
     )
-    variants = {
-        "f32": ("float", "int32_t", 127, 23, _horner(8)),
-        "f64": ("double", "int64_t", 1023, 52, _horner(14)),
-    }
-    parts = [header]
-    for suffix, (real, ibits, bias, mantissa, poly) in variants.items():
-        parts.append(
-            f"#define REAL {real}\n#define IBITS {ibits}\n#define EXP_BIAS {bias}\n#define MANT_BITS {mantissa}\n"
-            f"#define ROUNDER ((REAL){1.5 * 2.0**mantissa!r})\n"
-            f"#define POLY(x) {poly}\n#define NAME(f) f##_{suffix}\n{_BODY}\n"
-            "#undef REAL\n#undef IBITS\n#undef EXP_BIAS\n#undef MANT_BITS\n#undef ROUNDER\n#undef POLY\n#undef NAME\n"
-        )
-    return "".join(parts)
+    return header + typed_source(_BODY)
 
 
 class _Args(ctypes.Structure):
@@ -234,24 +245,25 @@ def _cache_dir() -> Path:
 
 
 def _machine() -> str:
-    """What `-march=native` depends on: the CPU's model and flags."""
+    """What `-march=native` depends on: the CPU's model and flags. Without the clock line, which
+    changes from minute to minute on some hosts (each change was a rebuild)."""
     try:
         cpu = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
     except OSError:
         cpu = platform.processor()
-    return platform.machine() + cpu
+    return platform.machine() + "\n".join(line for line in cpu.splitlines() if not line.startswith("cpu MHz"))
 
 
-def _build(source: str, compiler: str) -> Path:
+def _build(stem: str, source: str, compiler: str) -> Path:
     """The shared library for source, compiled unless the cache holds it; written to a temporary
     name and renamed, so processes building at once never load a half-written file."""
     key = hashlib.sha256("\0".join([source, compiler, *_FLAGS, _machine()]).encode()).hexdigest()[:16]
-    target = _cache_dir() / f"pssa_scan_{key}.so"
+    target = _cache_dir() / f"{stem}_{key}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as work:
-        source_path = Path(work) / "pssa_scan.c"
+        source_path = Path(work) / f"{stem}.c"
         source_path.write_text(source)
         built = Path(work) / target.name
         subprocess.run([compiler, *_FLAGS, str(source_path), "-o", str(built)], check=True,
@@ -260,36 +272,46 @@ def _build(source: str, compiler: str) -> Path:
     return target
 
 
-@functools.cache
-def library(time_block: int) -> ctypes.CDLL | None:
-    """The built kernel library for blocks of time_block tokens, or None (no compiler, a failed
-    build, or `NSCONSOLE_PSSA_NATIVE=0`): then PyTorch's scan runs."""
+def load(stem: str, source: str, signatures: dict[str, list[Any]], what: str) -> ctypes.CDLL | None:
+    """The library built from source (cached as `<stem>_<hash>.so`), each function named in
+    signatures given those argument types (all return nothing); or None where it cannot run: no
+    compiler or a failed build (a warning names `what`), not Linux, or `NSCONSOLE_PSSA_NATIVE=0`.
+    Then the caller's PyTorch path runs."""
     if os.environ.get("NSCONSOLE_PSSA_NATIVE", "1") == "0" or platform.system() != "Linux":
         return None
     compiler = os.environ.get("CC", "cc")
     try:
-        lib = ctypes.CDLL(str(_build(_source(time_block), compiler)))
+        lib = ctypes.CDLL(str(_build(stem, source, compiler)))
     except (OSError, subprocess.SubprocessError) as error:
-        warnings.warn(f"PSSA: the native CPU scan did not build ({error}); PyTorch's scan runs", stacklevel=2)
+        warnings.warn(f"PSSA: the native {what} did not build ({error}); PyTorch's runs", stacklevel=3)
         return None
-    for name in ("pssa_scan_forward_f32", "pssa_scan_forward_f64", "pssa_scan_backward_f32",
-                 "pssa_scan_backward_f64"):  # fmt: skip
-        getattr(lib, name).argtypes = [ctypes.POINTER(_Args), ctypes.c_int]
+    for name, argtypes in signatures.items():
+        getattr(lib, name).argtypes = argtypes
         getattr(lib, name).restype = None
     return lib
 
 
-def _pointer(tensor: torch.Tensor | None) -> int | None:
+@functools.cache
+def library(time_block: int) -> ctypes.CDLL | None:
+    """The scan's library for blocks of time_block tokens, or None (`load`): then PyTorch's scan runs."""
+    entry = [ctypes.POINTER(_Args), ctypes.c_int]
+    names = ("pssa_scan_forward_f32", "pssa_scan_forward_f64", "pssa_scan_backward_f32", "pssa_scan_backward_f64")
+    return load("pssa_scan", _source(time_block), dict.fromkeys(names, entry), "CPU scan")
+
+
+def pointer(tensor: torch.Tensor | None) -> int | None:
+    """A tensor's data address for ctypes; None (a null pointer) for None."""
     return None if tensor is None else tensor.data_ptr()
 
 
-def _suffix(dtype: torch.dtype) -> str:
+def suffix(dtype: torch.dtype) -> str:
+    """The kernels' variant for a dtype: f64 for float64, else f32."""
     return "f64" if dtype == torch.float64 else "f32"
 
 
 def _args(tensors: dict[str, torch.Tensor | None], batch: int, length: int, channels: int, states: int) -> _Args:
     groups = -(-channels // LANES)
-    return _Args(**{name: _pointer(t) for name, t in tensors.items()}, batch=batch, length=length,
+    return _Args(**{name: pointer(t) for name, t in tensors.items()}, batch=batch, length=length,
                  channels=channels, states=states, groups=groups)  # fmt: skip
 
 
@@ -313,7 +335,7 @@ def forward(
     tensors = {"x": x, "delta": delta, "rates_log2": rates_log2, "B": B, "C": C, "h0": h0, "y": y,
                "h_last": h_last, "firsts": firsts}  # fmt: skip
     args = _args(tensors, batch, length, channels, states)
-    getattr(lib, "pssa_scan_forward_" + _suffix(x.dtype))(ctypes.byref(args), torch.get_num_threads())
+    getattr(lib, "pssa_scan_forward_" + suffix(x.dtype))(ctypes.byref(args), torch.get_num_threads())
     return y, h_last
 
 
@@ -338,5 +360,5 @@ def backward(
                "g_last": g_last, "firsts": firsts, "g_x": g_x, "g_delta": g_delta, "g_rates": g_rates,
                "g_B": g_B, "g_C": g_C, "g_h0": g_h0}  # fmt: skip
     args = _args(tensors, batch, length, channels, states)
-    getattr(lib, "pssa_scan_backward_" + _suffix(x.dtype))(ctypes.byref(args), torch.get_num_threads())
+    getattr(lib, "pssa_scan_backward_" + suffix(x.dtype))(ctypes.byref(args), torch.get_num_threads())
     return g_x, g_delta, g_rates.sum(0), g_B.sum(1), g_C.sum(1), g_h0

@@ -8,15 +8,20 @@ the distance's), and the distances, softmax and weighted sum are formed for the 
 only: (queries x k) work under autograd instead of (queries x slots). The ranking's
 (queries x slots) arithmetic runs in place on one buffer (the reference's operations in its
 order, so the same numbers), and the weighted sum of the chosen values is one `embedding_bag`,
-which never gathers the (queries x k x d) values. The read is the same function (tests hold it
-to the reference in float64); on CUDA the Triton kernel runs instead.
+which never gathers the (queries x k x d) values. Where the host's compiler builds it, the same
+read runs as C loops instead (`native_memory`: one pass per query, forward and backward). Both
+are the same function (tests hold them to the reference in float64); on CUDA the Triton kernel
+runs instead.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch.nn import functional as F
 
+from engine.models.pssa import native_memory
 from kernels._dispatch import compute_dtype
 from kernels.poincare import ACOSH_MIN_ARG, BALL_MARGIN
 
@@ -49,7 +54,41 @@ def topk_read(
 ) -> torch.Tensor:
     """q (Nq, Dk) in the ball; keys (S, Dk); values (S, Dv); occupied (S,) bool; 0 < top_k < S
     -> (Nq, Dv) in q's dtype: softmax(-d_H / tau) over the top_k nearest occupied slots, zeros
-    for a row with none. Gradient flows to q only (the bank is detached state)."""
+    for a row with none. Gradient flows to q only (the bank is detached state). The native read
+    where it is built, else `torch_topk_read`."""
+    if native_memory.library() is not None:
+        return _NativeRead.apply(q, keys, values, occupied, tau, top_k)
+    return torch_topk_read(q, keys, values, occupied, tau, top_k)
+
+
+class _NativeRead(torch.autograd.Function):
+    """`topk_read` by `native_memory`'s C loops; saves the choice and weights, (Nq, k) each."""
+
+    @staticmethod
+    def forward(ctx: Any, q, keys, values, occupied, tau, top_k):  # noqa: ANN001, ANN205 (autograd's signature)
+        wide = compute_dtype(q, keys, values)
+        tensors = [t.detach().to(wide).contiguous() for t in (q, keys, values)]
+        lib = native_memory.library()
+        m, chosen, weights, key_sq = native_memory.read_forward(
+            lib, *tensors, occupied.to(torch.bool).contiguous(), tau, top_k, BALL_MARGIN, ACOSH_MIN_ARG
+        )
+        if ctx.needs_input_grad[0]:
+            ctx.save_for_backward(*tensors, chosen, weights, key_sq)
+        ctx.tau, ctx.q_dtype = tau, q.dtype
+        return m.to(q.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, grad_m: torch.Tensor):  # noqa: ANN205
+        saved = ctx.saved_tensors
+        grad = grad_m.to(saved[0].dtype).contiguous()
+        grad_q = native_memory.read_backward(native_memory.library(), saved, grad, ctx.tau, BALL_MARGIN, ACOSH_MIN_ARG)
+        return grad_q.to(ctx.q_dtype), None, None, None, None, None
+
+
+def torch_topk_read(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, occupied: torch.Tensor, tau: float, top_k: int
+) -> torch.Tensor:
+    """`topk_read` in PyTorch operations (the module docstring)."""
     wide = compute_dtype(q, keys, values)
     queries = q.to(wide)
     keys_c, values_c = keys.detach().to(wide), values.detach().to(wide)

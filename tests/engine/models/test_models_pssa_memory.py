@@ -9,6 +9,7 @@ import random
 import pytest
 import torch
 
+from engine.models.pssa import native_memory
 from engine.models.pssa.memory import MAX_BALL_RADIUS, EpisodicBank, WriteRule, to_poincare_ball, write_banks
 
 
@@ -264,6 +265,17 @@ def _assert_same_bank(bank: EpisodicBank, reference: _HostRuleBank) -> None:
     assert torch.equal(bank.occupied, torch.arange(reference.capacity) < reference.count)
 
 
+@pytest.fixture(params=["native", "pytorch"])
+def rule_code(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The CPU write rule in C (`native_memory`, where it is built) or in PyTorch operations."""
+    if request.param == "pytorch":
+        monkeypatch.setattr(native_memory, "library", lambda: None)
+    elif native_memory.library() is None:
+        pytest.skip("no C compiler: the native write rule is not built")
+    return request.param
+
+
+@pytest.mark.usefixtures("rule_code")
 def test_device_rule_equals_the_host_rule_on_random_chunk_losses() -> None:
     """Several blocks' banks written together (one loss per row for all, each its own keys and
     state) offered random rows, at clocks that stand still or advance, through `writing()` sessions of
@@ -301,6 +313,7 @@ def test_device_rule_equals_the_host_rule_on_random_chunk_losses() -> None:
     assert (outcomes > 20).all(), outcomes  # every branch of the rule was taken, many times
 
 
+@pytest.mark.usefixtures("rule_code")
 def test_confidence_is_compared_with_the_damage_in_float64() -> None:
     """A float32 confidence equal to the damage rounded to float32, but above the float64
     damage: the host rule let the slot resist (paying the damage down to 0), so must the device."""

@@ -1,4 +1,4 @@
-"""PSSA's CPU scan and top-k memory read against their step-by-step definitions, in float64."""
+"""PSSA's CPU scan against its step-by-step definition, in float64 (the top-k read: test_models_pssa_native_memory.py)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,7 @@ import torch
 
 from engine.models.pssa import native
 from engine.models.pssa import scan as scan_module
-from engine.models.pssa.memory import to_poincare_ball
-from engine.models.pssa.read import topk_read
 from engine.models.pssa.scan import TIME_BLOCK, pssa_scan
-from kernels.poincare import poincare_read_reference
 
 F64 = torch.float64
 
@@ -115,26 +112,6 @@ def test_scan_of_float32_inputs_keeps_a_float32_state() -> None:
     assert y.dtype == torch.float32 and h_last.dtype == torch.float32
     torch.testing.assert_close(y.double(), expected_y, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(h_last.double(), expected_h, rtol=1e-4, atol=1e-4)
-
-
-@pytest.mark.parametrize("occupied", [0, 2, 4, 9, 12])
-def test_topk_read_equals_the_dense_reference(occupied: int) -> None:
-    """Empty, fewer than k, exactly k, and more than k occupied slots of 12; k = 4."""
-    generator = torch.Generator().manual_seed(occupied)
-    q = to_poincare_ball(2 * torch.randn(30, 5, generator=generator, dtype=F64)).requires_grad_()
-    keys = to_poincare_ball(2 * torch.randn(12, 5, generator=generator, dtype=F64))
-    values = torch.randn(12, 7, generator=generator, dtype=F64)
-    mask = torch.arange(12) < occupied
-    grad_m = torch.randn(30, 7, generator=generator, dtype=F64)
-    results = []
-    for read in (poincare_read_reference, topk_read):
-        m = read(q, keys, values, mask, 0.3, 4)
-        (grad,) = torch.autograd.grad((m * grad_m).sum(), q)
-        results.append((m, grad))
-    for actual, expected in zip(results[1], results[0]):
-        _close(actual, expected)
-    if occupied == 0:
-        assert torch.count_nonzero(results[1][0]) == 0
 
 
 def test_native_scan_is_bit_identical_at_any_thread_count() -> None:
