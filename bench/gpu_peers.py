@@ -12,7 +12,9 @@ Rows (JSON, one a line, on stdout and appended to --out as they come): model, se
 accum, recompute, tokens_per_s, mfu, peak_mem_gib, flops_per_token, parameters, peer,
 ratio_to_plain_gpt (tokens/s over `plain-gpt`'s, or `--yardstick`'s, at the same length), ratio_to_peer (over the
 model's peer's: ns-* against transformer-* of the same size, transformer-2b against plain-gpt,
-transformer-1p3b against plain-gpt-1p3b, its exact shape), seconds (the child's wall time,
+transformer-1p3b against plain-gpt-1p3b, its exact shape), attention (`--attention`: SDPA's
+default order, FlashAttention-2 first, or cuDNN's fused attention, the faster on Hopper by
+published figures: the stronger yardstick), seconds (the child's wall time,
 compilation included) and error (why a child gave no figure: out of memory, timed out, ...).
 A ratio is null where either side has no figure in this call.
 
@@ -285,6 +287,14 @@ def child(job: dict) -> int:
     from engine.errors import is_out_of_memory
 
     try:
+        if job.get("attention") == "cudnn":
+            import torch
+
+            # SDPA tries FlashAttention-2 first; with it and the memory-efficient kernel off, the
+            # causal attention of plain-gpt and transformer-* runs cuDNN's fused kernel.
+            torch.backends.cuda.enable_flash_sdp(False)
+            torch.backends.cuda.enable_mem_efficient_sdp(False)
+            torch.backends.cuda.enable_cudnn_sdp(True)
         if job["kind"] == "ceiling":
             import torch
 
@@ -372,6 +382,8 @@ def main(argv: list[str] | None = None) -> int:
         "--accum", type=int, help="micro-batches per update for every model (default: SHAPES)"
     )
     parser.add_argument("--recompute", help="recomputation for every NS model (default: SHAPES)")
+    parser.add_argument("--attention", choices=("default", "cudnn"), default="default",
+                        help="SDPA's kernel for plain-gpt and transformer-*: its default order, or cuDNN's")
     parser.add_argument("--device", default="auto", help="auto, cuda, cuda:N or cpu")
     parser.add_argument("--yardstick", default=PLAIN, help="the plain GPT ratio_to_plain_gpt divides by")
     parser.add_argument("--child-timeout", type=float, default=300.0, help="seconds before a child is killed")
@@ -410,7 +422,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{index}/{len(jobs)} {model} at {seq_len}: {rows} x {accum} rows, recompute {recompute} ..."
         )
         job = {"kind": "model", "model": model, "seq_len": seq_len, "rows": rows, "accum": accum,
-               "recompute": recompute, "device": args.device, "updates": args.updates, "warmup": args.warmup}  # fmt: skip
+               "recompute": recompute, "device": args.device, "updates": args.updates, "warmup": args.warmup,
+               "attention": args.attention}  # fmt: skip
         result, seconds = run_child(job, args.child_timeout)
         speed = result.get("tokens_per_s")
         speeds[(model, seq_len)] = speed
@@ -422,6 +435,7 @@ def main(argv: list[str] | None = None) -> int:
             "rows": rows,
             "accum": accum,
             "recompute": recompute,
+            "attention": args.attention,
             "tokens_per_s": speed,
             "mfu": None if speed is None or flops is None else flops * speed / (tflops * 1e12),
             "peak_mem_gib": result.get("peak_mem_gib"),

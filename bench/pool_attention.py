@@ -1,7 +1,9 @@
 """Benchmark of the NS pool read's flash kernel (kernels/pool_attention.py) on the GPU.
 
 Side by side in one process, at the hippocampal layer's shape (B 8, H 20, T 4096, d 128, bf16):
-SDPA flash (causal, no bias: the yardstick), flex_attention with the per-key bias as a score_mod
+SDPA flash and SDPA cuDNN (causal, no bias: the yardsticks; SDPA's default order tries
+FlashAttention-2 first, and cuDNN's fused attention is the faster one on Hopper by published
+measurements), flex_attention with the per-key bias as a score_mod
 (the read's previous CUDA path) and the Triton kernel, forward and forward + backward. Each row
 holds the median ms, the achieved TFLOP/s on causal attention's FLOPs (forward 2 B H T^2 d,
 backward 2.5x that: the count flash attention quotes) and the Triton kernel's arithmetic floor:
@@ -88,7 +90,8 @@ def bench_shape(batch: int, heads: int, length: int, head_dim: int, rate_tflops:
     grad = torch.randn_like(q)
     forward_gflop = causal_gflop(batch, heads, length, head_dim)
     reads: dict[str, Callable[[], torch.Tensor]] = {
-        "sdpa_flash": lambda: _sdpa_flash(q, k, v),
+        "sdpa_flash": lambda: _sdpa(q, k, v, "FLASH_ATTENTION"),
+        "sdpa_cudnn": lambda: _sdpa(q, k, v, "CUDNN_ATTENTION"),
         "flex_score_mod": lambda: pool_read_flex(q, k, v, *bias_args),
         "triton": lambda: pool_read_kernel(q, k, v, *bias_args),
     }
@@ -115,17 +118,19 @@ def bench_shape(batch: int, heads: int, length: int, head_dim: int, rate_tflops:
             emit(**row)
     summary = {"kernel": "pool_attention", "size": size, "impl": "ratio"}
     for mode in ("fwd", "fwd_bwd"):
-        for other in ("sdpa_flash", "flex_score_mod"):
+        for other in ("sdpa_flash", "sdpa_cudnn", "flex_score_mod"):
             if f"triton_{mode}" in times and f"{other}_{mode}" in times:
                 summary[f"triton_over_{other}_{mode}"] = round(times[f"triton_{mode}"] / times[f"{other}_{mode}"], 3)
     emit(**summary)
     torch.cuda.empty_cache()
 
 
-def _sdpa_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str) -> torch.Tensor:
+    """Causal SDPA without a bias through one backend: FLASH_ATTENTION (FlashAttention-2, SDPA's
+    first choice by default) or CUDNN_ATTENTION (cuDNN's fused attention)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+    with sdpa_kernel(getattr(SDPBackend, backend)):
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
