@@ -508,7 +508,19 @@ class PendingDreams(nn.Module):
     @torch.no_grad()
     def record(self, tokens: torch.Tensor, targets: torch.Tensor, losses: torch.Tensor) -> None:
         """One piece's (R, L <= chunk_len) tokens and targets and its (R,) row losses: record,
-        in row order, the rows whose loss exceeds the threshold (nan never does)."""
+        in row order, the rows whose loss exceeds the threshold (nan never does). On the CPU one
+        C call (`native_memory.record_dreams`) where it is built: a dozen operations on 8 rows
+        cost 0.17 ms a chunk in PyTorch. Rows that record nothing are then not copied at all."""
+        lib = native_memory.library() if not tokens.is_cuda else None
+        if lib is not None and tokens.dtype == targets.dtype == torch.int64:
+            ring = (self.tokens, self.targets, self.recorded)
+            native_memory.record_dreams(lib, ring, tokens, targets, losses, self.loss_threshold, IGNORE_INDEX)
+        else:
+            self.torch_record(tokens, targets, losses)
+
+    @torch.no_grad()
+    def torch_record(self, tokens: torch.Tensor, targets: torch.Tensor, losses: torch.Tensor) -> None:
+        """`record` in tensor operations only (on the device, no host read: capturable)."""
         pad = self.chunk_len - tokens.shape[1]
         tokens = F.pad(tokens.long(), (0, pad), value=0)
         targets = F.pad(targets.long(), (0, pad), value=IGNORE_INDEX)

@@ -174,8 +174,11 @@ class PSSABlock(nn.Module):
         q_ball = to_poincare_ball(query.to(torch.promote_types(query.dtype, torch.float32)))
         flat_q = q_ball.reshape(batch * length, -1)
         m = self.bank.read(flat_q, config.tau_mem, config.mem_top_k).view(batch, length, width)
-        adapter = F.linear(F.silu(down), self.adapter_up.weight + self.consolidated_up)
-        z = y * self.ssm_scale + torch.sigmoid(gate) * self.W_proj(m) + adapter  # (B, L, d)
+        # silu of a contiguous copy: on the 16-wide strided slice of `inputs` it and its backward
+        # ran PyTorch's slow strided path (about 55 against 15 us, 8 x 64 tokens).
+        adapter = F.linear(F.silu(down.contiguous()), self.adapter_up.weight + self.consolidated_up)
+        # z = y / sqrt(N) + sigmoid(gate) * (W_proj m) + adapter in three operations, not five.
+        z = torch.addcmul(torch.add(adapter, y, alpha=self.ssm_scale), torch.sigmoid(gate), self.W_proj(m))
         out = z + self.mlp_down(F.silu(self.mlp_up(z)))  # (B, L, d)
         if probe is not None:
             probe["delta"].append(delta.detach().reshape(-1, width))

@@ -45,6 +45,10 @@ LANES = 16
 """Channels per task: one AVX-512 register of float32 (two of float64)."""
 MAX_STATES = 64
 """The largest d_state the kernel takes (its per-task buffers are sized by it); beyond, PyTorch's scan."""
+SPAN = 4
+"""Groups of LANES channels in one backward task: g B and g C are summed over the lanes once per
+token and task, so the more the fewer sums, but the fewer tasks to share among the threads
+(pssa-1.5m, 8 rows of 256 channels: 32 tasks)."""
 
 _BODY = r"""
 /* exp2(v) = 2^k p(f), k = round(v), f = v - k in [-1/2, 1/2]: 0 below the normal range, and
@@ -59,13 +63,42 @@ static inline REAL NAME(exp2_poly)(REAL v) {
     return v < low ? (REAL)0 : p * scale.value;
 }
 
+/* Float32 only: subnormal numbers read and made as 0 (MXCSR's DAZ and FTZ bits) in each thread
+   for the call, the caller's mode restored after. Adjoints times decays far below 1 reach the
+   subnormal range, where each operation is slow even on these AVX-512 units (pssa-1.5m's backward
+   in training: 1.8 -> 1.4 ms); a subnormal is below 1.2e-38, nothing next to the sums it enters.
+   Float64, the exact reference, keeps them. */
+static inline unsigned NAME(flush_begin)(void) {
+#if defined(__SSE__)
+    const unsigned mode = _mm_getcsr();
+    if (sizeof(REAL) == sizeof(float)) _mm_setcsr(mode | 0x8040u);  /* FTZ (bit 15), DAZ (bit 6) */
+    return mode;
+#else
+    return 0;
+#endif
+}
+
+static inline void NAME(flush_end)(unsigned mode) {
+#if defined(__SSE__)
+    _mm_setcsr(mode);
+#else
+    (void)mode;
+#endif
+}
+
+/* LANES numbers as one vector (GCC's and clang's vector extension), for `lane_sums`; and the
+   index vector of GCC's __builtin_shuffle. */
+typedef REAL NAME(lanes) __attribute__((vector_size(LANES * sizeof(REAL))));
+typedef IBITS NAME(lane_mask) __attribute__((vector_size(LANES * sizeof(REAL))));
+
 typedef struct {
     const REAL *x, *delta, *rates_log2, *rates, *B, *C, *h0, *gy, *g_last;
     REAL *y, *h_last, *firsts, *g_x, *g_delta, *g_rates, *g_B, *g_C, *g_h0;
-    int64_t batch, length, channels, states, groups;
+    int64_t batch, length, channels, states, groups, spans;
 } NAME(args);
 
-/* One token of one task: decays into dec, states h = dec * h_prev + u B into h (N x gw). */
+/* One token of one task (the backward's rebuild of a block): decays into dec, states
+   h = dec * h_prev + u B into h (N x gw). */
 static inline void NAME(step)(const NAME(args) *a, int64_t b, int64_t t, int64_t i0, int gw,
                               REAL h[][LANES], REAL dec[][LANES], REAL const h_prev[][LANES]) {
     const int64_t d = a->channels, row = (b * a->length + t);
@@ -84,7 +117,7 @@ static inline void NAME(step)(const NAME(args) *a, int64_t b, int64_t t, int64_t
 
 static inline void NAME(forward_task)(const NAME(args) *a, int64_t b, int64_t i0, int gw) {
     const int64_t d = a->channels, S = a->states;
-    REAL h[MAX_STATES][LANES], dec[MAX_STATES][LANES];
+    REAL h[MAX_STATES][LANES];
     for (int64_t n = 0; n < S; ++n)
         for (int k = 0; k < gw; ++k) h[n][k] = a->h0 ? a->h0[(b * d + i0 + k) * S + n] : (REAL)0;
     for (int64_t t = 0; t < a->length; ++t) {
@@ -93,92 +126,161 @@ static inline void NAME(forward_task)(const NAME(args) *a, int64_t b, int64_t i0
             for (int64_t n = 0; n < S; ++n)
                 for (int k = 0; k < gw; ++k) first[n * d + k] = h[n][k];
         }
-        NAME(step)(a, b, t, i0, gw, h, dec, (REAL const (*)[LANES])h);
-        const REAL *Ct = a->C + (b * a->length + t) * S;
-        REAL acc[LANES] = {0};
-        for (int64_t n = 0; n < S; ++n)
-            for (int k = 0; k < gw; ++k) acc[k] += Ct[n] * h[n][k];
-        REAL *out = a->y + (b * a->length + t) * d + i0;
+        /* `step` with y's sum over the states in the same pass: kept apart, gcc vectorised that
+           sum across the states and added the lanes one by one (half the forward's time). */
+        const int64_t row = b * a->length + t;
+        const REAL *dl = a->delta + row * d + i0, *xx = a->x + row * d + i0;
+        const REAL *Bt = a->B + row * S, *Ct = a->C + row * S;
+        REAL u[LANES], acc[LANES] = {0};
+        for (int k = 0; k < gw; ++k) u[k] = dl[k] * xx[k];
+        for (int64_t n = 0; n < S; ++n) {
+            const REAL *r2 = a->rates_log2 + n * d + i0, bn = Bt[n], cn = Ct[n];
+            for (int k = 0; k < gw; ++k) {
+                h[n][k] = NAME(exp2_poly)(dl[k] * r2[k]) * h[n][k] + u[k] * bn;
+                acc[k] += cn * h[n][k];
+            }
+        }
+        REAL *out = a->y + row * d + i0;
         for (int k = 0; k < gw; ++k) out[k] = acc[k];
     }
     for (int64_t n = 0; n < S; ++n)
         for (int k = 0; k < gw; ++k) a->h_last[(b * d + i0 + k) * S + n] = h[n][k];
 }
 
-static inline void NAME(backward_task)(const NAME(args) *a, int64_t b, int64_t group, int gw) {
-    const int64_t d = a->channels, S = a->states, L = a->length, i0 = group * LANES;
-    REAL lam[MAX_STATES][LANES], g_rate[MAX_STATES][LANES];
-    REAL hs[TIME_BLOCK + 1][MAX_STATES][LANES], decs[TIME_BLOCK][MAX_STATES][LANES];
+/* out[n] = the sum of terms[n][0..LANES) for the S states: LANES states at a time by a
+   transposing tree (`_lane_sum_tree`: LANES - 1 vector additions for the LANES sums, where a sum
+   of one state's lanes one by one takes LANES - 1 scalar additions), the rest one by one. */
+static inline void NAME(lane_sums)(NAME(lanes) terms[], int64_t S, REAL *out) {
+    int64_t n = 0;
+    for (; n + LANES <= S; n += LANES) {
+        NAME(lanes) v[LANES];  /* a copy: lanes past gw must stay 0 in terms */
+        for (int k = 0; k < LANES; ++k) v[k] = terms[n + k];
+        LANE_SUM_TREE
+        for (int k = 0; k < LANES; ++k) out[n + k] = v[0][k];
+    }
+    for (; n < S; ++n) {
+        REAL sum = 0;
+        for (int k = 0; k < LANES; ++k) sum += terms[n][k];
+        out[n] = sum;
+    }
+}
+
+/* One group's adjoint back through the block [start, stop): its lam and g_rate carried on, its
+   terms of g B and g C added lane by lane into acc_b, acc_c (hs, decs: room for the block). */
+static inline void NAME(group_block)(const NAME(args) *a, int64_t b, int64_t i0, int gw, int64_t start,
+                                     int64_t stop, REAL lam[restrict][LANES], REAL g_rate[restrict][LANES],
+                                     REAL hs[restrict][MAX_STATES][LANES], REAL decs[restrict][MAX_STATES][LANES],
+                                     NAME(lanes) acc_b[restrict][MAX_STATES], NAME(lanes) acc_c[restrict][MAX_STATES]) {
+    const int64_t d = a->channels, S = a->states, L = a->length;
+    const REAL *first = a->firsts + ((start / TIME_BLOCK) * a->batch + b) * S * d + i0;
     for (int64_t n = 0; n < S; ++n)
-        for (int k = 0; k < gw; ++k) {
-            lam[n][k] = a->g_last ? a->g_last[(b * d + i0 + k) * S + n] : (REAL)0;
-            g_rate[n][k] = 0;
-        }
-    REAL *gB = a->g_B + (b * a->groups + group) * L * S, *gC = a->g_C + (b * a->groups + group) * L * S;
-    for (int64_t block = (L - 1) / TIME_BLOCK; block >= 0; --block) {
-        const int64_t start = block * TIME_BLOCK, stop = start + TIME_BLOCK < L ? start + TIME_BLOCK : L;
-        const REAL *first = a->firsts + (block * a->batch + b) * S * d + i0;
-        for (int64_t n = 0; n < S; ++n)
-            for (int k = 0; k < gw; ++k) hs[0][n][k] = first[n * d + k];
-        for (int64_t t = start; t < stop; ++t)
-            NAME(step)(a, b, t, i0, gw, hs[t - start + 1], decs[t - start], (REAL const (*)[LANES])hs[t - start]);
-        for (int64_t t = stop - 1; t >= start; --t) {
-            const int64_t row = b * L + t, s = t - start;
-            const REAL *dl = a->delta + row * d + i0, *xx = a->x + row * d + i0;
-            const REAL *Bt = a->B + row * S, *Ct = a->C + row * S, *gy = a->gy ? a->gy + row * d + i0 : 0;
-            REAL u[LANES], g_u[LANES] = {0}, g_dl[LANES] = {0};
-            for (int k = 0; k < gw; ++k) u[k] = dl[k] * xx[k];
-            for (int64_t n = 0; n < S; ++n) {
-                const REAL bn = Bt[n], *an = a->rates + n * d + i0;
-                REAL sum_b = 0, sum_c = 0;
-                if (gy) {
-                    const REAL cn = Ct[n];
-                    for (int k = 0; k < gw; ++k) lam[n][k] += gy[k] * cn;  /* lam_t = gy_t C_t + decay_{t+1} lam_{t+1} */
-#pragma omp simd reduction(+ : sum_c)
-                    for (int k = 0; k < gw; ++k) sum_c += gy[k] * hs[s + 1][n][k];
-                }
-#pragma omp simd reduction(+ : sum_b)
-                for (int k = 0; k < gw; ++k) sum_b += lam[n][k] * u[k];
-                gB[t * S + n] = sum_b;
-                gC[t * S + n] = sum_c;
+        for (int k = 0; k < gw; ++k) hs[0][n][k] = first[n * d + k];
+    for (int64_t t = start; t < stop; ++t)
+        NAME(step)(a, b, t, i0, gw, hs[t - start + 1], decs[t - start], (REAL const (*)[LANES])hs[t - start]);
+    for (int64_t t = stop - 1; t >= start; --t) {
+        const int64_t row = b * L + t, s = t - start;
+        const REAL *dl = a->delta + row * d + i0, *xx = a->x + row * d + i0;
+        const REAL *Bt = a->B + row * S, *Ct = a->C + row * S, *gy = a->gy ? a->gy + row * d + i0 : 0;
+        REAL u[LANES], g_u[LANES] = {0}, g_dl[LANES] = {0};
+        for (int k = 0; k < gw; ++k) u[k] = dl[k] * xx[k];
+        for (int64_t n = 0; n < S; ++n) {
+            const REAL bn = Bt[n], *an = a->rates + n * d + i0;
+            if (gy) {
+                const REAL cn = Ct[n];
                 for (int k = 0; k < gw; ++k) {
-                    g_u[k] += lam[n][k] * bn;
-                    REAL r = lam[n][k] * hs[s][n][k] * decs[s][n][k];  /* the gradient of delta A */
-                    g_dl[k] += r * an[k];
-                    g_rate[n][k] += r * dl[k];
-                    lam[n][k] *= decs[s][n][k];
+                    lam[n][k] += gy[k] * cn;  /* lam_t = gy_t C_t + decay_{t+1} lam_{t+1} */
+                    acc_c[s][n][k] += gy[k] * hs[s + 1][n][k];
                 }
             }
-            REAL *gx = a->g_x + row * d + i0, *gd = a->g_delta + row * d + i0;
             for (int k = 0; k < gw; ++k) {
-                gx[k] = g_u[k] * dl[k];
-                gd[k] = g_dl[k] + g_u[k] * xx[k];
+                acc_b[s][n][k] += lam[n][k] * u[k];
+                g_u[k] += lam[n][k] * bn;
+                REAL r = lam[n][k] * hs[s][n][k] * decs[s][n][k];  /* the gradient of delta A */
+                g_dl[k] += r * an[k];
+                g_rate[n][k] += r * dl[k];
+                lam[n][k] *= decs[s][n][k];
             }
+        }
+        REAL *gx = a->g_x + row * d + i0, *gd = a->g_delta + row * d + i0;
+        for (int k = 0; k < gw; ++k) {
+            gx[k] = g_u[k] * dl[k];
+            gd[k] = g_dl[k] + g_u[k] * xx[k];
         }
     }
-    for (int64_t n = 0; n < S; ++n)
-        for (int k = 0; k < gw; ++k) {
-            a->g_h0[(b * d + i0 + k) * S + n] = lam[n][k];
-            a->g_rates[(b * S + n) * d + i0 + k] = g_rate[n][k];
+}
+
+/* One row and SPAN groups of LANES channels (from group g0, gws[j] channels in the j-th): each
+   group's adjoint runs back through a block as the forward went, and its terms of g B and g C are
+   added lane by lane into the block's acc_b, acc_c, which `lane_sums` sums over the lanes once
+   per token for all the task's groups (once per group and state, the sums were about a quarter of
+   a one-thread backward at pssa-1.5m's shape). */
+static inline void NAME(backward_task)(const NAME(args) *a, int64_t b, int64_t g0, int span, const int *gws) {
+    const int64_t d = a->channels, S = a->states, L = a->length;
+    REAL lam[SPAN][MAX_STATES][LANES], g_rate[SPAN][MAX_STATES][LANES];
+    REAL hs[TIME_BLOCK + 1][MAX_STATES][LANES], decs[TIME_BLOCK][MAX_STATES][LANES];
+    NAME(lanes) acc_b[TIME_BLOCK][MAX_STATES], acc_c[TIME_BLOCK][MAX_STATES];
+    for (int j = 0; j < span; ++j)
+        for (int64_t n = 0; n < S; ++n)
+            for (int k = 0; k < gws[j]; ++k) {
+                lam[j][n][k] = a->g_last ? a->g_last[(b * d + (g0 + j) * LANES + k) * S + n] : (REAL)0;
+                g_rate[j][n][k] = 0;
+            }
+    REAL *gB = a->g_B + (b * a->spans + g0 / SPAN) * L * S, *gC = a->g_C + (b * a->spans + g0 / SPAN) * L * S;
+    for (int64_t block = (L - 1) / TIME_BLOCK; block >= 0; --block) {
+        const int64_t start = block * TIME_BLOCK, stop = start + TIME_BLOCK < L ? start + TIME_BLOCK : L;
+        for (int64_t s = 0; s < stop - start; ++s)
+            for (int64_t n = 0; n < S; ++n) acc_b[s][n] = acc_c[s][n] = (NAME(lanes)){0};
+        for (int j = 0; j < span; ++j) {
+            REAL (*lm)[LANES] = lam[j], (*gr)[LANES] = g_rate[j];
+            const int64_t i0 = (g0 + j) * LANES;
+            /* gw the constant LANES for a full group: the loops over lanes vectorise without a rest. */
+            if (gws[j] == LANES) NAME(group_block)(a, b, i0, LANES, start, stop, lm, gr, hs, decs, acc_b, acc_c);
+            else NAME(group_block)(a, b, i0, gws[j], start, stop, lm, gr, hs, decs, acc_b, acc_c);
         }
+        for (int64_t t = start; t < stop; ++t) {
+            NAME(lane_sums)(acc_b[t - start], S, gB + t * S);
+            NAME(lane_sums)(acc_c[t - start], S, gC + t * S);
+        }
+    }
+    for (int j = 0; j < span; ++j)
+        for (int64_t n = 0; n < S; ++n)
+            for (int k = 0; k < gws[j]; ++k) {
+                const int64_t i = (g0 + j) * LANES + k;
+                a->g_h0[(b * d + i) * S + n] = lam[j][n][k];
+                a->g_rates[(b * S + n) * d + i] = g_rate[j][n][k];
+            }
 }
 
 /* Tasks are (row, group of LANES channels); the full groups run with gw the constant LANES. */
 void NAME(pssa_scan_forward)(const NAME(args) *a, int threads) {
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t task = 0; task < a->batch * a->groups; ++task) {
-        int64_t b = task / a->groups, group = task % a->groups, i0 = group * LANES;
-        if (i0 + LANES <= a->channels) NAME(forward_task)(a, b, i0, LANES);
-        else NAME(forward_task)(a, b, i0, (int)(a->channels - i0));
+#pragma omp parallel num_threads(threads)
+    {
+        const unsigned mode = NAME(flush_begin)();
+#pragma omp for schedule(static)
+        for (int64_t task = 0; task < a->batch * a->groups; ++task) {
+            int64_t b = task / a->groups, group = task % a->groups, i0 = group * LANES;
+            if (i0 + LANES <= a->channels) NAME(forward_task)(a, b, i0, LANES);
+            else NAME(forward_task)(a, b, i0, (int)(a->channels - i0));
+        }
+        NAME(flush_end)(mode);
     }
 }
 
 void NAME(pssa_scan_backward)(const NAME(args) *a, int threads) {
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t task = 0; task < a->batch * a->groups; ++task) {
-        int64_t b = task / a->groups, group = task % a->groups;
-        if ((group + 1) * LANES <= a->channels) NAME(backward_task)(a, b, group, LANES);
-        else NAME(backward_task)(a, b, group, (int)(a->channels - group * LANES));
+#pragma omp parallel num_threads(threads)
+    {
+        const unsigned mode = NAME(flush_begin)();
+#pragma omp for schedule(static)
+        for (int64_t task = 0; task < a->batch * a->spans; ++task) {
+            const int64_t b = task / a->spans, g0 = (task % a->spans) * SPAN;
+            int gws[SPAN], span = 0;
+            for (; span < SPAN && (g0 + span) * LANES < a->channels; ++span) {
+                const int64_t left = a->channels - (g0 + span) * LANES;
+                gws[span] = left < LANES ? (int)left : LANES;
+            }
+            NAME(backward_task)(a, b, g0, span, gws);
+        }
+        NAME(flush_end)(mode);
     }
 }
 """
@@ -219,10 +321,39 @@ def typed_source(body: str) -> str:
     return "".join(parts)
 
 
+def _lane_sum_tree() -> str:
+    """C statements that sum each of the LANES vectors v[0..LANES) over its lanes into v[0] (lane
+    n the sum of v[n]). A level of half-width w pairs v[i] with v[i + m] (m vectors remain after
+    it) and adds the two shuffles that put, segment by segment of w lanes, one group's lower and
+    its upper half side by side: every vector then holds twice the states, each over half the
+    lanes; pairing i with i + m leaves the states in order at the end."""
+    statements = []
+    width, vectors = LANES // 2, LANES
+    while width >= 1:
+        vectors //= 2
+        halves = []
+        for offset in (0, width):
+            lanes = [
+                (LANES if segment % 2 else 0) + (segment // 2) * 2 * width + offset + j
+                for segment in range(LANES // width)
+                for j in range(width)
+            ]
+            halves.append(", ".join(map(str, lanes)))
+        statements.append(
+            f"for (int i = 0; i < {vectors}; ++i) v[i] = SHUFFLE(v[i], v[i + {vectors}], {halves[0]}) "
+            f"+ SHUFFLE(v[i], v[i + {vectors}], {halves[1]});"
+        )
+        width //= 2
+    return " ".join(statements)
+
+
 def _source(time_block: int) -> str:
     header = (
-        "#include <stdint.h>\n"
-        f"#define LANES {LANES}\n#define MAX_STATES {MAX_STATES}\n#define TIME_BLOCK {time_block}\n"
+        "#include <stdint.h>\n#ifdef __SSE__\n#include <xmmintrin.h>\n#endif\n"
+        f"#define LANES {LANES}\n#define MAX_STATES {MAX_STATES}\n#define TIME_BLOCK {time_block}\n#define SPAN {SPAN}\n"
+        "#ifdef __clang__\n#define SHUFFLE(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)\n"
+        "#else\n#define SHUFFLE(a, b, ...) __builtin_shuffle(a, b, (NAME(lane_mask)){__VA_ARGS__})\n#endif\n"
+        f"#define LANE_SUM_TREE {_lane_sum_tree()}\n"
     )
     return header + typed_source(_BODY)
 
@@ -232,7 +363,7 @@ class _Args(ctypes.Structure):
         *[(name, ctypes.c_void_p) for name in ("x", "delta", "rates_log2", "rates", "B", "C", "h0", "gy", "g_last")],
         *[(name, ctypes.c_void_p) for name in ("y", "h_last", "firsts", "g_x", "g_delta", "g_rates", "g_B", "g_C",
                                                "g_h0")],  # fmt: skip
-        *[(name, ctypes.c_int64) for name in ("batch", "length", "channels", "states", "groups")],
+        *[(name, ctypes.c_int64) for name in ("batch", "length", "channels", "states", "groups", "spans")],
     ]
 
 
@@ -312,7 +443,7 @@ def suffix(dtype: torch.dtype) -> str:
 def _args(tensors: dict[str, torch.Tensor | None], batch: int, length: int, channels: int, states: int) -> _Args:
     groups = -(-channels // LANES)
     return _Args(**{name: pointer(t) for name, t in tensors.items()}, batch=batch, length=length,
-                 channels=channels, states=states, groups=groups)  # fmt: skip
+                 channels=channels, states=states, groups=groups, spans=-(-groups // SPAN))  # fmt: skip
 
 
 def forward(
@@ -350,10 +481,10 @@ def backward(
     x, delta, rates_log2, rates, B, C, firsts = saved
     batch, length, channels = x.shape
     states = rates.shape[0]
-    groups = -(-channels // LANES)
+    spans = -(-channels // (LANES * SPAN))
     g_x, g_delta = torch.empty_like(x), torch.empty_like(x)
     g_rates = x.new_empty((batch, states, channels))  # per row: summed below in a fixed order
-    g_B = x.new_empty((batch, groups, length, states))  # per channel group, the same
+    g_B = x.new_empty((batch, spans, length, states))  # per task's channels, the same
     g_C = torch.empty_like(g_B)
     g_h0 = x.new_empty((batch, channels, states))
     tensors = {"x": x, "delta": delta, "rates_log2": rates_log2, "rates": rates, "B": B, "C": C, "gy": gy,

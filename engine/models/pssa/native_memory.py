@@ -274,6 +274,32 @@ void pssa_write_rule(const write_args *a) {
     a->ring_head[0] = head;
 }
 
+/* `PendingDreams.record`'s rule: the rows whose loss passes the threshold (nan never does), in
+   row order, at ring positions recorded, recorded + 1, ... (slot: position % capacity), a row that
+   a later row of the same piece would overwrite skipped; each chunk padded to chunk_len. Rows of
+   tokens and targets are row_stride apart. */
+void pssa_record_dreams(const double *losses, const int64_t *tokens, const int64_t *targets, int64_t rows,
+                        int64_t length, int64_t row_stride, int64_t *ring_tokens, int64_t *ring_targets,
+                        int64_t *recorded, int64_t capacity, int64_t chunk_len, double threshold,
+                        int64_t ignore_index) {
+    int64_t gated = 0;
+    for (int64_t r = 0; r < rows; ++r) gated += losses[r] > threshold;
+    const int64_t total = recorded[0] + gated;
+    for (int64_t r = 0, position = recorded[0]; r < rows; ++r) {
+        if (!(losses[r] > threshold)) continue;
+        if (position >= total - capacity) {
+            int64_t *slot_tokens = ring_tokens + (position % capacity) * chunk_len;
+            int64_t *slot_targets = ring_targets + (position % capacity) * chunk_len;
+            for (int64_t j = 0; j < chunk_len; ++j) {
+                slot_tokens[j] = j < length ? tokens[r * row_stride + j] : 0;
+                slot_targets[j] = j < length ? targets[r * row_stride + j] : ignore_index;
+            }
+        }
+        ++position;
+    }
+    recorded[0] = total;
+}
+
 /* Row r of rows (row_bytes each) into slot target[r] of slots, where target[r] < capacity. */
 void pssa_store_rows(char *slots, const char *rows, const int64_t *target, int64_t count, int64_t capacity,
                      int64_t row_bytes) {
@@ -314,6 +340,8 @@ def library() -> ctypes.CDLL | None:
     signatures["pssa_write_rule"] = [ctypes.POINTER(_WriteArgs)]
     signatures["pssa_store_rows"] = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
                                      ctypes.c_int64, ctypes.c_int64]  # fmt: skip
+    signatures["pssa_record_dreams"] = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 3 + [
+        ctypes.c_int64, ctypes.c_int64, ctypes.c_double, ctypes.c_int64]  # fmt: skip
     return native.load("pssa_memory", source, signatures, "memory read and write")
 
 
@@ -419,3 +447,25 @@ def stored(lib: ctypes.CDLL, slots: torch.Tensor, rows: torch.Tensor, target: to
     lib.pssa_store_rows(result.data_ptr(), rows.data_ptr(), target.data_ptr(), rows.shape[0], slots.shape[0],
                         rows.shape[1] * rows.element_size())  # fmt: skip
     return result
+
+
+def record_dreams(
+    lib: ctypes.CDLL,
+    ring: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    tokens: torch.Tensor,
+    targets: torch.Tensor,
+    losses: torch.Tensor,
+    threshold: float,
+    ignore_index: int,
+) -> None:
+    """`PendingDreams.record` in place on ring = (tokens (capacity + 1, chunk_len), targets of
+    that shape, recorded (1,)), all int64 CPU tensors; tokens and targets (R, L) int64, losses (R,)."""
+    ring_tokens, ring_targets, recorded = ring
+    if tokens.stride() != targets.stride() or tokens.stride(1) != 1:
+        tokens, targets = tokens.contiguous(), targets.contiguous()
+    losses = losses.detach().to(torch.float64).contiguous()
+    lib.pssa_record_dreams(
+        losses.data_ptr(), tokens.data_ptr(), targets.data_ptr(), tokens.shape[0], tokens.shape[1],
+        tokens.stride(0), ring_tokens.data_ptr(), ring_targets.data_ptr(), recorded.data_ptr(),
+        ring_tokens.shape[0] - 1, ring_tokens.shape[1], threshold, ignore_index,
+    )  # fmt: skip

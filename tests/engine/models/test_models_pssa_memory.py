@@ -10,7 +10,14 @@ import pytest
 import torch
 
 from engine.models.pssa import native_memory
-from engine.models.pssa.memory import MAX_BALL_RADIUS, EpisodicBank, WriteRule, to_poincare_ball, write_banks
+from engine.models.pssa.memory import (
+    MAX_BALL_RADIUS,
+    EpisodicBank,
+    PendingDreams,
+    WriteRule,
+    to_poincare_ball,
+    write_banks,
+)
 
 
 def _bank(capacity: int = 2, key_dim: int = 3, value_dim: int = 2) -> EpisodicBank:
@@ -327,3 +334,28 @@ def test_confidence_is_compared_with_the_damage_in_float64() -> None:
         target.write(torch.ones(1, 3), torch.zeros(1, 2), [5.0], 100_000)
     _assert_same_bank(bank, reference)
     assert bank.counters.defended == 1 and float(bank.confidence[0]) == 0.0
+
+
+def test_native_dream_record_equals_pytorch_s() -> None:
+    """The C record leaves the ring (its `capacity` slots and the count) as the tensor operations
+    do: rows gated in order, nan never, a piece with more gated rows than the ring holds keeping
+    its newest, short pieces padded, rows of a strided view."""
+    lib = native_memory.library()
+    if lib is None:
+        pytest.skip("no C compiler: the native record is not built")
+    rnd = random.Random(5)
+    capacity, chunk_len, threshold = 5, 4, 3.5
+    rings = [PendingDreams(capacity, chunk_len, threshold) for _ in range(2)]
+    for piece in range(60):
+        rows, length = rnd.choice([1, 3, 8]), rnd.choice([chunk_len, 2])
+        both = torch.randint(0, 50, (rows, length + 1))
+        tokens, targets = both[:, :-1], both[:, 1:]
+        losses = _random_losses(rnd, rows, threshold)
+        rings[0].record(tokens, targets, losses)
+        rings[1].torch_record(tokens, targets, losses)
+        for name in ("tokens", "targets"):
+            assert torch.equal(getattr(rings[0], name)[:capacity], getattr(rings[1], name)[:capacity]), name
+        assert torch.equal(rings[0].recorded, rings[1].recorded)
+        if piece % 9 == 8:
+            for ring in rings:
+                ring.drain()

@@ -25,12 +25,14 @@ def _step_by_step(x, delta, A, B, C, h0):  # noqa: ANN001, ANN202
     return torch.stack(outputs, dim=1), h
 
 
-def _inputs(length: int, seed: int, with_h0: bool = True) -> list[torch.Tensor | None]:
+def _inputs(
+    length: int, seed: int, with_h0: bool = True, channels: int = 6, states: int = 5
+) -> list[torch.Tensor | None]:
     """Random inputs with time constants from 0.02 to 20,000 tokens at delta = 1 (past the
     initialisation's 1.5..200 both ways) and steps delta up to 12: decays from exp(-600) (an
     underflow to 0) to 1 - 1e-4."""
     generator = torch.Generator().manual_seed(seed)
-    batch, channels, states = 3, 6, 5
+    batch = 3
     tau = torch.exp(torch.empty(channels, states, dtype=F64).uniform_(-4.0, 10.0, generator=generator))
     A = -1.0 / tau
     x = torch.randn(batch, length, channels, generator=generator, dtype=F64)
@@ -78,6 +80,25 @@ def test_scan_equals_the_step_by_step_recurrence_forward_and_gradients(
         _close(actual, expected)
 
 
+@pytest.mark.parametrize("states", [16, 21, 32])
+def test_native_scan_sums_whole_groups_of_lanes_and_states(states: int) -> None:
+    """g B and g C summed over the lanes by the transposing tree (LANES states at a time, the rest
+    one by one) and channels in a full group and a partial one: the step-by-step definition's."""
+    channels, length = native.LANES + 4, TIME_BLOCK + 3
+    inputs = _inputs(length, seed=states, channels=channels, states=states)
+    leaves = [t.requires_grad_() for t in inputs]
+    generator = torch.Generator().manual_seed(200 + states)
+    grad_y = torch.randn(3, length, channels, generator=generator, dtype=F64)
+    grad_h = torch.randn(3, channels, states, generator=generator, dtype=F64)
+    results = []
+    for scan in (_step_by_step, _native_scan):
+        y, h_last = scan(*inputs)
+        gradients = torch.autograd.grad((y * grad_y).sum() + (h_last * grad_h).sum(), leaves)
+        results.append((y, h_last, *gradients))
+    for actual, expected in zip(results[1], results[0]):
+        _close(actual, expected)
+
+
 def test_scan_gradients_pass_gradcheck() -> None:
     inputs = _inputs(TIME_BLOCK + 2, seed=7)
     leaves = tuple(t.requires_grad_() for t in inputs)
@@ -114,15 +135,16 @@ def test_scan_of_float32_inputs_keeps_a_float32_state() -> None:
     torch.testing.assert_close(h_last.double(), expected_h, rtol=1e-4, atol=1e-4)
 
 
-def test_native_scan_is_bit_identical_at_any_thread_count() -> None:
+@pytest.mark.parametrize("states", [5, 16])
+def test_native_scan_is_bit_identical_at_any_thread_count(states: int) -> None:
     """Tasks own their outputs and the cross-task sums run in PyTorch in a fixed order."""
     if native.library(TIME_BLOCK) is None:
         pytest.skip("no C compiler: the native scan is not built")
     generator = torch.Generator().manual_seed(3)
     x, delta = torch.randn(4, 20, 40, generator=generator), torch.rand(4, 20, 40, generator=generator)
-    B, C = torch.randn(4, 20, 5, generator=generator), torch.randn(4, 20, 5, generator=generator)
-    A = -torch.rand(40, 5, generator=generator)
-    h0 = torch.randn(4, 40, 5, generator=generator)
+    B, C = torch.randn(4, 20, states, generator=generator), torch.randn(4, 20, states, generator=generator)
+    A = -torch.rand(40, states, generator=generator)
+    h0 = torch.randn(4, 40, states, generator=generator)
     results = []
     threads = torch.get_num_threads()
     try:
@@ -136,3 +158,16 @@ def test_native_scan_is_bit_identical_at_any_thread_count() -> None:
         torch.set_num_threads(threads)
     for one, two in zip(*results):
         assert torch.equal(one, two)
+
+
+def test_native_scan_leaves_the_callers_subnormal_numbers_alone() -> None:
+    """The float32 scan flushes subnormal numbers in its own threads only: PyTorch's next
+    operation still makes one (the floating-point mode is restored)."""
+    if native.library(TIME_BLOCK) is None:
+        pytest.skip("no C compiler: the native scan is not built")
+    inputs = [t.float() for t in _inputs(TIME_BLOCK + 3, seed=11, channels=native.LANES, states=16)]
+    leaves = [t.requires_grad_() for t in inputs]
+    y, h_last = scan_module._NativeScan.apply(*leaves)
+    torch.autograd.grad(y.sum() + h_last.sum(), leaves)
+    tiny = torch.tensor([1e-38], dtype=torch.float32) * torch.tensor([1e-3], dtype=torch.float32)
+    assert 0 < float(tiny) < torch.finfo(torch.float32).tiny
