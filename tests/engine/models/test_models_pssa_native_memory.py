@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from helpers.numerics import assert_close_to_scale
 
 from engine.models.pssa import native, native_memory
 from engine.models.pssa import read as read_module
@@ -23,13 +24,6 @@ F64 = torch.float64
 def _needs_the_library() -> None:
     if native_memory.library() is None:
         pytest.skip("no C compiler: the native memory code is not built")
-
-
-def _close(actual: torch.Tensor, expected: torch.Tensor, rtol: float = 1e-12) -> None:
-    """Within rtol of the expected tensor's largest magnitude, elementwise."""
-    actual, expected = actual.detach(), expected.detach()
-    scale = float(expected.abs().max()) or 1.0
-    assert float((actual - expected).abs().max()) <= rtol * scale, (actual - expected).abs().max()
 
 
 def _native_read(*inputs):  # noqa: ANN002, ANN202
@@ -63,7 +57,7 @@ def test_topk_read_equals_the_dense_reference(
         (grad,) = torch.autograd.grad((m * grad_m).sum(), q)
         results.append((m, grad))
     for actual, expected in zip(results[1], results[0]):
-        _close(actual, expected)
+        assert_close_to_scale(actual, expected)
     if occupied == 0:
         assert torch.count_nonzero(results[1][0]) == 0 and torch.count_nonzero(results[1][1]) == 0
 
@@ -79,7 +73,7 @@ def test_native_read_takes_a_scattered_occupancy_and_queries_on_the_keys() -> No
         m = read(q, keys, values, mask, 0.2, 3)
         results.append((m, *torch.autograd.grad(m.square().sum(), q)))
     for actual, expected in zip(results[1], results[0]):
-        _close(actual, expected)
+        assert_close_to_scale(actual, expected)
 
 
 def test_native_read_gradcheck_float64() -> None:
@@ -108,7 +102,7 @@ def test_native_ball_equals_the_torch_map_forward_and_gradient() -> None:
         results.append((out, *torch.autograd.grad((out * grad_out).sum(), q)))
     assert results[1][0].grad_fn is not None and "NativeBall" in type(results[1][0].grad_fn).__name__
     for actual, expected in zip(results[1], results[0]):
-        _close(actual, expected)
+        assert_close_to_scale(actual, expected)
 
 
 def test_native_ball_gradcheck_float64() -> None:
@@ -180,7 +174,7 @@ def test_model_with_native_code_equals_the_pytorch_path(monkeypatch: pytest.Monk
         pytest.skip("no C compiler: the native scan is not built")
     for actual, expected in zip(_training_step(monkeypatch, True), _training_step(monkeypatch, False)):
         if actual.is_floating_point():
-            _close(actual, expected)
+            assert_close_to_scale(actual, expected)
         else:
             assert torch.equal(actual, expected)
 
@@ -206,4 +200,4 @@ def test_read_falls_back_to_pytorch_without_the_library(monkeypatch: pytest.Monk
     monkeypatch.setattr(native_memory, "library", lambda: None)
     fallback = read_module.topk_read(q, keys, values, mask, 0.3, 4)
     assert fallback.grad_fn is None  # no autograd function: the PyTorch operations ran
-    _close(native_read, fallback)
+    assert_close_to_scale(native_read, fallback)

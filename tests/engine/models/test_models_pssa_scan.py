@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from helpers.numerics import assert_close_to_scale
 
 from engine.models.pssa import native
 from engine.models.pssa import scan as scan_module
@@ -43,13 +44,6 @@ def _inputs(
     return [x, delta, A, B, C, h0]
 
 
-def _close(actual: torch.Tensor, expected: torch.Tensor, rtol: float = 1e-12) -> None:
-    """Within rtol of the expected tensor's largest magnitude, elementwise."""
-    actual, expected = actual.detach(), expected.detach()
-    scale = float(expected.abs().max()) or 1.0
-    assert float((actual - expected).abs().max()) <= rtol * scale, (actual - expected).abs().max()
-
-
 def _torch_scan(*inputs):  # noqa: ANN002, ANN202
     return scan_module._CpuScan.apply(*inputs)
 
@@ -60,43 +54,42 @@ def _native_scan(*inputs):  # noqa: ANN002, ANN202
     return scan_module._NativeScan.apply(*inputs)
 
 
-@pytest.mark.parametrize("length", [1, TIME_BLOCK - 1, TIME_BLOCK, TIME_BLOCK + 3, 64])
-@pytest.mark.parametrize("with_h0", [True, False])
-@pytest.mark.parametrize("implementation", [_torch_scan, _native_scan])
-def test_scan_equals_the_step_by_step_recurrence_forward_and_gradients(
-    length: int, with_h0: bool, implementation: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+def _assert_step_by_step(
+    implementation: Callable[..., tuple[torch.Tensor, torch.Tensor]], inputs: list[torch.Tensor | None], seed: int
 ) -> None:
-    inputs = _inputs(length, seed=length, with_h0=with_h0)
+    """y, the last state and every input's gradient (under random output gradients drawn from
+    seed) of `implementation` equal the step-by-step definition's."""
+    x, _delta, _A, B, _C, _h0 = inputs
+    batch, length, channels = x.shape
+    states = B.shape[-1]
     leaves = [t.requires_grad_() for t in inputs if t is not None]
-    generator = torch.Generator().manual_seed(100 + length)
-    grad_y = torch.randn(3, length, 6, generator=generator, dtype=F64)
-    grad_h = torch.randn(3, 6, 5, generator=generator, dtype=F64)
+    generator = torch.Generator().manual_seed(seed)
+    grad_y = torch.randn(batch, length, channels, generator=generator, dtype=F64)
+    grad_h = torch.randn(batch, channels, states, generator=generator, dtype=F64)
     results = []
     for scan in (_step_by_step, implementation):
         y, h_last = scan(*inputs)
         gradients = torch.autograd.grad((y * grad_y).sum() + (h_last * grad_h).sum(), leaves)
         results.append((y, h_last, *gradients))
     for actual, expected in zip(results[1], results[0]):
-        _close(actual, expected)
+        assert_close_to_scale(actual, expected)
+
+
+@pytest.mark.parametrize("length", [1, TIME_BLOCK - 1, TIME_BLOCK, TIME_BLOCK + 3, 64])
+@pytest.mark.parametrize("with_h0", [True, False])
+@pytest.mark.parametrize("implementation", [_torch_scan, _native_scan])
+def test_scan_equals_the_step_by_step_recurrence_forward_and_gradients(
+    length: int, with_h0: bool, implementation: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+) -> None:
+    _assert_step_by_step(implementation, _inputs(length, seed=length, with_h0=with_h0), seed=100 + length)
 
 
 @pytest.mark.parametrize("states", [16, 21, 32])
 def test_native_scan_sums_whole_groups_of_lanes_and_states(states: int) -> None:
     """g B and g C summed over the lanes by the transposing tree (LANES states at a time, the rest
     one by one) and channels in a full group and a partial one: the step-by-step definition's."""
-    channels, length = native.LANES + 4, TIME_BLOCK + 3
-    inputs = _inputs(length, seed=states, channels=channels, states=states)
-    leaves = [t.requires_grad_() for t in inputs]
-    generator = torch.Generator().manual_seed(200 + states)
-    grad_y = torch.randn(3, length, channels, generator=generator, dtype=F64)
-    grad_h = torch.randn(3, channels, states, generator=generator, dtype=F64)
-    results = []
-    for scan in (_step_by_step, _native_scan):
-        y, h_last = scan(*inputs)
-        gradients = torch.autograd.grad((y * grad_y).sum() + (h_last * grad_h).sum(), leaves)
-        results.append((y, h_last, *gradients))
-    for actual, expected in zip(results[1], results[0]):
-        _close(actual, expected)
+    inputs = _inputs(TIME_BLOCK + 3, seed=states, channels=native.LANES + 4, states=states)
+    _assert_step_by_step(_native_scan, inputs, seed=200 + states)
 
 
 def test_scan_gradients_pass_gradcheck() -> None:
@@ -112,7 +105,7 @@ def test_scan_gradient_of_only_the_last_state() -> None:
     _, h_last = pssa_scan(*inputs)
     (grad,) = torch.autograd.grad(h_last.sum(), inputs[5])
     x, delta, A = inputs[:3]
-    _close(grad, torch.exp(delta.sum(1)[:, :, None] * A))
+    assert_close_to_scale(grad, torch.exp(delta.sum(1)[:, :, None] * A))
 
 
 def test_scan_without_gradient_equals_the_one_with(monkeypatch: pytest.MonkeyPatch) -> None:
