@@ -234,19 +234,15 @@ def partial_recompute(
     From half those rows, where both were measured: activations grow with the rows, so `none`'s
     peak at twice the rows is static + 2 (its peak - static), and each layer recomputed whole saves
     2 (none's peak - kind's peak) / layers there."""
-    by_setting = {(m.micro_batch_rows, m.recompute): m for m in tuning.measurements}
-    failing = [
-        m.micro_batch_rows
-        for m in tuning.measurements
-        if m.recompute == "none" and not m.fits and getattr(by_setting.get((m.micro_batch_rows, kind)), "fits", False)
-    ]
+    fitting = {(m.micro_batch_rows, m.recompute): m.peak_bytes for m in tuning.measurements if m.fits}
+    failing = [m.micro_batch_rows for m in tuning.measurements if m.recompute == "none" and not m.fits]
+    failing = [rows for rows in failing if (rows, kind) in fitting]
     if not failing:
         return None
     rows = max(failing)
-    half = [by_setting.get((rows // 2, setting)) for setting in ("none", kind)]
-    if rows < 2 or any(m is None or m.peak_bytes is None or not m.fits for m in half):
+    none_peak, kind_peak = (fitting.get((rows // 2, setting)) for setting in ("none", kind))
+    if rows < 2 or none_peak is None or kind_peak is None:
         return None
-    none_peak, kind_peak = (m.peak_bytes for m in half)  # type: ignore[union-attr]
     saving_per_layer = 2 * (none_peak - kind_peak) / layers
     if saving_per_layer <= 0:
         return None
