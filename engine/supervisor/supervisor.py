@@ -74,6 +74,7 @@ from engine.protocol.facts import (
     EventKind,
     LineState,
     Stage,
+    StopReason,
     SupervisorExitCode,
 )
 from engine.protocol.wire import PROTOCOL_VERSION, RequestLog
@@ -587,8 +588,11 @@ class Supervisor:
                 others = sorted(set(others) | set(now_on_gpu)) if code is not None else now_on_gpu
             if code is not None:
                 ran = time.time() - launched
+                heartbeat = read_json(self.layout.heartbeat) or {}
+                stop_served = (heartbeat.get("stage") == Stage.STOPPED and heartbeat.get("time", 0.0) >= launched
+                               and heartbeat.get("reason") == StopReason.STOP_FILE)
                 return TrainerExit(
-                    code, ran, stopped_by_us=stopped_by_us, stop_requested=stop_file_seen,
+                    code, ran, stopped_by_us=stopped_by_us, stop_requested=stop_file_seen, stop_served=stop_served,
                     others_on_gpu=others, paused_for_work=paused,
                 )
             self._pump()

@@ -42,6 +42,9 @@ class TrainerExit:
     """The supervisor sent it the SIGTERM (a stop it asked for)."""
     stop_requested: bool = False
     """A STOP request was pending while it ran (a clean exit then is a stop, not the end)."""
+    stop_served: bool = False
+    """It beat `stopped` for the STOP request (its checkpoint written) before it exited: a status
+    other than 0 after that (a rank that failed on its way out) ends no training."""
     progressed: bool = False
     """The line's newest checkpoint is newer than at the launch."""
     others_on_gpu: list[int] = field(default_factory=list)
@@ -140,6 +143,9 @@ def judge_exit(outcome: TrainerExit, context: ExitContext) -> Verdict:
                        **keep)
     if outcome.stopped_by_us or (context.stopping and code in signal_codes(context.stop_signal)):
         return _stopped("the line stopped on request", keep)
+    if outcome.stop_served:  # a relaunch would train on against the request (its STOP file is gone)
+        message = f"the line stopped on request (the trainer then exited with status {describe_code(code)})"
+        return replace(_stopped(message, keep), said=(message,))
     if code == TrainerExitCode.LINE_ERROR:
         notice = Notice(EventKind.FAILED, context.last_error or "the trainer refused to run the line", True)
         return Verdict(SupervisorExitCode.FAILED, LineState.FAILED, (notice,), **keep)

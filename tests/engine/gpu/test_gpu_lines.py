@@ -26,7 +26,7 @@ from engine.gpu.devices import GpuLease, lease_holder
 from engine.ops.status import line_status
 
 TRAINER = r'''
-import json, os, signal, sys, time
+import fcntl, json, os, signal, sys, time
 from engine.supervisor.child import die_with_group, die_with_parent
 line = sys.argv[1]
 parent = int(sys.argv[sys.argv.index("--parent") + 1])
@@ -34,9 +34,17 @@ rank = os.environ.get("RANK")  # under torchrun (parallel.degree > 1): one of it
 if not (die_with_parent(parent) if rank is None else die_with_group(parent)):
     sys.exit(128 + signal.SIGTERM)
 exits_path = os.path.join(line, "exits.json")  # exit codes of the next launches (then: train until stopped)
-exits = json.load(open(exits_path)) if os.path.exists(exits_path) else []
-code = exits.pop(0) if exits else None
-json.dump(exits, open(exits_path, "w"))
+# One code per launch, shared by its ranks: a torchrun group is its agent's children, so the agent's pid
+# names the launch. Claimed under a lock: ranks start together, and one may be killed before it reads.
+launch = os.getpid() if rank is None else os.getppid()
+with open(os.path.join(line, "exits.lock"), "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    exits = json.load(open(exits_path)) if os.path.exists(exits_path) else []
+    exits = {"next": exits, "claimed": {}} if isinstance(exits, list) else exits
+    if str(launch) not in exits["claimed"]:
+        exits["claimed"][str(launch)] = exits["next"].pop(0) if exits["next"] else None
+    code = exits["claimed"][str(launch)]
+    json.dump(exits, open(exits_path, "w"))
 seen = {"pid": os.getpid(), "rank": rank, "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "placed": os.environ.get("NSCONSOLE_GPUS")}
 with open(os.path.join(line, "launches.jsonl"), "a") as handle:
@@ -58,8 +66,11 @@ stop_path = os.path.join(line, "STOP")
 def asked_to_stop():  # rank 0 takes the STOP file; a rank above 0 ends when rank 0 has stopped
     if rank in (None, "0"):
         return os.path.exists(stop_path)
-    with open(os.path.join(line, "heartbeat")) as handle:
-        return json.load(handle)["stage"] == "stopped"
+    try:
+        with open(os.path.join(line, "heartbeat")) as handle:
+            return json.load(handle)["stage"] == "stopped"
+    except FileNotFoundError:  # rank 0 has not beaten yet
+        return False
 
 while not terminated and not asked_to_stop():
     beat("training")
@@ -67,8 +78,8 @@ while not terminated and not asked_to_stop():
 if terminated:
     beat("stopped", reason="signal SIGTERM")
     sys.exit(128 + signal.SIGTERM)
-if rank not in (None, "0"):
-    sys.exit(0)
+if rank not in (None, "0"):  # (with fails_at_stop: fails on its way out, after rank 0's stop)
+    sys.exit(1 if os.path.exists(os.path.join(line, "fails_at_stop")) else 0)
 os.remove(stop_path)
 beat("stopped", reason="stop requested")
 '''
@@ -258,7 +269,7 @@ def test_a_gpu_past_the_visible_ones_stops_the_supervisor_with_one_line(host: Ho
 
 def test_a_line_over_two_gpus_leases_both_watches_both_and_shows_the_ranks_both(host: Host) -> None:
     line = host.line("g", "cuda:2", **{"parallel.degree": 2})
-    (line / "exits.json").write_text(json.dumps([1, 1]))  # the first launch's ranks crash
+    (line / "exits.json").write_text(json.dumps([1]))  # the first launch (both its ranks) crashes
     host.nvml.set_processes(3, [(4242, 2 << 30)])  # another process on rank 1's GPU, not rank 0's
     host.start(line)
     run_log = line / "run.log"
@@ -292,3 +303,15 @@ def test_a_line_over_two_gpus_leases_both_watches_both_and_shows_the_ranks_both(
         stop_supervisor(each)
     assert all(lease_holder(index) is None for index in range(4))
     assert supervisor_json(line)["trainer_children"] == []
+
+
+def test_a_group_whose_rank_fails_after_rank_0_served_the_stop_stays_stopped(host: Host) -> None:
+    line = host.line("i", "auto", **{"parallel.degree": 2})
+    (line / "fails_at_stop").touch()  # rank 1 exits 1 once rank 0 has checkpointed and beaten `stopped`
+    host.start(line)
+    wait_until(f"{line} training", lambda: supervisor_json(line).get("state") == "training"
+               and len(supervisor_json(line).get("trainer_children", [])) == 2)  # fmt: skip
+    stop_supervisor(line)  # ... and the supervisor stops (no relaunch that would train on, STOP gone)
+    state = supervisor_json(line)
+    assert (state["launches"], state["crashes"], state["last_exit"]["code"]) == (1, 0, 1)
+    assert "the line stopped on request (the trainer then exited with status 1)" in (line / "run.log").read_text()

@@ -165,3 +165,17 @@ def test_only_exits_nobody_asked_for_count_as_crashes() -> None:
     ]
     for outcome, context in asked:
         assert not judge_exit(outcome, context).crashed, outcome
+
+
+@pytest.mark.parametrize("code", [1, SIGTERM_EXIT, -9])
+def test_a_served_stop_then_a_failed_exit_is_a_stop_not_a_relaunch(code: int) -> None:
+    # A group's rank 0 checkpointed, took the STOP file and beat `stopped`; another rank then failed
+    # on its way out. A relaunch would train on with no STOP file left to stop it.
+    verdict = judge_exit(TrainerExit(code, 10.0, stop_requested=True, stop_served=True), CONTEXT)
+    assert (verdict.exit_status, verdict.state, verdict.crashed) == (SupervisorExitCode.OK, LineState.STOPPED, False)
+    assert kinds(verdict) == [EventKind.STOPPED] and "then exited with status" in verdict.notices[0].message
+
+
+def test_a_stop_not_yet_served_then_a_crash_relaunches_to_serve_it() -> None:
+    verdict = judge_exit(TrainerExit(1, 10.0, stop_requested=True), replace(CONTEXT, stop_pending_now=True))
+    assert verdict.exit_status is None and verdict.crashed
