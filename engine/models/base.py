@@ -63,10 +63,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import torch
 from torch import nn
+
+CompiledT = TypeVar("CompiledT", bound=Callable[..., Any])
 
 IGNORE_INDEX = -100
 
@@ -291,19 +293,23 @@ def _piece_logit_grads(
 
 
 @functools.cache
-def _compiled(function: Callable[..., Any]) -> Callable[..., Any]:
-    """`function` through torch.compile for CUDA pieces: each is one fused pass over a piece's logits
-    (eagerly the casts, exp, subtraction and products are a pass each over 2048 x 65,536 values).
-    Static shapes (a piece and the last, shorter one); inductor's deterministic mode where this
-    torch has it, so that a resumed line compiles the kernels the uninterrupted one did."""
+def compile_static(function: CompiledT) -> CompiledT:
+    """`function` through torch.compile, the one way every family compiles (the chunked loss's
+    pieces, the transformer's layers, the NS glue stages and scan). Static shapes: one compilation
+    per shape, made at the step engine's warm-up before any CUDA-graph capture (past torch._dynamo's
+    recompile limit, 8 shapes, a new shape runs eagerly). Inductor's deterministic mode, where this
+    torch has it, keeps it from choosing a kernel by timing it, so that a resumed line compiles the
+    kernels the uninterrupted one did. Cached: a function is compiled once per process."""
     import torch._inductor.config as inductor_config
 
     options = {"deterministic": True} if hasattr(inductor_config, "deterministic") else {}
-    return torch.compile(function, dynamic=False, options=options)
+    return cast(CompiledT, torch.compile(function, dynamic=False, options=options))
 
 
 def _on(device: torch.device, function: Callable[..., Any]) -> Callable[..., Any]:
-    return _compiled(function) if device.type == "cuda" else function
+    # On CUDA each piece is one fused pass over its logits (eagerly the casts, exp, subtraction and
+    # products are a pass each over 2048 x 65,536 values).
+    return compile_static(function) if device.type == "cuda" else function
 
 
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):

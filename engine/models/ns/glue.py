@@ -19,12 +19,12 @@ parameters become graph inputs), so the layers of one kind share one compiled gr
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import TypeVar
 
 import torch
 
+from engine.models.base import compile_static
 from engine.models.common import RMSNorm
 from engine.models.ns.config import NSConfig
 
@@ -40,17 +40,9 @@ def fuses_glue(config: NSConfig, x: torch.Tensor) -> bool:
     return config.compile_glue and x.is_cuda and torch.is_grad_enabled() and x.dtype != torch.float64
 
 
-@functools.cache
 def compiled(stage: Stage) -> Stage:
-    """`stage` through torch.compile. Static shapes: one compilation per shape, made at the step
-    engine's warm-up before any CUDA-graph capture (past torch._dynamo's recompile limit, 8 shapes
-    a stage, a new shape runs eagerly). Inductor's deterministic mode (where this torch has it) keeps
-    it from choosing a reduction's kernel by timing it, so that a resumed line compiles the kernels
-    the uninterrupted one did."""
-    import torch._inductor.config as inductor_config
-
-    options = {"deterministic": True} if hasattr(inductor_config, "deterministic") else {}
-    return torch.compile(stage, dynamic=False, options=options)
+    """`stage` through `compile_static` (one compilation per shape, inductor's deterministic mode)."""
+    return compile_static(stage)
 
 
 def fused(stage: Stage, enabled: bool) -> Stage:

@@ -152,5 +152,5 @@ def compiled_chunked_scan() -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
     scan`), and ns-1p3b's update 1.42x faster (bench/RESULTS.md, session 8). Shapes are static: one
     compilation per training or validation shape, at the engine's warm-up, before any CUDA graph
     capture (past torch._dynamo's recompile limit, 8 shapes, a new shape runs eagerly), in inductor's
-    deterministic mode (`engine.models.ns.glue.compiled`)."""
+    deterministic mode (`engine.models.base.compile_static`)."""
     return compiled(chunked_scan)

@@ -25,7 +25,6 @@ equal the full forward's over the same tokens, windows included).
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,7 +34,13 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from engine.models.base import LanguageModel, chunked_token_losses, compute_dtype, linear_logits
+from engine.models.base import (
+    LanguageModel,
+    chunked_token_losses,
+    compile_static,
+    compute_dtype,
+    linear_logits,
+)
 from engine.models.common import RMSNorm, RotaryEmbedding, SwiGLU, apply_rotary, sinusoidal_positions
 from engine.models.transformer.config import TransformerConfig
 
@@ -153,18 +158,11 @@ def _run_layer(layer: TransformerLayer, x: torch.Tensor, rope: Rope | None) -> t
     return layer(x, rope)
 
 
-@functools.cache
 def _compiled_layer() -> Callable[[TransformerLayer, torch.Tensor, Rope | None], torch.Tensor]:
-    """`_run_layer` through torch.compile. The layer is an argument, not the compiled object, so
+    """`_run_layer` through `compile_static`. The layer is an argument, not the compiled object, so
     torch._dynamo traces its parameters as inputs and every layer of the same shape reuses one
-    graph (forward and backward). Static shapes: one compilation per training shape, at the step
-    engine's warm-up (past torch._dynamo's recompile limit, 8 shapes, a new shape runs eagerly).
-    Inductor's deterministic mode (where this torch has it): a resumed line compiles the kernels
-    the uninterrupted one did."""
-    import torch._inductor.config as inductor_config
-
-    options = {"deterministic": True} if hasattr(inductor_config, "deterministic") else {}
-    return torch.compile(_run_layer, dynamic=False, options=options)
+    graph (forward and backward)."""
+    return compile_static(_run_layer)
 
 
 @dataclass
