@@ -9,11 +9,14 @@ tokens/s over the timed updates, the median and fastest update, the parameter co
 host's load average before and after. The article measured 1,716 tokens/s (PSSA) and 415
 (transformer) on 2 vCPUs.
 
+Each process keeps its freed memory as a CPU trainer does (`engine.training.cpu_heap`: no page
+faults for the update's large temporaries); `--default-heap` leaves glibc's defaults.
+
 On a host shared with other work the wall clock measures the others too. `--cpu-time` times
 each update by this process's CPU time instead (with `--threads 1`, where no worker thread
 spins: then it is what one core spends on the update, whatever else runs).
 
-    python bench/models_cpu.py [--updates 20] [--warmup 3] [--threads 2] [--cpu-time]
+    python bench/models_cpu.py [--updates 20] [--warmup 3] [--threads 2] [--cpu-time] [--default-heap]
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.models.base import LanguageModel  # noqa: E402
 from engine.models.build import build_model  # noqa: E402
+from engine.training.cpu_heap import keep_freed_memory  # noqa: E402
 
 ROWS, CHUNK, VOCAB = 8, 64, 2048
 PRESETS = ("pssa-1.5m", "transformer-1.5m")
@@ -78,7 +82,7 @@ class Trainee:
         self.last_loss = float(mean.detach())
         return elapsed
 
-    def row(self, clock: str, load_before: float, load_after: float) -> dict:
+    def row(self, clock: str, heap: str, load_before: float, load_after: float) -> dict:
         tokens = ROWS * CHUNK
         return {
             "bench": "models_cpu",
@@ -92,6 +96,7 @@ class Trainee:
             "last_loss": round(self.last_loss, 4),
             "threads": torch.get_num_threads(),
             "clock": clock,
+            "heap": heap,
             "load_1min_before": round(load_before, 2),
             "load_1min_after": round(load_after, 2),
             "torch": torch.__version__,
@@ -106,10 +111,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cpu-time", action="store_true", help="time updates by process CPU time, not wall time")
+    parser.add_argument("--default-heap", action="store_true", help="glibc's malloc defaults (page faults each update)")
     args = parser.parse_args()
     if args.cpu_time and args.threads != 1:
         parser.error("--cpu-time needs --threads 1 (worker threads spin while they wait, which CPU time counts)")
     torch.set_num_threads(args.threads)
+    heap = "default" if args.default_heap or not keep_freed_memory() else "kept"
     clock, clock_name = (time.process_time, "cpu") if args.cpu_time else (time.perf_counter, "wall")
     trainees = [Trainee.build(preset, args.seed) for preset in PRESETS]
     load_before = os.getloadavg()[0]
@@ -120,7 +127,7 @@ def main() -> None:
                 trainee.timings.append(elapsed)
     load_after = os.getloadavg()[0]
     for trainee in trainees:
-        print(json.dumps(trainee.row(clock_name, load_before, load_after)), flush=True)
+        print(json.dumps(trainee.row(clock_name, heap, load_before, load_after)), flush=True)
 
 
 if __name__ == "__main__":

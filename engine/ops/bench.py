@@ -19,6 +19,7 @@ from engine.errors import ConfigError
 from engine.models.build import build_model
 from engine.models.presets import preset_config
 from engine.protocol.facts import Engine
+from engine.training.cpu_heap import keep_freed_memory
 from engine.training.optim import AdamWSettings, FlatAdamW
 from engine.training.step import EagerEngine, GraphEngine
 from engine.training.trainer import resolve_device
@@ -128,10 +129,15 @@ def bench_shape(
     profile: bool = False,
     overrides: dict[str, Any] | None = None,
     recompute: str = "none",
+    keep_cpu_heap: bool = False,
 ) -> BenchResult:
-    """Time `updates` updates of `rows x accum` random rows of `seq_len` (see the module docstring)."""
+    """Time `updates` updates of `rows x accum` random rows of `seq_len` (see the module docstring).
+    `keep_cpu_heap`: on a CPU, keep freed memory as a CPU trainer does (engine.training.cpu_heap;
+    process-wide, so only where the process is the benchmark's own: `nsconsole bench`)."""
     target = resolve_device(device, "bench: --device")
     cuda = target.type == "cuda"
+    if keep_cpu_heap and not cuda:
+        keep_freed_memory()
     engine_name = (Engine.GRAPH if cuda else Engine.EAGER) if engine == Engine.AUTO else Engine(engine)
     if engine_name == Engine.GRAPH and not cuda:
         raise ConfigError("bench: the graph engine needs a CUDA device")

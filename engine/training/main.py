@@ -71,7 +71,8 @@ def train(args: argparse.Namespace) -> int:
         # The start-up's breakdown (run.log, startup.jsonl) counts from the process's start: the
         # interpreter and torch's import are a relaunch's first seconds too.
         began = psutil.Process().create_time()
-        trainer = Trainer(args.line, stop_at=args.stop_at, echo=None, engine=args.engine, process_began=began)
+        trainer = Trainer(args.line, stop_at=args.stop_at, echo=None, engine=args.engine, process_began=began,
+                          owns_process=True)
         return trainer.run()
     except DiskFull as error:
         say(f"nsconsole: {error}")  # the disk is full: a print could fail in turn

@@ -78,6 +78,7 @@ from engine.ops.stop import read_stop
 from engine.protocol.facts import SIGNAL_EXIT_BASE, Engine, Stage, StopReason, TrainerExitCode
 from engine.rows import Heartbeat, RowsFile, RunLog, format_row
 from engine.supervisor.child import rank_file
+from engine.training.cpu_heap import keep_freed_memory
 from engine.training.distributed import FullyShardedModel, Ranks
 from engine.training.dreaming import Dreamer
 from engine.training.engines import ArenaNotReleased, StepEngines
@@ -144,9 +145,14 @@ class Trainer:
         engine: str = Engine.AUTO,
         gpu_watch: Callable[[RunConfig, torch.device], GpuWatch] = GpuWatch.for_line,
         process_began: float | None = None,
+        owns_process: bool = False,
     ):
         """`process_began`: when this process started (seconds since the epoch), so that the start-up's
-        breakdown (engine.training.startup) counts the interpreter and the imports before this."""
+        breakdown (engine.training.startup) counts the interpreter and the imports before this.
+        `owns_process`: the process is this trainer's own (launched by the supervisor, or `nsconsole
+        run --no-supervisor`), so process-wide settings for its device are its to make: on a CPU,
+        freed memory kept for the next update (engine.training.cpu_heap)."""
+        self.owns_process = owns_process
         self.startup = StartupClock(process_began)
         self.compile_caches: CompileCaches | None = None
         self.layout: LineLayout = ops.open_line(line_dir)
@@ -176,6 +182,8 @@ class Trainer:
         self.run_json_bytes = layout.run_json.read_bytes()
         ranks = self.ranks
         self.device = ranks.connect(config.parallel, resolve_device(config.device), str(layout.run_json))
+        if self.owns_process and self.device.type == "cpu":
+            keep_freed_memory()
         self.gpu_watch = self._make_gpu_watch(config, self.device)
         self.data_line = open_data_line(ops.resolve_data_path(layout, config.data.line))
         layout.checkpoints.mkdir(exist_ok=True)

@@ -72,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
         profile=args.profile,
         recompute=args.recompute,
         overrides=overrides,
+        keep_cpu_heap=True,
     )
     print(json.dumps(result.to_json()), flush=True)
     return 0

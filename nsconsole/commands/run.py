@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         from engine.training.trainer import Trainer
 
         refuse_if_supervised(LineLayout(line))
-        return Trainer(line, stop_at=args.stop_at, engine=args.engine).run()
+        return Trainer(line, stop_at=args.stop_at, engine=args.engine, owns_process=True).run()
     from engine.supervisor.supervisor import run_line
 
     if not args.foreground:
