@@ -153,6 +153,12 @@ def judge_exit(outcome: TrainerExit, context: ExitContext) -> Verdict:
         # A relaunch would stop again at once: the operator frees space, then runs the line.
         notice = Notice(EventKind.DISK_FULL, context.last_error or "the disk is full", True)
         return Verdict(SupervisorExitCode.FAILED, LineState.DISK_FULL, (notice,), **keep)
+    if context.stop_pending_now:
+        # A stop asked for at the next update and not yet served: a relaunch would load the newest
+        # checkpoint only to stop at its first update boundary, where the line stands now.
+        message = (f"the line stopped on request: the trainer exited with status {describe_code(code)} before "
+                   "serving it, so its newest checkpoint stands")
+        return replace(_stopped(message, keep), said=(message,), crashed=True)
     if code == TrainerExitCode.GPU_BUSY:
         said = f"the trainer left {gpus_label(context.gpu_indices)} to other processes: relaunching once it is free"
         notice = Notice(EventKind.GPU_BUSY, "the trainer checkpointed and left the GPU to other processes", False)

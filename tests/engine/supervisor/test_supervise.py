@@ -86,6 +86,11 @@ if action == "wait-data":
     for _ in range(40):
         beat("waiting-data", cycle=3)
         time.sleep(0.05)
+if action == "crash-at-stop":  # trains until a stop is asked, then crashes before serving it
+    while not os.path.exists(os.path.join(line, "STOP")):
+        beat("training")
+        time.sleep(0.05)
+    sys.exit(1)
 if action == "train-until-stop":
     stop_path = os.path.join(line, "STOP")
     terminated = []
@@ -328,6 +333,22 @@ def test_a_long_wait_for_data_is_notified(rig: Rig) -> None:
     assert rig.finish() == 0
     kinds = [event["event"] for event in rig.notified("finished")]
     assert kinds == ["data_wait", "finished"]
+
+
+def test_a_trainer_that_crashes_before_serving_a_stop_leaves_the_line_stopped_not_relaunched(rig: Rig) -> None:
+    rig.start(["crash-at-stop", "train-until-stop"])
+    with rig.wait_for_socket() as client:
+        deadline = time.monotonic() + 30
+        while client.call("status")["state"] != "training":
+            assert time.monotonic() < deadline, "the line never trained"
+            time.sleep(0.05)
+        client.mutate("stop")
+    assert rig.finish() == 0
+    assert rig.launches() == ["crash-at-stop"]  # no relaunch only to stop at its first boundary
+    state = rig.state()
+    assert (state["state"], state["crashes"]) == ("stopped", 1) and not (rig.line / "STOP").exists()
+    run_log = (rig.line / "run.log").read_text()
+    assert "the trainer exited with status 1 before serving it, so its newest checkpoint stands" in run_log
 
 
 def test_a_stop_over_the_socket_ends_the_line_with_no_stop_left(rig: Rig) -> None:

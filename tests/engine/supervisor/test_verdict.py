@@ -176,6 +176,14 @@ def test_a_served_stop_then_a_failed_exit_is_a_stop_not_a_relaunch(code: int) ->
     assert kinds(verdict) == [EventKind.STOPPED] and "then exited with status" in verdict.notices[0].message
 
 
-def test_a_stop_not_yet_served_then_a_crash_relaunches_to_serve_it() -> None:
-    verdict = judge_exit(TrainerExit(1, 10.0, stop_requested=True), replace(CONTEXT, stop_pending_now=True))
+@pytest.mark.parametrize("code", [1, -9, SIGTERM_EXIT, TrainerExitCode.GPU_BUSY])
+def test_a_crash_before_a_stop_at_the_next_update_is_served_stops_the_line(code: int) -> None:
+    # A relaunch would load the newest checkpoint only to stop at its first boundary.
+    verdict = judge_exit(TrainerExit(code, 10.0, stop_requested=True), replace(CONTEXT, stop_pending_now=True))
+    assert (verdict.exit_status, verdict.state, verdict.crashed) == (SupervisorExitCode.OK, LineState.STOPPED, True)
+    assert verdict.discard_stop and "before serving it, so its newest checkpoint stands" in verdict.said[0]
+
+
+def test_a_crash_with_a_stop_at_a_cycle_end_pending_relaunches_to_reach_that_end() -> None:
+    verdict = judge_exit(TrainerExit(1, 10.0, stop_requested=True), CONTEXT)  # stop_pending_now: only "next update"
     assert verdict.exit_status is None and verdict.crashed
