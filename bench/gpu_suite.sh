@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU work no CI machine can do, in one script for a lent H200 (see bench/RESULTS.md).
-# Usage: bash bench/gpu_suite.sh kernel-tests|tests|alone|bench|sharing|sharing-alone|sweep|profile|profile-2b|ncu|pattern [...]; logs go to $OUT (or ./gpu-out).
+# Usage: bash bench/gpu_suite.sh kernel-tests|tests|alone|bench|sharing|sharing-alone|sweep|peers-4k|peers-long|profile|profile-2b|ncu|pattern [...]; logs go to $OUT (or ./gpu-out).
 set -u -o pipefail
 out=${OUT:-gpu-out}
 mkdir -p "$out"
@@ -67,6 +67,23 @@ for stage in "$@"; do
       # Where the main model's update goes (MFU 0.13 at 4K in session 3): the top kernels of one update.
       timeout 240 python3 -m nsconsole bench --model ns-1p3b --seq-len 4096 --rows 4 --accum 2 \
         --recompute dendritic --engine eager --profile 2>&1 | grep -E '^\{|Error' | tee "$out/profile_ns1p3b.log"
+      ;;
+    peers-4k)
+      # Issue 22's headline row: ns-2b at 4K beside the plain compiled GPT, at each recomputation in
+      # $RECOMPUTES (none of session 15's dendritic:K rows has run on an H200 yet); the GPT once.
+      models=plain-gpt,ns-2b
+      for recompute in ${RECOMPUTES:-dendritic:18 dendritic none}; do
+        python3 bench/gpu_peers.py --seq-lens 4096 --models $models --recompute $recompute --updates 5 --warmup 2 \
+          --out "$out/peers.jsonl" 2>&1 | grep -v '^{'
+        models=ns-2b
+      done 2>&1 | tee -a "$out/peers.log"
+      ;;
+    peers-long)
+      # Issue 22: ns-2b against transformer-2b at 16K and 32K ($RECOMPUTE for ns-2b; $ATTENTION
+      # default or cudnn for the transformer's SDPA, the stronger yardstick).
+      python3 bench/gpu_peers.py --seq-lens 16384,32768 --models transformer-2b,ns-2b --recompute ${RECOMPUTE:-dendritic} \
+        --attention ${ATTENTION:-default} --updates 4 --warmup 2 --out "$out/peers.jsonl" 2>&1 | grep -v '^{' \
+        | tee -a "$out/peers.log"
       ;;
     profile-2b)
       # Issue 22: where ns-2b's update at 4K goes (0.48 of the plain GPT in session 11).
