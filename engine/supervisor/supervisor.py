@@ -575,6 +575,11 @@ class Supervisor:
         told_data_wait = False
         others: list[int] = []
         launch_pids: set[int] = set()
+        # Silence is timed on this process's monotonic clock from when a new beat was seen: a beat's
+        # own time is the wall clock's, which an NTP step or a resumed VM moves by hours (forward,
+        # a healthy trainer would be killed; back, a hung one kept).
+        beat_stamp: float | None = None  # the newest beat's own time, only to tell a new beat
+        beat_seen_at = time.monotonic()
         while True:
             stop_file_seen = stop_file_seen or pending_stop(self.layout) is not None
             code = trainer.poll()
@@ -614,13 +619,13 @@ class Supervisor:
                 outcome.paused_for_work = paused
                 return outcome
             heartbeat = read_json(self.layout.heartbeat)
-            last_beat = launched
             silence_allowed = self._watchdog_seconds()
             # Every pid of this launch seen so far: rank 0 may have left (its heartbeat says so) while
             # torchrun tears the group down, and its beat is still this launch's, not a stale one.
             launch_pids.update(self._group_of(trainer))
             if heartbeat is not None and heartbeat.get("pid") in launch_pids:  # rank 0's in a group
-                last_beat = max(launched, beat_time(heartbeat))
+                if beat_time(heartbeat) != beat_stamp:
+                    beat_stamp, beat_seen_at = beat_time(heartbeat), time.monotonic()
                 if heartbeat.get("stage") == Stage.STOPPED:
                     # It has checkpointed and is leaving (W&B's bounded close, a group's last barrier):
                     # a stopping trainer's allowance bounds that, not the watchdog's silence.
@@ -628,13 +633,13 @@ class Supervisor:
                 if heartbeat.get("stage") != Stage.WAITING_DATA:
                     data_wait_since, told_data_wait = None, False
                 elif data_wait_since is None:
-                    data_wait_since = last_beat
-                elif not told_data_wait and time.time() - data_wait_since > self._watchdog_seconds():
+                    data_wait_since = beat_seen_at
+                elif not told_data_wait and time.monotonic() - data_wait_since > self._watchdog_seconds():
                     cycle = heartbeat.get("cycle")
                     self._event(EventKind.DATA_WAIT, f"the trainer has waited for data cycle {cycle} longer than the "
                                 "watchdog interval")
                     told_data_wait = True
-            if not asked and time.time() - last_beat > silence_allowed:
+            if not asked and time.monotonic() - beat_seen_at > silence_allowed:
                 return self._kill(trainer, launched, watchdog=True, stopped_by_us=False)
             time.sleep(self.settings.poll_seconds)
 

@@ -46,10 +46,13 @@ try:
 except (OSError, ValueError):
     update = 0
 
+clock_offset = 0.0  # seconds this trainer's wall clock reads ahead of the supervisor's
+
+
 def beat(stage, **extra):
     temporary = os.path.join(line, ".heartbeat.fake")
     with open(temporary, "w") as handle:
-        beat = {"time": time.time(), "update": update, "stage": stage, "pid": os.getpid(), **extra}
+        beat = {"time": time.time() + clock_offset, "update": update, "stage": stage, "pid": os.getpid(), **extra}
         json.dump(beat, handle)
     os.replace(temporary, os.path.join(line, "heartbeat"))
 
@@ -86,6 +89,16 @@ if action == "wait-data":
     for _ in range(40):
         beat("waiting-data", cycle=3)
         time.sleep(0.05)
+if action in ("clock-behind", "hang-clock-ahead"):
+    # The supervisor's wall clock stepped two hours forward (an NTP step after a paused VM) or back
+    # between the trainer's beats: its beats carry times two hours behind or ahead of its clock.
+    clock_offset = -7200.0 if action == "clock-behind" else 7200.0
+    for _ in range(30 if action == "clock-behind" else 1):  # 1.5 s of beats, past the 0.5 s watchdog
+        beat("training")
+        time.sleep(0.05)
+    if action == "hang-clock-ahead":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        time.sleep(600)
 if action == "crash-at-stop":  # trains until a stop is asked, then crashes before serving it
     while not os.path.exists(os.path.join(line, "STOP")):
         beat("training")
@@ -293,6 +306,20 @@ def test_a_silent_trainer_is_killed_and_relaunched(rig: Rig) -> None:
     assert rig.launches() == ["hang", "finish"]
     kinds = [event["event"] for event in rig.notified("finished")]
     assert kinds == ["watchdog_restart", "finished"]
+    assert "no heartbeat for 1 s" in (rig.line / "run.log").read_text()
+
+
+def test_a_wall_clock_step_forward_does_not_kill_a_trainer_that_beats(rig: Rig) -> None:
+    rig.start(["clock-behind"], watchdog_seconds=0.5)
+    assert rig.finish() == 0
+    assert rig.launches() == ["clock-behind"] and rig.state()["state"] == "finished"
+    assert "no heartbeat" not in (rig.line / "run.log").read_text()
+
+
+def test_a_wall_clock_step_back_does_not_hide_a_silent_trainer(rig: Rig) -> None:
+    rig.start(["hang-clock-ahead", "finish"], watchdog_seconds=1.0)
+    assert rig.finish() == 0  # killed after 1 s of silence, not after the two hours its beat claimed
+    assert rig.launches() == ["hang-clock-ahead", "finish"]
     assert "no heartbeat for 1 s" in (rig.line / "run.log").read_text()
 
 
