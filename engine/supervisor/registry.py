@@ -17,7 +17,9 @@ not read: their supervisors hold their GPU leases there, which no newer line wou
 restart such lines after upgrading.
 
 `list_supervisors()` drops stale entries: the pid is gone, or it now belongs to another process
-(its start time differs: the pid was reused).
+(its start time differs: the pid was reused). Start times are compared as seconds since boot where
+psutil gives them: the wall-clock start time psutil derives moves with every step of the clock, and
+a 0.05 s step once made a live supervisor's entry look stale, and the console removed it.
 
 An entry goes once its supervisor exits, so each supervisor also remembers its line in a history
 that lasts: `<history dir>/<id>.json`, the history dir being `$NSCONSOLE_HISTORY`, else
@@ -94,10 +96,16 @@ class SupervisorEntry:
     """The supervisor process's start time as psutil reports it (detects a reused pid)."""
     started: float
     """When the supervisor registered (Unix time)."""
+    boot_start: float | None = None
+    """The supervisor process's start in seconds since boot, which no wall-clock step moves:
+    `create_time` is the boot time plus this, and the boot time read after an NTP step or a resumed
+    VM moves by the step. None in an entry of an older version: `create_time` decides then."""
 
     def is_alive(self) -> bool:
         try:
             process = psutil.Process(self.pid)
+            if self.boot_start is not None:
+                return abs(started_since_boot(process) - self.boot_start) <= CREATE_TIME_TOLERANCE_S
             return abs(process.create_time() - self.create_time) <= CREATE_TIME_TOLERANCE_S
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
             return False
@@ -105,16 +113,24 @@ class SupervisorEntry:
             return True  # it exists; another user's process would not be in our directory anyway
 
 
+def started_since_boot(process: psutil.Process) -> float:
+    """`process`'s start in seconds since boot: psutil derives its wall-clock start time as the boot
+    time read now plus this, so the difference is what no clock step moves."""
+    return process.create_time() - psutil.boot_time()
+
+
 def register(line: Path | str, socket_path: Path | str, pid: int | None = None) -> SupervisorEntry:
     """Announce this process (or `pid`) as `line`'s supervisor; returns the entry written."""
     pid = os.getpid() if pid is None else pid
+    process = psutil.Process(pid)
     entry = SupervisorEntry(
         id=line_id(line),
         line=os.path.realpath(line),
         socket=os.path.realpath(socket_path),
         pid=pid,
-        create_time=psutil.Process(pid).create_time(),
+        create_time=process.create_time(),
         started=time.time(),
+        boot_start=started_since_boot(process),
     )
     write_text_atomic(runtime_dir() / f"{entry.id}.json", json.dumps(asdict(entry), indent=1) + "\n")
     return entry
@@ -195,6 +211,7 @@ def _read_entry(path: Path) -> SupervisorEntry | None:
             pid=int(record["pid"]),
             create_time=float(record["create_time"]),
             started=float(record["started"]),
+            boot_start=None if record.get("boot_start") is None else float(record["boot_start"]),
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 from engine.errors import LineError
@@ -55,11 +56,40 @@ def test_stale_entries_are_dropped(tmp_path: Path, runtime: Path) -> None:
     # Our own pid, but recorded with another start time: the pid was reused by another process.
     reused = registry.register(reused_line, reused_line / "supervisor.sock")
     reused_file = runtime / f"{reused.id}.json"
-    reused_file.write_text(json.dumps({**json.loads(reused_file.read_text()), "create_time": 1000.0}))
+    reused_record = json.loads(reused_file.read_text())
+    reused_file.write_text(json.dumps({**reused_record, "create_time": 1000.0, "boot_start": reused_record["boot_start"] - 5}))
     (runtime / "garbage.json").write_text("{not json")
 
     assert registry.list_supervisors() == [live]
     assert sorted(path.name for path in runtime.iterdir()) == [f"{live.id}.json"]
+
+
+def test_a_wall_clock_step_does_not_make_a_live_supervisor_look_stale(
+    tmp_path: Path, runtime: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    line = tmp_path / "trunk"
+    line.mkdir()
+    entry = registry.register(line, line / "supervisor.sock")
+    # The clock stepped an hour forward (an NTP step, a resumed VM): the boot time the kernel reports,
+    # and with it every wall-clock start time psutil derives, moved by the step.
+    booted = psutil.boot_time()
+    monkeypatch.setattr(psutil._psplatform, "boot_time", lambda: booted + 3600.0)
+    assert abs(psutil.Process().create_time() - entry.create_time - 3600.0) < 1.0
+    assert registry.list_supervisors() == [entry] and registry.find_supervisor(line) == entry
+    assert (runtime / f"{entry.id}.json").exists()  # not removed as stale, as it was before
+
+
+def test_an_entry_of_an_older_version_is_judged_by_its_wall_clock_start(tmp_path: Path, runtime: Path) -> None:
+    line = tmp_path / "trunk"
+    line.mkdir()
+    entry = registry.register(line, line / "supervisor.sock")
+    path = runtime / f"{entry.id}.json"
+    record = json.loads(path.read_text())
+    del record["boot_start"]
+    path.write_text(json.dumps(record))
+    assert [found.pid for found in registry.list_supervisors()] == [os.getpid()]
+    path.write_text(json.dumps({**record, "create_time": record["create_time"] - 5}))  # reused pid
+    assert registry.list_supervisors() == [] and not path.exists()
 
 
 def test_a_newer_registration_is_not_removed_by_the_older_supervisor(tmp_path: Path) -> None:
