@@ -17,8 +17,11 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+import psutil
+
 from engine.errors import LineError
 from engine.logrotate import MAX_LOG_BYTES, RotatingLog
+from engine.process_start import started_since_boot
 
 
 class RowsFile:
@@ -117,9 +120,13 @@ class Heartbeat:
         self.path = path
         self._temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         self._lock = threading.Lock()  # a long phase beats from a side thread (training/phase_beat.py)
+        # The beating process's start in seconds since boot: with `pid`, which process beat, whatever
+        # the wall clock did since (engine.process_start).
+        self._pid_boot_start = started_since_boot(psutil.Process())
 
     def beat(self, update: int, stage: str, **details: Any) -> None:
-        document = {"time": time.time(), "update": update, "stage": stage, "pid": os.getpid(), **details}
+        document = {"time": time.time(), "update": update, "stage": stage, "pid": os.getpid(),
+                    "pid_boot_start": self._pid_boot_start, **details}  # fmt: skip
         with self._lock:
             self._temporary.write_text(json.dumps(document, sort_keys=True) + "\n", encoding="utf-8")
             os.replace(self._temporary, self.path)

@@ -24,6 +24,7 @@ import psutil
 from engine.config.host import HostSettings
 from engine.layout import LineLayout
 from engine.ops.demo import demo_paths
+from engine.process_start import started_as_recorded
 from engine.protocol.facts import FINAL_LINE_STATES, Stage
 from engine.supervisor.forks import branched_from
 from engine.supervisor.reads import beat_time, latest_update, read_json
@@ -91,11 +92,13 @@ def read_at_rest(line: str | Path) -> RestingLine | None:
     supervisor = read_json(layout.supervisor_json)
     if supervisor is None:
         return None
-    if supervisor.get("state") not in FINAL_LINE_STATES and _alive(supervisor.get("pid"), supervisor.get("started")):
+    if supervisor.get("state") not in FINAL_LINE_STATES and _alive(
+        supervisor.get("pid"), supervisor.get("started"), supervisor.get("boot_start")
+    ):
         return None  # a supervisor starting, or one that has not registered: it writes the files
     heartbeat = read_json(layout.heartbeat)
     trainer_pid = None if heartbeat is None or heartbeat.get("stage") == Stage.STOPPED else heartbeat.get("pid")
-    if _alive(trainer_pid, beat_time(heartbeat or {})):
+    if _alive(trainer_pid, beat_time(heartbeat or {}), (heartbeat or {}).get("pid_boot_start")):
         return None  # a trainer still runs (without a supervisor, or an orphan finishing its checkpoint)
     rows = RowsTail(layout.rows_jsonl).poll()
     status = {**supervisor, "latest_checkpoint": latest_update(layout), "parent": branched_from(layout)}
@@ -104,14 +107,18 @@ def read_at_rest(line: str | Path) -> RestingLine | None:
     return RestingLine(str(layout.root), status, heartbeat, rows, signature)
 
 
-def _alive(pid: Any, since: Any) -> bool:
-    """`pid` is a running process that started no later than `since` (a younger one reused the pid)."""
+def _alive(pid: Any, since: Any, boot_start: Any = None) -> bool:
+    """`pid` is a running process that started when `boot_start` (seconds since boot) says, or, where
+    that was not recorded (files of an older version), no later than `since` (a younger one reused
+    the pid)."""
     if not isinstance(pid, int) or isinstance(pid, bool):
         return False
     try:
         process = psutil.Process(pid)
         if process.status() == psutil.STATUS_ZOMBIE:
             return False
+        if isinstance(boot_start, (int, float)) and not isinstance(boot_start, bool):
+            return started_as_recorded(process, float(boot_start))
         started = process.create_time()
     except psutil.NoSuchProcess:
         return False

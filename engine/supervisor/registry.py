@@ -42,6 +42,7 @@ import psutil
 
 from engine.atomic import write_text_atomic
 from engine.errors import LineError
+from engine.process_start import started_as_recorded, started_since_boot
 
 CREATE_TIME_TOLERANCE_S = 0.05
 """psutil's process start times are derived from clock ticks; allow for their rounding."""
@@ -105,18 +106,12 @@ class SupervisorEntry:
         try:
             process = psutil.Process(self.pid)
             if self.boot_start is not None:
-                return abs(started_since_boot(process) - self.boot_start) <= CREATE_TIME_TOLERANCE_S
+                return started_as_recorded(process, self.boot_start)
             return abs(process.create_time() - self.create_time) <= CREATE_TIME_TOLERANCE_S
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
             return False
         except psutil.AccessDenied:
             return True  # it exists; another user's process would not be in our directory anyway
-
-
-def started_since_boot(process: psutil.Process) -> float:
-    """`process`'s start in seconds since boot: psutil derives its wall-clock start time as the boot
-    time read now plus this, so the difference is what no clock step moves."""
-    return process.create_time() - psutil.boot_time()
 
 
 def register(line: Path | str, socket_path: Path | str, pid: int | None = None) -> SupervisorEntry:

@@ -66,6 +66,7 @@ from engine.gpu.placement import PhysicalGpu, PlacementError, child_environment
 from engine.layout import LineLayout
 from engine.logrotate import RotatingLog, rotate_if_needed
 from engine.ops import lines as ops
+from engine.process_start import started_as_recorded, started_since_boot
 from engine.protocol.facts import (
     ENGINE_CHOICES,
     FINAL_LINE_STATES,
@@ -155,6 +156,9 @@ class SupervisorState:
     """The supervisor's pid."""
     started: float
     """When it started (Unix time)."""
+    boot_start: float | None = None
+    """When it started, in seconds since boot: with `pid`, this process, whatever the wall clock did
+    since (engine.process_start)."""
     state: str = LineState.STARTING
     """What it is doing: a `LineState`."""
     trainer_pid: int | None = None
@@ -203,7 +207,8 @@ class Supervisor:
     def __init__(self, line: Path | str, settings: SupervisorSettings | None = None) -> None:
         self.layout: LineLayout = ops.open_line(line)
         self.settings = settings or SupervisorSettings()
-        self.state = SupervisorState(pid=os.getpid(), started=time.time())
+        self.state = SupervisorState(pid=os.getpid(), started=time.time(),
+                                     boot_start=started_since_boot(psutil.Process()))
         self.request_log = RequestLog()
         self.rows_tail = RowsTail(self.layout.rows_jsonl)
         self._lock = threading.Lock()  # guards state against the RPC threads
@@ -674,8 +679,11 @@ class Supervisor:
         pid = heartbeat.get("pid")
         try:
             process = psutil.Process(int(pid))
-            if process.create_time() > beat_time(heartbeat) + 1:
-                return  # the pid now belongs to a younger process
+            recorded = heartbeat.get("pid_boot_start")
+            if isinstance(recorded, (int, float)) and not started_as_recorded(process, float(recorded)):
+                return  # the pid now belongs to another process
+            if not isinstance(recorded, (int, float)) and process.create_time() > beat_time(heartbeat) + 1:
+                return  # (a heartbeat of an older version) the pid now belongs to a younger process
         except (psutil.Error, TypeError, ValueError):
             return
         self._say(f"an earlier trainer of this line (pid {pid}) is still running: waiting for it to exit")

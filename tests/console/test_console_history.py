@@ -11,12 +11,14 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from helpers.console import until
 from helpers.lines import make_data_line, make_line
 from helpers.supervise import RUNNER, kill_line_processes, stop_supervisor
 
 from engine.config.host import HostSettings
+from engine.process_start import started_since_boot
 from engine.supervisor import registry
 from engine.supervisor.registry import line_id
 from nsconsole.app import ConsoleApp
@@ -104,6 +106,22 @@ def test_only_lines_at_rest_are_read_and_shown_with_the_state_they_ended_in(tmp_
     asyncio.run(scenario())
 
 
+
+
+def test_a_live_supervisor_or_trainer_is_not_taken_for_a_reused_pid_after_a_clock_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ours = started_since_boot(psutil.Process())  # this process plays the supervisor, then the trainer
+    supervised = ended_line(tmp_path / "supervised", "training", os.getpid(), started=time.time(), boot_start=ours)
+    orphan = ended_line(tmp_path / "orphan", "training", dead_pid())
+    beat = {"time": time.time(), "update": 12, "stage": "training", "pid": os.getpid(), "pid_boot_start": ours}
+    (orphan / "heartbeat").write_text(json.dumps(beat))  # its trainer still runs, checkpointing
+    # The wall clock steps an hour forward: psutil's wall-clock start of this process moves with it,
+    # past the times recorded, as a younger process's would.
+    booted = psutil.boot_time()
+    monkeypatch.setattr(psutil._psplatform, "boot_time", lambda: booted + 3600.0)
+    assert psutil.Process().create_time() > time.time() + 3000
+    assert read_at_rest(supervised) is None and read_at_rest(orphan) is None  # neither is at rest
 
 
 @pytest.mark.slow

@@ -1,0 +1,25 @@
+"""Which process a pid names, across steps of the wall clock.
+
+psutil gives a process's start as the boot time the kernel reports now plus the clock ticks from
+boot to the start; that boot time moves with every step of the wall clock (an NTP step, a resumed
+VM), so a start recorded before a step no longer matches the same process's after it, and a live
+process looks like one that reused its pid. Seconds since boot do not move: they are what the
+supervisor's registry entry, supervisor.json and the heartbeat record to tell the two apart.
+"""
+
+from __future__ import annotations
+
+import psutil
+
+SAME_START_TOLERANCE_S = 0.05
+"""Start times come from clock ticks (10 ms on Linux); allow for their rounding."""
+
+
+def started_since_boot(process: psutil.Process) -> float:
+    """`process`'s start in seconds since boot (its wall-clock start less the boot time read now)."""
+    return process.create_time() - psutil.boot_time()
+
+
+def started_as_recorded(process: psutil.Process, boot_start: float) -> bool:
+    """Whether `process` started when `boot_start` (seconds since boot) says: the same process."""
+    return abs(started_since_boot(process) - boot_start) <= SAME_START_TOLERANCE_S
