@@ -599,8 +599,8 @@ class Supervisor:
             if code is not None:
                 ran = time.time() - launched
                 heartbeat = read_json(self.layout.heartbeat) or {}
-                stop_served = (heartbeat.get("stage") == Stage.STOPPED and heartbeat.get("time", 0.0) >= launched
-                               and heartbeat.get("reason") == StopReason.STOP_FILE)
+                stop_served = (heartbeat.get("stage") == Stage.STOPPED and heartbeat.get("reason") == StopReason.STOP_FILE
+                               and heartbeat.get("pid") in launch_pids | set(group))  # this launch's beat
                 return TrainerExit(
                     code, ran, stopped_by_us=stopped_by_us, stop_requested=stop_file_seen, stop_served=stop_served,
                     others_on_gpu=others, paused_for_work=paused,
