@@ -23,3 +23,14 @@ def started_since_boot(process: psutil.Process) -> float:
 def started_as_recorded(process: psutil.Process, boot_start: float) -> bool:
     """Whether `process` started when `boot_start` (seconds since boot) says: the same process."""
     return abs(started_since_boot(process) - boot_start) <= SAME_START_TOLERANCE_S
+
+
+def is_recorded_process(process: psutil.Process, boot_start: object, started_by: object) -> bool:
+    """Whether `process` is the one recorded: started at `boot_start` (seconds since boot) where that
+    was recorded, else (files of an older version) no later than `started_by` (a wall-clock time, a
+    second's slack for the ticks' rounding), else taken as it."""
+    if isinstance(boot_start, (int, float)) and not isinstance(boot_start, bool):
+        return started_as_recorded(process, float(boot_start))
+    if isinstance(started_by, (int, float)) and not isinstance(started_by, bool):
+        return process.create_time() <= float(started_by) + 1.0
+    return True

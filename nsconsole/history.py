@@ -24,7 +24,7 @@ import psutil
 from engine.config.host import HostSettings
 from engine.layout import LineLayout
 from engine.ops.demo import demo_paths
-from engine.process_start import started_as_recorded
+from engine.process_start import is_recorded_process
 from engine.protocol.facts import FINAL_LINE_STATES, Stage
 from engine.supervisor.forks import branched_from
 from engine.supervisor.reads import beat_time, latest_update, read_json
@@ -117,12 +117,8 @@ def _alive(pid: Any, since: Any, boot_start: Any = None) -> bool:
         process = psutil.Process(pid)
         if process.status() == psutil.STATUS_ZOMBIE:
             return False
-        if isinstance(boot_start, (int, float)) and not isinstance(boot_start, bool):
-            return started_as_recorded(process, float(boot_start))
-        started = process.create_time()
+        return is_recorded_process(process, boot_start, since)
     except psutil.NoSuchProcess:
         return False
     except psutil.AccessDenied:
         return True
-    # A second's slack: start times come from clock ticks, and `since` was taken just after the start.
-    return not isinstance(since, (int, float)) or started <= float(since) + 1.0

@@ -42,10 +42,8 @@ import psutil
 
 from engine.atomic import write_text_atomic
 from engine.errors import LineError
-from engine.process_start import started_as_recorded, started_since_boot
+from engine.process_start import SAME_START_TOLERANCE_S, started_as_recorded, started_since_boot
 
-CREATE_TIME_TOLERANCE_S = 0.05
-"""psutil's process start times are derived from clock ticks; allow for their rounding."""
 RUN_ENV_VARIABLE = "NSCONSOLE_RUN"
 """Names the run directory's base in place of the home's `DEFAULT_RUN_SUBDIR` (tests point it at their own)."""
 DEFAULT_RUN_SUBDIR = Path(".nsconsole/run")
@@ -107,7 +105,7 @@ class SupervisorEntry:
             process = psutil.Process(self.pid)
             if self.boot_start is not None:
                 return started_as_recorded(process, self.boot_start)
-            return abs(process.create_time() - self.create_time) <= CREATE_TIME_TOLERANCE_S
+            return abs(process.create_time() - self.create_time) <= SAME_START_TOLERANCE_S
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
             return False
         except psutil.AccessDenied:

@@ -66,7 +66,7 @@ from engine.gpu.placement import PhysicalGpu, PlacementError, child_environment
 from engine.layout import LineLayout
 from engine.logrotate import RotatingLog, rotate_if_needed
 from engine.ops import lines as ops
-from engine.process_start import started_as_recorded, started_since_boot
+from engine.process_start import is_recorded_process, started_since_boot
 from engine.protocol.facts import (
     ENGINE_CHOICES,
     FINAL_LINE_STATES,
@@ -629,8 +629,8 @@ class Supervisor:
             # torchrun tears the group down, and its beat is still this launch's, not a stale one.
             launch_pids.update(self._group_of(trainer))
             if heartbeat is not None and heartbeat.get("pid") in launch_pids:  # rank 0's in a group
-                if beat_time(heartbeat) != beat_stamp:
-                    beat_stamp, beat_seen_at = beat_time(heartbeat), time.monotonic()
+                if (stamp := beat_time(heartbeat)) != beat_stamp:
+                    beat_stamp, beat_seen_at = stamp, time.monotonic()
                 if heartbeat.get("stage") == Stage.STOPPED:
                     # It has checkpointed and is leaving (W&B's bounded close, a group's last barrier):
                     # a stopping trainer's allowance bounds that, not the watchdog's silence.
@@ -679,11 +679,8 @@ class Supervisor:
         pid = heartbeat.get("pid")
         try:
             process = psutil.Process(int(pid))
-            recorded = heartbeat.get("pid_boot_start")
-            if isinstance(recorded, (int, float)) and not started_as_recorded(process, float(recorded)):
+            if not is_recorded_process(process, heartbeat.get("pid_boot_start"), beat_time(heartbeat)):
                 return  # the pid now belongs to another process
-            if not isinstance(recorded, (int, float)) and process.create_time() > beat_time(heartbeat) + 1:
-                return  # (a heartbeat of an older version) the pid now belongs to a younger process
         except (psutil.Error, TypeError, ValueError):
             return
         self._say(f"an earlier trainer of this line (pid {pid}) is still running: waiting for it to exit")

@@ -40,14 +40,9 @@ def fuses_glue(config: NSConfig, x: torch.Tensor) -> bool:
     return config.compile_glue and x.is_cuda and torch.is_grad_enabled() and x.dtype != torch.float64
 
 
-def compiled(stage: Stage) -> Stage:
-    """`stage` through `compile_static` (one compilation per shape, inductor's deterministic mode)."""
-    return compile_static(stage)
-
-
 def fused(stage: Stage, enabled: bool) -> Stage:
     """`stage` compiled where `enabled` (see `fuses_glue`), else `stage` itself."""
-    return compiled(stage) if enabled else stage
+    return compile_static(stage) if enabled else stage
 
 
 def centred(update: torch.Tensor) -> torch.Tensor:

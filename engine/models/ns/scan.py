@@ -26,7 +26,7 @@ from collections.abc import Callable
 import torch
 from torch.nn import functional as F
 
-from engine.models.ns.glue import compiled
+from engine.models.base import compile_static
 
 
 def segment_sums(x: torch.Tensor) -> torch.Tensor:
@@ -153,4 +153,4 @@ def compiled_chunked_scan() -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
     compilation per training or validation shape, at the engine's warm-up, before any CUDA graph
     capture (past torch._dynamo's recompile limit, 8 shapes, a new shape runs eagerly), in inductor's
     deterministic mode (`engine.models.base.compile_static`)."""
-    return compiled(chunked_scan)
+    return compile_static(chunked_scan)

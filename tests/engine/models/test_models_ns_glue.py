@@ -16,11 +16,11 @@ import torch
 from torch._dynamo.utils import counters
 
 from engine.errors import ConfigError
-from engine.models.base import recompute_off_cuda
+from engine.models.base import compile_static, recompute_off_cuda
 from engine.models.ns import dendritic as ns_dendritic
 from engine.models.ns import hippocampal as ns_hippocampal
 from engine.models.ns.dendritic import DendriticLayer, gated_membrane, scan_steps, soma_drive
-from engine.models.ns.glue import compiled, fuses_glue, normalised, with_update, with_updates
+from engine.models.ns.glue import fuses_glue, normalised, with_update, with_updates
 from engine.models.ns.hippocampal import HippocampalLayer, pool_terms, rotated
 from engine.models.ns.model import NSLM, NSConfig
 from engine.models.ns.presets import PRESETS
@@ -124,7 +124,7 @@ def test_each_compiled_stage_computes_what_it_computes_eagerly(one_thread, name:
     assert tuple(cases) == STAGES
     stage, arguments = cases[name]
     eager = outputs_and_gradients(stage, arguments())
-    fused = outputs_and_gradients(compiled(stage), arguments())
+    fused = outputs_and_gradients(compile_static(stage), arguments())
     assert len(fused) == len(eager) > 1
     for got, expected in zip(fused, eager, strict=True):
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)

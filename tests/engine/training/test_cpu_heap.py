@@ -24,21 +24,15 @@ libc.malloc.restype, libc.malloc.argtypes, libc.free.argtypes = ctypes.c_void_p,
 size = 24 << 20
 
 
-def round_():  # three 24 MiB blocks, written and freed: an update's temporaries, in malloc's terms
+warm_up = 1
+
+
+def step():  # three 24 MiB blocks, written and freed: an update's temporaries, in malloc's terms
     blocks = [libc.malloc(size) for _ in range(3)]
     for block in blocks:
         ctypes.memset(block, 1, size)
     for block in blocks:
         libc.free(block)
-
-
-round_()
-faults = []
-for _ in range(4):
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    round_()
-    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-print(applied, min(faults))
 '''
 
 UPDATES = r'''
@@ -50,26 +44,33 @@ torch.manual_seed(0)
 model = build_model("transformer-1.5m")
 optimizer = torch.optim.AdamW(model.parameters())
 rows = torch.randint(0, 2048, (8, 65))
+warm_up = 6
 
-def update():
+
+def step():
     loss, _ = model(rows[:, :-1], rows[:, 1:])
     loss.mean().backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+'''
 
-for _ in range(6):
-    update()
+MEASURED = r'''
+for _ in range(warm_up):
+    step()
 faults = []
 for _ in range(9):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    update()
+    step()
     faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-print(applied, sorted(faults)[4])  # the median update's (a thread's first touch of a page is not ours)
+print(applied, sorted(faults)[4])  # the median step's (a thread's first touch of a page is not ours)
 '''
 
 
 def run(script: str, *arguments: str) -> tuple[str, float]:
-    done = subprocess.run([sys.executable, "-c", script, *arguments], capture_output=True, text=True, timeout=120)
+    """`script` (which sets `applied`, `warm_up` and `step`) in a fresh process: the faults of its median
+    step after the warm-up."""
+    command = [sys.executable, "-c", script + MEASURED, *arguments]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     applied, faults = done.stdout.split()
     return applied, float(faults)
