@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU work no CI machine can do, in one script for a lent H200 (see bench/RESULTS.md).
-# Usage: bash bench/gpu_suite.sh kernel-tests|tests|alone|bench|sharing|sharing-alone|sweep|peers-4k|peers-long|profile|profile-2b|ncu|pattern [...]; logs go to $OUT (or ./gpu-out).
+# Usage: bash bench/gpu_suite.sh kernel-tests|tests|alone|bench|sharing|sharing-alone|sweep|peers-4k|peers-long|scaling|multi|profile|profile-2b|ncu|pattern [...]; logs go to $OUT (or ./gpu-out).
 set -u -o pipefail
 out=${OUT:-gpu-out}
 mkdir -p "$out"
@@ -84,6 +84,21 @@ for stage in "$@"; do
       python3 bench/gpu_peers.py --seq-lens 16384,32768 --models transformer-2b,ns-2b --recompute ${RECOMPUTE:-dendritic} \
         --attention ${ATTENTION:-default} --updates 4 --warmup 2 --out "$out/peers.jsonl" 2>&1 | grep -v '^{' \
         | tee -a "$out/peers.log"
+      ;;
+    scaling)
+      # Issue 24 (a multi-GPU host): tokens/s per GPU at 4K from 1 GPU to every one visible (1, 2, 4, 8),
+      # shard none and fsdp, and the scaling efficiency per doubling (goal 0.9).
+      python3 bench/gpu_scaling.py --models ${MODELS:-ns-1p3b,ns-2b} --seq-len 4096 --rows ${ROWS:-4} \
+        --accum ${ACCUM:-2} --recompute ${RECOMPUTE:-dendritic} --out "$out/scaling.jsonl" 2>&1 | grep -v '^{' \
+        | tee "$out/scaling.log"
+      ;;
+    multi)
+      # Issue 24 (2+ GPUs of one host): two lines on two GPUs with the console, a rank SIGKILLed on its
+      # GPU, a degree-2 checkpoint resumed at degree 1; in its own pytest process (no CUDA context of
+      # the test process on a GPU). The console test needs textual's wheels carried (see its skip reason).
+      timeout ${MULTI_TIMEOUT:-560} python3 -m pytest -v -p no:cacheprovider -rfEs --durations=5 \
+        tests/engine/gpu/test_multi_gpu_cuda.py ${MULTI_SELECT:+-k "$MULTI_SELECT"} 2>&1 | tail -60 \
+        | tee "$out/tests_multi.log"
       ;;
     profile-2b)
       # Issue 22: where ns-2b's update at 4K goes (0.48 of the plain GPT in session 11).

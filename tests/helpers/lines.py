@@ -169,3 +169,17 @@ def assert_same_state(line: Path, reference: Path) -> None:
         for key, tensor in their_part.items():
             assert torch.equal(mine_part[key], tensor), f"{part}/{key}"
     assert rows_without_wall_clock(line / "rows.jsonl") == rows_without_wall_clock(reference / "rows.jsonl")
+
+
+def line_readings(line: Path) -> tuple[list[float], torch.Tensor]:
+    """A line's losses of every update and its newest checkpoint's weights, flat (for lines that
+    may differ in rounding: CUDA lines, compared by `line_spread`)."""
+    losses = [json.loads(text)["loss"] for text in (line / "rows.jsonl").read_text().splitlines()]
+    latest = load_checkpoint(line / "checkpoints" / read_latest(line / "checkpoints"))
+    return losses, torch.cat([latest.weights[key].flatten() for key in sorted(latest.weights)])
+
+
+def line_spread(a: tuple[list[float], torch.Tensor], b: tuple[list[float], torch.Tensor]) -> tuple[float, float]:
+    """The largest loss and weight differences of two lines' `line_readings`."""
+    loss = max(abs(x - y) for x, y in zip(a[0], b[0], strict=True))
+    return loss, float((a[1] - b[1]).abs().max())

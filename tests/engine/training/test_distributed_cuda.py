@@ -9,7 +9,6 @@ bit, the torchrun line must be too; otherwise it may differ by no more than twic
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -18,10 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import REPOSITORY
-from helpers.lines import copy_data_line, data_template_fixture, make_line
-
-from engine.checkpoints.format import read_latest
-from engine.checkpoints.tensors import load_checkpoint
+from helpers.lines import copy_data_line, data_template_fixture, line_readings, line_spread, make_line
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -43,19 +39,6 @@ def train(line: Path, nproc: int | None) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
 
 
-def readings(line: Path) -> tuple[list[float], torch.Tensor]:
-    """The losses of every update and the final weights, flat."""
-    losses = [json.loads(text)["loss"] for text in (line / "rows.jsonl").read_text().splitlines()]
-    latest = load_checkpoint(line / "checkpoints" / read_latest(line / "checkpoints"))
-    return losses, torch.cat([latest.weights[key].flatten() for key in sorted(latest.weights)])
-
-
-def spread(a: tuple[list[float], torch.Tensor], b: tuple[list[float], torch.Tensor]) -> tuple[float, float]:
-    """The largest loss and weight differences of two lines."""
-    loss = max(abs(x - y) for x, y in zip(a[0], b[0], strict=True))
-    return loss, float((a[1] - b[1]).abs().max())
-
-
 @pytest.mark.parametrize("degree", [1, 2])
 def test_torchrun_ranks_train_the_plain_line(tmp_path: Path, data_template: Path, degree: int) -> None:
     if torch.cuda.device_count() < degree:
@@ -67,9 +50,9 @@ def test_torchrun_ranks_train_the_plain_line(tmp_path: Path, data_template: Path
     train(lines["plain"], None)
     train(lines["again"], None)
     train(lines["group"], degree)
-    plain, again, group = (readings(lines[name]) for name in ("plain", "again", "group"))
-    noise = spread(plain, again)
-    measured = spread(plain, group)
+    plain, again, group = (line_readings(lines[name]) for name in ("plain", "again", "group"))
+    noise = line_spread(plain, again)
+    measured = line_spread(plain, group)
     print(f"degree {degree}: plain vs plain {noise}, plain vs torchrun {measured}")
     assert measured[0] <= 2 * noise[0] and measured[1] <= 2 * noise[1]
     assert "CUDA graph capture failed" not in (lines["group"] / "run.log").read_text()
