@@ -292,16 +292,32 @@ def _piece_logit_grads(
     return (grads if scale is None else grads * scale).to(logits.dtype)
 
 
+RECOMPILE_LIMIT = 64
+"""Compilations torch._dynamo keeps per compiled function (its default is 8): see `compile_static`."""
+
+
 @functools.cache
 def compile_static(function: CompiledT) -> CompiledT:
     """`function` through torch.compile, the one way every family compiles (the chunked loss's
     pieces, the transformer's layers, the NS glue stages and scan). Static shapes: one compilation
-    per shape, made at the step engine's warm-up before any CUDA-graph capture (past torch._dynamo's
-    recompile limit, 8 shapes, a new shape runs eagerly). Inductor's deterministic mode, where this
-    torch has it, keeps it from choosing a kernel by timing it, so that a resumed line compiles the
-    kernels the uninterrupted one did. Cached: a function is compiled once per process."""
+    per shape and argument dtype, made at the step engine's warm-up before any CUDA-graph capture.
+    Inductor's deterministic mode, where this torch has it, keeps it from choosing a kernel by
+    timing it, so that a resumed line compiles the kernels the uninterrupted one did. Cached: a
+    function is compiled once per process.
+
+    The process's recompile limit is raised to RECOMPILE_LIMIT. At Dynamo's default of 8 a
+    long-lived trainer reaches it (each length's own and shared micro-batch shapes, times the dtypes
+    a stage is called with), and past it Dynamo decides between compiled and eager code per call:
+    a function called inside a non-reentrant checkpoint could then run compiled in the forward and
+    eagerly in its recomputation, which saves other tensors, and the backward fails ("Recomputed
+    values ... have different metadata", seen on the GPU with torch 2.11 once a process had compiled
+    an NS glue stage 8 ways). Past the raised limit a new shape runs eagerly, forward and
+    recomputation alike."""
+    import torch._dynamo.config as dynamo_config
     import torch._inductor.config as inductor_config
 
+    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, RECOMPILE_LIMIT)
+    dynamo_config.accumulated_recompile_limit = max(dynamo_config.accumulated_recompile_limit, 4 * RECOMPILE_LIMIT)
     options = {"deterministic": True} if hasattr(inductor_config, "deterministic") else {}
     return cast(CompiledT, torch.compile(function, dynamic=False, options=options))
 

@@ -151,6 +151,6 @@ def compiled_chunked_scan() -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
     backward on the H200 at B 8, T 4096, 40 heads of 64, N 64 (`python bench/ns_layers.py --only
     scan`), and ns-1p3b's update 1.42x faster (bench/RESULTS.md, session 8). Shapes are static: one
     compilation per training or validation shape, at the engine's warm-up, before any CUDA graph
-    capture (past torch._dynamo's recompile limit, 8 shapes, a new shape runs eagerly), in inductor's
+    capture (past `engine.models.base.RECOMPILE_LIMIT` shapes, a new shape runs eagerly), in inductor's
     deterministic mode (`engine.models.base.compile_static`)."""
     return compile_static(chunked_scan)

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import torch
 from torch._dynamo.utils import counters
+from torch.utils.checkpoint import checkpoint
 
 from engine.errors import ConfigError
 from engine.models.base import compile_static, recompute_off_cuda
@@ -217,6 +218,24 @@ def test_compiled_stages_keep_no_more_for_the_backward(one_thread, glue_on_cpu, 
     eager = saved_bytes(layer)
     glue_on_cpu(True)
     assert saved_bytes(layer) <= eager
+
+
+def test_a_stage_keeps_compiling_past_dynamo_s_default_limit_and_its_recomputation_agrees(one_thread) -> None:
+    """A line meets more shapes than Dynamo's default 8 (each length's own and shared micro-batches,
+    times the dtypes a stage is called with). Each still compiles, inside non-reentrant checkpoints
+    as the layers call it, and every recomputation runs the code its forward ran (the backward
+    checks that the recomputed tensors match the saved ones)."""
+    stage = compile_static(normalised)
+    norm = perturbed(DendriticLayer(SMALL), 1).norm
+    torch._dynamo.reset()  # this test's compilations alone
+    graphs = counters["stats"]["unique_graphs"]
+    shapes = [(rows, LENGTH, SMALL.d_model) for rows in range(1, 10)]  # 9 > Dynamo's default 8
+    for shape in shapes:
+        x = torch.randn(shape, requires_grad=True)
+        out = checkpoint(lambda x: stage(x, norm, torch.float32) * 2.0, x, use_reentrant=False)
+        out.sum().backward()
+        torch.testing.assert_close(x.grad, torch.autograd.grad((normalised(x, norm, torch.float32) * 2.0).sum(), x)[0])
+    assert counters["stats"]["unique_graphs"] - graphs == len(shapes)
 
 
 def test_the_switch_is_a_checked_boolean_and_the_cpu_runs_the_stages_eagerly() -> None:

@@ -393,8 +393,11 @@ def test_cuda_matches_cpu_and_trains_under_bf16_autocast() -> None:
     assert torch.allclose(carry_gpu.cpu(), carry_cpu, rtol=1e-4, atol=1e-3)
     for a, b in zip(cpu.blocks, gpu.blocks):
         assert a.bank.count == b.bank.count and b.bank.keys.is_cuda
-        # Values near 10 in magnitude: a few ulps of cancellation in one element reach 1e-4.
-        torch.testing.assert_close(b.bank.values.cpu(), a.bank.values, rtol=1e-4, atol=5e-4)
+        # An element that cancels keeps the rounding of the terms it came from, and the values reach
+        # 66 and 135 (an fp32 ulp there is 8e-6 and 1.5e-5): allowed 2e-5 of the largest value. The
+        # GPU's differed by 7.6e-4 at one element of 512 on an H100 (2026-12-06; 5e-4 passed on the H200).
+        scale = float(a.bank.values.abs().max())
+        torch.testing.assert_close(b.bank.values.cpu(), a.bank.values, rtol=1e-4, atol=2e-5 * scale)
     with torch.autocast("cuda", dtype=torch.bfloat16):
         loss, _ = gpu(tokens[:, :-1].cuda(), tokens[:, 1:].cuda(), carry_gpu)
     loss.sum().backward()
