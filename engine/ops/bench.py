@@ -37,7 +37,7 @@ from engine.models.build import build_model
 from engine.models.presets import preset_config
 from engine.protocol.facts import Engine
 from engine.training.cpu_heap import keep_freed_memory
-from engine.training.distributed import FullyShardedModel, Ranks
+from engine.training.distributed import FullyShardedModel, Ranks, refuse_written_state
 from engine.training.optim import AdamWSettings, FlatAdamW
 from engine.training.sharded_optim import ShardedFlatAdamW
 from engine.training.step import EagerEngine, GraphEngine
@@ -224,11 +224,7 @@ def _model(preset: str, overrides: dict[str, Any] | None, recompute: str, device
     CPU); ConfigError for what the trainer would refuse."""
     torch.manual_seed(0)
     model = build_model(preset, overrides).to(device)
-    if ranks.size > 1 and model.extra_state_dict():
-        raise ConfigError(
-            f"bench: degree {ranks.size}: {preset} keeps state beside its weights that its training forward "
-            "writes (memory banks); the trainer trains it at degree 1 only"
-        )
+    refuse_written_state(model, ranks.size, preset, "bench")
     if recompute != "none":
         if not hasattr(model, "recompute"):
             raise ConfigError(f"bench: --recompute {recompute}: {preset} has no activation recomputation")
@@ -259,11 +255,6 @@ def bench_shape(
     ranks = Ranks.from_environment()
     target = resolve_device(device, "bench: --device")
     engine_name, notes = _engine_and_notes(engine, target.type == "cuda", shard, ranks)
-    if target.type == "cuda" and (target.index or 0) + ranks.size > torch.cuda.device_count():
-        raise ConfigError(
-            f"bench: torchrun started {ranks.size} ranks, one GPU each from cuda:{target.index or 0}, but this "
-            f"process sees {torch.cuda.device_count()} GPU(s)"
-        )
     with _in_group(ranks, shard, target) as target:
         cuda = target.type == "cuda"
         if keep_cpu_heap and not cuda:

@@ -67,6 +67,8 @@ from engine.errors import ConfigError
 if TYPE_CHECKING:
     from torch.distributed.fsdp import FSDPModule
 
+    from engine.models.base import LanguageModel
+
 
 @dataclass
 class Ranks:
@@ -207,6 +209,17 @@ class Ranks:
         """Wait for every rank (the exit: none leaves while rank 0 still writes)."""
         if self.launched:
             dist.barrier()
+
+
+def refuse_written_state(model: LanguageModel, degree: int, preset: str, source: str) -> None:
+    """ConfigError above degree 1 for a model whose training forward writes state beside its weights
+    (PSSA's memory banks): each rank would write its own rows' and no rule merges them yet."""
+    if degree > 1 and model.extra_state_dict():
+        raise ConfigError(
+            f"{source}: parallel.degree {degree}: {preset} keeps state beside its weights that its training "
+            "forward writes (memory banks); each rank would write its own rows' and no rule merges them yet, "
+            "so it trains at degree 1 only"
+        )
 
 
 class FullyShardedModel:

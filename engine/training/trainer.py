@@ -79,7 +79,7 @@ from engine.protocol.facts import SIGNAL_EXIT_BASE, Engine, Stage, StopReason, T
 from engine.rows import Heartbeat, RowsFile, RunLog, format_row
 from engine.supervisor.child import rank_file
 from engine.training.cpu_heap import keep_freed_memory
-from engine.training.distributed import FullyShardedModel, Ranks
+from engine.training.distributed import FullyShardedModel, Ranks, refuse_written_state
 from engine.training.dreaming import Dreamer
 from engine.training.engines import ArenaNotReleased, StepEngines
 from engine.training.line_lock import hold_trainer_lock
@@ -211,12 +211,7 @@ class Trainer:
             torch.cuda.manual_seed_all(config.seeds.model)
         self.model = build_model(config.model.preset, config.model.overrides).to(self.device)
         self.startup.lap("model build")
-        if ranks.size > 1 and self.model.extra_state_dict():
-            raise ConfigError(
-                f"{layout.run_json}: parallel.degree {ranks.size}: {config.model.preset} keeps state beside its "
-                "weights that its training forward writes (memory banks); each rank would write its own rows' "
-                "and no rule merges them yet, so it trains at degree 1 only"
-            )
+        refuse_written_state(self.model, ranks.size, config.model.preset, str(layout.run_json))
         resumed_from = resume.checkpoint.update if resume.checkpoint is not None else None
         refuse_a_start_without_room(layout.root, layout.checkpoints, self._checkpoint_size(), resumed_from)
         betas = config.optimizer.betas

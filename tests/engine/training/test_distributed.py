@@ -35,7 +35,9 @@ from engine.checkpoints.format import read_latest, verify_line_checkpoints
 from engine.checkpoints.tensors import load_checkpoint
 from engine.config.run import ParallelConfig, RunConfig
 from engine.errors import ConfigError
+from engine.models.build import build_model
 from engine.supervisor.child import group_exit
+from engine.training.distributed import refuse_written_state
 from engine.training.trainer import Trainer
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
@@ -231,3 +233,13 @@ def test_fsdp_with_a_moving_average_is_refused(tmp_path: Path, data_template: Pa
 def test_an_unknown_shard_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"^run.json: parallel.shard must be one of none, fsdp, got 'zero3'$"):
         ParallelConfig(degree=2, shard="zero3").validate()
+
+
+def test_a_model_that_writes_state_in_its_forward_trains_at_degree_1_only() -> None:
+    """The trainer's and the bench's rule: PSSA's banks are written from each rank's own rows."""
+    pssa, transformer = build_model("pssa-tiny"), build_model("transformer-tiny")
+    with pytest.raises(ConfigError, match=r"run.json: parallel.degree 2: pssa-tiny keeps state .* degree 1 only"):
+        refuse_written_state(pssa, 2, "pssa-tiny", "run.json")
+    refuse_written_state(pssa, 1, "pssa-tiny", "run.json")
+    refuse_written_state(transformer, 2, "transformer-tiny", "run.json")
+
