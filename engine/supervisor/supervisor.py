@@ -450,10 +450,11 @@ class Supervisor:
                        for gpu, holder in holders]  # fmt: skip
             what = f"GPU {gpus[0].index}" if len(gpus) == 1 else "a GPU" if count == 1 else f"{count} GPUs"
             if self.state.state != LineState.WAITING_GPU or held_by != said:
-                self._set(state=LineState.WAITING_GPU, gpu_index=None, gpu_uuid=None, gpu_indices=[],
-                          gpu_holders=records)
+                # The reason in run.log first: whoever sees the state (supervisor.json, `status`) finds it there.
                 taken_by = ", ".join(f"GPU {index} by {line}" for index, line in held_by)
                 self._say(f"waiting for {what}: leases held ({taken_by})")
+                self._set(state=LineState.WAITING_GPU, gpu_index=None, gpu_uuid=None, gpu_indices=[],
+                          gpu_holders=records)
                 said = held_by
             if not told and time.monotonic() - waited_since > self._watchdog_seconds():
                 self._event(EventKind.GPU_WAIT, f"waiting for {what} longer than the watchdog interval")
@@ -481,8 +482,8 @@ class Supervisor:
         told = False
         while (others := processes_on_gpu(index, exclude=())) and not self._others_fit_the_reserve(index):
             if self.state.state != LineState.WAITING_GPU:
-                self._set(state=LineState.WAITING_GPU)
                 self._say(f"waiting for GPU {index} to be free (other processes on it: {others})")
+                self._set(state=LineState.WAITING_GPU)
             if not told and time.monotonic() - waited_since > self._watchdog_seconds():
                 message = f"waiting for GPU {index} to be free longer than the watchdog interval"
                 self._event(EventKind.GPU_WAIT, message)
