@@ -65,6 +65,21 @@ def private_run_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytes
 
 
 @pytest.fixture
+def private_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty host.json of the test's own (`tmp_path/host.json`, `$NSCONSOLE_HOST`) and a private
+    runtime directory (`tmp_path/run`, `$XDG_RUNTIME_DIR`): no setting of the user's host (notify
+    commands, work roots) reaches the supervisors a test starts. Returns the host.json's path (a
+    test may write settings into it). Files that start supervisors take it for every test:
+    `pytestmark = pytest.mark.usefixtures("private_host")`."""
+    (tmp_path / "run").mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
+    host = tmp_path / "host.json"
+    host.write_text("{}")
+    monkeypatch.setenv("NSCONSOLE_HOST", str(host))
+    return host
+
+
+@pytest.fixture
 def one_thread() -> Iterator[None]:
     """One intra-op thread: tiny models and layers only lose to threads on a loaded 2-core machine."""
     from helpers.lines import one_torch_thread

@@ -37,15 +37,7 @@ from nsconsole.widgets.checkpoint_list import read_checkpoints
 from nsconsole.widgets.lines_table import LinesTable
 from nsconsole.widgets.log_follower import LogFollower
 
-
-@pytest.fixture(autouse=True)
-def private_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "run").mkdir(mode=0o700)
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
-    monkeypatch.setenv("NSCONSOLE_HOST", str(tmp_path / "host.json"))
-    (tmp_path / "host.json").write_text("{}")
-
-
+pytestmark = pytest.mark.usefixtures("private_host")  # conftest: an empty host.json, a private runtime dir
 
 
 def state_cell(app: ConsoleApp, key: str) -> str:

@@ -25,15 +25,7 @@ from nsconsole.state import LineView
 from nsconsole.widgets.lines_table import LinesTable
 from nsconsole.widgets.samples_tab import visible
 
-
-@pytest.fixture(autouse=True)
-def private_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "run").mkdir(mode=0o700)
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
-    monkeypatch.setenv("NSCONSOLE_HOST", str(tmp_path / "host.json"))
-    (tmp_path / "host.json").write_text("{}")
-
-
+pytestmark = pytest.mark.usefixtures("private_host")  # conftest: an empty host.json, a private runtime dir
 
 
 def sampled_updates(line: LineView) -> list[int]:

@@ -59,6 +59,7 @@ if TYPE_CHECKING:
     from nsconsole.state import LineView
 
 pytestmark = [
+    pytest.mark.usefixtures("private_host"),
     pytest.mark.cuda,
     pytest.mark.skipif(
         torch.cuda.device_count() < 2,
@@ -82,15 +83,6 @@ STOP_AT = 24
 """The kill test's last update: in cycle 2, which is prepared only after the kill."""
 UPDATES = 12
 """The degree test's updates: 6 at degree 2, then 6 at degree 1 (all in cycles 0 and 1)."""
-
-
-@pytest.fixture(autouse=True)
-def private_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """No host.json of the user's (notify commands, work roots) reaches the supervisors."""
-    (tmp_path / "run").mkdir(mode=0o700)
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
-    monkeypatch.setenv("NSCONSOLE_HOST", str(tmp_path / "host.json"))
-    (tmp_path / "host.json").write_text("{}")
 
 
 @pytest.fixture(autouse=True)

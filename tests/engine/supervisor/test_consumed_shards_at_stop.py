@@ -21,18 +21,12 @@ from datalines.preparer import prepare_cycle
 from engine.supervisor import registry
 from nsconsole.client import SupervisorClient
 
+pytestmark = pytest.mark.usefixtures("private_host")  # conftest: an empty host.json, a private runtime dir
+
 data_template = data_template_fixture()  # every cycle (0..3) prepared
 
 IDLE_PREPARER = [sys.executable, "-c", "import time; time.sleep(600)"]
 """A preparer that never deletes anything: only the supervisor's stop path can clean up."""
-
-
-@pytest.fixture(autouse=True)
-def private_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "run").mkdir(mode=0o700)
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
-    monkeypatch.setenv("NSCONSOLE_HOST", str(tmp_path / "host.json"))
-    (tmp_path / "host.json").write_text("{}")
 
 
 def _supervise(root: Path, line: Path, preparer_command: list[str] | None) -> subprocess.Popen[bytes]:

@@ -28,15 +28,9 @@ from engine.supervisor.reserve import RESERVE_NAME
 from engine.training.trainer import Trainer
 from nsconsole.client import SupervisorClient
 
+pytestmark = pytest.mark.usefixtures("private_host")  # conftest: an empty host.json, a private runtime dir
+
 DISK_MIB = 48
-
-
-@pytest.fixture(autouse=True)
-def private_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "run").mkdir(mode=0o700)
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
-    monkeypatch.setenv("NSCONSOLE_HOST", str(tmp_path / "host.json"))
-    (tmp_path / "host.json").write_text("{}")
 
 
 @pytest.fixture

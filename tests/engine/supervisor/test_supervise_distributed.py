@@ -23,19 +23,11 @@ from helpers.supervise import RUNNER, gone
 from engine.checkpoints.format import read_latest, verify_line_checkpoints
 from engine.checkpoints.tensors import load_checkpoint
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("private_host")]
 
 data_template = data_template_fixture()
 
 STOP_AT = 24
-
-
-@pytest.fixture(autouse=True)
-def private_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "run").mkdir(mode=0o700)
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
-    monkeypatch.setenv("NSCONSOLE_HOST", str(tmp_path / "host.json"))
-    (tmp_path / "host.json").write_text("{}")
 
 
 def supervise(tmp_path: Path, line: Path, **settings: object) -> subprocess.Popen[bytes]:

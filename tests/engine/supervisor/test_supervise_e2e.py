@@ -21,19 +21,13 @@ from datalines.preparer import prepare_cycle
 from engine.supervisor import registry
 from nsconsole.client import SupervisorClient
 
+pytestmark = pytest.mark.usefixtures("private_host")  # conftest: an empty host.json, a private runtime dir
+
 
 @pytest.fixture(scope="module")
 def data_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # Only cycle 0 is prepared: the trainer then waits for cycle 1, alive, whatever its speed.
     return make_data_line(tmp_path_factory.mktemp("template"), prepare=1)
-
-
-@pytest.fixture(autouse=True)
-def private_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "run").mkdir(mode=0o700)
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
-    monkeypatch.setenv("NSCONSOLE_HOST", str(tmp_path / "host.json"))
-    (tmp_path / "host.json").write_text("{}")
 
 
 @pytest.mark.slow

@@ -33,16 +33,10 @@ from engine.supervisor import registry
 from engine.supervisor.forks import branched_from
 from nsconsole.client import RemoteError, SupervisorClient
 
+pytestmark = pytest.mark.usefixtures("private_host")  # conftest: an empty host.json, a private runtime dir
+
 UNTUNED_ROWS = 3
 """A micro-batch size tune never picks (it tries powers of two): run.json's change shows."""
-
-
-@pytest.fixture(autouse=True)
-def private_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "run").mkdir(mode=0o700)
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
-    monkeypatch.setenv("NSCONSOLE_HOST", str(tmp_path / "host.json"))
-    (tmp_path / "host.json").write_text("{}")
 
 
 def kept_reasons(line: Path) -> dict[int, str]:
@@ -56,10 +50,6 @@ def kept_reasons(line: Path) -> dict[int, str]:
 
 def mutate(client: SupervisorClient, method: str, request_id: str, **params: object) -> dict:
     return client.call(method, request_id=request_id, **params)
-
-
-
-
 
 
 @pytest.mark.slow
