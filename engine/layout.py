@@ -25,7 +25,6 @@ from __future__ import annotations
 from pathlib import Path
 
 CHECKPOINT_PREFIX = "u"
-PARTIAL_SUFFIX = ".partial"
 
 
 class LineLayout:
@@ -57,10 +56,6 @@ class LineLayout:
     def checkpoint(self, update: int) -> Path:
         """The directory of the checkpoint after `update` updates."""
         return self.checkpoints / f"{CHECKPOINT_PREFIX}{update:08d}"
-
-    def partial_checkpoint(self, update: int) -> Path:
-        """Where a checkpoint is written before its atomic rename."""
-        return self.checkpoints / f"{CHECKPOINT_PREFIX}{update:08d}{PARTIAL_SUFFIX}"
 
     @property
     def run_log(self) -> Path:

@@ -244,8 +244,6 @@ class LineView:
         self.recent_rows: deque[dict[str, Any]] = deque(maxlen=RECENT_ROWS)
         self.validations: deque[dict[str, Any]] = deque(maxlen=MAX_VALIDATIONS)
         self.events: deque[ConsoleEvent] = deque(maxlen=MAX_EVENTS)
-        self.rows_next = 0
-        """The index in rows.jsonl of the next row to fetch."""
         self.health: list[HealthFlag] = []
         self.alerts: deque[ConsoleEvent] = deque(maxlen=MAX_EVENTS)
         """Events not yet told (`take_alerts`): the app rings the bell for those of the chosen severities."""
@@ -285,9 +283,6 @@ class LineView:
         self.connected, self.ever_connected, self.disconnect_reason = True, True, None
         self.at_rest = False
         self.orphaned = False
-        if fresh:
-            # rows.jsonl may have been cut back by a resume since: read it again from the start.
-            self.rows_next = 0
         self.version += 1
         return fresh
 
@@ -307,12 +302,9 @@ class LineView:
             self.recent_rows.clear()
             self.validations.clear()
             self.rows_version += 1
-        count = 0
         for row in rows:
-            count += 1
             if "omitted" not in row:
                 self.add_row(row)
-        self.rows_next = first_index + count
         self.version += 1
 
     def add_row(self, row: dict[str, Any]) -> None:
