@@ -316,6 +316,11 @@ class SupervisorServer:
             await self._read_calls(reader, connection)
         except (ConnectionError, OSError):
             pass  # the client went away: nothing to answer
+        except asyncio.CancelledError:
+            # The shutdown cancels connections still open (a console attached as the line ends).
+            # Ended by cancellation, the task would make asyncio's connection callback (Python
+            # 3.11's StreamReaderProtocol) log a CancelledError traceback into supervisor.out.
+            pass
         finally:
             # Its replies have nowhere to go; a mutation under way goes on (a retry gets its outcome).
             for call in connection.calls:

@@ -578,3 +578,19 @@ def test_an_integer_past_pythons_digit_limit_is_a_parse_error_and_the_connection
         assert "integer longer than 4300 digits" in reply["error"]["message"]
     assert status["id"] == 3 and status["result"]["state"] == "training"
     connection.close()
+
+
+def test_closing_with_a_console_attached_logs_no_error(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # A console attached (subscribed, idle) when the supervisor ends: its connection task is
+    # cancelled by the shutdown. A cancelled task made asyncio's connection callback (Python 3.11)
+    # log "Exception in callback ... CancelledError" with a traceback into supervisor.out.
+    caplog.set_level("DEBUG", logger="asyncio")
+    server = SupervisorServer(tmp_path / "supervisor.sock", InMemoryLine())
+    server.start()
+    try:
+        with SupervisorClient(server.socket_path) as client:
+            client.subscribe(since_seq=0)
+            server.close()
+    finally:
+        server.close()
+    assert [record for record in caplog.records if record.levelname == "ERROR"] == []
