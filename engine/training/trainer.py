@@ -18,7 +18,8 @@ plan or the end of the data line, and returns the exit status. The line's positi
 Kept checkpoints: the line's start (update 0), every cycle end, every stage end. Rolling ones
 every `checkpoints.every_updates`, and one at exit.
 
-Every `validation.every_updates` updates the update's row also carries the validation's readings
+Every `validation.every_updates` updates, and at the line's last update (its plan's or its data line's
+end), the update's row also carries the validation's readings
 (engine.training.validation: held-out losses, probes, the optimizer's state, the moving average's losses)
 and its samples (engine.training.samples: short generations on held-out prompts, as text), and is
 printed whatever `print_every`; validation leaves everything training depends on untouched.
@@ -54,7 +55,7 @@ from typing import Any, TextIO
 import torch
 
 from datalines import open_data_line
-from datalines.consumption import claim_cycle
+from datalines.consumption import claim_cycle, claim_data_line
 from datalines.cycle import Cycle
 from datalines.errors import ShardChanged
 from engine.checkpoints.disk_budget import CheckpointSize, next_checkpoint_size, refuse_a_start_without_room
@@ -250,6 +251,11 @@ class Trainer:
         )
         self.position = Position()
         self.startup.lap("optimizer and held-out rows")
+        # The start passed its checks: the data line becomes this line's before any cycle is read
+        # (another line that started on it first refuses this one).
+        taken_over = claim_data_line(self.data_line.path, layout.root, writes=writes)
+        if taken_over is not None:
+            self.log.write(taken_over)
         if resume.checkpoint is not None:
             self._restore(resume.checkpoint)
             state = resume.checkpoint.state
@@ -679,7 +685,7 @@ class Trainer:
         if self.dreamer is not None and self.dreamer.due(position.update):
             with self.beats.phase(Stage.DREAMING, position.update), self.engines.from_the_arena():
                 row.update(self.dreamer.run(windows, position.update))
-        validating = position.update % config.validation.every_updates == 0
+        validating = position.update % config.validation.every_updates == 0 or self._ends_the_line(cycle, seq_len)
         if validating:
             with self.beats.phase(Stage.VALIDATING, position.update):
                 row.update(self._validate(seq_len))
@@ -694,6 +700,21 @@ class Trainer:
         self.heartbeat.beat(position.update, Stage.TRAINING)
         if not self.startup.done:
             self._end_of_startup()
+
+    def _ends_the_line(self, cycle: Cycle, seq_len: int) -> bool:
+        """The update just done is the line's last: it ends the plan's last stage or the data line's
+        last cycle. That update validates whatever `validation.every_updates` says, so a finished
+        line's result is on record (in its row, status and the console), not only its last multiple."""
+        position, plan = self.position, self.config.plan
+        stage = plan[position.stage]
+        if stage.tokens is not None and position.stage_tokens >= stage.tokens and position.stage + 1 >= len(plan):
+            return True
+        if position.sample < cycle.num_samples(seq_len, self.config.seeds.data, position.reads()):
+            return False
+        # The cycle ends (every rank knows it alike); rank 0 reads whether the data line ends with it.
+        last = self.data_line.last_cycle() if self.ranks.writes else None
+        (ends,) = self.ranks.from_writer([int(last is not None and position.cycle >= last)])
+        return bool(ends)
 
     def _end_of_startup(self) -> None:
         """The first update of this launch is done: where the start-up's seconds went, to run.log and

@@ -10,6 +10,7 @@ import pytest
 import torch
 from helpers.lines import (
     SEQ_LEN,
+    TOKENS_PER_UPDATE,
     WALL_CLOCK_FIELDS,
     copy_data_line,
     data_template_fixture,
@@ -144,3 +145,24 @@ def test_probe_rows_before_a_capture_are_logged_and_leave_training_untouched(
         f"probe rows before capture at seq_len {SEQ_LEN}: val_{SEQ_LEN}/text {short:.4f}  "
         f"val_{2 * SEQ_LEN}/text {long:.4f}  ({len(readings) - 2} readings, all finite)"
     )
+
+
+def validated_updates(line: Path) -> list[int]:
+    return [row["update"] for row in rows_of(line) if any(key.startswith("val_") for key in row)]
+
+
+def test_the_last_update_of_a_plan_validates_whatever_every_updates_says(tmp_path: Path, data_template: Path) -> None:
+    plan = [{"name": "trunk", "seq_len": SEQ_LEN, "tokens": 5 * TOKENS_PER_UPDATE}]
+    line = make_line(tmp_path, copy_data_line(data_template, tmp_path), plan=plan, **{"validation.every_updates": 10**9})
+    assert Trainer(line, echo=None).run() == 0
+    assert [row["update"] for row in rows_of(line)] == [1, 2, 3, 4, 5]
+    assert validated_updates(line) == [5]
+    assert "validation at update 5" in (line / "run.log").read_text()
+
+
+def test_the_last_update_of_the_data_line_validates(tmp_path: Path) -> None:
+    data = make_data_line(tmp_path / "template")  # every cycle prepared: the line runs to the data's end
+    line = make_line(tmp_path, data, **{"validation.every_updates": 10**9})
+    assert Trainer(line, echo=None).run() == 0
+    last = rows_of(line)[-1]["update"]
+    assert last > 1 and validated_updates(line) == [last]
