@@ -80,6 +80,7 @@ from engine.protocol.facts import SIGNAL_EXIT_BASE, Engine, Stage, StopReason, T
 from engine.rows import Heartbeat, RowsFile, RunLog, format_row
 from engine.supervisor.child import rank_file
 from engine.training.cpu_heap import keep_freed_memory
+from engine.training.cpu_share import CpuSeat
 from engine.training.distributed import FullyShardedModel, Ranks, refuse_written_state
 from engine.training.dreaming import Dreamer
 from engine.training.engines import ArenaNotReleased, StepEngines
@@ -152,7 +153,8 @@ class Trainer:
         breakdown (engine.training.startup) counts the interpreter and the imports before this.
         `owns_process`: the process is this trainer's own (launched by the supervisor, or `nsconsole
         run --no-supervisor`), so process-wide settings for its device are its to make: on a CPU,
-        freed memory kept for the next update (engine.training.cpu_heap)."""
+        freed memory kept for the next update (engine.training.cpu_heap) and its threads shared with
+        the host's other CPU lines (engine.training.cpu_share)."""
         self.owns_process = owns_process
         self.startup = StartupClock(process_began)
         self.compile_caches: CompileCaches | None = None
@@ -165,6 +167,9 @@ class Trainer:
         self._digests: dict[tuple[int, int], str] = {}
         self._last_checkpoint_update: int | None = None
         self._make_gpu_watch = gpu_watch
+        self.cpu_seat: CpuSeat | None = None
+        """This process's seat among the host's CPU trainers (engine.training.cpu_share), when it owns
+        its process on a CPU."""
         self.ranks = Ranks.from_environment()
         """This process's rank in a torchrun group (engine.training.distributed), or alone."""
 
@@ -185,6 +190,7 @@ class Trainer:
         self.device = ranks.connect(config.parallel, resolve_device(config.device), str(layout.run_json))
         if self.owns_process and self.device.type == "cpu":
             keep_freed_memory()
+            self.cpu_seat = CpuSeat.take()
         self.gpu_watch = self._make_gpu_watch(config, self.device)
         self.data_line = open_data_line(ops.resolve_data_path(layout, config.data.line))
         layout.checkpoints.mkdir(exist_ok=True)
@@ -522,6 +528,11 @@ class Trainer:
         elif self.engines.gpu_mode == GpuMode.SHARED:
             self._hold_past_the_reserve(reading)
 
+    def _share_cpu(self) -> None:
+        """On a CPU: this process's threads, the host's cores shared among its CPU training lines."""
+        if self.cpu_seat is not None and (change := self.cpu_seat.share()) is not None:
+            self.log.write(change)
+
     def _hold_past_the_reserve(self, reading: GpuReading) -> None:
         """Sharing, at a check: the memory free past what the others may still take (the reserve
         less what they use) is held again, so that they cannot grow past their reserve. The free
@@ -837,6 +848,7 @@ class Trainer:
             if reason is not None:
                 return reason
             self._watch_gpu()
+            self._share_cpu()
             seq_len = self._seq_len()
             cycle = self._cycle(self.position.cycle)
             rows = self._update_rows(cycle, seq_len)
@@ -970,6 +982,8 @@ class Trainer:
         finally:
             if self.compile_caches is not None:
                 self.compile_caches.release()
+            if self.cpu_seat is not None:
+                self.cpu_seat.release()
             self.ranks.close()
             if lock is not None:
                 os.close(lock)
