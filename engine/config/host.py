@@ -24,6 +24,8 @@ from engine.errors import ConfigError
 
 HOST_ENV_VARIABLE = "NSCONSOLE_HOST"
 DEFAULT_HOST_FILE = Path("~/.nsconsole/host.json")
+DEFAULT_WORK_ROOT = Path("~/.nsconsole/lines")
+"""Where lines live without a `work_root` (the demo's, `nsconsole --run`)."""
 
 
 @dataclass
@@ -33,7 +35,8 @@ class HostSettings:
     env: dict[str, str] = field(default_factory=dict)
     """Environment variables set before anything else runs (e.g. TRITON_PTXAS_PATH)."""
     work_root: str | None = None
-    """Where relative LINE and data paths are looked up when they do not exist relative to the cwd."""
+    """Where relative LINE and data paths are looked up when they do not exist relative to the cwd
+    (unset: an existing line or data line under ~/.nsconsole/lines, the demo's root, is found)."""
     tokenizer: str | None = None
     """The tokenizer JSON `nsconsole data init` uses when neither --tokenizer nor the recipe names one."""
     calibration_from: str | None = None
@@ -73,13 +76,18 @@ class HostSettings:
         """A LINE or data path as a command meant it.
 
         Relative paths that do not exist relative to the cwd resolve against `work_root` when it
-        is set (so `nsconsole new trunk ...` creates `<work_root>/trunk`); everything else is
-        taken relative to the cwd. The result is absolute.
+        is set (so `nsconsole new trunk ...` creates `<work_root>/trunk`); without one, against
+        ~/.nsconsole/lines when they exist there (`nsconsole status demo` finds the demo from any
+        directory; `new` still creates relative to the cwd). Everything else is taken relative to
+        the cwd. The result is absolute.
         """
         candidate = Path(path).expanduser()
-        if not candidate.is_absolute() and self.work_root and not candidate.exists():
+        if candidate.is_absolute() or candidate.exists():
+            return candidate.absolute()
+        if self.work_root:
             return (Path(self.work_root).expanduser() / candidate).absolute()
-        return candidate.absolute()
+        default = DEFAULT_WORK_ROOT.expanduser() / candidate
+        return default.absolute() if default.exists() else candidate.absolute()
 
 
 def load_and_apply() -> HostSettings:

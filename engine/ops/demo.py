@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.config.host import DEFAULT_WORK_ROOT
 from engine.config.run import CheckpointConfig, LengthConfig, LRConfig, LRPiece, RunConfig, ValidationConfig
 from engine.layout import LineLayout
 from engine.ops.new import NewLineOptions, new_line
@@ -40,7 +41,7 @@ class DemoPaths:
 
 def demo_paths(work_root: str | None) -> DemoPaths:
     """`<work_root>/demo-data` and `<work_root>/demo`; without a work root, under ~/.nsconsole/lines."""
-    root = Path(work_root).expanduser() if work_root else Path.home() / ".nsconsole" / "lines"
+    root = Path(work_root or DEFAULT_WORK_ROOT).expanduser()
     return DemoPaths(data=root / "demo-data", line=root / "demo")
 
 

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+from helpers.lines import make_data_line, make_line
 
 from engine.config.host import HostSettings
 from engine.errors import ConfigError
@@ -68,12 +69,36 @@ def test_malformed_file_is_one_line_naming_it(tmp_path: Path, text: str, message
 
 def test_resolve_line_against_work_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no ~/.nsconsole/lines
     (tmp_path / "here").mkdir()
     settings = HostSettings(work_root=str(tmp_path / "root"))
     assert settings.resolve_line("here") == tmp_path / "here"  # exists relative to the cwd
     assert settings.resolve_line("trunk") == tmp_path / "root" / "trunk"
     assert settings.resolve_line("/abs/line") == Path("/abs/line")
     assert HostSettings().resolve_line("trunk") == tmp_path / "trunk"
+
+
+def test_a_line_under_the_default_work_root_is_found_from_any_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # No work_root: the demo's root, ~/.nsconsole/lines, holds the lines `nsconsole --run` made.
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    lines = home / ".nsconsole" / "lines"
+    line = make_line(lines, make_data_line(tmp_path / "template", prepare=1))  # lines/line
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    settings = HostSettings()
+    assert settings.resolve_line("line") == line
+    assert settings.resolve_line("trunk") == elsewhere / "trunk"  # not there: `new` creates it here
+    (elsewhere / "line").mkdir()
+    assert settings.resolve_line("line") == elsewhere / "line"  # the cwd's comes first
+    (elsewhere / "line").rmdir()
+    monkeypatch.setenv("NSCONSOLE_HOST", str(tmp_path / "host.json"))
+    (tmp_path / "host.json").write_text("{}")
+    assert main(["status", "line"]) == 0
+    assert str(line) in capsys.readouterr().out
 
 
 def test_cli_applies_the_environment_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
