@@ -10,6 +10,7 @@ Layout of a data line directory:
     val/T<seq_len>/        validation rows per source (`nsconsole data val`)
     downloads/<source>/    hub files being read (deleted once every cycle reading them is prepared)
     preparer.json          the preparer's status (read by the supervisor)
+    training_line.json     the training line that trains on it: the first to start (datalines.consumption)
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from datalines.tokenizer import PlainTextTokenizer
 CONFIG_NAME = "dataline.json"
 TOKENIZER_NAME = "tokenizer.json"
 CONSUMED_MARK = "consumed"
+TRAINING_LINE_RECORD = "training_line.json"
 CONFIG_FORMAT = 1
 
 

@@ -2,7 +2,9 @@
 
 `nsconsole` alone opens the console; `nsconsole --run [LINE]` starts a line's supervisor
 headless; every other command is a module in `nsconsole/commands/` that registers its own
-subparser. User errors (`LineError`, `DataLineError`) print one line and exit with status 2.
+subparser. User errors (`LineError`, `DataLineError`) print one line and exit with status 2. A
+reader of stdout that closes early (`nsconsole status LINE | head -2`) ends the command quietly
+with status 141, as a command killed by SIGPIPE ends in a shell (128 + 13).
 
 Nothing heavy loads before a command runs: `--help`, `status`, `stop` and the console start in a
 fraction of a second without torch (or numpy); a command imports what it needs when it runs.
@@ -11,6 +13,7 @@ fraction of a second without torch (or numpy); a command imports what it needs w
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -59,9 +62,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+READER_GONE = 128 + 13
+"""The exit status when stdout's reader closed early: a shell's status of a command killed by SIGPIPE."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        try:
+            return run_command(build_parser().parse_args(argv))
+        finally:
+            sys.stdout.flush()  # a reader gone is met here (after --help too), not in the interpreter's exit
+    except BrokenPipeError:
+        # Python's recipe (the `signal` module's note on SIGPIPE): stdout's reader is gone, so
+        # what is left for it goes to /dev/null, where the interpreter's exit flushes it quietly.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return READER_GONE
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """The command `args` names (the console without one): its exit status, or 2 after a user
+    error's one line."""
     try:
         # Host settings first: their environment (e.g. TRITON_PTXAS_PATH) must precede everything.
         args.host_settings = load_and_apply()

@@ -3,7 +3,9 @@
 
 The harness's own tasks fetch their datasets from the Hugging Face hub; a task YAML whose
 `dataset_path` is `json` with `dataset_kwargs: {data_files: ...}` reads a local file and needs no
-network (what the tests run).
+network (what the tests run). Each task is built, its data read, before any is run: a task whose
+data cannot be read (the hub unreachable or offline, a local file missing) is refused in one line
+naming it.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from lm_eval import simple_evaluate
+from lm_eval.api.group import Group
+from lm_eval.api.task import Task
 from lm_eval.tasks import TaskManager
 from lm_eval.utils import handle_non_serializable, make_table
 
@@ -52,9 +56,34 @@ def unknown_tasks(manager: TaskManager, tasks: list[str]) -> list[str]:
     return [task for task in tasks if task not in known and not Path(task).is_file()]
 
 
+def load_tasks(manager: TaskManager, names: list[str]) -> list[Task | Group]:
+    """The named tasks, groups and tags built, their datasets read (downloaded, or from the cache
+    or a local file); LineError naming the first whose data cannot be read.
+
+    One name at a time, so that the error can name it (the harness's own says only the dataset).
+    """
+    built: list[Task | Group] = []
+    for name in names:
+        try:
+            loaded = manager.load([name])
+        except OSError as error:  # ConnectionError (the hub), FileNotFoundError (a local file), ...
+            cause = " ".join(str(error).split()) or type(error).__name__
+            raise LineError(
+                f"task {name}: its data could not be read: {cause}; the harness's own tasks download their "
+                "datasets from the Hugging Face hub (HF_ENDPOINT names a mirror), a task YAML of yours under "
+                "--include-path may read a local file offline"
+            ) from error
+        # What the name stands for: a group (the groups in it are its children), else its tasks
+        # (one task, or a tag's).
+        children = {child for child_names in loaded["group_map"].values() for child in child_names}
+        groups = [group for group_name, group in loaded["groups"].items() if group_name not in children]
+        built += groups or list(loaded["tasks"].values())
+    return built
+
+
 def evaluate(adapter: CheckpointLM, settings: EvaluationSettings) -> dict[str, Any]:
     """The harness's results of `settings.tasks` on the adapter's checkpoint (LineError when a
-    task is unknown, before any is run)."""
+    task is unknown or its data cannot be read, before any is run)."""
     if not settings.tasks:
         raise LineError("--tasks names no task")
     manager = task_manager(settings.include_paths)
@@ -67,7 +96,7 @@ def evaluate(adapter: CheckpointLM, settings: EvaluationSettings) -> dict[str, A
         )
     results = simple_evaluate(
         model=adapter,
-        tasks=settings.tasks,
+        tasks=load_tasks(manager, settings.tasks),
         limit=settings.limit,
         num_fewshot=settings.num_fewshot,
         task_manager=manager,

@@ -68,7 +68,8 @@ def check_line(root: Path | str, *, verify_checkpoints: bool = True) -> tuple[Ru
     results = [CheckResult(True, f"run.json: valid ({config.model.preset}; plan {stages})")]
     results += _check_data(layout, config)
     results += _check_consumption(layout, config)
-    results.append(CheckResult(*current_cycle_finding(layout, config)))
+    # The checks of the default start, `nsconsole run`: under the supervisor, whose preparer rebuilds shards.
+    results.append(CheckResult(*current_cycle_finding(layout, config, preparer_rebuilds=True)))
     model = _meta_model(config)
     results.append(_check_heldout_rows(layout, config, model))
     results += _check_lifelong(layout, config)
@@ -115,7 +116,8 @@ def _check_data(layout: LineLayout, config: RunConfig) -> list[CheckResult]:
 
 
 def _check_consumption(layout: LineLayout, config: RunConfig) -> list[CheckResult]:
-    """The cycle the line reads next was not consumed by another line (the trainer refuses it)."""
+    """No other line trains on the data line, and the cycle the line reads next was not consumed by
+    another line (the trainer refuses either)."""
     from datalines.consumption import consumed_refusal, consumer_of
 
     data = resolve_data_path(layout, config.data.line)
@@ -124,9 +126,32 @@ def _check_consumption(layout: LineLayout, config: RunConfig) -> list[CheckResul
     position = state.get("position") if state is not None else None
     cycle = int(position.get("cycle", 0)) if isinstance(position, dict) else 0
     consumer = consumer_of(data, cycle)
+    root = str(layout.root.absolute())
     if consumer is None or (consumer.line is not None and Path(consumer.line) == layout.root.absolute()):
-        return [CheckResult(True, f"data consumption: cycle {cycle}, the next this line reads, is not another line's")]
-    return [CheckResult(False, consumed_refusal(data, {cycle: consumer}, str(layout.root.absolute())))]
+        consumption = CheckResult(True, f"data consumption: cycle {cycle}, the next this line reads, is not another line's")
+    else:
+        consumption = CheckResult(False, consumed_refusal(data, {cycle: consumer}, root))
+    return [_check_training_line(layout, data), consumption]
+
+
+def _check_training_line(layout: LineLayout, data: Path) -> CheckResult:
+    """The data line is this line's to train on: no other line that still trains on it started on
+    it first (`datalines.consumption.claim_data_line`, the trainer's start, refuses it)."""
+    from datalines.consumption import other_training_line, trained_refusal, training_line_of
+
+    root = layout.root.absolute()
+    try:
+        owner, recorded = other_training_line(data, root), training_line_of(data)
+    except DataLineError as error:
+        return CheckResult(False, f"data owner: {error}")
+    if owner is not None:
+        return CheckResult(False, trained_refusal(data, owner, str(root)))
+    if recorded is None:
+        return CheckResult(True, f"data owner: no line trains on {data} yet; this line's first start takes it")
+    if recorded.resolve() == root.resolve():
+        return CheckResult(True, f"data owner: this line trains on {data}")
+    gone = f"data owner: {recorded}, the line that trained on {data}, no longer does; this line's start takes it over"
+    return CheckResult(True, gone)
 
 
 def _meta_model(config: RunConfig) -> torch.nn.Module:

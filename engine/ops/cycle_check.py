@@ -1,26 +1,34 @@
 """`nsconsole check`'s look at the data cycle the line trains next: what the trainer refuses of it
 (a manifest that is not one, or not the manifest its newest checkpoint trained on) and a shard
-that is not the manifest's, which no start can train on until the cycle is rebuilt."""
+that is not the manifest's, which no start can train on until the cycle is rebuilt.
+
+A cycle whose manifest is there and whose shards are not (deleted once the cycle was consumed,
+then reopened by a rollback) is rebuilt from the manifest, byte for byte, by the data preparer the
+line's supervisor runs, while the trainer waits for it as for any cycle not ready: it fails the
+start only of a line that no preparer serves (`nsconsole run --no-supervisor`)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from datalines import open_data_line
 from datalines.errors import DataLineError
-from datalines.manifest import MANIFEST_NAME, load_manifest
+from datalines.manifest import MANIFEST_NAME, load_manifest, shard_files
 from engine.checkpoints.format import read_checkpoint_state, read_latest
 from engine.config.run import RunConfig
 from engine.errors import LineError
 from engine.layout import LineLayout
-from engine.ops.lines import resolve_data_path
+from engine.ops.lines import open_line, resolve_data_path
 
 Finding = tuple[bool, str]
 """(passed, one line): a `CheckResult`'s fields."""
 
 
-def current_cycle_finding(layout: LineLayout, config: RunConfig) -> Finding:
-    """The cycle at the newest checkpoint's position (cycle 0 before any): manifest and shards."""
+def current_cycle_finding(layout: LineLayout, config: RunConfig, *, preparer_rebuilds: bool) -> Finding:
+    """The cycle at the newest checkpoint's position (cycle 0 before any): manifest and shards.
+    `preparer_rebuilds`: a data preparer will serve the line's start (its supervisor's, or one
+    running already), so missing shards are a wait, not a failure."""
     try:
         data = open_data_line(resolve_data_path(layout, config.data.line))
     except (LineError, DataLineError) as error:
@@ -39,7 +47,7 @@ def current_cycle_finding(layout: LineLayout, config: RunConfig) -> Finding:
     if not (directory / MANIFEST_NAME).is_file():
         return (True, f"current data cycle: {index} not prepared yet (the preparer makes it)")
     try:
-        _manifest, manifest_sha = load_manifest(directory)
+        manifest, manifest_sha = load_manifest(directory)
     except (DataLineError, OSError) as error:
         return (False, f"current data cycle: {error}; the trainer refuses to read it")
     data_state = state.get("data") if isinstance(state.get("data"), dict) else {}
@@ -53,6 +61,14 @@ def current_cycle_finding(layout: LineLayout, config: RunConfig) -> Finding:
     if data.is_consumed(index):
         return (True, f"current data cycle: {index} ended (its end checkpoint moves the line on)")
     problem = data.cycle_problem(index)
+    missing = [entry["name"] for entry in shard_files(manifest) if not (directory / entry["name"]).is_file()]
+    if problem is not None and missing and preparer_rebuilds:
+        return (
+            True,
+            f"current data cycle: {index}'s shards are missing ({', '.join(missing)}); the line's data preparer "
+            "rebuilds them from the manifest, byte for byte, and the trainer waits for them (a start without a "
+            f"preparer must rebuild them first: `nsconsole data rebuild --work {data.path} --cycle {index}`)",
+        )
     if problem is not None:
         return (
             False,
@@ -60,3 +76,20 @@ def current_cycle_finding(layout: LineLayout, config: RunConfig) -> Finding:
             f"(`nsconsole data rebuild --work {data.path} --cycle {index}`; a running line's preparer does it)",
         )
     return (True, f"current data cycle: {index}, every shard matches its manifest")
+
+
+def refuse_a_cycle_nobody_rebuilds(root: Path | str) -> None:
+    """`LineError` (one line) when the line starts without a supervisor (`nsconsole run
+    --no-supervisor`), no data preparer runs on its data line, and the cycle it trains next fails
+    `current_cycle_finding`: its trainer would wait for a rebuild nobody makes. A preparer running
+    on the data line (started by hand) rebuilds what the cycle lacks while the trainer waits."""
+    from datalines.service import preparer_running
+
+    layout = open_line(root)
+    config = RunConfig.load(layout.run_json)
+    data = resolve_data_path(layout, config.data.line)
+    if preparer_running(data):
+        return
+    passed, message = current_cycle_finding(layout, config, preparer_rebuilds=False)
+    if not passed:
+        raise LineError(f"{layout.root}: not started (no supervisor, and no data preparer runs on {data}): {message}")

@@ -69,10 +69,14 @@ def _preset_has_field(config: RunConfig, name: str) -> bool:
     return hasattr(presets.preset_config(config.model.preset, config.model.overrides), name)
 
 
-def _refuse_consumed(data: Path) -> None:
-    """A data line another line has consumed cycles of would keep a new line waiting forever."""
-    from datalines.consumption import consumed_cycles, consumed_refusal
+def _refuse_taken(data: Path, line: Path) -> None:
+    """A data line another line trains on (it started first) is not the new line's to train on, and
+    one another line consumed cycles of would keep a new line waiting forever."""
+    from datalines.consumption import consumed_cycles, consumed_refusal, other_training_line, trained_refusal
 
+    owner = other_training_line(data, line)
+    if owner is not None:
+        raise LineError(trained_refusal(data, owner, "a new line"))
     consumed = consumed_cycles(data)
     if consumed:
         raise LineError(consumed_refusal(data, consumed, "a new line"))
@@ -92,7 +96,7 @@ def new_line(root: Path | str, options: NewLineOptions) -> RunConfig:
         raise LineError(f"{layout.root}: exists and is not a directory")
     _check_preset_name(options.preset)
     data = inspect_data_line(options.data.absolute())
-    _refuse_consumed(data.path)
+    _refuse_taken(data.path, layout.root)
     seq_len = options.seq_len or DEFAULT_SEQ_LEN
     config = RunConfig(
         model=ModelConfig(options.preset, dict(options.overrides)),

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.progress import Progress, TaskID
 
+    from datalines import DataLine
     from datalines.status import PreparerStatus
 
 SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
@@ -80,8 +81,9 @@ examples:
         "cycles (planned, ready, consumed), validation, preparer",
         """\
 Show a data line: its sources' shares, the tokens per cycle, the last cycle (once the data's end
-is known), every cycle's state (planned, ready, empty, consumed, damaged), the validation row
-lengths built and the preparer's state; --json prints it as one JSON object.
+is known), every cycle's state (planned, ready, empty, consumed, reopened: a consumed cycle a
+rollback reopened, its shards to rebuild from its manifest, damaged), the validation row lengths
+built and the preparer's state; --json prints it as one JSON object.
 """,
         """\
 examples:
@@ -319,7 +321,7 @@ def run_status(args: argparse.Namespace) -> int:
         "sources": line.shares(0),
         "cycle_tokens": line.cycle_tokens,
         "last_cycle": line.last_cycle(),
-        "cycles": {index: line.cycle_state(index) for index in line.known_cycles()},
+        "cycles": {index: cycle_state(line, index) for index in line.known_cycles()},
         "validation_seq_lens": validation,
         "preparer": read_status(line.path),
     }
@@ -331,12 +333,44 @@ def run_status(args: argparse.Namespace) -> int:
     last = report["last_cycle"]
     print(f"last cycle: {last if last is not None else 'not known yet'}")
     for index, state in report["cycles"].items():
-        print(f"  cycle {index:4d}  {state}")
+        print(f"  cycle {index:4d}  {REOPENED_TEXT if state == REOPENED else state}")
     print(f"validation rows: {', '.join(f'T{length}' for length in validation) or 'none (run data val)'}")
     preparer = report["preparer"]
     if preparer:
-        print(f"preparer: {preparer['state']} (pid {preparer['pid']}): {preparer['message']}")
+        reopened = [str(index) for index, state in report["cycles"].items() if state != "consumed"]
+        if preparer["state"] == "finished" and reopened:
+            # Its message ("every cycle ... is consumed") was true when it finished, before a rollback.
+            cycles = f"cycle{'s' if len(reopened) > 1 else ''} {', '.join(reopened)}"
+            print(f"preparer: finished (pid {preparer['pid']}) when every cycle was consumed; reopened since: "
+                  f"{cycles}, whose shards the next preparer rebuilds (the line's supervisor runs one, or "
+                  f"`nsconsole data run-preparer --work {line.path}`)")  # fmt: skip
+        else:
+            print(f"preparer: {preparer['state']} (pid {preparer['pid']}): {preparer['message']}")
     return 0
+
+
+REOPENED = "reopened"
+"""`data status`'s state of a consumed cycle that a rollback reopened once its shards were deleted."""
+REOPENED_TEXT = "reopened: shards to rebuild from its manifest"
+
+
+def cycle_state(line: DataLine, index: int) -> str:
+    """`DataLine.cycle_state`, but `reopened` for a cycle whose manifest is kept and none of whose
+    shards is there: a consumed cycle a rollback reopened (its mark cleared), which the preparer
+    rebuilds byte for byte. Some shards there and others not, or not the manifest's: `damaged`."""
+    from datalines.errors import DataLineError
+    from datalines.manifest import load_manifest, shard_files
+
+    state = line.cycle_state(index)
+    if state != "damaged":
+        return state
+    directory = line.cycle_dir(index)
+    try:
+        manifest, _sha256 = load_manifest(directory)
+    except DataLineError:
+        return state
+    present = [entry["name"] for entry in shard_files(manifest) if (directory / entry["name"]).exists()]
+    return state if present else REOPENED
 
 
 def run_schedule(args: argparse.Namespace) -> int:

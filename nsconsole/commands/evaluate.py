@@ -18,8 +18,10 @@ windows of the model's context) and generation tasks (the model's decoder, stopp
 strings). A LINE stands for the checkpoint its `latest` names. Texts start a document, after the
 document separator, as in the training rows. The harness's own tasks fetch their datasets from
 the Hugging Face hub; --include-path adds directories of your task YAMLs (a local dataset:
-`dataset_path: json` with `dataset_kwargs: {data_files: ...}`). Prints the harness's results
-table; --output writes the full results as JSON. Needs lm-eval (`pip install 'nsconsole[eval]'`).
+`dataset_path: json` with `dataset_kwargs: {data_files: ...}`, read offline). A task whose data
+cannot be read (the hub unreachable, a local file missing) is refused in one line before any runs.
+Prints the harness's results table; --output writes the full results as JSON. Needs lm-eval
+(`pip install 'nsconsole[eval]'`).
 """
 EXAMPLES = """\
 examples:

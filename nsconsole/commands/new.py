@@ -25,7 +25,7 @@ EXAMPLES = """\
 examples:
   nsconsole new runs/trunk --model ns-2b --data /data/lines/trunk --peak-lr 3e-4
   nsconsole new runs/small --model ns-tiny --data /data/lines/demo --seq-len 512 \\
-      --tokens-per-update 16384 --override layers=4
+      --tokens-per-update 16384 --override n_layers=8
   # a batch-size ramp whose weight decay follows the batch (0.1 at 1M tokens per update)
   nsconsole new runs/trunk --model ns-2b --data /data/lines/trunk --tokens-per-update \\
       '[{"from":0,"to":4.7e9,"tokens":262144},{"from":4.7e9,"to":null,"tokens":393216}]' \\

@@ -21,7 +21,8 @@ request. In the background (the default) the start checks of `nsconsole check` r
 but the checkpoints'), so a line its trainer would refuse is refused here, in the terminal, with
 a non-zero exit; then the supervisor detaches and this command returns once it answers.
 --foreground keeps the supervisor in this terminal and echoes run.log; --no-supervisor trains in
-this process alone (no restarts), a row every print_every updates.
+this process alone (no restarts, no data preparer: it refuses a line whose next cycle lacks shards
+that no preparer running on the data line rebuilds), a row every print_every updates.
 """
 EXAMPLES = """\
 examples:
@@ -55,10 +56,12 @@ def run(args: argparse.Namespace) -> int:
     line = args.host_settings.resolve_line(args.line)
     if args.no_supervisor:
         from engine.layout import LineLayout
+        from engine.ops.cycle_check import refuse_a_cycle_nobody_rebuilds
         from engine.training.line_lock import refuse_if_supervised
         from engine.training.trainer import Trainer
 
         refuse_if_supervised(LineLayout(line))
+        refuse_a_cycle_nobody_rebuilds(line)
         return Trainer(line, stop_at=args.stop_at, engine=args.engine, owns_process=True).run()
     from engine.supervisor.supervisor import run_line
 
@@ -75,9 +78,20 @@ def run_headless(line: str | None, host: HostSettings) -> int:
         path = host.resolve_line(line)
         refuse_a_failing_start(path)
         return run_line(path, foreground=False)
-    from engine.ops.demo import demo_paths, ensure_demo_line
+    from engine.checkpoints.format import read_latest
+    from engine.ops.demo import demo_end, demo_paths, ensure_demo_line
 
-    demo = ensure_demo_line(demo_paths(host.work_root))
+    paths = demo_paths(host.work_root)
+    demo = ensure_demo_line(paths)
+    ended = demo_end(paths)
+    if ended is not None:  # its trainer would end at once: say so rather than start a supervisor for it
+        raise LineError(
+            f"{demo}: the demo line has finished ({ended}, latest checkpoint {read_latest(demo / 'checkpoints')}); "
+            "nothing is left to train, so no supervisor was started. Train on from it with a branch at a cycle "
+            f"end (`nsconsole branch NEW --from {demo} --at-cycle N --plan decay:TOKENS --data DIR`, README: a "
+            f"worked branch of the demo) or a rollback (`nsconsole rollback {demo} --to UPDATE`, then "
+            f"`nsconsole --run`); `nsconsole status {demo}` shows it"
+        )
     refuse_a_failing_start(demo)
     status = run_line(demo, foreground=False)
     if status == 0:

@@ -27,6 +27,8 @@ ROW_COLUMNS = ("update", "stage", "cycle", "tokens", "loss", "lr", "grad_norm", 
 """The row keys shown (as the trainer writes them), in this order."""
 FALLBACK_COLUMNS = 6
 """Scalars shown from a row that has none of ROW_COLUMNS."""
+CHECKPOINTS_SHOWN = 3
+"""Checkpoint names listed, the newest (a line keeps more: every cycle end, its start, ...)."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -75,8 +77,11 @@ def format_status(status: LineStatus) -> list[str]:
     if status.torn_last_row:
         lines.append("rows: the last line of rows.jsonl is incomplete (cut short mid-write; left out)")
     if status.checkpoints:
-        lines.append(f"checkpoints: {len(status.checkpoints)} ({', '.join(status.checkpoints[-3:])}); "
-                     f"latest {status.latest or 'not set'}")
+        newest = status.checkpoints[-CHECKPOINTS_SHOWN:]
+        shown = ", ".join(newest)
+        if len(newest) < len(status.checkpoints):
+            shown = f"newest {len(newest)}: {shown}"
+        lines.append(f"checkpoints: {len(status.checkpoints)} ({shown}); latest {status.latest or 'not set'}")
     else:
         lines.append("checkpoints: none yet")
     lines += _validation_lines(status.last_validation)

@@ -1,12 +1,19 @@
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import re
+import shlex
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from engine.errors import ConfigError
+from engine.models.presets import preset_config
 from nsconsole.cli import build_parser, main
 
 COMMANDS = ["data", "new", "tune", "check", "run", "status", "stop", "branch", "rollback", "bench"]
@@ -59,3 +66,48 @@ def test_every_command_and_subcommand_has_a_description_and_examples() -> None:
         assert any(line.strip().startswith(command) for line in examples[1:]), f"{parser.prog}: {examples}"
         # The help shows them as written: line breaks kept.
         assert "\nexamples:\n  " in parser.format_help(), parser.prog
+
+
+OVERRIDE = re.compile(r"--override[ =](?!KEY=VALUE)\S")
+"""An `--override` with a key and value shown (not the usage's `--override KEY=VALUE`)."""
+
+
+def test_every_override_a_help_shows_names_a_field_its_preset_accepts() -> None:
+    """Each `--override KEY=VALUE` in any --help is in an example command, and that command, parsed
+    as the CLI parses it, names a preset that takes the key and the value (help examples can't rot)."""
+    shown = []
+    for parser in every_parser(build_parser()):
+        text = parser.format_help().replace("\\\n", " ")  # an example continued on the next line, joined
+        for line in text.splitlines():
+            if not OVERRIDE.search(line):
+                continue
+            words = shlex.split(line, comments=True)
+            assert "nsconsole" in words, f"{parser.prog} --help: an --override outside an example: {line}"
+            args = build_parser().parse_args(words[words.index("nsconsole") + 1 :])
+            try:
+                preset_config(args.model, dict(args.override)).validate()
+            except ConfigError as error:
+                pytest.fail(f"{parser.prog} --help: {line.strip()}: {error}")
+            shown.append(parser.prog)
+    assert "nsconsole new" in shown
+
+
+@pytest.mark.usefixtures("private_host")  # conftest: an empty host.json of the test's own
+def test_a_reader_that_closes_early_ends_a_command_quietly(tmp_path: Path) -> None:
+    """`nsconsole status LINE --rows 50 | head -2`: the command's writes meet a pipe nobody reads any
+    more; it exits with a shell's status of a command SIGPIPE ended, with no traceback."""
+    line = tmp_path / "line"
+    line.mkdir()
+    (line / "run.json").write_text("{}")  # status shows what it can of a line whose run.json is invalid
+    (line / "rows.jsonl").write_text("".join(json.dumps({"update": u, "loss": 2.5}) + "\n" for u in range(50)))
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the command writes (deterministic: no race with its writes)
+    try:
+        completed = subprocess.run(
+            [sys.executable, "-m", "nsconsole", "status", str(line), "--rows", "50"],
+            stdout=write, stderr=subprocess.PIPE, text=True, timeout=120,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        )  # fmt: skip
+    finally:
+        os.close(write)
+    assert (completed.returncode, completed.stderr) == (141, "")  # 128 + SIGPIPE, as a shell reports it

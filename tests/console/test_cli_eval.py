@@ -171,6 +171,39 @@ def test_an_unknown_task_is_refused_in_one_line(line: Path, tasks: Path, capsys:
                        f"searched under {tasks}); `lm-eval ls tasks` lists the harness's tasks")  # fmt: skip
 
 
+@pytest.mark.slow  # the task index is read before the task is built
+def test_a_task_whose_local_data_is_missing_is_refused_in_one_line(
+    line: Path, tasks: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "gone.jsonl"
+    (tmp_path / "nsc_missing.yaml").write_text(task_yaml("nsc_missing", missing, "multiple_choice", (
+        'doc_to_text: "{{question}}"\ndoc_to_choice: "{{choices}}"\ndoc_to_target: answer\n')))  # fmt: skip
+    status = main(["eval", str(line), "--tasks", "nsc_choice,nsc_missing", "--include-path", str(tasks),
+                   "--include-path", str(tmp_path), "--device", "cpu"])  # fmt: skip
+    captured = capsys.readouterr()
+    assert status == 2 and captured.out == ""
+    last = captured.err.splitlines()[-1]
+    assert last.startswith(f"nsconsole: task nsc_missing: its data could not be read: Unable to find '{missing}'; ")
+    assert "Traceback" not in captured.err
+
+
+@pytest.mark.slow  # a fresh process: torch, the task index and the checkpoint load first
+def test_a_hub_task_that_cannot_reach_the_hub_is_refused_in_one_line(line: Path, tmp_path: Path) -> None:
+    """hellaswag with no network: the hub offline, as the harness's download meets an unreachable
+    hub (`Couldn't reach 'Rowan/hellaswag' on the Hub (...)`), without waiting for its retries."""
+    environment = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
+                   "PYTHONPATH": os.pathsep.join(sys.path)}  # fmt: skip
+    completed = subprocess.run(
+        [sys.executable, "-m", "nsconsole", "eval", str(line), "--tasks", "hellaswag", "--limit", "10",
+         "--device", "cpu"], env=environment, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert completed.returncode == 2 and completed.stdout == "", completed.stderr
+    last = completed.stderr.splitlines()[-1]
+    assert last.startswith("nsconsole: task hellaswag: its data could not be read: Couldn't reach "
+                           "'Rowan/hellaswag' on the Hub (")  # fmt: skip
+    assert "Traceback" not in completed.stderr
+
+
 def test_a_family_without_a_decoder_is_refused_in_one_line(
     line: Path, tasks: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

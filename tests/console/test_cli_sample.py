@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers.lines import data_template_fixture, make_line, one_torch_thread
+from helpers.lines import copy_data_line, data_template_fixture, make_line, one_torch_thread
 
 from engine.checkpoints.format import read_latest
 from engine.checkpoints.tensors import load_checkpoint
@@ -36,7 +36,8 @@ data_template = data_template_fixture(prepare=1)
 
 @pytest.fixture(scope="module")
 def line(data_template: Path) -> Path:
-    trained = make_line(data_template.parent / "lines", data_template,
+    root = data_template.parent / "lines"  # each line on a data line of its own: a data line has one line
+    trained = make_line(root, copy_data_line(data_template, root),
                         ema={"horizon_tokens": 2048, "from_tokens": 0})  # fmt: skip
     with one_torch_thread():
         assert Trainer(trained, stop_at=6, echo=None).run() == 0
@@ -47,7 +48,8 @@ def line(data_template: Path) -> Path:
 def ns_line(data_template: Path) -> Path:
     # The long-row probe at 64: the tests' data line has held-out rows of 32 and 64 only.
     changes = {"model.preset": "ns-tiny", "validation.long_seq_len": 64}
-    trained = make_line(data_template.parent / "ns_lines", data_template, **changes)
+    root = data_template.parent / "ns_lines"
+    trained = make_line(root, copy_data_line(data_template, root), **changes)
     with one_torch_thread():
         assert Trainer(trained, stop_at=2, echo=None).run() == 0
     return trained

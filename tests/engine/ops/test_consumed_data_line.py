@@ -1,5 +1,10 @@
 """A second training line on a data line another line consumed is refused at once (it used to wait
-for cycle 0 forever), and `nsconsole data init --like` makes the identical data line it needs."""
+for cycle 0 forever), and `nsconsole data init --like` makes the identical data line it needs.
+
+The data line's record of the line that trains on it refuses a second line first, while the first
+is still there (tests/engine/ops/test_one_line_per_data_line.py); the consumed marks alone refuse
+it on a data line without that record (one trained by an older nsconsole), as here.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ from helpers.lines import SEQ_LEN, TOKENS_PER_UPDATE, copy_data_line, data_templ
 
 from datalines import open_data_line
 from datalines.consumption import consumer_of
+from datalines.dataline import TRAINING_LINE_RECORD
 from datalines.errors import DataLineError
 from datalines.preparer import prepare_cycle
 from datalines.validation import build_validation
@@ -47,6 +53,7 @@ def test_new_refuses_a_consumed_data_line_naming_cycles_line_and_command(
     tmp_path: Path, consumed: tuple[Path, Path]
 ) -> None:
     data, first = consumed
+    (data / TRAINING_LINE_RECORD).unlink()  # trained by an older nsconsole: its consumed marks alone
     with pytest.raises(LineError) as info:
         new_line(tmp_path / "second", NewLineOptions(preset="transformer-tiny", data=data, seq_len=SEQ_LEN))
     message = str(info.value)
@@ -66,6 +73,7 @@ def test_the_trainer_and_check_refuse_a_line_whose_data_was_consumed_after_new(
     first = make_line(tmp_path, data)
     (first / "STOP").write_text(json.dumps({"requested": "now", "at_cycle_end": 0}))
     assert Trainer(first, echo=None).run() == 0
+    (data / TRAINING_LINE_RECORD).unlink()  # trained by an older nsconsole: its consumed marks alone
     _, results = check_line(second, verify_checkpoints=False)
     failed = [result.message for result in results if not result.ok]
     assert any("cycle 0 already consumed by" in message for message in failed), failed

@@ -1,5 +1,6 @@
 """`nsconsole --run` on a fresh machine: the embedded demo line is created, trained under a
-detached supervisor, visible in the discovery registry, and stops with a checkpoint on request."""
+detached supervisor, visible in the discovery registry, and stops with a checkpoint on request;
+on a demo line that has finished it says so and starts nothing."""
 
 from __future__ import annotations
 
@@ -11,8 +12,12 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.lines import make_data_line, make_line, one_torch_thread
 
 from engine.checkpoints.format import read_latest
+from engine.ops.demo import demo_end, demo_paths
+from engine.training.trainer import Trainer
+from nsconsole.cli import main
 
 pytestmark = pytest.mark.slow
 
@@ -74,3 +79,34 @@ def test_run_creates_and_trains_the_demo_line_then_stops_cleanly(tmp_path: Path)
     subprocess.run([*command, "stop", str(line)], env=env, check=True, timeout=60)
     supervisor_pid = json.loads((line / "supervisor.json").read_text())["pid"]
     _wait_for(lambda: not Path(f"/proc/{supervisor_pid}").exists(), 120, "the supervisor to exit")
+
+
+def test_run_on_a_finished_demo_line_says_so_and_starts_nothing(
+    tmp_path: Path, private_host: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A tiny demo line (the demo's directories under the host's work root) trained to its data's
+    end: `nsconsole --run` says it has finished and how to train on, in one line, and starts no
+    supervisor; rolled back, it has more to train again."""
+    lines = tmp_path / "lines"
+    private_host.write_text(json.dumps({"work_root": str(lines)}))
+    paths = demo_paths(str(lines))
+    lines.mkdir()
+    make_data_line(tmp_path / "making").rename(paths.data)
+    make_line(tmp_path / "making", paths.data).rename(paths.line)
+    with one_torch_thread():
+        assert Trainer(paths.line, echo=None).run() == 0  # to the data line's end
+    assert demo_end(paths) == "it trained every cycle of its data line, 0 to 3"
+    latest = read_latest(paths.line / "checkpoints")
+
+    assert main(["--run"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1 and captured.out == ""
+    assert captured.err.startswith(
+        f"nsconsole: {paths.line}: the demo line has finished (it trained every cycle of its data line, 0 to 3, "
+        f"latest checkpoint {latest}); nothing is left to train, so no supervisor was started. "
+    )
+    assert f"`nsconsole rollback {paths.line} --to UPDATE`, then `nsconsole --run`" in captured.err
+    assert not (paths.line / "supervisor.json").exists()
+
+    assert main(["rollback", str(paths.line), "--to", "10"]) == 0
+    assert demo_end(paths) is None  # `nsconsole --run` would train it again

@@ -333,6 +333,15 @@ def test_status_reads_rows_heartbeat_checkpoints_and_stop(
     assert "STOP pending: at the end of cycle 2" in out
 
 
+def test_status_says_which_checkpoints_it_lists(line: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for update in (100, 200, 300, 400, 493):
+        (line / "checkpoints" / f"u{update:08d}").mkdir()
+    (line / "checkpoints" / "latest").write_text("u00000493\n")
+    assert main(["status", str(line)]) == 0
+    out = capsys.readouterr().out
+    assert "checkpoints: 5 (newest 3: u00000300, u00000400, u00000493); latest u00000493\n" in out
+
+
 def test_read_last_rows_across_blocks(tmp_path: Path) -> None:
     path = tmp_path / "rows.jsonl"
     path.write_text("".join(json.dumps({"update": u, "pad": "x" * 90}) + "\n" for u in range(5000)))

@@ -61,6 +61,7 @@ def test_branch_tune_and_rollback_through_the_socket(tmp_path: Path) -> None:
         config.lengths[0].micro_batch_rows = UNTUNED_ROWS
         config.save(line / name)
     branch_data = copy_data_line(data, tmp_path / "branch_data")  # the same tokenizer
+    b1_data = copy_data_line(data, tmp_path / "b1_data")  # each branch trains on a data line of its own
     runner = tmp_path / "runner.py"
     runner.write_text(RUNNER)
     settings = {"poll_seconds": 0.1, "relaunch_delay_seconds": 0.05, "run_preparer": False}
@@ -83,7 +84,7 @@ def test_branch_tune_and_rollback_through_the_socket(tmp_path: Path) -> None:
             assert read_latest(tmp_path / "b0" / "checkpoints") == f"u{cycle_end:08d}"
             event = wait_for(client, "event", lambda event: event["event"] == "branched")
             assert event["path"] == str(tmp_path / "b0") and event["started"] is True
-            stop_supervisor(tmp_path / "b0")  # b1 trains on the same data line below
+            stop_supervisor(tmp_path / "b0")
             assert branched_from(LineLayout(tmp_path / "b0")) == str(line)  # the branch's status.parent
             # A retry with the same request_id is answered, not forked twice; a new one is refused.
             assert mutate(client, "branch", "b0", path=str(tmp_path / "b0"), at_cycle=0,
@@ -95,7 +96,7 @@ def test_branch_tune_and_rollback_through_the_socket(tmp_path: Path) -> None:
 
             # Cycle 1 has not ended: queued (in supervisor.json too), forked at its end below.
             reply = mutate(client, "branch", "b1", path="b1", at_cycle=1, plan="decay:1024",
-                           data=str(branch_data))  # a relative path: beside the line  # fmt: skip
+                           data=str(b1_data))  # a relative path: beside the line  # fmt: skip
             assert reply == {"state": "queued", "path": str(tmp_path / "b1"), "at_cycle": 1}
             assert not (tmp_path / "b1").exists()
             queued = json.loads((line / "supervisor.json").read_text())["queued_forks"]

@@ -1,0 +1,48 @@
+"""`nsconsole data status` of a finished line's data after a rollback reopened one of its cycles."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from helpers.lines import make_data_line
+
+from datalines import open_data_line
+from datalines.service import run_preparer
+from nsconsole.cli import main
+
+
+def test_a_cycle_a_rollback_reopened_reads_as_reopened_not_damaged(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    line = open_data_line(make_data_line(tmp_path, validation=()))
+    last = line.last_cycle()
+    assert last is not None and last >= 1
+    for index in range(last + 1):  # the line trained every cycle: all consumed
+        line.mark_consumed(index)
+    assert run_preparer(line).state == "finished"  # it deleted every consumed cycle's shards
+    assert line.reopen(0)  # what a rollback into cycle 0 does: the mark goes, the manifest stays
+
+    assert main_status(line.path, "--json") == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["cycles"] == {"0": "reopened", **{str(index): "consumed" for index in range(1, last + 1)}}
+
+    assert main_status(line.path) == 0
+    out = capsys.readouterr().out
+    assert "  cycle    0  reopened: shards to rebuild from its manifest\n" in out
+    assert "damaged" not in out and "is consumed" not in out
+    assert (f"preparer: finished (pid {report['preparer']['pid']}) when every cycle was consumed; reopened "
+            f"since: cycle 0, whose shards the next preparer rebuilds (the line's supervisor runs one, or "
+            f"`nsconsole data run-preparer --work {line.path}`)\n") in out  # fmt: skip
+
+
+def test_a_cycle_missing_some_of_its_shards_is_damaged(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    line = open_data_line(make_data_line(tmp_path, prepare=1, validation=()))
+    (line.cycle_dir(0) / "text.tokens").unlink()  # its offsets are still there: not a reopened cycle
+    assert main_status(line.path, "--json") == 0
+    assert json.loads(capsys.readouterr().out)["cycles"]["0"] == "damaged"
+
+
+def main_status(work: Path, *options: str) -> int:
+    return main(["data", "status", "--work", str(work), *options])
