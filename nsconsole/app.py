@@ -17,13 +17,15 @@ of the severities chosen (`bell`, `nsconsole --bell`; errors only by default), r
 
 `R` (binding `resume`) starts the supervisor of a line that none runs (one listed from the
 history: stopped, failed, finished) as `nsconsole run LINE` does, after a confirmation with No
-focused; discovery then attaches to it like to any new supervisor.
+focused; discovery then attaches to it like to any new supervisor. That supervisor is the
+console's child: its exit status is collected when it exits (`reap_when_it_exits`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
 import time
 from collections.abc import Callable, Iterable
@@ -391,6 +393,7 @@ class ConsoleApp(App[None]):
             line.add_event(self.clock(), "refused", f"resume: {error}", "error")
             self.notify(f"✗ {line.name}: resume failed: {error}", severity="error", timeout=8)
             return
+        reap_when_it_exits(pid)
         line.add_event(self.clock(), "request", f"resume: its supervisor runs (pid {pid})")
         self.notify(f"✓ {line.name}: resumed (supervisor pid {pid})", timeout=4)
 
@@ -422,6 +425,22 @@ class ConsoleApp(App[None]):
             for progress in screen.query(RequestProgress):
                 progress.show(self.pending, self.clock())
         self.refresh_bindings()
+
+
+def reap_when_it_exits(pid: int) -> None:
+    """Collect the exit status of `pid`, a child of the console's (a supervisor `R` started, detached
+    into its own session but still our child), once it exits: else it stays a zombie (`<defunct>`)
+    as long as the console runs. Waited for on the event loop through a pidfd, which becomes
+    readable at the child's exit: nothing polls, and no thread blocks the console's exit."""
+    loop = asyncio.get_running_loop()
+    pidfd = os.pidfd_open(pid)  # a zombie has one too: a child that exited already is collected at once
+
+    def reap() -> None:
+        loop.remove_reader(pidfd)
+        os.close(pidfd)
+        os.waitpid(pid, 0)
+
+    loop.add_reader(pidfd, reap)
 
 
 def rollback_consequences(line: LineView, target: CheckpointInfo) -> str:

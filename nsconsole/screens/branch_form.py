@@ -53,6 +53,8 @@ class BranchForm(ModalScreen[BranchRequest | None]):
     """Dismissed with the request, or None (Cancel, Escape)."""
 
     BINDINGS = [Binding("escape", "cancel", "Cancel", id="branch.cancel")]
+    AUTO_FOCUS = "#path"
+    """The first field has the focus from the start (its text selected: typing replaces it)."""
 
     def __init__(self, line_name: str, line_path: str, current_cycle: int | None) -> None:
         super().__init__()
@@ -81,9 +83,6 @@ class BranchForm(ModalScreen[BranchRequest | None]):
             with Horizontal(classes="buttons"):
                 yield Button("Branch", id="submit", variant="warning")
                 yield Button("Cancel", id="cancel", variant="primary")
-
-    def on_mount(self) -> None:
-        self.query_one("#at_cycle", Input).focus()
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         event.stop()

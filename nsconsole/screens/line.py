@@ -1,6 +1,11 @@
 """A line's screen (Enter on the lines screen): tabs for curves, probes, samples, checkpoints, log,
 events and, for a PSSA line, its memory. While the supervisor is away the last state stays, dimmed.
 The header says what comes next (`widgets/line_header.py`); `j` shows the line's run.json.
+
+The tabs from the keyboard: `[` and `]` show the tab before and after, 1-7 each tab, and each
+focuses what its tab shows; Tab and Shift-Tab move the focus between the tab bar and the tab's
+content. ← and → go from tab to tab while the tab bar has the focus, and move the curves' cursor
+while the curves have it (the screen opens with the curves focused).
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Input, TabbedContent, TabPane
+from textual.widgets import Footer, Header, Input, TabbedContent, TabPane, Tabs
 
 from engine.errors import LineError
 from nsconsole.screens.run_config import RunConfigScreen
@@ -28,6 +33,11 @@ from nsconsole.widgets.quiet_static import QuietStatic
 from nsconsole.widgets.request_progress import RequestProgress
 from nsconsole.widgets.samples_tab import SamplesTab
 
+TABS = ("curves", "probes", "samples", "checkpoints", "log", "events", "memory")
+"""The tabs in their order (the memory tab only for a PSSA line; the pane of `name` is `tab-<name>`);
+keys 1-7 show them."""
+TAB_KEYS = Binding.Group("Tab")
+"""`[` and `]` in the footer: one entry, `[ ] Tab`."""
 CHECKPOINT_REFRESH_TICKS = 5
 """The checkpoint directory is listed every this many view refreshes (it changes seldom): every 5 s."""
 
@@ -60,19 +70,33 @@ def summary(line: LineView, now: float) -> Text:
 class LineScreen(Screen[None]):
     """See the module docstring."""
 
+    AUTO_FOCUS = "#curves-tab"
+    """The curves have the focus first: ←/→ move their cursor; Shift-Tab reaches the tab bar."""
+
     BINDINGS = [
         Binding("escape", "app.pop_screen", "Lines", id="back", tooltip="back to the lines"),
         Binding("l", "toggle_log_y", "Log y", id="log_y", tooltip="switch the curves between a linear and a log axis"),
         Binding("m", "smoothing", "Smooth", id="smoothing",
                 tooltip="curves: smoothing off, EMA 0.6, 0.9, 0.99 (the raw readings dimmed under it)"),
         Binding("x", "x_axis", "X axis", id="x_axis", tooltip="curves: x axis by tokens, updates or wall time"),
-        Binding("left", "cursor(-1)", "Cursor ←", id="cursor_left", priority=True, show=False,
+        # Not priority bindings: on the focused tab bar ← and → are the bar's own (the tab before or after).
+        Binding("left", "cursor(-1)", "Cursor ←", id="cursor_left", show=False,
                 tooltip="curves: move the cursor left (its row's readings show under the plots)"),
-        Binding("right", "cursor(1)", "Cursor →", id="cursor_right", priority=True, show=False,
+        Binding("right", "cursor(1)", "Cursor →", id="cursor_right", show=False,
                 tooltip="curves: move the cursor right (the first press puts it at the newest row)"),
+        Binding("left_square_bracket", "step_tab(-1)", "Previous tab", key_display="[", id="previous_tab",
+                group=TAB_KEYS, tooltip="the tab before this one (← on the tab bar too; Shift-Tab focuses it)"),
+        Binding("right_square_bracket", "step_tab(1)", "Next tab", key_display="]", id="next_tab",
+                group=TAB_KEYS, tooltip="the tab after this one (→ on the tab bar too; Shift-Tab focuses it)"),
+        *(
+            Binding(str(number), f"show_tab('tab-{name}')", name.capitalize(), id=f"tab_{name}", show=False,
+                    tooltip=f"the {name} tab")
+            for number, name in enumerate(TABS, start=1)
+        ),
         Binding("slash", "search_probes", "Search", key_display="/", id="probe_search",
                 tooltip="probes: show only readings whose name has these words"),
-        Binding("j", "run_json", "run.json", id="run_json", tooltip="show the line's run.json"),
+        # Off the footer, which the tab keys fill at 150 columns; in `?` help and the palette.
+        Binding("j", "run_json", "run.json", id="run_json", show=False, tooltip="show the line's run.json"),
     ]
 
     def __init__(self, line: LineView) -> None:
@@ -172,7 +196,26 @@ class LineScreen(Screen[None]):
         if action == "cursor":
             tabs = self.query(TabbedContent)
             return bool(tabs) and tabs.first().active == "tab-curves"
+        if action == "show_tab":
+            return parameters[0] != "tab-memory" or self.line.is_pssa
         return True
+
+    def action_step_tab(self, step: int) -> None:
+        """Show the tab `step` places after the one shown (before it for a negative step), round the ends."""
+        tabs = [f"tab-{name}" for name in TABS if self.check_action("show_tab", (f"tab-{name}",))]
+        active = self.query_one(TabbedContent).active
+        self.action_show_tab(tabs[(tabs.index(active) + step) % len(tabs)])
+
+    def action_show_tab(self, tab: str) -> None:
+        """Show `tab` and focus what it shows, so its keys (←/→ on the curves, ↑/↓ in a list) work at
+        once; the search box is passed over (it would take the keys typed next), and a tab without
+        anything to focus leaves the focus on the tab bar."""
+        tabbed = self.query_one(TabbedContent)
+        tabbed.active = tab
+        pane = tabbed.get_pane(tab)
+        content = next((widget for widget in pane.query("*") if widget.can_focus and not isinstance(widget, Input)),
+                       None)
+        (content or tabbed.query_one(Tabs)).focus()
 
     def action_toggle_log_y(self) -> None:
         curves = self.query_one(CurvesTab)

@@ -64,8 +64,9 @@ class RedrawPacer:
         self.next_s = now + max(self.every_s, render_cost_s / self.cpu_share)
 
 
-class CurvesTab(Vertical):
-    """See the module docstring."""
+class CurvesTab(Vertical, can_focus=True):
+    """See the module docstring. Focusable: the line screen's ←/→ move its cursor while it has the focus
+    (on the focused tab bar they go to the tab before or after)."""
 
     def __init__(self, line: LineView, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -132,8 +133,15 @@ class CurvesTab(Vertical):
 
     # ---- drawing -------------------------------------------------------------------------------
 
+    def on_resize(self) -> None:
+        self.refresh_if_changed()
+
     def refresh_if_changed(self) -> None:
         self._fetch_missing()
+        if not self.size:
+            # Not laid out yet, or hidden behind another tab: the plots would measure 0 columns (and
+            # the cursor be pulled to the left end). Drawn once they have a size (`on_resize`).
+            return
         for history in self.pinned_rows.values():
             history.extend(self.line.recent_rows)
         plots = list(self.query(CurvePlot))

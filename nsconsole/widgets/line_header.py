@@ -123,25 +123,34 @@ def next_multiple(update: int, every: int) -> int:
 
 
 def eta_line(line: LineView, plan: RunPlan | None, problem: str | None = None) -> Text:
-    """The header's line of what comes next (see the module docstring)."""
+    """The header's line of what comes next (see the module docstring). A line that nothing runs
+    (it ended, or its supervisor and trainer are gone) has no next validation or checkpoint: it
+    says so, and what is left of its plan and data line."""
     text = Text()
+    state = line.display_state
+    running = state not in fmt.FINAL_STATES and state != fmt.SUPERVISOR_LOST
+    if not running:
+        text.append("next ", style="dim")
+        text.append(f"nothing: no trainer runs the line ({fmt.state_label(state)})")
     if plan is None:
-        text.append(f"next: {problem or 'reading run.json…'}", style="dim")
+        if running:
+            text.append(f"next: {problem or 'reading run.json…'}", style="dim")
         return text
     update = line.update or 0
-    rates = pace(line) if line.supervisor_state == LineState.TRAINING else None
+    rates = pace(line) if running and line.supervisor_state == LineState.TRAINING else None
 
     def within(amount: float, rate_index: int) -> str:
         if rates is None or rates[rate_index] <= 0:
             return ""
         return f" in ~{_duration(amount / rates[rate_index])}"
 
-    validation = next_multiple(update, plan.validation_every)
-    checkpoint = next_multiple(update, plan.checkpoint_every)
-    text.append("next ◇ validation ", style="dim")
-    text.append(f"u{validation}{within(validation - update, 0)}")
-    text.append("  ⤓ checkpoint ", style="dim")
-    text.append(f"u{checkpoint}{within(checkpoint - update, 0)}")
+    if running:
+        validation = next_multiple(update, plan.validation_every)
+        checkpoint = next_multiple(update, plan.checkpoint_every)
+        text.append("next ◇ validation ", style="dim")
+        text.append(f"u{validation}{within(validation - update, 0)}")
+        text.append("  ⤓ checkpoint ", style="dim")
+        text.append(f"u{checkpoint}{within(checkpoint - update, 0)}")
     tokens = line.tokens or 0.0
     text.append("  plan ", style="dim")
     if plan.plan_tokens is None:

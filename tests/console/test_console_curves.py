@@ -296,8 +296,9 @@ def test_a_branch_is_drawn_over_its_trunks_rows_before_the_fork(tmp_path: Path) 
     run(app, scenario)
 
 
-def test_the_header_says_what_comes_next_and_j_shows_run_json(tmp_path: Path) -> None:
-    line_dir = tmp_path / "a"
+def line_with_run_json(line_dir: Path) -> dict:
+    """A line directory with a run.json validating every 100 updates, checkpointing every 250 and
+    planning 1M tokens; its run.json."""
     line_dir.mkdir()
     run_json = {
         "model": {"preset": "ns-tiny"}, "data": {"line": "/nowhere"},
@@ -305,16 +306,28 @@ def test_the_header_says_what_comes_next_and_j_shows_run_json(tmp_path: Path) ->
         "tokens_per_update": 512, "validation": {"every_updates": 100}, "checkpoints": {"every_updates": 250},
     }  # fmt: skip
     (line_dir / "run.json").write_text(json.dumps(run_json))
+    return run_json
+
+
+async def read_plan(pilot) -> EtaLine:
+    """The header's ETA line once it has read run.json, the views refreshed."""
+    eta = pilot.app.screen.query_one(EtaLine)
+    for _ in range(100):
+        if eta.plan is not None or eta.problem is not None:
+            break
+        await pilot.pause(0.05)
+    assert eta.problem is None
+    pilot.app.refresh_views()
+    return eta
+
+
+def test_the_header_says_what_comes_next_and_j_shows_run_json(tmp_path: Path) -> None:
+    line_dir = tmp_path / "a"
+    run_json = line_with_run_json(line_dir)
     app = console(book=book_of(a_line(line_dir, rows_to(420))))
 
     async def scenario(pilot) -> None:
-        eta = app.screen.query_one(EtaLine)
-        for _ in range(100):
-            if eta.plan is not None or eta.problem is not None:
-                break
-            await pilot.pause(0.05)
-        assert eta.problem is None
-        app.refresh_views()
+        eta = await read_plan(pilot)
         text = str(eta.render())
         # One update every 2 s: validation at 500 in 160 s, checkpoint at 500 likewise;
         # 1,000,000 - 420 * 512 = 784,960 tokens left at 256 tokens/s = 3066 s.
@@ -326,6 +339,26 @@ def test_the_header_says_what_comes_next_and_j_shows_run_json(tmp_path: Path) ->
         assert app.screen.text == json.dumps(run_json, indent=2)
         await pilot.press("escape")
         assert isinstance(app.screen, LineScreen)
+
+    run(app, scenario)
+
+
+@pytest.mark.parametrize("ending", ["finished", "stopped", "lost"])
+def test_a_line_that_nothing_runs_predicts_no_validation_or_checkpoint(tmp_path: Path, ending: str) -> None:
+    line_dir = tmp_path / "a"
+    line_with_run_json(line_dir)
+    line = a_line(line_dir, rows_to(420), state="training" if ending == "lost" else ending)
+    if ending == "lost":  # its supervisor and its trainer are gone while it trained
+        line.mark_disconnected("no supervisor answers (Connection refused)", NOW)
+        line.orphaned = True
+    label = {"finished": "✓ finished", "stopped": "■ stopped", "lost": "✗ supervisor lost, trainer exited"}[ending]
+    app = console(book=book_of(line))
+
+    async def scenario(pilot) -> None:
+        text = str((await read_plan(pilot)).render())
+        assert text.startswith(f"next nothing: no trainer runs the line ({label})")
+        assert "validation" not in text and "checkpoint" not in text
+        assert "plan 785.0K tokens left  data line" in text  # what is left, with no time to it
 
     run(app, scenario)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers.console import until
+from helpers.console import book_of, until
 from helpers.lines import make_data_line, make_line
 from helpers.supervise import RUNNER, kill_line_processes, stop_supervisor
 
@@ -186,3 +186,36 @@ def test_a_line_that_stopped_is_listed_by_a_fresh_console_and_resumed_with_a_key
         left_running = kill_line_processes(tmp_path)
     assert left_running == []
     assert json.loads((line_path / "supervisor.json").read_text())["state"] == "finished"
+
+
+@pytest.mark.slow
+def test_a_supervisor_started_with_r_is_reaped_when_it_exits(tmp_path: Path) -> None:
+    """`R` starts the supervisor as the console's own child: once it exits, the console collects it
+    (no `<defunct>` left under the console while it runs)."""
+    line_path = make_line(tmp_path, make_data_line(tmp_path / "data_root", prepare=1))
+    line = LineView(line_id(line_path), line_path)  # no supervisor runs it: `R` is on
+    app = ConsoleApp(book=book_of(line), attach=False)
+
+    class Live:  # the keys' gate: a console attached to supervisors (this one looks for none)
+        problem = None
+
+    async def scenario() -> None:
+        async with app.run_test(size=(150, 40)) as pilot:
+            app.live = Live()  # type: ignore[assignment]
+            await until(pilot, lambda: app.selected_line() is line, "the line's row")
+            await pilot.press("R")
+            await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the confirmation")
+            await pilot.press("y")
+            started = await until(pilot, lambda: next(
+                (event for event in line.events if "its supervisor runs" in event.message), None
+            ), "the supervisor to start", 180)
+            pid = int(started.message.rsplit("pid ", 1)[1].rstrip(")"))
+            assert psutil.Process(pid).ppid() == os.getpid()  # the console's child
+            await asyncio.to_thread(stop_supervisor, line_path)  # it exits (or is a zombie: gone)
+            await until(pilot, lambda: not psutil.pid_exists(pid), "the console to reap its supervisor", 10)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        left_running = kill_line_processes(tmp_path)
+    assert left_running == []

@@ -7,16 +7,20 @@ import json
 import math
 from pathlib import Path
 
-from helpers.console import NOW, console, frozen_book, rows_of, settle
+from helpers.console import NOW, book_of, console, frozen_book, rows_of, settle
+from textual.widgets import Input, TabbedContent
 
 from engine.gpu.devices import GpuDevice, GpuSnapshot
 from engine.units import GIB
 from nsconsole.app import ConsoleApp
-from nsconsole.screens.branch_form import parse_branch
+from nsconsole.screens.branch_form import BranchForm, parse_branch
 from nsconsole.screens.confirm import ConfirmScreen
+from nsconsole.screens.help import HelpScreen
+from nsconsole.screens.line import LineScreen
 from nsconsole.screens.picker import PickerScreen
 from nsconsole.state import LineBook, LineFacts, LineView
 from nsconsole.widgets.checkpoint_list import read_checkpoints
+from nsconsole.widgets.curves_tab import CurvesTab
 from nsconsole.widgets.gpu_panel import GpuPanel, GpuReading, memory_bar
 from nsconsole.widgets.lines_table import LinesTable
 from nsconsole.widgets.plot import MARKER, draw, sparkline
@@ -264,5 +268,113 @@ def test_rollback_offers_only_checkpoints_before_latest_and_says_what_it_sets_as
         await pilot.press("y")
         await pilot.pause(0.2)
         assert sent == [("rollback", {"to": 200})]
+
+    run(app, scenario)
+
+
+def test_the_line_screen_tabs_are_reached_from_the_keyboard() -> None:
+    """`]`/`[` and 1-7 show a tab and focus what it shows; on the focused tab bar ←/→ go from tab to
+    tab; on the curves ←/→ move the cursor, which stays where it was across tabs."""
+    book = frozen_book()
+    app = console(book=book_of(book.get("pssa-trunk-id"), book.get("tf-baseline-id")))
+
+    async def scenario(pilot) -> None:
+        await pilot.press("enter")  # the PSSA line: seven tabs, memory last
+        screen = app.screen
+        assert isinstance(screen, LineScreen)
+        tabs = screen.query_one(TabbedContent)
+        curves = screen.query_one(CurvesTab)
+
+        def shown() -> tuple[str, str]:
+            focused = screen.focused
+            return tabs.active, "" if focused is None else type(focused).__name__
+
+        assert shown() == ("tab-curves", "CurvesTab")
+        await pilot.press("right", "left")  # the first press: the newest row; then one to its left
+        cursor = curves.plot_width - 2
+        assert curves.settings.cursor == cursor
+        await pilot.press("right_square_bracket")
+        assert shown() == ("tab-probes", "ProbeTable")
+        await pilot.press("right_square_bracket")
+        assert shown() == ("tab-samples", "SamplesTab")
+        await pilot.press("left_square_bracket", "left_square_bracket")
+        assert shown() == ("tab-curves", "CurvesTab")
+        await pilot.press("left_square_bracket")  # round the end
+        assert shown() == ("tab-memory", "ContentTabs")  # nothing to focus in it: the tab bar
+        await pilot.press("4")
+        assert shown() == ("tab-checkpoints", "CheckpointList")
+        await pilot.press("6")
+        assert shown() == ("tab-events", "EventList")
+        await pilot.press("5")
+        assert shown() == ("tab-log", "LogFollower")
+        await pilot.press("1")
+        assert shown() == ("tab-curves", "CurvesTab")
+        await pilot.pause()
+        assert curves.settings.cursor == cursor  # kept while another tab was shown
+        # Shift-Tab: the tab bar, where ←/→ go from tab to tab and leave the cursor alone.
+        await pilot.press("shift+tab")
+        assert shown() == ("tab-curves", "ContentTabs")
+        await pilot.press("right")
+        assert shown() == ("tab-probes", "ContentTabs")
+        await pilot.press("left")
+        assert shown() == ("tab-curves", "ContentTabs")
+        assert curves.settings.cursor == cursor
+        await pilot.press("tab", "left")
+        assert shown() == ("tab-curves", "CurvesTab") and curves.settings.cursor == cursor - 1
+        # The keys are in the help with their ids, in the footer and in the command palette.
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        listed = {binding_id: key for key, binding_id, _, enabled in app.screen.keys if enabled}
+        assert listed["previous_tab"] == "[" and listed["next_tab"] == "]"
+        assert [listed[f"tab_{name}"] for name in ("curves", "probes", "samples", "checkpoints", "log", "events",
+                                                   "memory")] == list("1234567")
+        await pilot.press("escape")
+        footer = {key.key_display for key in screen.query("FooterKey")}  # type: ignore[attr-defined]
+        assert {"[", "]"} <= footer
+        commands = [command.title for command in app.get_system_commands(screen)]
+        assert "Previous tab ([)" in commands and "Next tab (])" in commands and "Events (6)" in commands
+        # A line without a memory tab: 7 does nothing, and `]` goes round from events to curves.
+        await pilot.press("escape", "down", "enter")
+        other = app.screen
+        assert isinstance(other, LineScreen) and other.line.key == "tf-baseline-id"
+        other_tabs = other.query_one(TabbedContent)
+        await pilot.press("7")
+        assert other_tabs.active == "tab-curves"
+        await pilot.press("6", "right_square_bracket")
+        assert other_tabs.active == "tab-curves"
+
+    run(app, scenario)
+
+
+def test_typing_into_the_branch_form_at_once_fills_its_first_field() -> None:
+    """The form opens with its first field focused (its suggestion selected: typing replaces it);
+    Tab goes from field to field."""
+    book = book_of(frozen_book().get("pssa-trunk-id"))
+    app = console(book=book)
+    sent: list[tuple[str, dict]] = []
+
+    class Live:
+        problem = None
+
+        async def mutate(self, key: str, method: str, **params: object) -> dict:
+            sent.append((method, params))
+            return {}
+
+    async def scenario(pilot) -> None:
+        app.live = Live()
+        await pilot.press("b", *"/srv/runs/b-c25")
+        form = app.screen
+        assert isinstance(form, BranchForm)
+        fields = {name: form.query_one(f"#{name}", Input) for name in ("path", "at_cycle", "plan", "data")}
+        assert {name: field.value for name, field in fields.items()} == {
+            "path": "/srv/runs/b-c25", "at_cycle": "2", "plan": "", "data": "",
+        }
+        await pilot.press("tab", "3", "tab", *"decay:1e6", "tab", *"/data/b", "enter")
+        confirm = app.screen
+        assert isinstance(confirm, ConfirmScreen)
+        assert confirm.question == "Branch /srv/runs/pssa-trunk into /srv/runs/b-c25 at the end of cycle 3?"
+        await pilot.press("y")
+        await pilot.pause(0.2)
+        assert sent == [("branch", {"path": "/srv/runs/b-c25", "at_cycle": 3, "plan": "decay:1e6", "data": "/data/b"})]
 
     run(app, scenario)

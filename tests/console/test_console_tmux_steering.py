@@ -122,7 +122,7 @@ def test_tune_stop_rollback_and_branch_from_a_real_terminal(tmp_path: Path) -> N
         tmux.keys("b")
         screen = tmux.wait_for("at the end of cycle")
         cycle = int(screen.split("(now ")[1].split(")")[0])
-        tmux.keys(*["BSpace"] * 3)
+        tmux.keys("Tab")  # from the new line's directory (focused first) to the cycle, its text selected
         tmux.type("1")
         tmux.keys("Tab")
         tmux.type("decay:1e5")
