@@ -107,6 +107,8 @@ def _validation_lines(row: dict[str, Any] | None) -> list[str]:
 
 def _wandb_line(status: LineStatus) -> str:
     state = status.wandb
+    if status.config is not None and status.config.wandb.mode == "disabled":
+        return "W&B: disabled (run.json wandb.mode)"
     if state is None:
         return "W&B: no run yet"
     if state.run_id is None:

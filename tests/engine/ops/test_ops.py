@@ -342,6 +342,14 @@ def test_status_says_which_checkpoints_it_lists(line: Path, capsys: pytest.Captu
     assert "checkpoints: 5 (newest 3: u00000300, u00000400, u00000493); latest u00000493\n" in out
 
 
+def test_status_says_w_and_b_is_disabled(line: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["status", str(line)]) == 0
+    assert "W&B: no run yet\n" in capsys.readouterr().out  # offline, nothing sent yet
+    edit_run_json(line, lambda document: document["wandb"].update(mode="disabled"))
+    assert main(["status", str(line)]) == 0
+    assert "W&B: disabled (run.json wandb.mode)\n" in capsys.readouterr().out
+
+
 def test_read_last_rows_across_blocks(tmp_path: Path) -> None:
     path = tmp_path / "rows.jsonl"
     path.write_text("".join(json.dumps({"update": u, "pad": "x" * 90}) + "\n" for u in range(5000)))
