@@ -28,6 +28,7 @@ from engine.checkpoints.tensors import load_checkpoint
 from engine.layout import LineLayout
 from engine.training.trainer import Trainer
 from engine.wandb.replay import CIRCUMSTANTIAL_KEYS
+from engine.wandb.rows import row_values
 from engine.wandb.state import WandbRunState
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one intra-op thread
@@ -60,8 +61,9 @@ def wandb_state(line: Path) -> WandbRunState:
 
 
 def computed(row: dict[str, Any]) -> dict[str, Any]:
-    """What an update computed: the row without `update` and the keys that say how it ran."""
-    return {key: value for key, value in row.items() if key != "update" and key not in CIRCUMSTANTIAL_KEYS}
+    """What an update computed, as W&B gets it (`row_values`: no `update`, no samples' text),
+    without the keys that say how it ran."""
+    return {key: value for key, value in row_values(row).items() if key not in CIRCUMSTANTIAL_KEYS}
 
 
 def assert_server_mirrors_rows(server: FakeWandbServer, line: Path) -> None:
