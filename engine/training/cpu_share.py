@@ -2,9 +2,9 @@
 
 Why: torch's CPU build runs an operation on a team of OpenMP threads that spin while they wait for
 work. Two CPU lines on a 2-core host, each with a team of 2, spend most of their time spinning
-against each other. Measured on this project's 2-core machine (2026-12-06), `bench/models_cpu.py`
-twice side by side: 108-158 ms an update each, against 25-28 alone (each 4-6x slower, and less
-work done in all than the two one after the other); with one thread each, 56-81 ms.
+against each other: `bench/cpu_sharing.py` on this project's 2-core machine (2026-12-06) trained
+8,913 pssa-1.5m tokens/s in all with two processes of 2 threads, against 14,038 with one alone
+and 19,933 with two processes of 1 thread.
 
 So every CPU trainer that owns its process holds a seat: an exclusive `flock` on
 `<run dir>/cpu/<pid>.lock` (the registry's directory, one for every process of the user on this
