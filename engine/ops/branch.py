@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import datalines
+from datalines.consumption import other_training_line, trained_refusal
 from engine.atomic import fsync_directory, write_text_atomic
 from engine.checkpoints.format import (
     BRANCH_START_KEPT,
@@ -332,6 +333,9 @@ def checked_branch_config(
             f"--long-seq-len: the long length must exceed the training length {train_len}, got {long_len}"
         )
     data = inspect_data_line(request.data.absolute())
+    owner = other_training_line(data.path, new.root)
+    if owner is not None:  # the branch's first start would be refused (one training line per data line)
+        raise LineError(trained_refusal(data.path, owner, f"the branch {new.root}"))
     if datalines.open_data_line(data.path).tokenizer_json.encode("utf-8") != trained_tokenizer:
         raise LineError(
             f"{data.path}: its tokenizer differs from the one {trunk_layout.root.name} was trained with"

@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers.lines import data_template_fixture, make_line
+from helpers.lines import copy_data_line, data_template_fixture, make_line
 
 from datalines import open_data_line
 from engine.config.run import RunConfig
@@ -20,6 +20,7 @@ from engine.errors import LineError
 from engine.layout import LineLayout
 from engine.ops.branch import BranchRequest, check_branch_request
 from engine.ops.fork_point import expected_fork_position
+from engine.training.trainer import Trainer
 from nsconsole.cli import main as cli_main
 
 data_template = data_template_fixture(prepare=1)
@@ -56,6 +57,23 @@ def test_the_cli_names_a_fork_inside_a_cosine_decay_before_the_cycle_has_ended(
     assert branch(tmp_path, trunk, data_template) == 2
     error = capsys.readouterr().err
     assert "has no checkpoint yet; cycle 1 has not ended; branch once it has, or ask the line's supervisor" in error
+    assert not (tmp_path / "b").exists()
+
+
+def test_a_branch_on_a_data_line_another_line_trains_on_is_refused_when_asked_for(
+    tmp_path: Path, data_template: Path, capsys: pytest.CaptureFixture
+) -> None:
+    # The trunk's own data line: the branch's first start would be refused, so is the request.
+    data = copy_data_line(data_template, tmp_path)
+    trunk = make_line(tmp_path / "trunk", data, **{"lr.pieces": LINEAR})
+    assert Trainer(trunk, stop_at=1, echo=None).run() == 0  # its start takes the data line
+    assert branch(tmp_path, trunk, data) == 2
+    error = capsys.readouterr().err
+    assert error == (
+        f"nsconsole: {data}: trained by {trunk}, the first line that started on it; a data line is trained by "
+        f"one line, so the branch {tmp_path / 'b'} cannot train on it; make an identical data line with "
+        f"`nsconsole data init --work DIR --like {data}` and train on DIR\n"
+    )
     assert not (tmp_path / "b").exists()
 
 
