@@ -24,7 +24,14 @@ import numpy as np
 from datalines.cycle import Cycle
 from datalines.errors import DataLineError
 from datalines.files import fsync_directory, read_json, sha256_bytes, write_bytes_atomic
-from datalines.manifest import MANIFEST_NAME, ShardStamps, load_manifest, shard_stamps, verify_shards
+from datalines.manifest import (
+    MANIFEST_NAME,
+    ShardStamps,
+    load_manifest,
+    shard_files,
+    shard_stamps,
+    verify_shards,
+)
 from datalines.recipe import Recipe, parse_recipe
 from datalines.sources import Source, open_source
 from datalines.tokenizer import PlainTextTokenizer
@@ -186,18 +193,27 @@ class DataLine:
         return None
 
     def cycle_state(self, index: int) -> str:
-        """`consumed`, `ready`, `empty`, `damaged`, `planned` or `unplanned`.
+        """`consumed`, `ready`, `empty`, `reopened`, `damaged`, `planned` or `unplanned`.
 
-        `damaged`: the manifest is kept, shards are missing or wrong. `empty`: prepared, but a source
+        `reopened`: the manifest is kept and none of its shards is there: a consumed cycle (its
+        shards deleted) that a rollback reopened, which the preparer rebuilds byte for byte from the
+        manifest. `damaged`: the manifest is kept, some shards are missing or wrong (the preparer
+        rebuilds those too). `empty`: prepared, but a source
         with a share in it has not one token and its target, so no trainer can read it; the planner
         never plans such a cycle, but a line planned by an older nsconsole may hold one, and it must
         not pass for ready.
         """
         if self.is_consumed(index):
             return "consumed"
-        if (self.cycle_dir(index) / MANIFEST_NAME).is_file():
+        directory = self.cycle_dir(index)
+        if (directory / MANIFEST_NAME).is_file():
             if not self.cycle_ready(index):
-                return "damaged"
+                try:
+                    manifest, _sha256 = load_manifest(directory)
+                except DataLineError:
+                    return "damaged"
+                present = [entry["name"] for entry in shard_files(manifest) if (directory / entry["name"]).exists()]
+                return "damaged" if present else "reopened"
             cycle = self.cycle(index)
             weighted = [name for name in cycle.source_names if cycle.manifest["sources"][name]["weight"]]
             return "empty" if any(cycle.windows(name, 1) == 0 for name in weighted) else "ready"

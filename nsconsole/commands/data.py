@@ -19,7 +19,6 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.progress import Progress, TaskID
 
-    from datalines import DataLine
     from datalines.status import PreparerStatus
 
 SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
@@ -321,7 +320,7 @@ def run_status(args: argparse.Namespace) -> int:
         "sources": line.shares(0),
         "cycle_tokens": line.cycle_tokens,
         "last_cycle": line.last_cycle(),
-        "cycles": {index: cycle_state(line, index) for index in line.known_cycles()},
+        "cycles": {index: line.cycle_state(index) for index in line.known_cycles()},
         "validation_seq_lens": validation,
         "preparer": read_status(line.path),
     }
@@ -333,7 +332,7 @@ def run_status(args: argparse.Namespace) -> int:
     last = report["last_cycle"]
     print(f"last cycle: {last if last is not None else 'not known yet'}")
     for index, state in report["cycles"].items():
-        print(f"  cycle {index:4d}  {REOPENED_TEXT if state == REOPENED else state}")
+        print(f"  cycle {index:4d}  {REOPENED_TEXT if state == 'reopened' else state}")
     print(f"validation rows: {', '.join(f'T{length}' for length in validation) or 'none (run data val)'}")
     preparer = report["preparer"]
     if preparer:
@@ -349,28 +348,8 @@ def run_status(args: argparse.Namespace) -> int:
     return 0
 
 
-REOPENED = "reopened"
-"""`data status`'s state of a consumed cycle that a rollback reopened once its shards were deleted."""
 REOPENED_TEXT = "reopened: shards to rebuild from its manifest"
-
-
-def cycle_state(line: DataLine, index: int) -> str:
-    """`DataLine.cycle_state`, but `reopened` for a cycle whose manifest is kept and none of whose
-    shards is there: a consumed cycle a rollback reopened (its mark cleared), which the preparer
-    rebuilds byte for byte. Some shards there and others not, or not the manifest's: `damaged`."""
-    from datalines.errors import DataLineError
-    from datalines.manifest import load_manifest, shard_files
-
-    state = line.cycle_state(index)
-    if state != "damaged":
-        return state
-    directory = line.cycle_dir(index)
-    try:
-        manifest, _sha256 = load_manifest(directory)
-    except DataLineError:
-        return state
-    present = [entry["name"] for entry in shard_files(manifest) if (directory / entry["name"]).exists()]
-    return state if present else REOPENED
+"""How `data status` shows a `reopened` cycle (`DataLine.cycle_state`): a consumed cycle a rollback reopened."""
 
 
 def run_schedule(args: argparse.Namespace) -> int:

@@ -19,7 +19,7 @@ def test_reopen_clears_the_consumed_mark_and_the_preparer_rebuilds_the_shards(tm
 
     assert line.reopen(0) is True
     assert not line.is_consumed(0)
-    assert line.cycle_state(0) == "damaged"  # the manifest kept, its shards deleted
+    assert line.cycle_state(0) == "reopened"  # the manifest kept, its shards deleted
     prepare_cycle(line, 0)  # what the preparer does next: rebuild from the permanent manifest
     assert line.cycle_state(0) == "ready" and line.cycle(0).manifest_sha256 == manifest_sha256
 
