@@ -18,10 +18,7 @@ from pathlib import Path
 from engine.config.host import DEFAULT_WORK_ROOT
 from engine.config.run import CheckpointConfig, LengthConfig, LRConfig, LRPiece, RunConfig, ValidationConfig
 from engine.layout import LineLayout
-from engine.ops.fork_point import latest_position
-from engine.ops.lines import resolve_data_path
 from engine.ops.new import NewLineOptions, new_line
-from engine.protocol.facts import StopReason
 
 DEMO_PRESET = "ns-tiny"
 DEMO_SEQ_LEN = 256
@@ -87,24 +84,6 @@ def ensure_demo_line(paths: DemoPaths, echo=print) -> Path:
     config.save(layout.accepted_run_json)
     config.save(layout.run_json)
     return paths.line
-
-
-def demo_end(paths: DemoPaths) -> str | None:
-    """Why the demo line has nothing left to train, as its trainer finds at a start from the
-    position its `latest` checkpoint saved: its plan is complete, or it trained every cycle of its
-    data line. None while it has more to train (a new line, a stopped one, one rolled back)."""
-    from datalines import open_data_line
-
-    layout = LineLayout(paths.line)
-    config = RunConfig.load(layout.run_json)
-    position = latest_position(layout)
-    stage, cycle = position.get("stage", 0), position.get("cycle", 0)
-    if isinstance(stage, int) and stage >= len(config.plan):
-        return str(StopReason.PLAN_END)
-    last = open_data_line(resolve_data_path(layout, config.data.line)).last_cycle()
-    if last is not None and isinstance(cycle, int) and cycle > last:
-        return f"it trained every cycle of its data line, 0 to {last}"
-    return None
 
 
 def _corpus_tokens(data_line) -> int:

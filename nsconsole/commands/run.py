@@ -63,8 +63,10 @@ def run(args: argparse.Namespace) -> int:
         refuse_if_supervised(LineLayout(line))
         refuse_a_cycle_nobody_rebuilds(line)
         return Trainer(line, stop_at=args.stop_at, engine=args.engine, owns_process=True).run()
+    from engine.ops.line_end import refuse_a_finished_line
     from engine.supervisor.supervisor import run_line
 
+    refuse_a_finished_line(line)
     if not args.foreground:
         refuse_a_failing_start(line)
     return run_line(line, foreground=args.foreground, stop_at=args.stop_at, engine=args.engine)
@@ -72,26 +74,18 @@ def run(args: argparse.Namespace) -> int:
 
 def run_headless(line: str | None, host: HostSettings) -> int:
     """`nsconsole --run [LINE]`: the supervisor, detached; no LINE creates (or resumes) the demo line."""
+    from engine.ops.line_end import refuse_a_finished_line
     from engine.supervisor.supervisor import run_line
 
     if line is not None:
         path = host.resolve_line(line)
+        refuse_a_finished_line(path, again=f"nsconsole --run {path}")
         refuse_a_failing_start(path)
         return run_line(path, foreground=False)
-    from engine.checkpoints.format import read_latest
-    from engine.ops.demo import demo_end, demo_paths, ensure_demo_line
+    from engine.ops.demo import demo_paths, ensure_demo_line
 
-    paths = demo_paths(host.work_root)
-    demo = ensure_demo_line(paths)
-    ended = demo_end(paths)
-    if ended is not None:  # its trainer would end at once: say so rather than start a supervisor for it
-        raise LineError(
-            f"{demo}: the demo line has finished ({ended}, latest checkpoint {read_latest(demo / 'checkpoints')}); "
-            "nothing is left to train, so no supervisor was started. Train on from it with a branch at a cycle "
-            f"end (`nsconsole branch NEW --from {demo} --at-cycle N --plan decay:TOKENS --data DIR`, README: a "
-            f"worked branch of the demo) or a rollback (`nsconsole rollback {demo} --to UPDATE`, then "
-            f"`nsconsole --run`); `nsconsole status {demo}` shows it"
-        )
+    demo = ensure_demo_line(demo_paths(host.work_root))
+    refuse_a_finished_line(demo, what="the demo line", again="nsconsole --run")
     refuse_a_failing_start(demo)
     status = run_line(demo, foreground=False)
     if status == 0:

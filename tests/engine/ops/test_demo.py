@@ -15,7 +15,8 @@ import pytest
 from helpers.lines import make_data_line, make_line, one_torch_thread
 
 from engine.checkpoints.format import read_latest
-from engine.ops.demo import demo_end, demo_paths
+from engine.ops.demo import demo_paths
+from engine.ops.line_end import line_end
 from engine.training.trainer import Trainer
 from nsconsole.cli import main
 
@@ -95,7 +96,7 @@ def test_run_on_a_finished_demo_line_says_so_and_starts_nothing(
     make_line(tmp_path / "making", paths.data).rename(paths.line)
     with one_torch_thread():
         assert Trainer(paths.line, echo=None).run() == 0  # to the data line's end
-    assert demo_end(paths) == "it trained every cycle of its data line, 0 to 3"
+    assert line_end(paths.line) == "it trained every cycle of its data line, 0 to 3"
     latest = read_latest(paths.line / "checkpoints")
 
     assert main(["--run"]) == 2
@@ -109,4 +110,25 @@ def test_run_on_a_finished_demo_line_says_so_and_starts_nothing(
     assert not (paths.line / "supervisor.json").exists()
 
     assert main(["rollback", str(paths.line), "--to", "10"]) == 0
-    assert demo_end(paths) is None  # `nsconsole --run` would train it again
+    assert line_end(paths.line) is None  # `nsconsole --run` would train it again
+
+
+def test_run_on_a_finished_line_says_so_and_starts_nothing(
+    tmp_path: Path, private_host: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Any line, not only the demo: `nsconsole run LINE` (background or --foreground) and
+    `nsconsole --run LINE` on a line trained to its plan's end say so, in one line, and start nothing."""
+    plan = [{"name": "trunk", "seq_len": 32, "tokens": 4 * 512}]
+    line = make_line(tmp_path, make_data_line(tmp_path / "making", prepare=1), plan=plan)
+    with one_torch_thread():
+        assert Trainer(line, echo=None).run() == 0  # four updates: the plan's end
+    assert line_end(line) == "the plan is complete"
+    for arguments in (["run", str(line)], ["run", str(line), "--foreground"], ["--run", str(line)]):
+        assert main(arguments) == 2, arguments
+        captured = capsys.readouterr()
+        assert captured.err.count("\n") == 1 and captured.out == ""
+        assert captured.err.startswith(
+            f"nsconsole: {line}: the line has finished (the plan is complete, latest checkpoint u00000004); nothing is left "
+            "to train, so no supervisor was started. "
+        )
+    assert not (line / "supervisor.json").exists()

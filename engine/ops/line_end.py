@@ -1,0 +1,49 @@
+"""Whether a training line has anything left to train, as its trainer would find at a start, and
+the one line that refuses to start a supervisor for a line that has none (its trainer would stop
+at once: "runs in the background" followed by "finished" seconds later misleads)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from engine.checkpoints.format import read_latest
+from engine.config.run import RunConfig
+from engine.errors import LineError
+from engine.layout import LineLayout
+from engine.ops.fork_point import latest_position
+from engine.ops.lines import resolve_data_path
+from engine.protocol.facts import StopReason
+
+
+def line_end(root: Path | str) -> str | None:
+    """Why the line at `root` has nothing left to train, from the position its `latest` checkpoint
+    saved: its plan is complete, or it trained every cycle of its data line. None while it has more
+    to train (a new line, a stopped one, one rolled back)."""
+    from datalines import open_data_line
+
+    layout = LineLayout(root)
+    config = RunConfig.load(layout.run_json)
+    position = latest_position(layout)
+    stage, cycle = position.get("stage", 0), position.get("cycle", 0)
+    if isinstance(stage, int) and stage >= len(config.plan):
+        return str(StopReason.PLAN_END)
+    last = open_data_line(resolve_data_path(layout, config.data.line)).last_cycle()
+    if last is not None and isinstance(cycle, int) and cycle > last:
+        return f"it trained every cycle of its data line, 0 to {last}"
+    return None
+
+
+def refuse_a_finished_line(root: Path, what: str = "the line", again: str | None = None) -> None:
+    """`LineError` (one line) when the line has finished (`line_end`): what it finished with and how
+    to train on from it. `what` names it ("the demo line"); `again` is the command that starts it
+    after a rollback (`nsconsole run LINE` unless given)."""
+    ended = line_end(root)
+    if ended is None:
+        return
+    again = again or f"nsconsole run {root}"
+    raise LineError(
+        f"{root}: {what} has finished ({ended}, latest checkpoint {read_latest(root / 'checkpoints')}); "
+        "nothing is left to train, so no supervisor was started. Train on from it with a branch at a cycle "
+        f"end (`nsconsole branch NEW --from {root} --at-cycle N --plan decay:TOKENS --data DIR`) or a rollback "
+        f"(`nsconsole rollback {root} --to UPDATE`, then `{again}`); `nsconsole status {root}` shows it"
+    )
