@@ -59,7 +59,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 # The repository root first: run as a script, bench/ would lead sys.path and its kernels.py
 # would shadow the kernels package.
@@ -126,6 +126,15 @@ WEIGHT_DECAY = 0.1
 
 def progress(message: str) -> None:
     print(f"[gpu_peers] {message}", file=sys.stderr, flush=True)
+
+
+def emit(row: dict[str, Any], out: IO[str] | None) -> None:
+    """A result row: printed as one JSON line, and appended to `out` (`--out`) when given."""
+    line = json.dumps(row)
+    print(line, flush=True)
+    if out is not None:
+        out.write(line + "\n")
+        out.flush()
 
 
 # -- the plain GPT (child side) ---------------------------------------------------------------------
@@ -449,11 +458,7 @@ def main(argv: list[str] | None = None) -> int:
             "seconds": round(seconds, 1),
             "error": result.get("error"),
         }
-        line = json.dumps(row)
-        print(line, flush=True)
-        if out is not None:
-            out.write(line + "\n")
-            out.flush()
+        emit(row, out)
         summary = (
             f"{speed:,.0f} tok/s, MFU {row['mfu']:.3f}" if speed is not None else f"no figure: {row['error']}"
         )

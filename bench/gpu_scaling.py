@@ -39,12 +39,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 # The repository root first: run as a script, bench/ would lead sys.path and its kernels.py
 # would shadow the kernels package.
 sys.path.insert(0, str(ROOT))
+
+from gpu_peers import emit  # noqa: E402  (bench/, beside this script: its JSON rows)
 
 DEFAULT_MODELS = ("ns-1p3b", "ns-2b")
 DEFAULT_SHARDS = ("none", "fsdp")
@@ -146,14 +148,6 @@ def scaling_row(run: dict[str, Any], baseline: dict[str, Any] | None) -> dict[st
         "efficiency_per_doubling": per_doubling,
         "meets_goal": None if per_doubling is None else per_doubling >= GOAL_PER_DOUBLING,
     }
-
-
-def emit(row: dict[str, Any], out: IO[str] | None) -> None:
-    line = json.dumps(row)
-    print(line, flush=True)
-    if out is not None:
-        out.write(line + "\n")
-        out.flush()
 
 
 def visible_gpus(device: str) -> int | None:

@@ -657,7 +657,8 @@ class Trainer:
             return max(0, min(wanted, left_in_cycle, left_in_stage))
         return max(0, min(wanted, left_in_cycle))
 
-    def _one_update(self, cycle: Cycle, seq_len: int, rows: int) -> None:
+    def _one_update(self, cycle: Cycle, seq_len: int, rows: int) -> tuple[bool, bool]:
+        """Train one update of `rows` rows; whether it ended the stage and the cycle (`_stage_and_cycle_done`)."""
         config = self.config
         position = self.position
         started = time.perf_counter()
@@ -696,7 +697,8 @@ class Trainer:
         if self.dreamer is not None and self.dreamer.due(position.update):
             with self.beats.phase(Stage.DREAMING, position.update), self.engines.from_the_arena():
                 row.update(self.dreamer.run(windows, position.update))
-        validating = position.update % config.validation.every_updates == 0 or self._ends_the_line(cycle, seq_len)
+        stage_done, cycle_done = self._stage_and_cycle_done(cycle, seq_len)
+        validating = position.update % config.validation.every_updates == 0 or self._ends_the_line(stage_done, cycle_done)
         if validating:
             with self.beats.phase(Stage.VALIDATING, position.update):
                 row.update(self._validate(seq_len))
@@ -711,16 +713,25 @@ class Trainer:
         self.heartbeat.beat(position.update, Stage.TRAINING)
         if not self.startup.done:
             self._end_of_startup()
+        return stage_done, cycle_done
 
-    def _ends_the_line(self, cycle: Cycle, seq_len: int) -> bool:
+    def _stage_and_cycle_done(self, cycle: Cycle, seq_len: int) -> tuple[bool, bool]:
+        """Whether the updates so far end the current stage (its tokens trained) and the current
+        cycle (its windows at `seq_len` all read)."""
+        position = self.position
+        stage = self.config.plan[position.stage]
+        stage_done = stage.tokens is not None and position.stage_tokens >= stage.tokens
+        cycle_done = position.sample >= cycle.num_samples(seq_len, self.config.seeds.data, position.reads())
+        return stage_done, cycle_done
+
+    def _ends_the_line(self, stage_done: bool, cycle_done: bool) -> bool:
         """The update just done is the line's last: it ends the plan's last stage or the data line's
         last cycle. That update validates whatever `validation.every_updates` says, so a finished
         line's result is on record (in its row, status and the console), not only its last multiple."""
-        position, plan = self.position, self.config.plan
-        stage = plan[position.stage]
-        if stage.tokens is not None and position.stage_tokens >= stage.tokens and position.stage + 1 >= len(plan):
+        position = self.position
+        if stage_done and position.stage + 1 >= len(self.config.plan):
             return True
-        if position.sample < cycle.num_samples(seq_len, self.config.seeds.data, position.reads()):
+        if not cycle_done:
             return False
         # The cycle ends (every rank knows it alike); rank 0 reads whether the data line ends with it.
         last = self.data_line.last_cycle() if self.ranks.writes else None
@@ -854,7 +865,7 @@ class Trainer:
             rows = self._update_rows(cycle, seq_len)
             if rows > 0:
                 try:
-                    self._one_update(cycle, seq_len, rows)
+                    stage_done, cycle_done = self._one_update(cycle, seq_len, rows)
                 except ShardChanged as error:
                     self._cycles.clear()  # reopened, and verified, once the preparer has rebuilt it
                     self.log.write(f"{error}: update {self.position.update + 1} not trained; waiting for the "
@@ -871,9 +882,8 @@ class Trainer:
                     self.heartbeat.beat(self.position.update, Stage.STOPPED, reason=StopReason.NON_FINITE)
                     self.log.write(message)
                     raise LineError(message)
-            stage = config.plan[self.position.stage]
-            stage_done = stage.tokens is not None and self.position.stage_tokens >= stage.tokens
-            cycle_done = self.position.sample >= cycle.num_samples(seq_len, config.seeds.data, self.position.reads())
+            else:
+                stage_done, cycle_done = self._stage_and_cycle_done(cycle, seq_len)
             if stage_done:
                 reason = self._end_of_stage(cycle_done)
                 if reason is not None:
