@@ -385,11 +385,13 @@ class ConsoleApp(App[None]):
             return
         line.add_event(self.clock(), "request", "resume: starting its supervisor")
         # Imported here, when a line is resumed: the supervisor's module is not needed to start the console.
-        from engine.supervisor.supervisor import SupervisorSettings, start_detached
+        from engine.supervisor.supervisor import SupervisorSettings, SupervisorSilent, start_detached
 
         try:
             pid = await asyncio.to_thread(start_detached, Path(line.path), SupervisorSettings())
         except (LineError, OSError) as error:
+            if isinstance(error, SupervisorSilent):
+                reap_when_it_exits(error.pid)  # it may still come up; it is our child either way
             line.add_event(self.clock(), "refused", f"resume: {error}", "error")
             self.notify(f"✗ {line.name}: resume failed: {error}", severity="error", timeout=8)
             return

@@ -961,8 +961,19 @@ def release_all(leases: list[GpuLease]) -> None:
 # ---- the command --------------------------------------------------------------------------------
 
 
+class SupervisorSilent(LineError):
+    """`start_detached` started a supervisor that has not answered in time. It may still come up,
+    and it is the caller's child: `pid` lets a caller that lives on (the console) reap it."""
+
+    def __init__(self, message: str, pid: int) -> None:
+        super().__init__(message)
+        self.pid = pid
+
+
 def start_detached(line: Path, settings: SupervisorSettings, answer_timeout: float = 60.0) -> int:
-    """Start the line's supervisor in the background and wait until it answers; its pid."""
+    """Start the line's supervisor in the background and wait until it answers; its pid.
+
+    `SupervisorSilent` (with the pid) when it runs but has not answered within answer_timeout."""
     layout = ops.open_line(line)
     RunConfig.load(layout.run_json)  # a broken run.json is reported here, in the terminal
     running = registry.find_supervisor(layout.root)
@@ -989,8 +1000,8 @@ def start_detached(line: Path, settings: SupervisorSettings, answer_timeout: flo
             last = output.splitlines()[-1] if output else f"exit status {os.waitstatus_to_exitcode(status)}"
             raise LineError(f"{layout.supervisor_out}: the supervisor did not start: {last}")
         time.sleep(0.1)
-    raise LineError(f"{layout.supervisor_out}: the supervisor (pid {pid}) has not answered within "
-                    f"{answer_timeout:g} s; see that file")
+    raise SupervisorSilent(f"{layout.supervisor_out}: the supervisor (pid {pid}) has not answered within "
+                           f"{answer_timeout:g} s; see that file", pid)
 
 
 def run_line(

@@ -4,6 +4,7 @@ registered lines, read from their files at rest, opened, and resumed with `R`.""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import subprocess
@@ -212,6 +213,43 @@ def test_a_supervisor_started_with_r_is_reaped_when_it_exits(tmp_path: Path) -> 
             pid = int(started.message.rsplit("pid ", 1)[1].rstrip(")"))
             assert psutil.Process(pid).ppid() == os.getpid()  # the console's child
             await asyncio.to_thread(stop_supervisor, line_path)  # it exits (or is a zombie: gone)
+            await until(pilot, lambda: not psutil.pid_exists(pid), "the console to reap its supervisor", 10)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        left_running = kill_line_processes(tmp_path)
+    assert left_running == []
+
+
+@pytest.mark.slow
+def test_a_supervisor_that_has_not_answered_in_time_is_still_reaped(tmp_path: Path, monkeypatch) -> None:
+    """`R` whose supervisor has not answered within the wait: the console says resume failed, and
+    still collects that child when it exits (it came up later here, and was stopped)."""
+    from engine.supervisor import supervisor
+
+    monkeypatch.setattr(supervisor, "start_detached", functools.partial(supervisor.start_detached, answer_timeout=0.0))
+    line_path = make_line(tmp_path, make_data_line(tmp_path / "data_root", prepare=1))
+    line = LineView(line_id(line_path), line_path)
+    app = ConsoleApp(book=book_of(line), attach=False)
+
+    class Live:  # the keys' gate, as above
+        problem = None
+
+    async def scenario() -> None:
+        async with app.run_test(size=(150, 40)) as pilot:
+            app.live = Live()  # type: ignore[assignment]
+            await until(pilot, lambda: app.selected_line() is line, "the line's row")
+            await pilot.press("R")
+            await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the confirmation")
+            await pilot.press("y")
+            refused = await until(pilot, lambda: next(
+                (event for event in line.events if "has not answered within 0 s" in event.message), None
+            ), "the resume to be reported failed", 60)
+            pid = int(refused.message.split("(pid ", 1)[1].split(")", 1)[0])
+            assert psutil.Process(pid).ppid() == os.getpid()
+            await until(pilot, lambda: registry.find_supervisor(line_path), "the late supervisor to register", 180)
+            await asyncio.to_thread(stop_supervisor, line_path)
             await until(pilot, lambda: not psutil.pid_exists(pid), "the console to reap its supervisor", 10)
 
     try:
