@@ -10,7 +10,9 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -189,10 +191,9 @@ def test_a_line_that_stopped_is_listed_by_a_fresh_console_and_resumed_with_a_key
     assert json.loads((line_path / "supervisor.json").read_text())["state"] == "finished"
 
 
-@pytest.mark.slow
-def test_a_supervisor_started_with_r_is_reaped_when_it_exits(tmp_path: Path) -> None:
-    """`R` starts the supervisor as the console's own child: once it exits, the console collects it
-    (no `<defunct>` left under the console while it runs)."""
+def resume_with_r(tmp_path: Path, after_yes: Callable[[Any, LineView, Path], Awaitable[None]]) -> None:
+    """A console with one line no supervisor runs: `R`, `y`, then `after_yes(pilot, line, line_path)`;
+    every process of the line is gone at the end."""
     line_path = make_line(tmp_path, make_data_line(tmp_path / "data_root", prepare=1))
     line = LineView(line_id(line_path), line_path)  # no supervisor runs it: `R` is on
     app = ConsoleApp(book=book_of(line), attach=False)
@@ -207,13 +208,7 @@ def test_a_supervisor_started_with_r_is_reaped_when_it_exits(tmp_path: Path) -> 
             await pilot.press("R")
             await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the confirmation")
             await pilot.press("y")
-            started = await until(pilot, lambda: next(
-                (event for event in line.events if "its supervisor runs" in event.message), None
-            ), "the supervisor to start", 180)
-            pid = int(started.message.rsplit("pid ", 1)[1].rstrip(")"))
-            assert psutil.Process(pid).ppid() == os.getpid()  # the console's child
-            await asyncio.to_thread(stop_supervisor, line_path)  # it exits (or is a zombie: gone)
-            await until(pilot, lambda: not psutil.pid_exists(pid), "the console to reap its supervisor", 10)
+            await after_yes(pilot, line, line_path)
 
     try:
         asyncio.run(scenario())
@@ -223,37 +218,38 @@ def test_a_supervisor_started_with_r_is_reaped_when_it_exits(tmp_path: Path) -> 
 
 
 @pytest.mark.slow
+def test_a_supervisor_started_with_r_is_reaped_when_it_exits(tmp_path: Path) -> None:
+    """`R` starts the supervisor as the console's own child: once it exits, the console collects it
+    (no `<defunct>` left under the console while it runs)."""
+
+    async def after_yes(pilot: Any, line: LineView, line_path: Path) -> None:
+        started = await until(pilot, lambda: next(
+            (event for event in line.events if "its supervisor runs" in event.message), None
+        ), "the supervisor to start", 180)
+        pid = int(started.message.rsplit("pid ", 1)[1].rstrip(")"))
+        assert psutil.Process(pid).ppid() == os.getpid()  # the console's child
+        await asyncio.to_thread(stop_supervisor, line_path)  # it exits (or is a zombie: gone)
+        await until(pilot, lambda: not psutil.pid_exists(pid), "the console to reap its supervisor", 10)
+
+    resume_with_r(tmp_path, after_yes)
+
+
+@pytest.mark.slow
 def test_a_supervisor_that_has_not_answered_in_time_is_still_reaped(tmp_path: Path, monkeypatch) -> None:
     """`R` whose supervisor has not answered within the wait: the console says resume failed, and
     still collects that child when it exits (it came up later here, and was stopped)."""
     from engine.supervisor import supervisor
 
     monkeypatch.setattr(supervisor, "start_detached", functools.partial(supervisor.start_detached, answer_timeout=0.0))
-    line_path = make_line(tmp_path, make_data_line(tmp_path / "data_root", prepare=1))
-    line = LineView(line_id(line_path), line_path)
-    app = ConsoleApp(book=book_of(line), attach=False)
 
-    class Live:  # the keys' gate, as above
-        problem = None
+    async def after_yes(pilot: Any, line: LineView, line_path: Path) -> None:
+        refused = await until(pilot, lambda: next(
+            (event for event in line.events if "has not answered within 0 s" in event.message), None
+        ), "the resume to be reported failed", 60)
+        pid = int(refused.message.split("(pid ", 1)[1].split(")", 1)[0])
+        assert psutil.Process(pid).ppid() == os.getpid()
+        await until(pilot, lambda: registry.find_supervisor(line_path), "the late supervisor to register", 180)
+        await asyncio.to_thread(stop_supervisor, line_path)
+        await until(pilot, lambda: not psutil.pid_exists(pid), "the console to reap its supervisor", 10)
 
-    async def scenario() -> None:
-        async with app.run_test(size=(150, 40)) as pilot:
-            app.live = Live()  # type: ignore[assignment]
-            await until(pilot, lambda: app.selected_line() is line, "the line's row")
-            await pilot.press("R")
-            await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the confirmation")
-            await pilot.press("y")
-            refused = await until(pilot, lambda: next(
-                (event for event in line.events if "has not answered within 0 s" in event.message), None
-            ), "the resume to be reported failed", 60)
-            pid = int(refused.message.split("(pid ", 1)[1].split(")", 1)[0])
-            assert psutil.Process(pid).ppid() == os.getpid()
-            await until(pilot, lambda: registry.find_supervisor(line_path), "the late supervisor to register", 180)
-            await asyncio.to_thread(stop_supervisor, line_path)
-            await until(pilot, lambda: not psutil.pid_exists(pid), "the console to reap its supervisor", 10)
-
-    try:
-        asyncio.run(scenario())
-    finally:
-        left_running = kill_line_processes(tmp_path)
-    assert left_running == []
+    resume_with_r(tmp_path, after_yes)
