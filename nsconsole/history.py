@@ -24,6 +24,7 @@ import psutil
 from engine.config.host import HostSettings
 from engine.layout import LineLayout
 from engine.ops.demo import demo_paths
+from engine.ops.rollback import rollback_times
 from engine.process_start import is_recorded_process
 from engine.protocol.facts import FINAL_LINE_STATES, Stage
 from engine.supervisor.forks import branched_from
@@ -43,7 +44,8 @@ class RestingLine:
     """The line's directory (real path)."""
     supervisor: dict[str, Any]
     """supervisor.json (the state its last supervisor ended in, its counters, last exit and event),
-    with what a supervisor's `status` adds from the line's files: `latest_checkpoint`, `parent`."""
+    with what a supervisor's `status` adds from the line's files: `latest_checkpoint`, `parent`,
+    `rollbacks`."""
     heartbeat: dict[str, Any] | None
     """The trainer's last heartbeat."""
     rows: list[dict[str, Any]]
@@ -101,7 +103,8 @@ def read_at_rest(line: str | Path) -> RestingLine | None:
     if _alive(trainer_pid, beat_time(heartbeat or {}), (heartbeat or {}).get("pid_boot_start")):
         return None  # a trainer still runs (without a supervisor, or an orphan finishing its checkpoint)
     rows = RowsTail(layout.rows_jsonl).poll()
-    status = {**supervisor, "latest_checkpoint": latest_update(layout), "parent": branched_from(layout)}
+    status = {**supervisor, "latest_checkpoint": latest_update(layout), "parent": branched_from(layout),
+              "rollbacks": rollback_times(layout)}
     if files_signature(line) != signature:
         return None  # written while read: not at rest after all
     return RestingLine(str(layout.root), status, heartbeat, rows, signature)

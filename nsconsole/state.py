@@ -36,6 +36,9 @@ MAX_VALIDATIONS = 512
 """Validation rows kept per line."""
 MAX_EVENTS = 500
 """Events kept per line."""
+ROLLBACK_EVENT_LAG_S = 60.0
+"""A supervisor's `rolled_back` event comes at most this long after the second its rollback's
+rows.rolledback-<time>.jsonl names (the copy, the reopened cycles and the cut rows come between)."""
 SEVERITIES = ("info", "warning", "error")
 """An event's severities, mildest first (the theme colours them; `--bell` picks those that ring)."""
 DEFAULT_BELL = frozenset({"error"})
@@ -289,6 +292,7 @@ class LineView:
     def apply_status(self, status: dict[str, Any]) -> None:
         if status != self.status:
             self.status = status
+            self._note_rollbacks(status.get("rollbacks"))
             self._trainer_launched_at(status.get("trainer_launched"))
             heartbeat = status.get("heartbeat")
             if isinstance(heartbeat, dict) and _beat_time(heartbeat) >= _beat_time(self.heartbeat or {}):
@@ -410,6 +414,25 @@ class LineView:
         for when, kind, message, severity in notes:
             if (when, kind, message) not in told:
                 self.add_event(when, kind, message, severity)
+        self._note_rollbacks(supervisor.get("rollbacks"))
+
+    def _note_rollbacks(self, times: object) -> None:
+        """A `rolled_back` event (history, no alert) for each rollback the line's files record (its
+        status's `rollbacks`) that no event tells of yet: one made from the command line, or under an
+        earlier supervisor. The files give the second; the supervisor's own event comes after it."""
+        if not isinstance(times, list):
+            return
+        told = sorted(event.time for event in self.events if event.kind == facts.EventKind.ROLLED_BACK)
+        for when in times:
+            if not isinstance(when, (int, float)):
+                continue
+            # Each event tells of one rollback (two may share a second).
+            match = next((time for time in told if 0.0 <= time - when <= ROLLBACK_EVENT_LAG_S), None)
+            if match is not None:
+                told.remove(match)
+                continue
+            self.add_event(float(when), facts.EventKind.ROLLED_BACK, "rolled back (its rows.rolledback-<time>.jsonl "
+                           "keeps the rows set aside)", alert=False)
 
     # ---- health --------------------------------------------------------------------------------
 

@@ -66,6 +66,7 @@ from engine.gpu.placement import PhysicalGpu, PlacementError, child_environment
 from engine.layout import LineLayout
 from engine.logrotate import RotatingLog, rotate_if_needed
 from engine.ops import lines as ops
+from engine.ops.rollback import rollback_times
 from engine.process_start import is_recorded_process, started_since_boot
 from engine.protocol.facts import (
     ENGINE_CHOICES,
@@ -255,6 +256,7 @@ class Supervisor:
             "heartbeat_age_s": None if heartbeat is None else round(time.time() - beat_time(heartbeat), 3),
             "rows": self.rows_tail.count,
             "latest_checkpoint": latest_update(self.layout),
+            "rollbacks": rollback_times(self.layout),
             "stop": None if stop is None else asdict(stop),
             "stop_at": self.settings.stop_at,
             "preset": None if config is None else config.model.preset,

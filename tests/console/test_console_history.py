@@ -21,6 +21,8 @@ from helpers.lines import make_data_line, make_line
 from helpers.supervise import RUNNER, kill_line_processes, stop_supervisor
 
 from engine.config.host import HostSettings
+from engine.layout import LineLayout
+from engine.ops.rollback import rollback_times
 from engine.process_start import started_since_boot
 from engine.supervisor import registry
 from engine.supervisor.registry import line_id
@@ -30,6 +32,7 @@ from nsconsole.live import LiveLines
 from nsconsole.screens.confirm import ConfirmScreen
 from nsconsole.screens.line import LineScreen
 from nsconsole.state import LineBook, LineView
+from nsconsole.widgets.curves import CurveSettings, build_frame
 from nsconsole.widgets.lines_table import LinesTable
 from nsconsole.widgets.log_follower import LogFollower
 
@@ -253,3 +256,24 @@ def test_a_supervisor_that_has_not_answered_in_time_is_still_reaped(tmp_path: Pa
         await until(pilot, lambda: not psutil.pid_exists(pid), "the console to reap its supervisor", 10)
 
     resume_with_r(tmp_path, after_yes)
+
+
+def test_rollbacks_recorded_in_the_files_become_events_once(tmp_path: Path) -> None:
+    """Each rows.rolledback-<time>.jsonl is a `rolled_back` event (history, no alert), unless the
+    supervisor's own event of that rollback, which comes after the file's second, tells it already."""
+    line_path = ended_line(tmp_path / "line", "stopped", dead_pid())
+    for name in ("rows.rolledback-19700101T001645Z.jsonl", "rows.rolledback-19700101T001645Z-2.jsonl",
+                 "rows.rolledback-19700101T002000Z.jsonl", "rows.rolledback-notatime.jsonl"):
+        (line_path / name).write_text("")
+    assert rollback_times(LineLayout(line_path)) == [1005.0, 1005.0, 1200.0]  # 00:16:45 and 00:20:00
+    resting = read_at_rest(line_path)
+    assert resting is not None
+    view = LineView(line_id(line_path), line_path)
+    view.add_event(1203.5, "rolled_back", "rollback done", alert=False)  # a supervisor told of the third
+    view.apply_rest(resting.supervisor, resting.heartbeat, resting.rows, 2000.0)
+    assert sorted(event.time for event in view.events if event.kind == "rolled_back") == [1005.0, 1005.0, 1203.5]
+    assert view.take_alerts() == []
+    view.apply_rest(resting.supervisor, resting.heartbeat, resting.rows, 2001.0)  # read again: nothing new
+    assert len([event for event in view.events if event.kind == "rolled_back"]) == 3
+    frame = build_frame(view, CurveSettings(x_axis="update"), None, {})
+    assert sorted(x for x, kind in frame.markers if kind == "rollback") == [5, 5]  # row u is written at 1000 + u

@@ -24,6 +24,9 @@ from datalines.manifest import MANIFEST_NAME
 from engine.checkpoints.format import list_checkpoints
 from engine.supervisor import registry
 from nsconsole.cli import main
+from nsconsole.history import read_at_rest
+from nsconsole.state import LineView
+from nsconsole.widgets.curves import CurveSettings, build_frame
 
 pytestmark = pytest.mark.usefixtures("private_host")  # conftest: an empty host.json, a private runtime dir
 
@@ -58,7 +61,9 @@ def test_a_finished_line_rolled_back_trains_to_its_end_again_with_the_same_rows(
         assert sorted(path.name for path in (data / "cycles" / "c0001").iterdir()) == [CONSUMED_MARK, MANIFEST_NAME]
 
         to = cycle_end(line, 0)
+        before = time.time()
         assert main(["rollback", str(line), "--to", str(to)]) == 0
+        after = time.time()
         assert [path.name for path in (data / "cycles" / "c0001").iterdir()] == [MANIFEST_NAME]  # reopened
         capsys.readouterr()
         # Without a supervisor nobody rebuilds the cycle: refused, with the command that does.
@@ -78,3 +83,16 @@ def test_a_finished_line_rolled_back_trains_to_its_end_again_with_the_same_rows(
     retrained = rows_without_wall_clock(line / "rows.jsonl")
     assert [row["update"] for row in retrained] == list(range(1, len(trained) + 1))
     assert retrained == trained  # losses included: the CPU retrains bit for bit
+
+    # The console, reading the line at rest, tells of the rollback made from the command line (no
+    # supervisor saw it) and marks it ↶ on the curves at the first row trained after it.
+    resting = read_at_rest(line)
+    assert resting is not None
+    (when,) = resting.supervisor["rollbacks"]
+    assert int(before) <= when <= after
+    view = LineView("line", line)
+    view.apply_rest(resting.supervisor, resting.heartbeat, resting.rows, time.time())
+    assert [event.kind for event in view.events if event.kind == "rolled_back"] == ["rolled_back"]
+    assert view.take_alerts() == []
+    frame = build_frame(view, CurveSettings(x_axis="update"), None, {})
+    assert [x for x, kind in frame.markers if kind == "rollback"] == [to + 1]
