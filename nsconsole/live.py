@@ -32,6 +32,7 @@ from engine.config.run import RunConfig
 from engine.errors import LineError
 from engine.layout import LineLayout
 from engine.protocol import wire
+from engine.protocol.facts import EventKind
 from engine.supervisor.reads import read_log_chunk
 from engine.supervisor.registry import SupervisorEntry, line_id, list_supervisors
 from engine.training.schedule import learning_rate
@@ -151,6 +152,11 @@ class _Attachment:
 
     async def _on_notification(self, notification: Notification) -> None:
         self.state.apply_notification(notification.kind, notification.data, self.owner.clock())
+        client = self.link.client
+        if notification.kind == "event" and notification.data.get("event") == EventKind.ROLLED_BACK and client:
+            # rows.jsonl was cut back to the checkpoint's rows, and no row may come to say so (a
+            # stopped line): the rows and validations set aside must leave the screen now.
+            await self._fetch_rows(client)
         self.owner.changed(self.state)
 
     async def _on_disconnected(self, reason: str) -> None:
@@ -250,8 +256,11 @@ class LiveLines:
 
     async def discover_at_rest(self, registered: set[str]) -> None:
         """Read the lines that no supervisor runs (the ones not attached, not registered) whose files changed."""
+        # An attached line is read from its files too once its supervisor is gone (killed, say): the
+        # files hold what its trainer did after the last reply (`read_at_rest` reads no line still written).
+        attached = {key for key, attachment in self._attachments.items() if attachment.state.connected}
         try:
-            resting = await asyncio.to_thread(self._read_resting, registered | set(self._attachments))
+            resting = await asyncio.to_thread(self._read_resting, registered | attached)
         except LineError as error:
             self.problem = str(error)  # host.json is unusable: the lines screen says why
             return

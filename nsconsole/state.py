@@ -324,9 +324,12 @@ class LineView:
         if "loss" not in row:
             return  # a validation row of its own: the training row of its update came before it
         if self.series.update and self.series.update[-1] >= update:
+            # The line went back (a resume, a rollback): what came after this update is set aside.
             self.series.cut_from(update)
             while self.recent_rows and self.recent_rows[-1].get("update", -1) >= update:
                 self.recent_rows.pop()
+            while self.validations and self.validations[-1].get("update", -1) >= update:
+                self.validations.pop()
         self.series.append(row)
         self.recent_rows.append(row)
         self.rows_version += 1

@@ -761,8 +761,10 @@ class Supervisor:
             self._publish_event(work.failed_event, message)
             work.outcome.set_exception(error)
         else:
-            self._say(f"{work.name}: done")
-            self._publish_event(work.done_event, f"{work.name} done", result=result)
+            where = f"; the line continues from update {result['to_update']}" if "to_update" in result else ""
+            self._say(f"{work.name}: done{where}")
+            self._publish_rows()  # a rollback cut rows.jsonl: the tail walks back before the event tells of it
+            self._publish_event(work.done_event, f"{work.name} done{where}", result=result)
             work.outcome.set_result(result)
         finally:
             with self._lock:
@@ -857,15 +859,19 @@ class Supervisor:
 
     # ---- what the world sees --------------------------------------------------------------------
 
+    def _publish_rows(self) -> None:
+        """Push the rows appended to rows.jsonl since the last look to subscribers."""
+        server = self._server
+        for row in self.rows_tail.poll():
+            if server is not None:
+                server.publish("validation" if is_validation_row(row) else "row", row)
+
     def _pump(self) -> None:
         """Push new rows and a changed heartbeat to subscribers; echo run.log in a terminal; keep
         the data preparer running."""
         if self._preparer is not None:
             self._preparer.tick()
-        server = self._server
-        for row in self.rows_tail.poll():
-            if server is not None:
-                server.publish("validation" if is_validation_row(row) else "row", row)
+        self._publish_rows()
         try:
             raw = self.layout.heartbeat.read_bytes()
         except FileNotFoundError:
@@ -873,8 +879,8 @@ class Supervisor:
         if raw is not None and raw != self._heartbeat_seen:
             self._heartbeat_seen = raw
             heartbeat = parse_json(raw)
-            if heartbeat is not None and server is not None:
-                server.publish("heartbeat", heartbeat)
+            if heartbeat is not None and self._server is not None:
+                self._server.publish("heartbeat", heartbeat)
         self.forks.poll()
         self._reap_branch_supervisors()
         if self.settings.echo:

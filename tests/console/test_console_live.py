@@ -2,7 +2,8 @@
 
 One scenario, because every trainer launch pays for importing torch: the line appears and its
 update count advances; its screen follows run.log; `s` opens the dialogs and Escape sends
-nothing; the supervisor killed with SIGKILL dims the row and turns the mutating keys off; a new
+nothing; the supervisor killed with SIGKILL dims the row and turns the mutating keys off, and
+once its trainer has stopped the line's files are shown; a new
 supervisor is reconnected (a new epoch: rows refetched); `r` lists the line's checkpoints;
 confirming a stop stops the line with a checkpoint.
 """
@@ -10,10 +11,12 @@ confirming a stop stops the line with a checkpoint.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import psutil
@@ -27,12 +30,13 @@ from datalines import open_data_line
 from datalines.preparer import prepare_cycle
 from engine.supervisor.registry import line_id
 from nsconsole.app import ConsoleApp
+from nsconsole.live import LiveLines
 from nsconsole.screens.branch_form import BranchForm
 from nsconsole.screens.confirm import ConfirmScreen
 from nsconsole.screens.line import LineScreen
 from nsconsole.screens.lines import LinesScreen
 from nsconsole.screens.picker import PickerScreen
-from nsconsole.state import LineView
+from nsconsole.state import LineBook, LineView
 from nsconsole.widgets.checkpoint_list import read_checkpoints
 from nsconsole.widgets.lines_table import LinesTable
 from nsconsole.widgets.log_follower import LogFollower
@@ -43,6 +47,15 @@ pytestmark = pytest.mark.usefixtures("private_host")  # conftest: an empty host.
 def state_cell(app: ConsoleApp, key: str) -> str:
     table = app.screen.query_one(LinesTable)
     return str(table.get_cell(key, "state"))
+
+
+def stopped_update(line_path: Path) -> int | None:
+    """The update the line's trainer stopped at, once its heartbeat says it stopped."""
+    try:
+        heartbeat = json.loads((line_path / "heartbeat").read_text())
+    except (OSError, ValueError):
+        return None
+    return heartbeat["update"] if heartbeat.get("stage") == "stopped" else None
 
 
 @pytest.mark.slow
@@ -95,6 +108,12 @@ def test_the_console_follows_stops_and_reattaches_to_a_real_supervisor(tmp_path:
             assert app.check_action("stop", ()) is None
             await pilot.press("s")
             assert isinstance(app.screen, LinesScreen)  # the key does nothing
+            # Its trainer checkpoints and stops on its own after the last reply: the console reads
+            # the line's files then, and shows where the trainer stopped, not its last reply.
+            stopped = await until(pilot, lambda: stopped_update(line_path), "the orphaned trainer to stop", 120)
+            await until(pilot, lambda: line.at_rest and line.update == stopped and line.latest_checkpoint == stopped,
+                        "the line's files on screen", 30)
+            assert app.check_action("stop", ()) is None
 
             # A new supervisor: reattached, rows refetched, keys back on.
             supervisors.append(start_supervisor(tmp_path, line_path))
@@ -192,3 +211,49 @@ def test_a_branch_requested_for_the_current_cycle_happens_at_its_end(tmp_path: P
                 process.wait()
         left_running = kill_line_processes(tmp_path)
     assert supervisors[0].returncode == 0 and left_running == []
+
+
+@pytest.mark.slow
+def test_a_rollback_takes_what_it_sets_aside_off_the_screen_when_it_is_done(tmp_path: Path) -> None:
+    """The rows and validations after the rollback's checkpoint leave the console with the
+    `rolled_back` event, before any row of the relaunched trainer could push them out (a stopped
+    line's would never come): the rows are fetched again."""
+    data = make_data_line(tmp_path / "data_root", prepare=1)  # the trainer waits after cycle 0, alive
+    line_path = make_line(tmp_path, data, **{"validation.every_updates": 3})
+    key = line_id(line_path)
+    at_event: list[tuple[int, list[int]]] = []
+
+    def on_change(line: LineView) -> None:
+        if not at_event and any(event.kind == "rolled_back" for event in line.events):
+            at_event.append((max(line.series.update, default=0), [row["update"] for row in line.validations]))
+
+    live = LiveLines(LineBook(), on_change, discovery_interval=0.2, status_interval=0.5)
+    supervisor = start_supervisor(tmp_path, line_path, run_preparer=False)
+
+    async def scenario() -> int:
+        watching = asyncio.create_task(live.run())
+        try:
+            deadline = time.monotonic() + 180
+            target = 0  # the line's first checkpoint
+            while not (line := live.book.get(key)) or not line.validations or (line.latest_checkpoint or 0) <= target \
+                    or line.validations[-1]["update"] <= target:
+                assert time.monotonic() < deadline, "no validation and checkpoint after the first checkpoint"
+                await asyncio.sleep(0.2)
+            await live.mutate(key, "rollback", to=target)
+            while not at_event:
+                assert time.monotonic() < deadline, "no rolled_back event"
+                await asyncio.sleep(0.1)
+            return target
+        finally:
+            watching.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watching
+
+    try:
+        target = asyncio.run(scenario())
+    finally:
+        supervisor.kill()
+        supervisor.wait()
+        kill_line_processes(tmp_path)
+    newest_row, validations = at_event[0]
+    assert newest_row <= target and all(update <= target for update in validations), (target, at_event)

@@ -29,6 +29,7 @@ from engine.checkpoints.format import list_checkpoints, read_latest
 from engine.config.run import RunConfig
 from engine.layout import LineLayout
 from engine.ops.branch import read_branches
+from engine.ops.rollback import rollback_times
 from engine.supervisor import registry
 from engine.supervisor.forks import branched_from
 from nsconsole.client import RemoteError, SupervisorClient
@@ -122,9 +123,12 @@ def test_branch_tune_and_rollback_through_the_socket(tmp_path: Path) -> None:
             earlier = max(update for update in updates if update < cycle_end)
             reply = mutate(client, "rollback", "rollback-1", to=earlier)
             assert reply["to_update"] == earlier and 0 in reply["reopened_cycles"]
-            wait_for(client, "event", lambda event: event["event"] == "rolled_back")
+            rolled_back = wait_for(client, "event", lambda event: event["event"] == "rolled_back")
+            assert rolled_back["message"] == f"rollback done; the line continues from update {earlier}"
+            assert client.call("status")["rollbacks"] == rollback_times(LineLayout(line)) != []
             wait_for(client, "row", lambda row: row["update"] == earlier + 1)  # trained again from there
             assert f"resumed from u{earlier:08d}" in (line / "run.log").read_text()
+            assert f"rollback: done; the line continues from update {earlier}" in (line / "run.log").read_text()
             with pytest.raises(RemoteError, match="no such checkpoint"):
                 mutate(client, "rollback", "rollback-2", to=10**6)
 
