@@ -7,7 +7,6 @@ than raising, except where the supervisor must refuse to run (run.json, a second
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 from pathlib import Path
@@ -17,18 +16,6 @@ from engine.config.run import RunConfig
 from engine.errors import ConfigError, LineError
 from engine.layout import LineLayout, checkpoint_update
 from engine.ops.stop import StopRequest, read_stop
-
-
-def lock_line(layout: LineLayout) -> int:
-    """An exclusive flock on the line directory for the supervisor's life: one supervisor per line."""
-    fd = os.open(layout.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        other = (read_json(layout.supervisor_json) or {}).get("pid", "?")
-        raise LineError(f"{layout.root}: a supervisor already runs this line (pid {other})") from None
-    return fd
 
 
 def supervisor_config(layout: LineLayout) -> RunConfig:

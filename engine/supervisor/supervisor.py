@@ -95,7 +95,6 @@ from engine.supervisor.reads import (
     heartbeat_update,
     last_error_line,
     latest_update,
-    lock_line,
     parse_json,
     pending_stop,
     pending_stop_now,
@@ -107,6 +106,7 @@ from engine.supervisor.reserve import RESERVE_NAME, DiskReserve, is_disk_full
 from engine.supervisor.rpc import LineHandler, PausedWork, RowsTail, is_validation_row
 from engine.supervisor.server import SupervisorServer
 from engine.supervisor.verdict import ExitContext, TrainerExit, judge_exit
+from engine.training.line_lock import hold_line
 
 if TYPE_CHECKING:
     from engine.ops.branch import BranchResult
@@ -305,7 +305,7 @@ class Supervisor:
 
     def run(self) -> int:
         """Supervise until the line ends, fails or is stopped; the exit status."""
-        line_lock = lock_line(self.layout)
+        line_lock = hold_line(self.layout)
         try:
             self._reserve.make()
             self._config = supervisor_config(self.layout)
@@ -987,6 +987,7 @@ def start_detached(line: Path, settings: SupervisorSettings, answer_timeout: flo
     running = registry.find_supervisor(layout.root)
     if running is not None:
         raise LineError(f"{layout.root}: a supervisor already runs this line (pid {running.pid})")
+    os.close(hold_line(layout))  # refused here, not in supervisor.out, while another holds the line
     options = ["--engine", settings.engine]
     if settings.stop_at is not None:
         options += ["--stop-at", str(settings.stop_at)]
@@ -1005,7 +1006,8 @@ def start_detached(line: Path, settings: SupervisorSettings, answer_timeout: flo
         finished, status = os.waitpid(pid, os.WNOHANG)
         if finished:
             output = layout.supervisor_out.read_bytes()[started_at:].decode("utf-8", errors="replace").strip()
-            last = output.splitlines()[-1] if output else f"exit status {os.waitstatus_to_exitcode(status)}"
+            last = output.splitlines()[-1].removeprefix("nsconsole: ") if output else \
+                f"exit status {os.waitstatus_to_exitcode(status)}"
             raise LineError(f"{layout.supervisor_out}: the supervisor did not start: {last}")
         time.sleep(0.1)
     raise SupervisorSilent(f"{layout.supervisor_out}: the supervisor (pid {pid}) has not answered within "

@@ -1,30 +1,23 @@
-"""The trainer's own hold on its line: one trainer per line, with or without a supervisor.
+"""The holds on a line: one supervisor or supervisor-less trainer, and one trainer, per line.
 
-The supervisor flocks the line directory for its life (`engine/supervisor/reads.lock_line`), but
-`nsconsole run LINE --no-supervisor` starts a trainer with no supervisor at all: beside a
-supervised line it would append the same updates to rows.jsonl and race its checkpoints. So every
-trainer flocks `<line>/trainer.lock` for its life, and a trainer started without a supervisor also
-refuses a line whose supervisor is running (that supervisor would relaunch its own trainer into it).
+Two flocks, each held for the holder's life:
+- the line directory (`hold_line`): by its supervisor, or by `nsconsole run LINE --no-supervisor`,
+  which starts a trainer with no supervisor at all. Either excludes the other: a supervisor beside
+  a supervisor-less trainer would launch a second trainer into the line (or, taking it for an
+  orphan of a dead supervisor, stop it), and a supervisor-less trainer beside a supervised line
+  would append the same updates to rows.jsonl and race its checkpoints.
+- `<line>/trainer.lock` (`hold_trainer_lock`): by every trainer. An orphan whose supervisor died
+  (it checkpoints and goes) still holds it while the next supervisor starts and waits for it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import os
 
 from engine.errors import LineError
 from engine.layout import LineLayout
-
-
-def _holder(path: os.PathLike[str] | str) -> str:
-    """The pid a JSON state file names, for the message (`?` when it cannot be read)."""
-    with contextlib.suppress(OSError, UnicodeDecodeError, ValueError, AttributeError), open(
-        path, encoding="utf-8"
-    ) as handle:
-        return str(json.load(handle).get("pid", "?"))
-    return "?"
 
 
 def hold_trainer_lock(layout: LineLayout) -> int:
@@ -35,21 +28,48 @@ def hold_trainer_lock(layout: LineLayout) -> int:
     except BlockingIOError:
         os.close(fd)
         raise LineError(
-            f"{layout.root}: another trainer is training this line (pid {_holder(layout.heartbeat)}); "
+            f"{layout.root}: another trainer is training this line (pid {_pid_in(layout.heartbeat) or '?'}); "
             "stop it first (nsconsole stop)"
         ) from None
     return fd
 
 
-def refuse_if_supervised(layout: LineLayout) -> None:
-    """`LineError` when a supervisor holds the line (its flock on the directory is taken)."""
+def hold_line(layout: LineLayout) -> int:
+    """Flock the line directory (the descriptor is the hold); `LineError` naming the holder if taken."""
     fd = os.open(layout.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        raise LineError(
-            f"{layout.root}: its supervisor is running (pid {_holder(layout.supervisor_json)}); "
-            "a trainer without a supervisor would race it: stop the line first (nsconsole stop)"
-        ) from None
-    finally:
-        os.close(fd)  # closing the descriptor drops a lock just taken
+        os.close(fd)
+        raise LineError(f"{layout.root}: {line_holder(layout)}") from None
+    return fd
+
+
+def line_holder(layout: LineLayout) -> str:
+    """Who holds the line's directory, as its files tell (the flock itself names nobody)."""
+    supervisor = _pid_in(layout.supervisor_json)
+    if supervisor is not None:
+        return f"a supervisor already runs this line (pid {supervisor})"
+    trainer = _pid_in(layout.heartbeat)
+    if trainer is not None:
+        return (f"a trainer started without a supervisor is running it (pid {trainer}); stop it first "
+                f"(nsconsole stop {layout.root})")
+    return "a supervisor or a trainer is starting on it; try again once it runs, or stop it (nsconsole stop)"
+
+
+def _pid_in(path: os.PathLike[str] | str) -> int | None:
+    """The live process a JSON state file names by `pid` (None: none, or not running)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            pid = json.load(handle).get("pid")
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        return None
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass  # another user's process: alive
+    return pid

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from engine.config.host import HostSettings
@@ -57,12 +58,16 @@ def run(args: argparse.Namespace) -> int:
     if args.no_supervisor:
         from engine.layout import LineLayout
         from engine.ops.cycle_check import refuse_a_cycle_nobody_rebuilds
-        from engine.training.line_lock import refuse_if_supervised
+        from engine.training.line_lock import hold_line
         from engine.training.trainer import Trainer
 
-        refuse_if_supervised(LineLayout(line))
-        refuse_a_cycle_nobody_rebuilds(line)
-        return Trainer(line, stop_at=args.stop_at, engine=args.engine, owns_process=True).run()
+        # Held for the training: no supervisor starts on the line meanwhile (engine.training.line_lock).
+        hold = hold_line(LineLayout(line))
+        try:
+            refuse_a_cycle_nobody_rebuilds(line)
+            return Trainer(line, stop_at=args.stop_at, engine=args.engine, owns_process=True).run()
+        finally:
+            os.close(hold)
     from engine.ops.line_end import refuse_a_finished_line
     from engine.supervisor.supervisor import run_line
 

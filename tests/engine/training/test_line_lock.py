@@ -1,17 +1,21 @@
-"""One trainer per line: a second trainer, or a supervisor-less trainer beside a supervisor, is refused."""
+"""One trainer per line: a second trainer, a supervisor-less trainer beside a supervisor, or a
+supervisor beside a supervisor-less trainer, is refused."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
-from helpers.lines import copy_data_line, data_template_fixture, make_line
+from helpers.lines import copy_data_line, data_template_fixture, make_data_line, make_line
 
 from engine.errors import LineError
 from engine.layout import LineLayout
-from engine.supervisor.reads import lock_line
-from engine.training.line_lock import hold_trainer_lock
+from engine.training.line_lock import hold_line, hold_trainer_lock
 from engine.training.trainer import Trainer
 from nsconsole.cli import main
 
@@ -41,11 +45,42 @@ def test_a_second_trainer_of_a_line_is_refused_and_writes_nothing(line: Path) ->
 def test_no_supervisor_beside_a_running_supervisor_is_refused(
     line: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    supervisor_hold = lock_line(LineLayout(line))  # as a running supervisor holds the line
+    supervisor_hold = hold_line(LineLayout(line))  # as a running supervisor holds the line
+    (line / "supervisor.json").write_text(json.dumps({"pid": os.getpid(), "state": "training"}))
     try:
         assert main(["run", str(line), "--no-supervisor", "--stop-at", "2"]) == 2
     finally:
         os.close(supervisor_hold)
-    assert "its supervisor is running" in capsys.readouterr().err
+    assert f"a supervisor already runs this line (pid {os.getpid()})" in capsys.readouterr().err
     assert not (line / "rows.jsonl").exists()
     assert main(["run", str(line), "--no-supervisor", "--stop-at", "2"]) == 0
+
+
+@pytest.mark.slow
+def test_a_supervisor_beside_a_trainer_without_one_is_refused_and_leaves_it_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`nsconsole run LINE` (background or foreground) while `nsconsole run LINE --no-supervisor`
+    trains it: refused in one line, and that trainer goes on (it used to be stopped with SIGTERM as
+    an orphan, or to make the new supervisor fail and call the line failed)."""
+    line = make_line(tmp_path, make_data_line(tmp_path / "data_root", prepare=1))  # it waits after cycle 0
+    trainer = subprocess.Popen([sys.executable, "-m", "nsconsole", "run", str(line), "--no-supervisor"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while json.loads((line / "heartbeat").read_text() if (line / "heartbeat").exists() else "{}").get(
+                "pid") != trainer.pid:
+            assert trainer.poll() is None and time.monotonic() < deadline, trainer.stderr.read().decode()
+            time.sleep(0.1)
+        for argv in (["run", str(line)], ["run", str(line), "--foreground"], ["--run", str(line)]):
+            assert main(argv) == 2
+            error = capsys.readouterr().err
+            assert error.count("\n") == 1, error
+            assert f"a trainer started without a supervisor is running it (pid {trainer.pid}); stop it first" in error
+        assert trainer.poll() is None and not (line / "supervisor.json").exists()
+        assert main(["stop", str(line)]) == 0
+        assert trainer.wait(timeout=120) == 0
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+            trainer.wait()
