@@ -25,6 +25,7 @@ from datalines.cycle import Cycle
 from datalines.errors import DataLineError
 from datalines.files import fsync_directory, read_json, sha256_bytes, write_bytes_atomic
 from datalines.manifest import (
+    CONSUMED_MARK,
     MANIFEST_NAME,
     ShardStamps,
     load_manifest,
@@ -38,7 +39,6 @@ from datalines.tokenizer import PlainTextTokenizer
 
 CONFIG_NAME = "dataline.json"
 TOKENIZER_NAME = "tokenizer.json"
-CONSUMED_MARK = "consumed"
 TRAINING_LINE_RECORD = "training_line.json"
 CONFIG_FORMAT = 1
 
@@ -129,8 +129,8 @@ class DataLine:
         return self.cycle_problem(index) is None
 
     def cycle_problem(self, index: int) -> str | None:
-        """Why cycle `index` cannot be read now (not prepared, consumed, a shard missing or
-        damaged: the message names the file); None when it is ready.
+        """Why cycle `index` cannot be read now (not prepared, consumed, its manifest damaged, shards
+        missing or damaged: the message names every such file); None when it is ready.
 
         Hashes are checked again whenever a shard's stamp (inode, size, times) moved since the last
         check, so a shard damaged or rewritten after a first check is seen by the next look of a

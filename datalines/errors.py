@@ -11,6 +11,15 @@ class DataLineError(Exception):
     """A data line, source, recipe, tokenizer or shard is missing, malformed or inconsistent."""
 
 
+class ManifestDamaged(DataLineError):
+    """A cycle's permanent manifest is unreadable or not a manifest (truncated, garbled): `problem`
+    says what is wrong with the file; the message adds how to recover it."""
+
+    def __init__(self, problem: str, remedy: str) -> None:
+        super().__init__(f"{problem}; {remedy}")
+        self.problem = problem
+
+
 class SourceExhausted(DataLineError):
     """A source has no untrained documents left (max epochs 1: never a silent second pass)."""
 

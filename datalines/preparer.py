@@ -3,7 +3,10 @@
 Everything goes into `cycles/.tmp-cNNNN-<pid>/` first; the directory is renamed to
 `cycles/cNNNN/` only once every shard and the manifest are on disk, so a kill -9 at any moment
 leaves nothing that looks complete, and a restart (which removes the leftovers of dead
-processes) produces the same bytes: the plan is fixed and tokenization is deterministic.
+processes) produces the same bytes: the plan is fixed and tokenization is deterministic. A
+cycle directory found without its manifest (moved aside by hand) is taken over only when it
+holds nothing but the cycle's own shards, byte for byte; a damaged manifest is written again
+only by `restore_manifest`, where the shards there prove it.
 """
 
 from __future__ import annotations
@@ -20,11 +23,19 @@ import numpy as np
 from datalines.corpus import FileDocuments, file_documents
 from datalines.cycle import Cycle
 from datalines.dataline import CONSUMED_MARK, DataLine
-from datalines.errors import DataLineError
-from datalines.files import fsync_directory, write_json_atomic
-from datalines.manifest import DIGEST_SEQ_LENS, MANIFEST_FORMAT, MANIFEST_NAME, load_manifest, shard_files
+from datalines.errors import DataLineError, ManifestDamaged
+from datalines.files import fsync_directory, sha256_file, write_json_atomic
+from datalines.manifest import (
+    DIGEST_SEQ_LENS,
+    MANIFEST_FORMAT,
+    MANIFEST_NAME,
+    load_manifest,
+    restore_advice,
+    shard_files,
+    verify_shards,
+)
 from datalines.mixture import merge_strata
-from datalines.planning import ensure_plan
+from datalines.planning import ensure_plan, load_plan, plan_path
 from datalines.shards import (
     OFFSETS_SUFFIX,
     TOKENS_SUFFIX,
@@ -211,25 +222,103 @@ def prepare_cycle(line: DataLine, index: int, progress: ProgressCallback | None 
     progress = progress or _ignore_progress
     final = line.cycle_dir(index)
     if (final / MANIFEST_NAME).is_file():
-        if line.is_consumed(index) or line.cycle_ready(index):
+        if line.is_consumed(index):
             return
-        rebuild_cycle(line, index, progress)  # manifest kept, shards damaged or deleted: redo them
+        load_manifest(final)  # a damaged manifest stops here, with how to recover it
+        problem = line.cycle_problem(index)
+        if problem is None:
+            return
+        # Said before the work, so the log tells why a prepared cycle is tokenized again.
+        progress(0.0, f"cycle {index}: {problem}; rebuilding its shards from the manifest")
+        rebuild_cycle(line, index, progress)
         return
+    _check_leftovers(line, index, None)  # before the work: most refusals need no tokenizing
     remove_stale_partials(line)
     plan = ensure_plan(line, index)
     partial = _partial_directory(line, index)
     manifest = build_cycle(line, plan, partial, progress)
     write_json_atomic(partial / MANIFEST_NAME, manifest)
+    if _move_into_place(line, index, partial, manifest):
+        release_finished_files(line, plan)
+
+
+def _shard_names(line: DataLine) -> set[str]:
+    """The files `build_cycle` writes into a cycle directory, whatever the cycle's plan."""
+    return {f"{name}{suffix}" for name in line.sources for suffix in (TOKENS_SUFFIX, OFFSETS_SUFFIX)}
+
+
+def _differing_shards(directory: Path, manifest: dict[str, Any]) -> list[str]:
+    """The shards in `directory` whose bytes are not the ones `manifest` records (missing ones aside)."""
+    differing = []
+    for entry in shard_files(manifest):
+        path = directory / entry["name"]
+        if path.exists() and (path.stat().st_size != entry["bytes"] or sha256_file(path) != entry["sha256"]):
+            differing.append(entry["name"])
+    return differing
+
+
+def _check_leftovers(line: DataLine, index: int, manifest: dict[str, Any] | None) -> None:
+    """DataLineError (one line) unless cycle `index`'s directory, when there is one without a
+    manifest, holds nothing but the cycle's shards (and, given the `manifest` just built, those
+    byte for byte): only then may the new cycle take their place.
+
+    Such a directory is what a manifest moved aside or deleted leaves (a cycle is renamed into
+    place with its manifest). Its cycle was never consumed (a mark needs a manifest) but a trainer
+    may have read part of it: a file the preparer cannot prove it makes again byte for byte may be
+    the only copy of what was trained, so it is never deleted or replaced; its user decides.
+    """
+    final = line.cycle_dir(index)
+    if not final.is_dir():
+        return
+    if (final / CONSUMED_MARK).exists():
+        raise DataLineError(
+            f"{final}: cycle {index} is marked {CONSUMED_MARK} but has no {MANIFEST_NAME}, the only record of "
+            f"what it held; {restore_advice(index)}"
+        )
+    others = sorted(path.name for path in final.iterdir() if path.name not in _shard_names(line))
+    differing = [] if manifest is None else _differing_shards(final, manifest)
+    if others:
+        problem = f"holds {', '.join(others)}, which {'is' if len(others) == 1 else 'are'} not its shards"
+    elif differing:
+        one = len(differing) == 1
+        problem = (
+            f"its {', '.join(differing)} {'differs' if one else 'differ'} from the cycle prepared again "
+            f"from its plan (a trainer may have read {'it' if one else 'them'})"
+        )
+    else:
+        return
+    raise DataLineError(
+        f"{final}: cycle {index} has no {MANIFEST_NAME} and {problem}; restore its {MANIFEST_NAME} "
+        f"(from a backup), or move what it holds out of the directory and the preparer prepares the cycle again"
+    )
+
+
+def _move_into_place(line: DataLine, index: int, partial: Path, manifest: dict[str, Any]) -> bool:
+    """Rename the finished `partial` directory to the cycle's; False when another process finished
+    the cycle first (its bytes are the same as ours)."""
+    final = line.cycle_dir(index)
     try:
         os.replace(partial, final)
     except OSError:
-        if not (final / MANIFEST_NAME).is_file():
+        if not final.is_dir():
             raise
-        # Another process finished the same cycle first; its bytes are the same as ours.
+    else:
+        fsync_directory(final.parent)
+        return True
+    try:
+        if (final / MANIFEST_NAME).is_file():
+            return False
+        _check_leftovers(line, index, manifest)
+        # What is there is this cycle's shards, byte for byte: the new files go over them, the
+        # manifest last (its presence marks the cycle complete; a kill before it leaves shards the
+        # next try finds the same again).
+        for entry in shard_files(manifest):
+            os.replace(partial / entry["name"], final / entry["name"])
+        os.replace(partial / MANIFEST_NAME, final / MANIFEST_NAME)
+        fsync_directory(final)
+        return True
+    finally:
         shutil.rmtree(partial, ignore_errors=True)
-        return
-    fsync_directory(final.parent)
-    release_finished_files(line, plan)
 
 
 def release_finished_files(line: DataLine, plan: dict[str, Any]) -> None:
@@ -268,6 +357,58 @@ def rebuild_cycle(line: DataLine, index: int, progress: ProgressCallback | None 
         fsync_directory(final)
     finally:
         shutil.rmtree(partial, ignore_errors=True)
+
+
+def restore_manifest(
+    line: DataLine, index: int, damage: ManifestDamaged, progress: ProgressCallback | None = None
+) -> Path:
+    """Write cycle `index`'s damaged or missing manifest again from the cycle's plan, only where the
+    shards in its directory prove it; returns the plan's path.
+
+    Nothing in a data line records a manifest's bytes (no index of cycles; the consumed mark holds
+    a pid and a line; preparer.json no hashes): the shards are its only witness. The manifest is a
+    function of the permanent plan it embeds, the data line's pinned config and its shards' bytes,
+    so when the cycle tokenized again from the plan gives every shard still there byte for byte,
+    the manifest of that build is the one they were written with: what the cycle holds cannot
+    change. (Should a field derived from them differ, one an older nsconsole computed otherwise, a
+    checkpoint that read the cycle mid-way holds the manifest's sha256 and the trainer refuses to
+    resume on another: never a silent change.) Anything else (a consumed cycle,
+    whose shards are deleted; a shard missing or different; no plan) is refused with DataLineError
+    saying how to recover, and nothing is written.
+    """
+    progress = progress or _ignore_progress
+    final = line.cycle_dir(index)
+    if line.is_consumed(index):
+        raise DataLineError(
+            f"{damage.problem}; cycle {index} was consumed and its shards deleted, so {restore_advice(index)}"
+        )
+    plan = load_plan(line, index)
+    if plan is None:
+        raise DataLineError(
+            f"{damage.problem}; {plan_path(line, index)} is missing too; {restore_advice(index)}"
+        )
+    missing = sorted(name for name in _shard_names(line) if not (final / name).is_file())
+    if missing:
+        raise DataLineError(
+            f"{damage.problem}; its shard{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
+            f"{'are' if len(missing) > 1 else 'is'} missing, so nothing proves a manifest written again from "
+            f"its plan; {restore_advice(index)}"
+        )
+    remove_stale_partials(line)
+    partial = _partial_directory(line, index)
+    try:
+        manifest = build_cycle(line, plan, partial, progress)
+        differing = _differing_shards(final, manifest)
+        if differing:
+            raise DataLineError(
+                f"{damage.problem}; the cycle tokenized again from {plan_path(line, index)} differs from its "
+                f"{', '.join(differing)} there, so nothing proves what it held; {restore_advice(index)}"
+            )
+        write_json_atomic(final / MANIFEST_NAME, manifest)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    verify_shards(final, load_manifest(final)[0])  # the file as written, read back
+    return plan_path(line, index)
 
 
 def delete_consumed_shards(line: DataLine) -> list[int]:

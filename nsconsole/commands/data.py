@@ -315,12 +315,15 @@ def run_status(args: argparse.Namespace) -> int:
 
     line = open_data_line(args.work)
     validation = sorted(int(path.name[1:]) for path in (line.path / "val").glob("T*") if path.is_dir())
+    states = {index: line.cycle_state(index) for index in line.known_cycles()}
     report = {
         "path": str(line.path),
         "sources": line.shares(0),
         "cycle_tokens": line.cycle_tokens,
         "last_cycle": line.last_cycle(),
-        "cycles": {index: line.cycle_state(index) for index in line.known_cycles()},
+        "cycles": states,
+        # What is wrong with each damaged cycle, naming every file: its manifest, or its shards.
+        "problems": {index: line.cycle_problem(index) for index, state in states.items() if state == "damaged"},
         "validation_seq_lens": validation,
         "preparer": read_status(line.path),
     }
@@ -332,7 +335,8 @@ def run_status(args: argparse.Namespace) -> int:
     last = report["last_cycle"]
     print(f"last cycle: {last if last is not None else 'not known yet'}")
     for index, state in report["cycles"].items():
-        print(f"  cycle {index:4d}  {REOPENED_TEXT if state == 'reopened' else state}")
+        shown = REOPENED_TEXT if state == "reopened" else state
+        print(f"  cycle {index:4d}  {shown}" + (f": {report['problems'][index]}" if state == "damaged" else ""))
     print(f"validation rows: {', '.join(f'T{length}' for length in validation) or 'none (run data val)'}")
     preparer = report["preparer"]
     if preparer:
@@ -371,9 +375,20 @@ def run_schedule(args: argparse.Namespace) -> int:
 
 def run_rebuild(args: argparse.Namespace) -> int:
     from datalines import open_data_line
-    from datalines.preparer import rebuild_cycle
+    from datalines.errors import ManifestDamaged
+    from datalines.manifest import MANIFEST_NAME, load_manifest
+    from datalines.preparer import rebuild_cycle, restore_manifest
 
     line = open_data_line(args.work)
+    directory = line.cycle_dir(args.cycle)
+    try:
+        load_manifest(directory)
+    except ManifestDamaged as damage:
+        # Written again only where the shards there prove it (restore_manifest), else refused.
+        plan = restore_manifest(line, args.cycle, damage)
+        print(f"cycle {args.cycle}: {directory / MANIFEST_NAME} written again from {plan}: "
+              f"every shard there matches it byte for byte")  # fmt: skip
+        return 0
     rebuild_cycle(line, args.cycle)
     print(f"cycle {args.cycle} rebuilt: every shard matches its manifest byte for byte")
     return 0
