@@ -165,6 +165,28 @@ def read_latest(checkpoints_dir: Path) -> str | None:
     return name if _DIR_PATTERN.match(name) else None
 
 
+LATEST_SHOWN_CHARS = 40
+"""What a `latest` that names no checkpoint is quoted by, at most (it may hold anything)."""
+
+
+def latest_name_problem(checkpoints_dir: Path) -> str:
+    """Why `latest` names no checkpoint (`read_latest` gave None), in one line: missing, unreadable,
+    or what it holds, quoted, is not a checkpoint's name."""
+    path = checkpoints_dir / LATEST_NAME
+    try:
+        text = path.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        return f"{path}: missing"
+    except UnicodeDecodeError:
+        return f"{path}: not text, so not a checkpoint's name (u and 8 digits)"
+    except OSError as error:
+        return f"{path}: unreadable ({error.strerror})"
+    if not text:
+        return f"{path}: empty, so it names no checkpoint"
+    shown = json.dumps(text[:LATEST_SHOWN_CHARS]) + ("..." if len(text) > LATEST_SHOWN_CHARS else "")
+    return f"{path}: holds {shown}, not a checkpoint's name (u and 8 digits)"
+
+
 def latest_file_problem(checkpoints_dir: Path) -> str | None:
     """What stops `latest` from being replaced (it is not a regular file), in one line; else None.
 
@@ -337,7 +359,7 @@ def verify_line_checkpoints(line_dir: Path) -> list[str]:
     if latest_problem is not None:
         problems.append(latest_problem)
     elif directories and latest is None:
-        problems.append(f"{checkpoints_dir / LATEST_NAME}: missing or unreadable")
+        problems.append(latest_name_problem(checkpoints_dir))
     elif latest is not None and not (checkpoints_dir / latest).is_dir():
         problems.append(f"{checkpoints_dir / LATEST_NAME}: names {latest}, which is missing")
     for directory in directories:

@@ -53,6 +53,25 @@ def show(value: Any) -> str:
         return repr(value)
 
 
+SHOWN_CHARS = 40
+"""The longest value an error shows as written; a longer one is named by its type and size (a whole
+run.json where an object was wanted would make a one-line error of kilobytes)."""
+
+
+def show_briefly(value: Any) -> str:
+    """`show(value)`, or what kind of JSON value it is when that is longer than SHOWN_CHARS."""
+    text = show(value)
+    if len(text) <= SHOWN_CHARS:
+        return text
+    if isinstance(value, list):
+        return f"a list of {len(value)} item{'s' if len(value) != 1 else ''}"
+    if isinstance(value, dict):
+        return f"an object of {len(value)} key{'s' if len(value) != 1 else ''}"
+    if isinstance(value, str):
+        return f"a string of {len(value)} characters starting {show(value[:SHOWN_CHARS])}"
+    return f"{text[:SHOWN_CHARS]}..."
+
+
 def _describe(hint: Any) -> str:
     """What a type hint expects, in words (`an integer`, `a number or null`)."""
     origin = typing.get_origin(hint)
@@ -80,7 +99,7 @@ def _join(path: str, key: str) -> str:
 
 
 def _type_error(source: str, path: str, hint: Any, value: Any) -> ConfigError:
-    return ConfigError(f"{source}: {path} must be {_describe(hint)}, got {show(value)}")
+    return ConfigError(f"{source}: {path} must be {_describe(hint)}, got {show_briefly(value)}")
 
 
 def parse_value(value: Any, hint: Any, path: str, source: str) -> Any:
@@ -157,7 +176,7 @@ def _json_kind_matches(value: Any, hint: Any) -> bool:
 
 def _parse_dataclass(value: Any, cls: type, path: str, source: str) -> Any:
     if not isinstance(value, dict):
-        raise ConfigError(f"{source}: {path or 'the top level'} must be an object, got {show(value)}")
+        raise ConfigError(f"{source}: {path or 'the top level'} must be an object, got {show_briefly(value)}")
     hints = typing.get_type_hints(cls)
     specs = {json_name(spec): spec for spec in _json_fields(cls)}
     for key in sorted(value):

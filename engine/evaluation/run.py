@@ -11,6 +11,8 @@ naming it.
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -116,6 +118,35 @@ def results_table(results: dict[str, Any]) -> str:
     if results.get("groups"):
         table += "\n" + make_table(results, "groups")
     return table
+
+
+def check_output(path: Path) -> None:
+    """LineError (one line) when the results could not be written to `path`: said before the
+    evaluation runs (it may take hours), not after it with its results lost. Directories that do
+    not exist yet are made when the results are written; the nearest one that exists must take a
+    new file (a probe is made and removed: access bits do not tell for root or for /proc)."""
+    if path.is_dir():
+        raise LineError(f"{path}: --output is a directory; name the file to write the results to")
+    if os.path.lexists(path) and not path.is_file():
+        raise LineError(f"{path}: --output is not a regular file")
+    if path.is_file() and not os.access(path, os.W_OK):
+        raise LineError(f"{path}: --output is not writable")
+    directory = _nearest_existing(path.parent)
+    if not directory.is_dir():
+        raise LineError(f"{path}: --output's directory cannot be made: {directory} is not a directory")
+    try:
+        descriptor, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=directory)
+    except OSError as error:
+        raise LineError(f"{path}: --output cannot be written in {directory} ({error.strerror})") from None
+    os.close(descriptor)
+    os.unlink(probe)
+
+
+def _nearest_existing(directory: Path) -> Path:
+    """`directory`, or its nearest ancestor that exists (`write_results` makes the rest)."""
+    while not os.path.lexists(directory) and directory != directory.parent:
+        directory = directory.parent
+    return directory
 
 
 def write_results(results: dict[str, Any], path: Path) -> None:

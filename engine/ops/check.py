@@ -236,28 +236,35 @@ def disk_results(layout: LineLayout, config: RunConfig, model: torch.nn.Module |
         layout.checkpoints, config, parameters, len(data_line.tokenizer_json.encode("utf-8"))
     )
     free = shutil.disk_usage(layout.root).free
-    free_gb = free / GIB
     minimum = config.guards.min_free_disk_gb
-    checkpoint = f"a checkpoint about {size.text}, {size.basis}"
+    checkpoint = f"a checkpoint about {disk_text(size.bytes)}, {size.basis}"
     if free < config.guards.min_free_disk_bytes:  # in bytes, as the trainer's guard compares
         first = CheckResult(
             False,
-            f"disk: {free_gb:.1f} GiB free at {layout.root}, below guards.min_free_disk_gb {minimum:g}: "
+            f"disk: {disk_text(free)} free at {layout.root}, below guards.min_free_disk_gb {minimum:g}: "
             "the trainer would stop at its first update",
         )
     elif free < CHECKPOINT_DISK_MARGIN * size.bytes:
         first = CheckResult(
             False,
-            f"disk: {free_gb:.1f} GiB free at {layout.root}, too little for the next checkpoint ({checkpoint}; "
+            f"disk: {disk_text(free)} free at {layout.root}, too little for the next checkpoint ({checkpoint}; "
             f"{CHECKPOINT_DISK_MARGIN:g}x needed): the trainer would not start",
         )
     else:
-        first = CheckResult(True, f"disk: {free_gb:.1f} GiB free (minimum {minimum:g}; {checkpoint})")
+        first = CheckResult(True, f"disk: {disk_text(free)} free (minimum {minimum:g}; {checkpoint})")
     need = retention_need(config, size, data_line.cycle_tokens, data_line.last_cycle())
     shortfall = need.shortfall(free + checkpoints_bytes(layout.checkpoints))
     if shortfall is None:
         return [first, CheckResult(True, f"disk retention: {need.describe()}; it fits")]
     return [first, CheckResult(True, f"disk retention: {need.describe()}; {shortfall}", warning=True)]
+
+
+def disk_text(nbytes: float) -> str:
+    """Free disk or a checkpoint's size in GiB, both to three significant digits (21 MiB free is
+    `0.0205 GiB`, not `0.0 GiB` beside a checkpoint of `0.0173 GiB`), whole GiB from 1000 on, where
+    three significant digits would need an exponent."""
+    gib = nbytes / GIB
+    return f"{gib:,.0f} GiB" if gib >= 1000 else f"{gib:.3g} GiB"
 
 
 def _check_rows(layout: LineLayout) -> CheckResult:

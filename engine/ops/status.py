@@ -6,6 +6,7 @@ is left out, an unreadable heartbeat or STOP is reported rather than raised.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -13,12 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from engine.config.run import RunConfig
 from engine.errors import LineError
 from engine.gpu.placement import gpus_label
 from engine.layout import LineLayout, checkpoint_update
 from engine.ops.lines import open_line
 from engine.ops.stop import StopRequest, read_stop
+from engine.process_start import is_recorded_process
 from engine.protocol.facts import FINAL_LINE_STATES, LineState
 from engine.wandb.state import WandbRunState
 
@@ -64,10 +68,24 @@ class LineStatus:
     gpu: str | None = None
     """The GPU the line's supervisor leased, or the leases it waits for (supervisor.json; None: no
     supervisor has run it, or it trains on the CPU)."""
+    state: str | None = None
+    """supervisor.json's `state`: what the line's supervisor was doing when it last saved it (a
+    `LineState`; None: no supervisor has run the line)."""
+    supervisor_pid: int | None = None
+    """The pid supervisor.json records while that very process runs (None: no supervisor runs)."""
+    failures_in_a_row: int = 0
+    """supervisor.json's crashes since the last one that left a newer checkpoint."""
+    last_event: dict[str, Any] | None = None
+    """supervisor.json's last notified event (`message` says what happened)."""
+    queued_forks: list[dict[str, Any]] = field(default_factory=list)
+    """Branches waiting for the end of their trunk cycle (supervisor.json `queued_forks`)."""
+    parent: str | None = None
+    """The line this one was branched from (None: a trunk)."""
 
 
 def line_status(root: Path | str, rows: int = 5, now: float | None = None) -> LineStatus:
-    """Read a line's files: configuration, newest rows, heartbeat, checkpoints, STOP, disk use."""
+    """Read a line's files: configuration, its supervisor's state and branches, newest rows,
+    heartbeat, checkpoints, STOP, disk use."""
     layout = open_line(root)
     now = time.time() if now is None else now
     try:
@@ -84,7 +102,10 @@ def line_status(root: Path | str, rows: int = 5, now: float | None = None) -> Li
         status.stop = read_stop(layout)
     except LineError as error:
         status.problems.append(str(error))
-    status.gpu = gpu_summary(read_supervisor_json(layout, status))
+    supervisor = read_supervisor_json(layout, status)
+    status.gpu = gpu_summary(supervisor)
+    _read_supervisor_state(supervisor, status)
+    _read_branches(layout, supervisor, status)
     status.disk_bytes = directory_bytes(layout.root)
     status.last_validation = read_last_validation(layout.rows_jsonl)
     if layout.wandb_run_json.exists():
@@ -105,6 +126,46 @@ def read_supervisor_json(layout: LineLayout, status: LineStatus) -> dict[str, An
         status.problems.append(f"{layout.supervisor_json}: unreadable ({error})")
         return {}
     return document if isinstance(document, dict) else {}
+
+
+def _read_supervisor_state(supervisor: dict[str, Any], status: LineStatus) -> None:
+    """The state, failures and last event supervisor.json records, and whether the supervisor that
+    wrote it still runs."""
+    state, pid = supervisor.get("state"), supervisor.get("pid")
+    status.state = state if isinstance(state, str) else None
+    if recorded_process_alive(pid, supervisor.get("boot_start"), supervisor.get("started")):
+        status.supervisor_pid = pid
+    failures = supervisor.get("failures_in_a_row")
+    status.failures_in_a_row = failures if isinstance(failures, int) and not isinstance(failures, bool) else 0
+    event = supervisor.get("last_event")
+    status.last_event = event if isinstance(event, dict) else None
+
+
+def _read_branches(layout: LineLayout, supervisor: dict[str, Any], status: LineStatus) -> None:
+    """The branches supervisor.json queues, and the line this one was branched from."""
+    # Imported here: the fork queue brings the branch operation and numpy, which only this read needs.
+    from engine.supervisor.forks import QueuedFork, branched_from
+
+    records = supervisor.get("queued_forks")
+    forks = map(QueuedFork.from_json, records if isinstance(records, list) else [])
+    status.queued_forks = [dataclasses.asdict(fork) for fork in forks if fork is not None]
+    status.parent = branched_from(layout)
+
+
+def recorded_process_alive(pid: Any, boot_start: Any, started: Any) -> bool:
+    """Whether `pid` runs and is the process a file recorded (its start since boot `boot_start`, or
+    for files of an older version no later than `started`), not a younger one that reused the pid."""
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return False
+    try:
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return is_recorded_process(process, boot_start, started)
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:
+        return True
 
 
 def gpu_summary(supervisor: dict[str, Any]) -> str | None:

@@ -463,7 +463,9 @@ class Trainer:
             # Whatever the guard's threshold, a write that cannot fit would fail half-way.
             last = self._last_checkpoint_update
             newest = f"the newest is update {last}" if last is not None else "none written yet"
-            self._stop_for_disk(free, f"too little for the next checkpoint (about {size / GIB:.2f} GiB); {newest}")
+            # The start refusal's words (disk_budget): the size to its precision, and the margin.
+            self._stop_for_disk(free, f"too little for the next checkpoint (about {size / GIB:.3g} GiB; "
+                                f"{CHECKPOINT_DISK_MARGIN:g}x needed); {newest}")
         # Rank 0 writes the checkpoint: every rank holds the same state, or, sharded, every rank
         # takes part in gathering it to rank 0.
         if self.rows is not None or self.sharded is not None:

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from nsconsole.commands.parser import add_command
+from nsconsole.commands.parser import SEED_RANGE, add_command, seed
 
 HELP = "CHECKPOINT|LINE: run lm-evaluation-harness tasks on a checkpoint alone"
 DESCRIPTION = """\
@@ -20,7 +20,8 @@ document separator, as in the training rows. The harness's own tasks fetch their
 the Hugging Face hub; --include-path adds directories of your task YAMLs (a local dataset:
 `dataset_path: json` with `dataset_kwargs: {data_files: ...}`, read offline). A task whose data
 cannot be read (the hub unreachable, a local file missing) is refused in one line before any runs.
-Prints the harness's results table; --output writes the full results as JSON. Needs lm-eval
+Prints the harness's results table; --output writes the full results as JSON, whole or not at
+all (a FILE that cannot be written there is refused before anything runs). Needs lm-eval
 (`pip install 'nsconsole[eval]'`).
 """
 EXAMPLES = """\
@@ -58,8 +59,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--batch-size", type=_at_least(1), default=8, metavar="ROWS",
                         help="requests scored in one forward; their logits (rows x tokens x vocabulary) "
                         "bound the memory (default 8)")
-    parser.add_argument("--seed", type=int, default=0, metavar="S",
-                        help="seed of the few-shot examples' choice and of sampled generations (default 0)")
+    parser.add_argument("--seed", type=seed, default=0, metavar="S",
+                        help=f"seed of the few-shot examples' choice and of sampled generations, {SEED_RANGE} "
+                        "(default 0)")
     parser.add_argument("--ema", action="store_true",
                         help="use the parameters' moving average the checkpoint keeps (run.json `ema`)")
     parser.add_argument("--device", default="auto", help="auto (the GPU when there is one), cpu or cuda[:N]")
@@ -73,12 +75,20 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         from engine.evaluation.harness import open_checkpoint
-        from engine.evaluation.run import EvaluationSettings, evaluate, results_table, write_results
+        from engine.evaluation.run import (
+            EvaluationSettings,
+            check_output,
+            evaluate,
+            results_table,
+            write_results,
+        )
     except ModuleNotFoundError as error:
         if (error.name or "").split(".")[0] != "lm_eval":
             raise
         raise LineError("eval needs lm-eval, which is not installed: pip install 'nsconsole[eval]'") from None
 
+    if args.output is not None:
+        check_output(args.output)
     tasks = [task.strip() for task in args.tasks.split(",") if task.strip()]
     settings = EvaluationSettings(tasks, args.include_path, args.limit, args.num_fewshot, args.seed)
     source = args.host_settings.resolve_line(args.source)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from engine.generation.settings import SamplingSettings
+from nsconsole.commands.parser import SEED_RANGE, seed
 
 if TYPE_CHECKING:
     from engine.generation.loading import GenerationModel
@@ -52,8 +53,9 @@ def add_generation_arguments(parser: argparse.ArgumentParser, tokens_help: str, 
     parser.add_argument("--top-p", type=_setting("top_p"), default=DEFAULTS.top_p, metavar="P",
                         help="draw among the most likely tokens that first reach probability P together; "
                         f"1: from all (default {DEFAULTS.top_p})")
-    parser.add_argument("--seed", type=int, default=None, metavar="S",
-                        help="seed of the draws: the same seed gives the same text (default: a fresh one, printed)")
+    parser.add_argument("--seed", type=seed, default=None, metavar="S",
+                        help=f"seed of the draws, {SEED_RANGE}: the same seed gives the same text "
+                        "(default: a fresh one, printed)")
     parser.add_argument("--ema", action="store_true",
                         help="use the parameters' moving average the checkpoint keeps (run.json `ema`)")
     parser.add_argument("--device", default="auto", help="auto (the GPU when there is one), cpu or cuda[:N]")

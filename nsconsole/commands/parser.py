@@ -21,3 +21,20 @@ def add_command(
         epilog=examples,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+
+
+SEED_LIMIT = 2**32
+"""Seeds run from 0 to SEED_LIMIT - 1: what numpy's generator takes (`eval` seeds it with the
+harness), so `sample`, `chat` and `eval` accept one range."""
+SEED_RANGE = f"0 to {SEED_LIMIT - 1:,} (2**32 - 1)"
+
+
+def seed(text: str) -> int:
+    """An argparse type: a seed in SEED_RANGE (a larger one fails deep in torch or numpy)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if not 0 <= value < SEED_LIMIT:
+        raise argparse.ArgumentTypeError(f"must be {SEED_RANGE}, got {value}")
+    return value

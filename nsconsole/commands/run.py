@@ -43,7 +43,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="train in this process without a supervisor (implies --foreground)",
     )
-    parser.add_argument("--stop-at", type=int, default=None, metavar="UPDATE", help="stop cleanly at UPDATE")
+    parser.add_argument("--stop-at", type=int, default=None, metavar="UPDATE",
+                        help="stop cleanly at UPDATE (after the line's latest checkpoint; refused otherwise)")
     parser.add_argument(
         "--engine",
         choices=ENGINE_CHOICES,
@@ -55,6 +56,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     line = args.host_settings.resolve_line(args.line)
+    if args.stop_at is not None:
+        refuse_a_past_stop_at(line, args.stop_at)
     if args.no_supervisor:
         from engine.layout import LineLayout
         from engine.ops.cycle_check import refuse_a_cycle_nobody_rebuilds
@@ -99,6 +102,20 @@ def run_headless(line: str | None, host: HostSettings) -> int:
             f"(or: nsconsole status {demo}; stop it: nsconsole stop {demo})"
         )
     return status
+
+
+def refuse_a_past_stop_at(line: Path, stop_at: int) -> None:
+    """`LineError` (one line) when --stop-at names an update the line has reached: its trainer would
+    resume there, stop at once and the line end as `finished`, which reads as a stop served."""
+    from engine.ops.lines import open_line
+    from engine.supervisor.reads import latest_update
+
+    latest = latest_update(open_line(line))
+    current, where = (0, "it has no checkpoint yet") if latest is None else (latest, "its latest checkpoint")
+    if stop_at <= current:
+        raise LineError(
+            f"--stop-at {stop_at}: the line is at update {current} already ({where}); give a later update"
+        )
 
 
 def refuse_a_failing_start(line: Path) -> None:

@@ -6,16 +6,19 @@ import argparse
 import json
 from typing import TYPE_CHECKING, Any
 
+from engine.protocol.facts import FINAL_LINE_STATES, LineState
 from nsconsole.commands.parser import add_command
 
 if TYPE_CHECKING:
     from engine.ops.status import LineStatus
 
-HELP = "LINE: configuration, newest rows, heartbeat, checkpoints, pending stop and disk use of a line"
+HELP = "LINE: state, configuration, newest rows, heartbeat, checkpoints, pending stop and disk use of a line"
 DESCRIPTION = """\
-Show a line's state from its files: the configuration in brief, the newest rows of rows.jsonl,
-the trainer's heartbeat and its age, the checkpoints present, a pending STOP and the disk the
-line uses.
+Show a line's state from its files: its supervisor's state (supervisor.json: training, stopped,
+finished, failed, disk-full, ...; whether that supervisor runs now), the branches queued on it and
+the line it was branched from, the configuration in brief, the newest rows of rows.jsonl, the
+trainer's heartbeat and its age, the checkpoints present, a pending STOP and the disk the line
+uses.
 """
 EXAMPLES = """\
 examples:
@@ -49,7 +52,12 @@ def run(args: argparse.Namespace) -> int:
 
 def format_status(status: LineStatus) -> list[str]:
     """The lines `nsconsole status` prints."""
-    lines = [f"line: {status.root}"]
+    lines = [f"line: {status.root}", state_line(status)]
+    if status.parent is not None:
+        lines.append(f"branch of: {status.parent}")
+    if status.queued_forks:
+        queued = (f"{fork['path']} at the end of cycle {fork['at_cycle']}" for fork in status.queued_forks)
+        lines.append(f"queued branches: {', '.join(queued)}")
     config = status.config
     if config is None:
         lines.append(f"run.json: INVALID: {status.config_error}")
@@ -91,6 +99,25 @@ def format_status(status: LineStatus) -> list[str]:
     lines.append(f"disk: {format_bytes(status.disk_bytes)}")
     lines += [f"problem: {problem}" for problem in status.problems]
     return lines
+
+
+def state_line(status: LineStatus) -> str:
+    """supervisor.json's state, whether its supervisor runs, and for a line that failed why."""
+    state = status.state
+    if state is None:
+        return "state: no supervisor has run this line (no supervisor.json)"
+    if status.supervisor_pid is not None:
+        return f"state: {state} (supervisor pid {status.supervisor_pid})"
+    if state not in FINAL_LINE_STATES:
+        # It died without saving a final state (killed, the host rebooted): nothing runs the line.
+        return f"state: supervisor lost (it was {state}; its process runs no more)"
+    details = []
+    if state == LineState.FAILED and status.failures_in_a_row:
+        details.append(f"{status.failures_in_a_row} failures in a row")
+    message = (status.last_event or {}).get("message")
+    if state in (LineState.FAILED, LineState.STUCK, LineState.DISK_FULL) and isinstance(message, str):
+        details.append(f"last: {message}")
+    return f"state: {state}" + (f" ({'; '.join(details)})" if details else "")
 
 
 def _validation_lines(row: dict[str, Any] | None) -> list[str]:

@@ -1,0 +1,113 @@
+"""`nsconsole status LINE` says the line's state near the top (supervisor.json's state, whether its
+supervisor runs now), the branches queued on it and, for a branch, its parent: a failed or
+disk-full line no longer looks like one stopped on purpose (found in a fault walkthrough)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from engine.checkpoints.format import BRANCH_START_KEPT
+from engine.ops.status import line_status
+from engine.process_start import started_since_boot
+from nsconsole.cli import main
+from nsconsole.commands.status import format_status
+
+FAILED = "5 failures in a row without progress; the line stops (last exit: killed by SIGKILL)"
+
+
+@pytest.fixture
+def line(tmp_path: Path) -> Path:
+    root = tmp_path / "line"
+    root.mkdir()
+    (root / "run.json").write_text(json.dumps({"model": {"preset": "transformer-tiny"}, "data": {"line": "d"}}))
+    return root
+
+
+def write_supervisor(line: Path, **fields: Any) -> None:
+    (line / "supervisor.json").write_text(json.dumps(fields))
+
+
+def dead_pid() -> int:
+    """A pid no process has now (the next ones after ours are not taken yet, most likely)."""
+    pid = os.getpid() + 100_000
+    while psutil.pid_exists(pid):
+        pid += 1
+    return pid
+
+
+def printed(line: Path) -> list[str]:
+    return format_status(line_status(line))
+
+
+def test_a_failed_line_says_failed_with_its_failures_and_last_event(line: Path) -> None:
+    write_supervisor(line, state="failed", pid=dead_pid(), failures_in_a_row=5,
+                     last_event={"event": "failed", "message": FAILED})  # fmt: skip
+    shown = printed(line)
+    assert shown[1] == f"state: failed (5 failures in a row; last: {FAILED})"
+
+
+def test_a_disk_full_line_says_so_with_the_trainer_s_line(line: Path) -> None:
+    message = f"{line}: 0.03 GiB free on its disk, too little for the next checkpoint"
+    write_supervisor(line, state="disk-full", pid=dead_pid(), last_event={"event": "disk_full", "message": message})
+    assert printed(line)[1] == f"state: disk-full (last: {message})"
+
+
+def test_a_clean_stop_and_a_finish_say_only_the_state(line: Path) -> None:
+    write_supervisor(line, state="stopped", pid=dead_pid(), last_event={"event": "crashed", "message": "old"})
+    assert printed(line)[1] == "state: stopped"
+    write_supervisor(line, state="finished", pid=dead_pid())
+    assert printed(line)[1] == "state: finished"
+
+
+def test_a_running_supervisor_is_named_by_its_pid(line: Path) -> None:
+    me = psutil.Process()
+    write_supervisor(line, state="training", pid=me.pid, boot_start=started_since_boot(me))
+    assert printed(line)[1] == f"state: training (supervisor pid {me.pid})"
+
+
+def test_a_supervisor_gone_without_a_final_state_is_lost(line: Path) -> None:
+    write_supervisor(line, state="training", pid=dead_pid())
+    assert printed(line)[1] == "state: supervisor lost (it was training; its process runs no more)"
+    # A live pid that another process took over (it started at another time) is not the supervisor.
+    me = psutil.Process()
+    write_supervisor(line, state="training", pid=me.pid, boot_start=started_since_boot(me) - 3600)
+    assert printed(line)[1] == "state: supervisor lost (it was training; its process runs no more)"
+
+
+def test_a_line_no_supervisor_ran_says_so(line: Path) -> None:
+    assert printed(line)[1] == "state: no supervisor has run this line (no supervisor.json)"
+
+
+def test_queued_branches_and_the_parent_are_listed(line: Path, tmp_path: Path) -> None:
+    queued = [{"path": str(tmp_path / "b0"), "at_cycle": 0, "plan": "decay:1000", "data": "/d0"},
+              {"path": str(tmp_path / "b1"), "at_cycle": 2, "plan": "decay:1000", "data": "/d1"},
+              {"not": "a fork"}]  # fmt: skip
+    write_supervisor(line, state="stopped", pid=dead_pid(), queued_forks=queued)
+    # A branch's first checkpoint records where it was forked from (engine.ops.branch writes it).
+    start = line / "checkpoints" / "u00000244"
+    start.mkdir(parents=True)
+    (start / "state.json").write_text(json.dumps({"kept": BRANCH_START_KEPT, "branched_from": {"line": "/trunk"}}))
+    status = line_status(line)
+    assert status.parent == "/trunk"
+    assert [fork["path"] for fork in status.queued_forks] == [str(tmp_path / "b0"), str(tmp_path / "b1")]
+    shown = format_status(status)
+    assert shown[1:4] == [
+        "state: stopped",
+        "branch of: /trunk",
+        f"queued branches: {tmp_path / 'b0'} at the end of cycle 0, {tmp_path / 'b1'} at the end of cycle 2",
+    ]
+
+
+@pytest.mark.usefixtures("private_host")
+def test_the_command_prints_the_state_second(line: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_supervisor(line, state="failed", pid=dead_pid(), failures_in_a_row=5,
+                     last_event={"event": "failed", "message": FAILED})  # fmt: skip
+    assert main(["status", str(line)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"line: {line}" and out[1].startswith("state: failed (5 failures in a row; ")
