@@ -34,3 +34,19 @@ def is_recorded_process(process: psutil.Process, boot_start: object, started_by:
     if isinstance(started_by, (int, float)) and not isinstance(started_by, bool):
         return process.create_time() <= float(started_by) + 1.0
     return True
+
+
+def recorded_process_alive(pid: object, boot_start: object, started_by: object) -> bool:
+    """Whether `pid` runs (not a zombie) and is the process a file recorded (`is_recorded_process`),
+    not a younger one that reused the pid; another user's process counts as running."""
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return False
+    try:
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return is_recorded_process(process, boot_start, started_by)
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:
+        return True

@@ -19,15 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
-
+from engine.checkpoints.format import branched_from
 from engine.config.host import HostSettings
 from engine.layout import LineLayout
 from engine.ops.demo import demo_paths
 from engine.ops.rollback import rollback_times
-from engine.process_start import is_recorded_process
+from engine.process_start import recorded_process_alive
 from engine.protocol.facts import FINAL_LINE_STATES, Stage
-from engine.supervisor.forks import branched_from
 from engine.supervisor.reads import beat_time, latest_update, read_json
 from engine.supervisor.registry import remembered_lines
 from engine.supervisor.rpc import RowsTail
@@ -94,13 +92,13 @@ def read_at_rest(line: str | Path) -> RestingLine | None:
     supervisor = read_json(layout.supervisor_json)
     if supervisor is None:
         return None
-    if supervisor.get("state") not in FINAL_LINE_STATES and _alive(
-        supervisor.get("pid"), supervisor.get("started"), supervisor.get("boot_start")
+    if supervisor.get("state") not in FINAL_LINE_STATES and recorded_process_alive(
+        supervisor.get("pid"), supervisor.get("boot_start"), supervisor.get("started")
     ):
         return None  # a supervisor starting, or one that has not registered: it writes the files
     heartbeat = read_json(layout.heartbeat)
     trainer_pid = None if heartbeat is None or heartbeat.get("stage") == Stage.STOPPED else heartbeat.get("pid")
-    if _alive(trainer_pid, beat_time(heartbeat or {}), (heartbeat or {}).get("pid_boot_start")):
+    if recorded_process_alive(trainer_pid, (heartbeat or {}).get("pid_boot_start"), beat_time(heartbeat or {})):
         return None  # a trainer still runs (without a supervisor, or an orphan finishing its checkpoint)
     rows = RowsTail(layout.rows_jsonl).poll()
     status = {**supervisor, "latest_checkpoint": latest_update(layout), "parent": branched_from(layout),
@@ -108,20 +106,3 @@ def read_at_rest(line: str | Path) -> RestingLine | None:
     if files_signature(line) != signature:
         return None  # written while read: not at rest after all
     return RestingLine(str(layout.root), status, heartbeat, rows, signature)
-
-
-def _alive(pid: Any, since: Any, boot_start: Any = None) -> bool:
-    """`pid` is a running process that started when `boot_start` (seconds since boot) says, or, where
-    that was not recorded (files of an older version), no later than `since` (a younger one reused
-    the pid)."""
-    if not isinstance(pid, int) or isinstance(pid, bool):
-        return False
-    try:
-        process = psutil.Process(pid)
-        if process.status() == psutil.STATUS_ZOMBIE:
-            return False
-        return is_recorded_process(process, boot_start, since)
-    except psutil.NoSuchProcess:
-        return False
-    except psutil.AccessDenied:
-        return True

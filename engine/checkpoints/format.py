@@ -32,6 +32,7 @@ from typing import Any
 
 from engine.atomic import write_text_atomic
 from engine.errors import CheckpointError
+from engine.layout import LineLayout
 
 FORMAT_VERSION = 1
 
@@ -226,6 +227,19 @@ def list_checkpoints(checkpoints_dir: Path) -> list[Path]:
         return []
     found = [path for path in checkpoints_dir.iterdir() if path.is_dir() and update_of(path) is not None]
     return sorted(found, key=lambda path: update_of(path) or 0)
+
+
+def branched_from(layout: LineLayout) -> str | None:
+    """The line a branch was forked from, None for a trunk: `engine.ops.branch` writes it into the
+    state of the branch's first checkpoint, which retention keeps."""
+    checkpoints = list_checkpoints(layout.checkpoints)
+    if not checkpoints:
+        return None
+    state = read_checkpoint_state(checkpoints[0]) or {}
+    origin = state.get("branched_from")
+    if state.get("kept") != BRANCH_START_KEPT or not isinstance(origin, dict):
+        return None
+    return str(origin["line"]) if isinstance(origin.get("line"), str) else None
 
 
 def _kept_reason(directory: Path) -> str | None:

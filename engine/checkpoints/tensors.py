@@ -42,6 +42,7 @@ from engine.checkpoints.format import (
     fsync_file,
     json_bytes,
     latest_file_problem,
+    latest_name_problem,
     list_checkpoints,
     read_latest,
     update_of,
@@ -288,7 +289,7 @@ def find_resume_point(checkpoints_dir: Path) -> ResumePoint:
         # Checkpoints after `latest` belong to no continuation latest vouches for.
         candidates = [path for path in candidates if (update_of(path) or 0) <= latest_update]
     elif (checkpoints_dir / LATEST_NAME).exists():
-        problems.append(f"{checkpoints_dir / LATEST_NAME}: unreadable")
+        problems.append(latest_name_problem(checkpoints_dir))
     for directory in reversed(candidates):
         try:
             return ResumePoint(load_checkpoint(directory), problems)

@@ -216,6 +216,6 @@ def open_checkpoint(
     """The adapter over CHECKPOINT|LINE (a line: its latest checkpoint), verified and loaded on
     `device` (auto: the GPU when there is one); `ema` loads the parameters' moving average."""
     directory = checkpoint_directory(Path(checkpoint))
-    loaded = load_for_generation(directory, resolve_device(device, "device"), average=bool(ema))
+    loaded = load_for_generation(directory, resolve_device(device, "device"), average=bool(ema), command="eval")
     rows = DEFAULT_BATCH_ROWS if batch_size == "auto" else int(batch_size)
     return CheckpointLM(loaded, batch_rows=rows, seed=int(seed))

@@ -100,8 +100,11 @@ def refuse_outside_tokenizer(directory: Path, data: str | None, tokenizer: str |
         )
 
 
-def load_for_generation(directory: Path, device: torch.device, average: bool = False) -> GenerationModel:
-    """Verify and load a checkpoint's model (its parameters' moving average with `average`)."""
+def load_for_generation(
+    directory: Path, device: torch.device, average: bool = False, command: str = "sample"
+) -> GenerationModel:
+    """Verify and load a checkpoint's model (its parameters' moving average with `average`; a
+    refusal then names `command`, the one to run without --ema)."""
     checkpoint = load_checkpoint(directory)  # every file checked against meta.json first
     run_json = directory / RUN_JSON_FILE
     try:
@@ -117,7 +120,7 @@ def load_for_generation(directory: Path, device: torch.device, average: bool = F
             f"{directory}: {preset} has no stepwise decoder yet (the {family_of(preset)} family's "
             "decode is still to come), so it cannot be sampled from"
         )
-    weights = _averaged_weights(checkpoint) if average else checkpoint.weights
+    weights = _averaged_weights(checkpoint, command) if average else checkpoint.weights
     with torch.device(device):  # built where it runs: a 2B model's initialisation is quick on a GPU
         model = build_model(preset, overrides).eval()
     _load_parameters(model, weights, directory / (OPTIMIZER_FILE if average else MODEL_FILE))
@@ -143,14 +146,14 @@ def document_separator(model: LanguageModel, tokenizer: PlainTextTokenizer) -> i
     return None
 
 
-def _averaged_weights(checkpoint: Checkpoint) -> dict[str, torch.Tensor]:
+def _averaged_weights(checkpoint: Checkpoint, command: str) -> dict[str, torch.Tensor]:
     """The parameters' moving average by name, cut from its flat buffer by the checkpoint's layout."""
     where = checkpoint.directory / OPTIMIZER_FILE
     average = checkpoint.optimizer.get("ema")
     if average is None or not checkpoint.state.get("ema_started", False):
         raise CheckpointError(
             f"{where}: no parameter average at update {checkpoint.update} (run.json sets no `ema`, "
-            "or the average had not started yet); sample without --ema"
+            f"or the average had not started yet); {command} without --ema"
         )
     try:
         return {

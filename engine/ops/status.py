@@ -14,16 +14,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psutil
-
+from engine.checkpoints.format import branched_from
 from engine.config.run import RunConfig
 from engine.errors import LineError
 from engine.gpu.placement import gpus_label
 from engine.layout import LineLayout, checkpoint_update
 from engine.ops.lines import open_line
 from engine.ops.stop import StopRequest, read_stop
-from engine.process_start import is_recorded_process
+from engine.process_start import recorded_process_alive
 from engine.protocol.facts import FINAL_LINE_STATES, LineState
+from engine.supervisor.forks import QueuedFork
 from engine.wandb.state import WandbRunState
 
 TAIL_BLOCK_BYTES = 64 * 1024
@@ -143,29 +143,10 @@ def _read_supervisor_state(supervisor: dict[str, Any], status: LineStatus) -> No
 
 def _read_branches(layout: LineLayout, supervisor: dict[str, Any], status: LineStatus) -> None:
     """The branches supervisor.json queues, and the line this one was branched from."""
-    # Imported here: the fork queue brings the branch operation and numpy, which only this read needs.
-    from engine.supervisor.forks import QueuedFork, branched_from
-
     records = supervisor.get("queued_forks")
     forks = map(QueuedFork.from_json, records if isinstance(records, list) else [])
     status.queued_forks = [dataclasses.asdict(fork) for fork in forks if fork is not None]
     status.parent = branched_from(layout)
-
-
-def recorded_process_alive(pid: Any, boot_start: Any, started: Any) -> bool:
-    """Whether `pid` runs and is the process a file recorded (its start since boot `boot_start`, or
-    for files of an older version no later than `started`), not a younger one that reused the pid."""
-    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
-        return False
-    try:
-        process = psutil.Process(pid)
-        if process.status() == psutil.STATUS_ZOMBIE:
-            return False
-        return is_recorded_process(process, boot_start, started)
-    except psutil.NoSuchProcess:
-        return False
-    except psutil.AccessDenied:
-        return True
 
 
 def gpu_summary(supervisor: dict[str, Any]) -> str | None:

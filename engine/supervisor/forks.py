@@ -27,14 +27,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from datalines.errors import DataLineError
-from engine.checkpoints.format import BRANCH_START_KEPT, cycle_end_kept, read_checkpoint_state
+from engine.checkpoints.format import cycle_end_kept, read_checkpoint_state
 from engine.errors import LineError
 from engine.layout import LineLayout, checkpoint_update
-from engine.ops.branch import BranchRequest, BranchResult, branch_line, check_branch_request
 from engine.supervisor.reads import latest_update
+
+if TYPE_CHECKING:
+    from engine.ops.branch import BranchRequest, BranchResult
 
 
 @dataclass
@@ -55,6 +57,9 @@ class QueuedFork:
     """When it was asked for (Unix time)."""
 
     def request(self, parent: Path) -> BranchRequest:
+        # The branch operation brings numpy and the data line's readers: imported when a fork is
+        # made or checked, so that `nsconsole status` and the console can read queued forks light.
+        from engine.ops.branch import BranchRequest
 
         return BranchRequest(
             new=Path(self.path), parent=parent, at_cycle=self.at_cycle, plan=self.plan,
@@ -125,19 +130,6 @@ def current_cycle(layout: LineLayout) -> int | None:
     return cycle if isinstance(cycle, int) else None
 
 
-def branched_from(layout: LineLayout) -> str | None:
-    """The line a branch was forked from, None for a trunk: `engine.ops.branch` writes it into the state of the
-    branch's first checkpoint, which retention keeps."""
-    checkpoints = checkpoint_directories(layout)
-    if not checkpoints:
-        return None
-    state = read_checkpoint_state(checkpoints[0][1]) or {}
-    origin = state.get("branched_from")
-    if state.get("kept") != BRANCH_START_KEPT or not isinstance(origin, dict):
-        return None
-    return str(origin["line"]) if isinstance(origin.get("line"), str) else None
-
-
 class ForkQueue:
     """The line's branch requests (see the module docstring). Thread-safe.
 
@@ -192,6 +184,8 @@ class ForkQueue:
                 raise LineError(f"{fork.path}: a branch into it is already queued")
             checkpoint = cycle_end_checkpoint(self.layout, fork.at_cycle)
             if checkpoint is None:
+                from engine.ops.branch import check_branch_request
+
                 check_branch_request(fork.request(self.layout.root))
                 self._forks.append(fork)
                 self._changed = True
@@ -289,6 +283,8 @@ class ForkQueue:
     def _fork(self, fork: QueuedFork) -> BranchResult:
 
         with self._forking:
+            from engine.ops.branch import branch_line
+
             return branch_line(fork.request(self.layout.root))
 
 

@@ -58,6 +58,7 @@ import psutil
 
 from datalines.errors import DataLineError
 from engine.atomic import write_text_atomic
+from engine.checkpoints.format import branched_from
 from engine.config.host import HostSettings, load_and_apply
 from engine.config.run import RunConfig
 from engine.errors import LineError
@@ -83,7 +84,7 @@ from engine.protocol.wire import PROTOCOL_VERSION, RequestLog
 from engine.supervisor import registry
 from engine.supervisor.child import clear_exits, group_exit
 from engine.supervisor.detach import foreground_argv, gather_logind_facts, logind_refusal, spawn_detached
-from engine.supervisor.forks import ForkQueue, QueuedFork, branched_from
+from engine.supervisor.forks import ForkQueue, QueuedFork
 from engine.supervisor.gpu_watch import line_gpus, memory_of_others_on_gpu, processes_on_gpu
 from engine.supervisor.notify import DEFAULT_TIMEOUT_S as NOTIFY_TIMEOUT_S
 from engine.supervisor.notify import make_event, notify_in_background

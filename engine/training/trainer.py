@@ -927,7 +927,7 @@ class Trainer:
         """Stop for the operator (DiskFull: the supervisor does not relaunch); what is saved stays."""
         update = self.position.update
         message = (
-            f"{self.layout.root}: {free / GIB:.2f} GiB free on its disk, {why}; "
+            f"{self.layout.root}: {free / GIB:.3g} GiB free on its disk, {why}; "
             "free some space and run the line again"
         )
         self.heartbeat.beat(update, Stage.STOPPED, reason=StopReason.DISK_FULL)

@@ -74,7 +74,7 @@ def open_model(args: argparse.Namespace) -> tuple[GenerationModel, SamplingSetti
     directory = checkpoint_directory(args.host_settings.resolve_line(args.source))
     refuse_outside_tokenizer(directory, args.data, args.tokenizer)
     device = resolve_device(args.device, "--device")
-    loaded = load_for_generation(directory, device, average=args.ema)
+    loaded = load_for_generation(directory, device, average=args.ema, command=args.command)
     seed = args.seed if args.seed is not None else secrets.randbelow(2**31)
     settings = SamplingSettings(temperature=args.temperature, top_p=args.top_p, seed=seed)
     weights = "the parameters' moving average" if args.ema else "weights"

@@ -20,6 +20,7 @@ from helpers.lines import copy_data_line, data_template_fixture, make_line, one_
 
 from engine.checkpoints.format import read_latest
 from engine.checkpoints.tensors import load_checkpoint
+from engine.errors import CheckpointError
 from engine.generation.chat import Conversation
 from engine.generation.loading import load_for_generation
 from engine.generation.settings import SamplingSettings
@@ -182,3 +183,13 @@ def test_help_of_sample_and_chat_does_not_import_torch(tmp_path: Path) -> None:
         assert completed.returncode == 0 and "CHECKPOINT|LINE" in completed.stdout
         imported = {entry.rsplit("|", 1)[-1].strip() for entry in completed.stderr.splitlines()}
         assert "torch" not in imported, command
+
+
+def test_ema_before_the_average_started_is_refused_naming_the_command(
+    line: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    first = line / "checkpoints" / "u00000000"  # the line's first checkpoint: no average yet
+    status, _, err = sample(capsys, str(first), "--tokens", "5", "--ema", "--seed", "0")
+    assert status == 2 and err.count("\n") == 1 and err.rstrip().endswith("sample without --ema")
+    with pytest.raises(CheckpointError, match=r"; eval without --ema$"):
+        load_for_generation(first, torch.device("cpu"), average=True, command="eval")

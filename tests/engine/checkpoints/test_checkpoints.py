@@ -223,7 +223,7 @@ def test_latest_that_is_not_utf8_falls_back_to_the_newest_good(tmp_path: Path) -
     assert read_latest(tmp_path) is None
     point = find_resume_point(tmp_path)
     assert point.checkpoint is not None and point.checkpoint.update == 2
-    assert point.problems == [f"{tmp_path / LATEST_NAME}: unreadable"]
+    assert point.problems == [f"{tmp_path / LATEST_NAME}: not text, so not a checkpoint's name (u and 8 digits)"]
 
 
 def _as_line(checkpoints_dir: Path) -> Path:

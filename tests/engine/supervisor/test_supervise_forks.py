@@ -20,12 +20,13 @@ import pytest
 from helpers.lines import make_data_line, make_line
 
 from datalines import open_data_line
+from engine.checkpoints.format import branched_from
 from engine.config.host import HostSettings
 from engine.errors import LineError
 from engine.layout import LineLayout
+from engine.ops import branch as branch_operation
 from engine.ops.branch import BranchRequest, BranchResult
-from engine.supervisor import forks as supervise_forks
-from engine.supervisor.forks import ForkQueue, QueuedFork, branched_from, cycle_end_checkpoint, new_fork
+from engine.supervisor.forks import ForkQueue, QueuedFork, cycle_end_checkpoint, new_fork
 from engine.supervisor.supervisor import Supervisor
 from nsconsole.state import ForkView, LineView
 
@@ -88,7 +89,7 @@ def one_cycle_data_line(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def recorder(monkeypatch: pytest.MonkeyPatch) -> Recorder:
     recorder = Recorder()
-    monkeypatch.setattr(supervise_forks, "branch_line", recorder.branch_line)
+    monkeypatch.setattr(branch_operation, "branch_line", recorder.branch_line)  # the fork queue calls it
     return recorder
 
 

@@ -25,13 +25,12 @@ from helpers.supervise import RUNNER, kill_line_processes, stop_supervisor, wait
 
 from datalines import open_data_line
 from datalines.preparer import prepare_cycle
-from engine.checkpoints.format import list_checkpoints, read_latest
+from engine.checkpoints.format import branched_from, list_checkpoints, read_latest
 from engine.config.run import RunConfig
 from engine.layout import LineLayout
 from engine.ops.branch import read_branches
 from engine.ops.rollback import rollback_times
 from engine.supervisor import registry
-from engine.supervisor.forks import branched_from
 from nsconsole.client import RemoteError, SupervisorClient
 
 pytestmark = pytest.mark.usefixtures("private_host")  # conftest: an empty host.json, a private runtime dir
