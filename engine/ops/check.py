@@ -40,6 +40,7 @@ from engine.ops.lines import (
     resolve_data_path,
     unaccepted_changes,
 )
+from engine.ops.rollback import rows_remedy
 from engine.rows import rows_problem
 from engine.units import GIB
 
@@ -276,7 +277,7 @@ def _check_rows(layout: LineLayout) -> CheckResult:
     rows, size = int(state.get("rows", 0)), int(state.get("rows_bytes", 0))
     problem = rows_problem(layout.rows_jsonl, rows, size)
     if problem is not None:
-        return CheckResult(False, f"rows.jsonl: {problem}")
+        return CheckResult(False, f"rows.jsonl: {problem}; {rows_remedy(layout)}")
     return CheckResult(True, f"rows.jsonl: holds the {rows} rows {latest} counts")
 
 

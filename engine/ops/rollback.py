@@ -37,7 +37,7 @@ from engine.layout import LineLayout
 from engine.ops.lines import open_line, resolve_data_path
 from engine.ops.status import pid_alive
 from engine.protocol.facts import Stage
-from engine.rows import RowsFile
+from engine.rows import RowsFile, rows_problem
 from engine.wandb.mirror import plan_rollback
 
 
@@ -107,6 +107,23 @@ def rollback_line(line: Path | str, to_update: int) -> RollbackResult:
     RowsFile.cut_back(layout.rows_jsonl, int(state["rows"]), int(state["rows_bytes"]))
     later = [name for name in available if (update_of(Path(name)) or 0) > to_update]
     return RollbackResult(to_update, later, rows_kept, int(state["rows"]), reopened)
+
+
+def rows_remedy(layout: LineLayout) -> str:
+    """What to do about a rows.jsonl that lacks rows the latest checkpoint counts (lost to a disk
+    fault, or edited): roll back to the newest earlier checkpoint whose rows it still holds, and
+    the updates after it are trained again (bit for bit on the CPU). Nothing else can mend it."""
+    latest = read_latest(layout.checkpoints)
+    latest_update = update_of(Path(latest)) if latest else None
+    for directory in reversed(list_checkpoints(layout.checkpoints)):
+        update = update_of(directory)
+        if update is None or latest_update is None or update >= latest_update:
+            continue
+        state = read_checkpoint_state(directory) or {}
+        if rows_problem(layout.rows_jsonl, int(state.get("rows", -1)), int(state.get("rows_bytes", -1))) is None:
+            return (f"`nsconsole rollback {layout.root} --to {update}` goes back to {directory.name}, the newest "
+                    "checkpoint whose rows it holds (the updates after it are trained again)")
+    return "no earlier checkpoint's rows are all there either: restore rows.jsonl from a backup"
 
 
 def check_rows_prefix(path: Path, rows: int, size: int) -> None:

@@ -75,6 +75,7 @@ from engine.layout import LineLayout
 from engine.metrics import METRICS_VERSION, metrics_mismatch
 from engine.models.build import build_model, refuse_unfit_memory
 from engine.ops import lines as ops
+from engine.ops.rollback import rows_remedy
 from engine.ops.stop import read_stop
 from engine.protocol.facts import SIGNAL_EXIT_BASE, Engine, Stage, StopReason, TrainerExitCode
 from engine.rows import Heartbeat, RowsFile, RunLog, format_row
@@ -266,7 +267,10 @@ class Trainer:
             self._restore(resume.checkpoint)
             state = resume.checkpoint.state
             if writes:
-                RowsFile.cut_back(layout.rows_jsonl, state["rows"], state["rows_bytes"])
+                try:
+                    RowsFile.cut_back(layout.rows_jsonl, state["rows"], state["rows_bytes"])
+                except LineError as error:
+                    raise LineError(f"{error}; {rows_remedy(layout)}") from None
             abandoned_after: int | None = resume.checkpoint.update
             self.log.write(f"resumed from {resume.checkpoint.directory.name} ({self._where()})")
         else:

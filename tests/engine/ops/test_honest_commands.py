@@ -162,5 +162,11 @@ def test_check_refuses_a_rows_jsonl_the_trainer_would_refuse(line: Path, capsys:
     assert main(["check", str(line)]) == 1
     [failure] = [text for text in capsys.readouterr().out.splitlines() if not text.startswith("ok: ")]
     assert failure.startswith(f"FAIL: rows.jsonl: {rows_jsonl}: ") and "the checkpoint counts 6 rows" in failure
-    with pytest.raises(LineError, match="the checkpoint counts 6 rows"):  # what the start refuses
+    # The remedy: the newest earlier checkpoint whose rows are all there.
+    remedy = f"`nsconsole rollback {line} --to 5` goes back to u00000005, the newest checkpoint whose rows it holds"
+    assert remedy in failure
+    with pytest.raises(LineError, match="the checkpoint counts 6 rows") as refused:  # what the start refuses
         Trainer(line, stop_at=8, echo=None).run()
+    assert remedy in str(refused.value)
+    assert main(["rollback", str(line), "--to", "5"]) == 0  # as it says: the line trains on from there
+    assert Trainer(line, stop_at=8, echo=None).run() == 0
