@@ -33,6 +33,7 @@ from functools import partial
 from pathlib import Path
 
 from textual import events, work
+from textual.actions import parse as parse_action
 from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.command import CommandPalette
@@ -53,6 +54,7 @@ from nsconsole.state import DEFAULT_BELL, LineBook, LineView
 from nsconsole.widgets import format as fmt
 from nsconsole.widgets.checkpoint_list import CheckpointInfo, read_checkpoints
 from nsconsole.widgets.gpu_panel import GpuPanel, GpuReader, GpuReading, read_gpus
+from nsconsole.widgets.replies import reply_words, request_words, toast_text
 from nsconsole.widgets.request_progress import PendingRequest, RequestProgress
 from themes import DEFAULT_THEME, STYLESHEET, THEMES
 
@@ -62,6 +64,9 @@ line logs a row; ticking faster showed nothing sooner but cost the console CPU (
 GPU_INTERVAL_S = 2.0
 DISK_INTERVAL_S = 10.0
 MUTATING_ACTIONS = frozenset({"stop", "branch", "rollback", "tune"})
+TOLD_WHEN_OFF = MUTATING_ACTIONS | {"resume", "show_tab"}
+"""Actions whose key, pressed while off, says why in a toast. Not the curves' ←/→: off the curves tab
+they fall to the tab bar and the lists, and a toast at every press there would be noise."""
 
 
 class ConsoleApp(App[None]):
@@ -111,6 +116,8 @@ class ConsoleApp(App[None]):
         self.live: LiveLines | None = LiveLines(self.book, self._line_changed, clock, discover) if attach else None
         self.pending: list[PendingRequest] = []
         """Requests sent to a supervisor and not yet answered, oldest first (the progress line shows them)."""
+        self._branch_drafts: dict[str, BranchRequest] = {}
+        """The branch form as last sent of each line (by key), until a supervisor accepts it."""
         self._key_switches: dict[str, tuple[bool, bool]] = {}
         """(connected, resumable) of each line as the bindings last saw it (a line not seen yet: neither)."""
 
@@ -221,22 +228,22 @@ class ConsoleApp(App[None]):
             return None
         return True
 
-    def _no_line_to_act_on(self) -> str | None:
-        """Why no key that acts on a line works now (None: the selected line can be acted on)."""
+    def _no_line_to_act_on(self, line: LineView | None) -> str | None:
+        """Why no key that acts on `line` works now (None: it can be acted on)."""
         if self.readonly:
             return "the console is read-only (--readonly)"
         if self.live is None:
             return "this console is not attached to any supervisor"
-        if self.selected_line() is None:
+        if line is None:
             return "no line is selected"
         return None
 
     def refusal(self, action: str) -> str | None:
         """Why a mutating key does nothing now (None: it works)."""
-        reason = self._no_line_to_act_on()
+        line = self.selected_line()
+        reason = self._no_line_to_act_on(line)
         if reason is not None:
             return reason
-        line = self.selected_line()
         assert line is not None
         if not line.mutable:
             if line.display_state in fmt.FINAL_STATES:
@@ -247,16 +254,28 @@ class ConsoleApp(App[None]):
             return f"a {action} of {line.path} is still waiting for the supervisor's reply"
         return None
 
+    def why_off(self, screen: Screen, action: str, parameters: tuple[object, ...]) -> str | None:
+        """Why `screen`'s binding of `action` is off (None: it is on, or no reason is known)."""
+        if action in MUTATING_ACTIONS:
+            return self.refusal(action)
+        if action == "resume":
+            return self.resume_refusal()
+        if isinstance(screen, LineScreen):
+            return screen.why_off(action, parameters)
+        return None
+
     def on_key(self, event: events.Key) -> None:
-        # A mutating key that is off reaches here unhandled: say why instead of doing nothing.
-        if self.line_screen() is not self.screen:
+        # A key that is off reaches here unhandled: say why instead of doing nothing.
+        screen = self.line_screen()
+        if screen is not self.screen:
             return
-        active = self.screen.active_bindings.get(event.key)
-        if active is None or active.enabled or active.binding.action not in MUTATING_ACTIONS:
+        active = screen.active_bindings.get(event.key)
+        if active is None or active.enabled:
             return
-        reason = self.refusal(active.binding.action)
+        _, action, parameters = parse_action(active.binding.action)
+        reason = self.why_off(screen, action, parameters) if action in TOLD_WHEN_OFF else None
         if reason is not None:
-            self.notify(f"{active.binding.description}: {reason}", severity="warning", timeout=6)
+            self.notify(f"{active.binding.description}: {reason}", severity="warning", timeout=6, markup=False)
 
     def action_pause(self) -> None:
         self.paused = not self.paused
@@ -271,7 +290,8 @@ class ConsoleApp(App[None]):
         screen = self.screen
         if isinstance(screen, HelpScreen):
             return
-        self.push_screen(HelpScreen(f"Keys: {screen.sub_title or screen.title or 'nsconsole'}", self.key_help(screen)))
+        title = f"Keys: {screen.sub_title or screen.title or 'nsconsole'}"
+        self.push_screen(HelpScreen(title, self.key_help(screen), self.off_reasons(screen)))
 
     def key_help(self, screen: Screen) -> list[KeyHelp]:
         """Every active binding of `screen` and the app: (key, id, description, enabled)."""
@@ -285,6 +305,19 @@ class ConsoleApp(App[None]):
             key = binding.key_display or self.get_key_display(binding)
             keys.append((key, binding.id, binding.tooltip or binding.description, active.enabled))
         return keys
+
+    def off_reasons(self, screen: Screen) -> dict[str, str]:
+        """Why each binding of `screen` that is off is off, by binding id (where a reason is known)."""
+        reasons = {}
+        for active in screen.active_bindings.values():
+            binding = active.binding
+            if binding.id is None or active.enabled:
+                continue
+            _, action, parameters = parse_action(binding.action)
+            reason = self.why_off(screen, action, parameters)
+            if reason is not None:
+                reasons[binding.id] = reason
+        return reasons
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
@@ -320,13 +353,19 @@ class ConsoleApp(App[None]):
         line = self.selected_line()
         if line is None or not self.check_action("branch", ()):
             return
-        request: BranchRequest | None = await self.push_screen_wait(BranchForm(line.name, line.path, line.cycle))
+        form = BranchForm(line.name, line.path, line.cycle, self._branch_drafts.get(line.key))
+        request: BranchRequest | None = await self.push_screen_wait(form)
         if request is None:
             return
-        waits = "" if line.cycle is None or request.at_cycle < line.cycle else " (it waits for that cycle to end)"
+        # Kept until the supervisor takes it: a refusal, or a No, reopens the form as it was typed.
+        self._branch_drafts[line.key] = request
+        waits = "" if line.cycle is None or request.at_cycle < line.cycle else " It waits for that cycle to end."
         question = f"Branch {line.path} into {request.path} at the end of cycle {request.at_cycle}?"
-        if await self.push_screen_wait(ConfirmScreen(question, f"A new line is forked{waits}.")):
-            await self.mutate(line, "branch", **request.params())
+        detail = f"Plan: {request.plan}\nData line: {request.data}\nA new line is forked with them.{waits}"
+        if await self.push_screen_wait(ConfirmScreen(question, detail)) and (
+            await self.mutate(line, "branch", **request.params()) is not None
+        ):
+            del self._branch_drafts[line.key]
 
     @work(group="mutation")
     async def action_rollback(self) -> None:
@@ -354,20 +393,21 @@ class ConsoleApp(App[None]):
         line = self.selected_line()
         if line is None or not self.check_action("tune", ()):
             return
-        options = [("alone", "the GPU to itself"), ("shared", "beside other processes (--shared)")]
+        options = tune_choices(line.on_cpu)
         choice = await self.push_screen_wait(PickerScreen(f"Tune {line.name}'s micro-batch shape for:", options))
         if choice is None:
             return
-        question = f"Tune {line.path} ({options[0][1] if choice == 'alone' else options[1][1]})?"
+        question = f"Tune {line.path} ({dict(options)[choice]})?"
         if await self.push_screen_wait(ConfirmScreen(question, "The line pauses while the shapes are measured.")):
             await self.mutate(line, "tune", shared=choice == "shared")
 
-    def resume_refusal(self) -> str | None:
-        """Why `resume` does nothing now (None: it starts the selected line's supervisor)."""
-        reason = self._no_line_to_act_on()
+    def resume_refusal(self, line: LineView | None = None) -> str | None:
+        """Why `resume` does nothing now for `line` (None: it starts its supervisor); the selected
+        line when none is given."""
+        line = line or self.selected_line()
+        reason = self._no_line_to_act_on(line)
         if reason is not None:
             return reason
-        line = self.selected_line()
         assert line is not None
         if not line.resumable:
             return f"{line.path}: its supervisor runs"
@@ -393,7 +433,7 @@ class ConsoleApp(App[None]):
             if isinstance(error, SupervisorSilent):
                 reap_when_it_exits(error.pid)  # it may still come up; it is our child either way
             line.add_event(self.clock(), "refused", f"resume: {error}", "error")
-            self.notify(f"✗ {line.name}: resume failed: {error}", severity="error", timeout=8)
+            self.notify(toast_text(f"✗ {line.name}: resume failed: {error}"), severity="error", timeout=8, markup=False)
             return
         reap_when_it_exits(pid)
         line.add_event(self.clock(), "request", f"resume: its supervisor runs (pid {pid})")
@@ -402,7 +442,7 @@ class ConsoleApp(App[None]):
     async def mutate(self, line: LineView, method: str, **params: object) -> object | None:
         """Call a mutation; the outcome becomes a notification and an event of the line."""
         assert self.live is not None
-        line.add_event(self.clock(), "request", f"{method} {params} sent")
+        line.add_event(self.clock(), "request", f"{request_words(method, params)}: sent")
         request = PendingRequest(line.key, line.name, method, self.clock())
         self.pending.append(request)
         self.refresh_progress()
@@ -410,13 +450,16 @@ class ConsoleApp(App[None]):
             result = await self.live.mutate(line.key, method, **params)
         except LineError as error:
             line.add_event(self.clock(), "refused", f"{method}: {error}", "error")
-            self.notify(f"✗ {line.name}: {method} refused: {error}", severity="error", timeout=8)
+            # Not markup: a reason may hold brackets (a path, a list) that markup would eat or choke on.
+            self.notify(toast_text(f"✗ {line.name}: {method} refused: {error}"), severity="error", timeout=8,
+                        markup=False)
             return None
         finally:
             self.pending.remove(request)
             self.refresh_progress()
-        line.add_event(self.clock(), "request", f"{method} accepted: {result}")
-        self.notify(f"✓ {line.name}: {method} accepted", timeout=4)
+        summary, details = reply_words(method, result)
+        line.add_event(self.clock(), "request", f"{method} accepted: {summary}{details}")
+        self.notify(toast_text(f"✓ {line.name}: {method} accepted: {summary}"), timeout=4, markup=False)
         return result
 
     def refresh_progress(self) -> None:
@@ -443,6 +486,16 @@ def reap_when_it_exits(pid: int) -> None:
         os.waitpid(pid, 0)
 
     loop.add_reader(pidfd, reap)
+
+
+def tune_choices(on_cpu: bool | None) -> list[tuple[str, str]]:
+    """The tune picker's options, in the words of the line's device (`LineView.on_cpu`; None: not known)."""
+    if on_cpu:
+        # A CPU tune's budget is a share of the free memory (`engine.ops.tune`); --shared leaves the reserve.
+        return [("alone", "alone on the CPU: up to half the free memory"),
+                ("shared", "beside other processes: less guards.share_reserve_gb (--shared)")]
+    device = "the GPU" if on_cpu is False else "its device"
+    return [("alone", f"{device} to itself"), ("shared", "beside other processes (--shared)")]
 
 
 def rollback_consequences(line: LineView, target: CheckpointInfo) -> str:

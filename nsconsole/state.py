@@ -443,9 +443,11 @@ class LineView:
         """Re-run the health checks; returns the flags that were not raised before (also as events)."""
         heartbeat = self.heartbeat or {}
         spike, slow, lr, skipped = self._row_health()
+        ended = self.ended
         candidates = [
             spike,
-            slow,
+            # A line that nothing runs has no pace and waits for nothing: its last rows' rate is no alarm.
+            None if ended else slow,
             lr,
             # A line that nothing runs any more (read at rest, or orphaned) has ended: its old heartbeat is no alarm.
             health.stale_heartbeat(
@@ -453,7 +455,7 @@ class LineView:
                 stage=heartbeat.get("stage"),
             ),
             skipped,
-            health.waiting_for_data(heartbeat.get("stage"), heartbeat.get("cycle")),
+            None if ended else health.waiting_for_data(heartbeat.get("stage"), heartbeat.get("cycle")),
             health.full_disk(self.disk_free, self.disk_total, self.facts.min_free_disk_bytes),
         ]
         flags = [flag for flag in candidates if flag is not None]
@@ -545,6 +547,24 @@ class LineView:
             if stage in SHOWN_STAGES:
                 return stage
         return state
+
+    @property
+    def ended(self) -> bool:
+        """Nothing runs the line: it ended (finished, stopped, failed) or its supervisor and trainer are
+        gone. Its heartbeat, pace and next events are history, not live readings."""
+        state = self.display_state
+        return state in facts.FINAL_LINE_STATES or state == SUPERVISOR_LOST
+
+    @property
+    def on_cpu(self) -> bool | None:
+        """Whether the line trains on the CPU: run.json's `device` as its supervisor read it, else the
+        GPUs that `device` lets it lease (none: the CPU); None when its supervisor did not say."""
+        device = self.status.get("device")
+        if device == "cpu":
+            return True
+        if "gpu_candidates" in self.status:  # what `device` came to on this host (`auto` without a GPU: the CPU)
+            return self.gpu_candidates is None
+        return False if isinstance(device, str) and device.startswith("cuda") else None
 
     def heartbeat_age(self, now: float) -> float | None:
         if not self.heartbeat:

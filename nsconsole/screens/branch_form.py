@@ -56,29 +56,35 @@ class BranchForm(ModalScreen[BranchRequest | None]):
     AUTO_FOCUS = "#path"
     """The first field has the focus from the start (its text selected: typing replaces it)."""
 
-    def __init__(self, line_name: str, line_path: str, current_cycle: int | None) -> None:
+    def __init__(
+        self, line_name: str, line_path: str, current_cycle: int | None, draft: BranchRequest | None = None
+    ) -> None:
+        """`draft`: the request last sent and not taken (refused, or No at its confirmation): the
+        fields start as it was typed, so one mistake does not cost the whole form."""
         super().__init__()
         self.line_name = line_name
         self.line_path = line_path
         self.current_cycle = current_cycle or 0
+        self.draft = draft
 
     def compose(self) -> ComposeResult:
         suggested = str(Path(self.line_path).with_name(f"{self.line_name}-c{self.current_cycle}"))
+        draft = self.draft or BranchRequest(suggested, self.current_cycle, "", "")
         # A label beside each field: the form fits 80x24; a smaller terminal scrolls it.
         with Vertical():
             yield Static(f"Branch {self.line_path}", classes="question")
             with Horizontal(classes="field"):
                 yield Label("new line (directory)")
-                yield Input(suggested, id="path")
+                yield Input(draft.path, id="path")
             with Horizontal(classes="field"):
                 yield Label(f"at the end of cycle (now {self.current_cycle})")
-                yield Input(str(self.current_cycle), id="at_cycle", type="integer")
+                yield Input(str(draft.at_cycle), id="at_cycle", type="integer")
             with Horizontal(classes="field"):
                 yield Label("plan (e.g. decay:10e9,long:2e9)")
-                yield Input("", id="plan")
+                yield Input(draft.plan, id="plan")
             with Horizontal(classes="field"):
                 yield Label("data line (its own directory)")
-                yield Input("", id="data")
+                yield Input(draft.data, id="data")
             yield Static("", id="error")
             with Horizontal(classes="buttons"):
                 yield Button("Branch", id="submit", variant="warning")

@@ -1,4 +1,5 @@
-"""A yes/no question before any change to a line; No has the focus, Escape answers No."""
+"""A yes/no question before any change to a line; No has the focus, Escape answers No. ← and →
+move the focus between Yes (left) and No (right), as the buttons lie: Enter answers the focused one."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ class ConfirmScreen(ModalScreen[bool]):
         Binding("escape", "answer(False)", "No", id="confirm.no"),
         Binding("n", "answer(False)", "No", show=False, id="confirm.n"),
         Binding("y", "answer(True)", "Yes", id="confirm.yes"),
+        Binding("left", "focus_answer('yes')", "Yes", show=False, id="confirm.left"),
+        Binding("right", "focus_answer('no')", "No", show=False, id="confirm.right"),
     ]
 
     def __init__(self, question: str, detail: str = "") -> None:
@@ -25,9 +28,10 @@ class ConfirmScreen(ModalScreen[bool]):
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Static(self.question, classes="question")
+            # Not markup: a path may hold brackets.
+            yield Static(self.question, classes="question", markup=False)
             if self.detail:
-                yield Static(self.detail, classes="detail")
+                yield Static(self.detail, classes="detail", markup=False)
             with Horizontal():
                 yield Button("Yes", id="yes", variant="warning")
                 yield Button("No", id="no", variant="primary")
@@ -38,6 +42,9 @@ class ConfirmScreen(ModalScreen[bool]):
     def on_button_pressed(self, event: Button.Pressed) -> None:
         event.stop()
         self.dismiss(event.button.id == "yes")
+
+    def action_focus_answer(self, button: str) -> None:
+        self.query_one(f"#{button}", Button).focus()
 
     def action_answer(self, yes: bool) -> None:
         self.dismiss(yes)

@@ -1,4 +1,5 @@
-"""`?`: every key of the screen below, with its binding id and what it does."""
+"""`?`: every key of the screen below, with its binding id and what it does; a key that is off
+there says why where the console knows (read-only, no supervisor attached, not a PSSA line...)."""
 
 from __future__ import annotations
 
@@ -22,10 +23,12 @@ class HelpScreen(ModalScreen[None]):
         Binding("q", "close", "Close", show=False, id="help.close_q"),
     ]
 
-    def __init__(self, title: str, keys: list[KeyHelp]) -> None:
+    def __init__(self, title: str, keys: list[KeyHelp], off_reasons: dict[str, str] | None = None) -> None:
+        """`off_reasons`: why a key that is off is off, by binding id."""
         super().__init__()
         self.title_text = title
         self.keys = keys
+        self.off_reasons = off_reasons or {}
 
     def compose(self) -> ComposeResult:
         table = Table(box=None, expand=True, show_edge=False)
@@ -33,7 +36,9 @@ class HelpScreen(ModalScreen[None]):
         table.add_column("id", style="dim", no_wrap=True)
         table.add_column("does")
         for key, binding_id, description, enabled in self.keys:
-            table.add_row(key, binding_id, description if enabled else f"{description} (off here)")
+            reason = self.off_reasons.get(binding_id)
+            off = "(off here)" if reason is None else f"(off here: {reason})"
+            table.add_row(key, binding_id, description if enabled else f"{description} {off}")
         with Vertical():
             yield Static(self.title_text, classes="question")
             with VerticalScroll(id="keys"):

@@ -16,7 +16,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Input, TabbedContent, TabPane, Tabs
+from textual.widgets import Header, Input, TabbedContent, TabPane, Tabs
 
 from engine.errors import LineError
 from nsconsole.screens.run_config import RunConfigScreen
@@ -24,7 +24,8 @@ from nsconsole.state import LineView
 from nsconsole.widgets import format as fmt
 from nsconsole.widgets.checkpoint_list import CheckpointList, read_checkpoints
 from nsconsole.widgets.curves_tab import CurvesTab
-from nsconsole.widgets.event_list import EventList
+from nsconsole.widgets.event_list import EventList, event_time
+from nsconsole.widgets.keys_footer import KeysFooter
 from nsconsole.widgets.line_header import EtaLine
 from nsconsole.widgets.log_follower import LogFollower
 from nsconsole.widgets.memory_tab import MemoryTab
@@ -42,29 +43,42 @@ CHECKPOINT_REFRESH_TICKS = 5
 """The checkpoint directory is listed every this many view refreshes (it changes seldom): every 5 s."""
 
 
-def summary(line: LineView, now: float) -> Text:
-    """The one-line header above the tabs."""
+def summary(line: LineView, now: float, resumable: bool = False) -> Text:
+    """The header above the tabs; `resumable`: `R` starts the line's supervisor now (the header says so)."""
     text = Text()
     text.append(f"{line.name}", style="bold")
     text.append(f"  {line.kind if line.parent is None else f'branch of {line.parent}'}  {fmt.state_label(line.display_state)}")
-    if not line.connected and line.display_state in fmt.FINAL_STATES:
-        text.append("  the supervisor has exited; last state shown, changes off")
-    elif not line.connected:
-        reason = line.disconnect_reason or "not attached yet"
-        text.append(f"  ⚡ supervisor unreachable ({reason}); last state shown, changes off")
+    if not line.connected:
+        if line.ended:
+            text.append("  the supervisor has exited; last state shown")
+        else:
+            text.append(f"  ⚡ supervisor unreachable ({line.disconnect_reason or 'not attached yet'}); last state shown")
+        # `R` is a change too, and works here: saying "changes off" alone sent people to the command line.
+        text.append("; R resumes the line, other changes off" if resumable else ", changes off")
     text.append(f"\n{line.path}", style="dim")
     preset = line.status.get("preset") or line.facts.preset or "?"
     latest = line.latest_checkpoint
     text.append(
         f"\nmodel {preset}  update {line.update if line.update is not None else '—'}  "
         f"tokens {fmt.count(line.tokens)}  loss {fmt.number(line.loss)}  val {fmt.number(line.val_loss)}  "
-        f"checkpoint {'—' if latest is None else latest}  beat {fmt.age(line.heartbeat_age(now))}"
+        f"checkpoint {'—' if latest is None else latest}  {beat(line, now)}"
     )
     if line.sharing_gpu:
         text.append("  ⇄ sharing its GPU (shared shapes)")
     if line.health:
         text.append("  " + " ".join(flag.label for flag in line.health))
     return text
+
+
+def beat(line: LineView, now: float) -> str:
+    """The header's heartbeat: its age while something runs the line, else when the last one came
+    (a fixed time: an age that grows on a finished line reads as an alarm)."""
+    if not line.ended:
+        return f"beat {fmt.age(line.heartbeat_age(now))}"
+    beat_time = (line.heartbeat or {}).get("time")
+    if not isinstance(beat_time, (int, float)) or isinstance(beat_time, bool) or beat_time <= 0:
+        return "beat — (ended)"
+    return f"beat — (ended; last {event_time(beat_time)} UTC)"
 
 
 class LineScreen(Screen[None]):
@@ -127,7 +141,7 @@ class LineScreen(Screen[None]):
                 with TabPane("memory", id="tab-memory"):
                     yield MemoryTab(id="memory")
         yield RequestProgress(id="progress")
-        yield Footer()
+        yield KeysFooter()
 
     def on_mount(self) -> None:
         self.show_header_note(self.app.header_note())  # type: ignore[attr-defined]
@@ -142,7 +156,8 @@ class LineScreen(Screen[None]):
 
     def refresh_view(self, now: float) -> None:
         line = self.line
-        self.query_one("#summary", QuietStatic).show_text(summary(line, now))
+        resumable = self.app.resume_refusal(line) is None  # type: ignore[attr-defined]
+        self.query_one("#summary", QuietStatic).show_text(summary(line, now, resumable))
         eta = self.query_one(EtaLine)
         eta.show(line)
         curves = self.query_one(CurvesTab)
@@ -197,8 +212,17 @@ class LineScreen(Screen[None]):
             tabs = self.query(TabbedContent)
             return bool(tabs) and tabs.first().active == "tab-curves"
         if action == "show_tab":
-            return parameters[0] != "tab-memory" or self.line.is_pssa
+            # Off, not hidden: `?` lists it with the reason and a press says it (`why_off`).
+            return True if parameters[0] != "tab-memory" or self.line.is_pssa else None
         return True
+
+    def why_off(self, action: str, parameters: tuple[object, ...]) -> str | None:
+        """Why a key of this screen is off (None: it is on, or no reason is known)."""
+        if action == "show_tab" and parameters and parameters[0] == "tab-memory" and not self.line.is_pssa:
+            preset = self.line.status.get("preset") or self.line.facts.preset
+            model = f"a {preset} line" if preset else "not a PSSA line, as far as its run.json tells"
+            return f"the memory tab is for PSSA lines' memory banks; {self.line.name} is {model}"
+        return None
 
     def action_step_tab(self, step: int) -> None:
         """Show the tab `step` places after the one shown (before it for a negative step), round the ends."""

@@ -5,11 +5,12 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Header, Input, Static
+from textual.widgets import DataTable, Header, Input, Static
 
 from nsconsole.state import LineBook, LineView
 from nsconsole.widgets import format as fmt
 from nsconsole.widgets.gpu_panel import GpuPanel
+from nsconsole.widgets.keys_footer import KeysFooter
 from nsconsole.widgets.lines_table import LinesTable
 from nsconsole.widgets.request_progress import RequestProgress
 
@@ -66,7 +67,7 @@ class LinesScreen(Screen[None]):
         panel.border_title = "GPUs"
         yield panel
         yield RequestProgress(id="progress")
-        yield Footer()
+        yield KeysFooter()
 
     def on_mount(self) -> None:
         self.query_one(LinesTable).focus()

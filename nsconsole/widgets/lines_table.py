@@ -10,7 +10,9 @@ cells, and one whose progress alone moved (update, tokens, loss, tok/s) is repai
 2 s at most (`PROGRESS_REPAINT_S`).
 
 A line whose supervisor does not answer keeps its last values, dimmed, with `⚡` before its
-state; every state and the heartbeat's age carry a glyph, so nothing is told by colour alone.
+state; every state and the heartbeat's age carry a glyph, so nothing is told by colour alone. A
+line that nothing runs (it ended, or its supervisor and trainer are gone) has no live readings: its
+beat reads `— ended` and its tok/s `—`.
 
 The cursor stays on its line (by key) whatever rows come, go or are filtered away around it:
 the keys act on the line under the cursor. Rows keep the order they are given in. A table too
@@ -153,9 +155,7 @@ class LinesTable(DataTable):
     def _cell_inputs(self, line: LineView, now: float, shared_name: bool) -> tuple[object, ...]:
         """What a row's cells are made from: the line's `version` (bumped by every change of it), its
         heartbeat's mark, whether its name is shared and the theme. The same inputs, the same cells."""
-        age = line.heartbeat_age(now)
-        glyph, severity = fmt.heartbeat_mark(age, health.STALE_HEARTBEAT_S)
-        return line.version, beat_text(glyph, age), severity, shared_name, self.app.theme
+        return line.version, beat_cell(line, now), shared_name, self.app.theme
 
     def _write_cells(self, changed: dict[str, dict[str, Text]]) -> None:
         """Put the changed cells in (`_cells` holds them already), re-rendering only their rows
@@ -259,8 +259,6 @@ class LinesTable(DataTable):
         if dim and line.ever_connected and state not in fmt.FINAL_STATES and state != fmt.SUPERVISOR_LOST:
             # The last known state, its supervisor gone (a line that ended has no supervisor by design).
             state_text, state_severity = f"⚡ {state}", "error"
-        beat_age = line.heartbeat_age(now)
-        beat_glyph, beat_severity = fmt.heartbeat_mark(beat_age, health.STALE_HEARTBEAT_S)
         flags = line.health
         worst = "error" if any(flag.severity == "error" for flag in flags) else "warning" if flags else "success"
         values = {
@@ -274,8 +272,9 @@ class LinesTable(DataTable):
             "cycle": ("—" if line.cycle is None else str(line.cycle), ""),
             "loss": (fmt.number(line.loss), ""),
             "val_loss": (fmt.number(line.val_loss), ""),
-            "tokens_per_s": (fmt.count(line.tokens_per_s), ""),
-            "beat": (beat_text(beat_glyph, beat_age), beat_severity),
+            # A line that nothing runs has no pace: its last row's rate is history.
+            "tokens_per_s": ("—" if line.ended else fmt.count(line.tokens_per_s), ""),
+            "beat": beat_cell(line, now),
             "restarts": (str(line.restarts), "warning" if line.restarts else ""),
             "gpu": gpu_cell(line),
             "health": (" ".join(flag.label for flag in flags) or "✓ ok", worst),
@@ -288,6 +287,20 @@ class LinesTable(DataTable):
             justify = "right" if column in RIGHT_ALIGNED else "left"
             cells[column] = Text(text, style=style, justify=justify)
         return cells
+
+
+ENDED_BEAT = "— ended"
+"""The beat of a line that nothing runs: no trainer beats, so its last heartbeat's age is no reading."""
+
+
+def beat_cell(line: LineView, now: float) -> tuple[str, str]:
+    """(text, severity) of the line's beat: its heartbeat's mark and age (`beat_text`), or `ENDED_BEAT`
+    once the line has ended (an age that grows on a finished line would read as an alarm)."""
+    if line.ended:
+        return ENDED_BEAT, "muted"
+    age = line.heartbeat_age(now)
+    glyph, severity = fmt.heartbeat_mark(age, health.STALE_HEARTBEAT_S)
+    return beat_text(glyph, age), severity
 
 
 def beat_text(glyph: str, age: float | None) -> str:

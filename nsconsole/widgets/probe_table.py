@@ -2,6 +2,10 @@
 with its change since the one before; a search narrows the list and Enter pins a reading to the
 curves tab (a plot of its own; Enter again unpins it).
 
+The values and their changes always show whole: a name too long for what they leave of the
+table's width is shortened in its middle, marked `…` (its row key, the search and the pin keep
+the whole name).
+
 A validation reading is any number in a validation row other than the row's own bookkeeping
 (update, tokens, time...): the validation losses (`val_<L>/...`, `ema/val_...`), the model's
 probes and the optimizer summaries (`opt/...`). A row metric is a training row's number that the
@@ -14,6 +18,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from rich.cells import cell_len
 from rich.text import Text
 from textual.binding import Binding
 from textual.message import Message
@@ -30,6 +35,11 @@ BOOKKEEPING = frozenset({
 ROW_METRICS = frozenset({"loss", "lr", "grad_norm", "tokens_per_s", "weight_decay", "data_tokens", "tokens_per_update"})
 """Training-row keys a curve can follow besides the `train/...` ones."""
 PIN_GLYPH = "◉"
+MIN_NAME_WIDTH = 16
+"""A reading's name is never shortened below this (a narrower table scrolls sideways)."""
+COLUMNS = (" ", "reading", "of", "value", "change")
+"""The columns' headings."""
+COLUMN_KEYS = ("pin", "name", "source", "value", "change")
 
 _LOSS_READING = re.compile(r"^(ema/)?val_[^/]+/[^/]+$")
 """A validation loss (`val_<L>/<source>`, `/mix`, `/mean`, and their EMA twins): lower is better."""
@@ -71,6 +81,15 @@ def metric_changes(latest: dict[str, Any], before: dict[str, Any] | None) -> lis
     return [(name, value, value - then[name] if name in then else None) for name, value in sorted(now.items())]
 
 
+def fit_name(name: str, width: int) -> str:
+    """`name` in at most `width` cells: whole, or its start and its end (the part that tells
+    `.../block03/confidence_mean` from its neighbours) around `…`."""
+    if len(name) <= width:
+        return name
+    head = (width - 1) // 3
+    return f"{name[:head]}…{name[len(name) - (width - 1 - head):]}"
+
+
 def matches(name: str, query: str) -> bool:
     """The search: every word of `query` is in the reading's name."""
     lowered = name.lower()
@@ -95,15 +114,35 @@ class ProbeTable(DataTable):
     def __init__(self, **kwargs: object) -> None:
         super().__init__(cursor_type="row", **kwargs)  # type: ignore[arg-type]
         self._names: list[str] = []
+        self._name_width = 0
+        """The width the names were last fitted to (`fit_name`)."""
+        self._shown_with: tuple[LineView, str, tuple[str, ...] | list[str]] | None = None
+        """`show`'s arguments as last called (a resize shows the same again, fitted anew)."""
 
     def on_mount(self) -> None:
-        self.add_column(" ", key="pin")
-        self.add_column("reading", key="name")
-        self.add_column("of", key="source")
-        self.add_column("value", key="value")
-        self.add_column("change", key="change")
+        self._add_columns()
+
+    def _add_columns(self) -> None:
+        for heading, key in zip(COLUMNS, COLUMN_KEYS):
+            self.add_column(heading, key=key)
+
+    def on_resize(self) -> None:
+        if self._shown_with is not None:
+            self.show(*self._shown_with)
+
+    def _fitted_name_width(self, cells: dict[str, tuple[Any, ...]]) -> int:
+        """Cells a name may take: what the other columns (at their widest cell) leave of the table,
+        less a vertical scrollbar whether shown or not, each column with its padding on both sides."""
+        others = sum(
+            max([cell_len(heading)] + [cell_len(str(row[index])) for row in cells.values()])
+            for index, heading in enumerate(COLUMNS) if index != 1
+        )
+        room = (self.content_region.width - self.styles.scrollbar_size_vertical - others
+                - 2 * self.cell_padding * len(COLUMNS))
+        return max(MIN_NAME_WIDTH, room)
 
     def show(self, line: LineView, query: str = "", pinned: tuple[str, ...] | list[str] = ()) -> None:
+        self._shown_with = (line, query, pinned)
         validations = line.validations
         entries: list[tuple[str, str, float, float | None]] = []
         if validations:
@@ -121,9 +160,14 @@ class ProbeTable(DataTable):
         shown = [entry for entry in entries if matches(entry[1], query)]
         names = [name for _, name, _, _ in shown]
         cells = {name: self._cells(source, name, value, change, name in pinned) for source, name, value, change in shown}
-        if names != self._names:
+        width = self._fitted_name_width(cells)
+        cells = {name: (row[0], fit_name(name, width), *row[2:]) for name, row in cells.items()}
+        if names != self._names or width != self._name_width:
+            self._name_width = width
             cursor = self._names[self.cursor_row] if 0 <= self.cursor_row < len(self._names) else None
-            self.clear()
+            # The columns too: DataTable's only ever widen, and a narrower fit must narrow the names'.
+            self.clear(columns=True)
+            self._add_columns()
             for name in names:
                 self.add_row(*cells[name], key=name)
             self._names = names
@@ -131,9 +175,9 @@ class ProbeTable(DataTable):
                 self.move_cursor(row=names.index(cursor))
             return
         for name in names:
-            for column, cell in zip(("pin", "name", "source", "value", "change"), cells[name]):
+            for column, cell in zip(COLUMN_KEYS, cells[name]):
                 if str(self.get_cell(name, column)) != str(cell):
-                    self.update_cell(name, column, cell)
+                    self.update_cell(name, column, cell, update_width=True)
 
     def _cells(self, source: str, name: str, value: float, change: float | None, pinned: bool) -> tuple[Any, ...]:
         theme = self.app.current_theme

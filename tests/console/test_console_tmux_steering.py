@@ -89,7 +89,8 @@ def test_tune_stop_rollback_and_branch_from_a_real_terminal(tmp_path: Path) -> N
         tmux.keys("t")
         tmux.wait_for("Tune beta's micro-batch shape for:")
         tmux.keys("Enter")  # alone
-        tmux.wait_for("(the GPU to itself)?")  # the confirmation (it names the full path)
+        # The confirmation (it names the full path); the choice in a CPU line's words.
+        tmux.wait_for("memory)?")
         tmux.keys("y")
         tmux.wait_for("✓ beta: tune accepted", timeout=300)
         assert "tune: done" in (beta / "run.log").read_text()
