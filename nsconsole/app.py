@@ -42,6 +42,8 @@ from textual.screen import Screen
 from textual.theme import Theme
 
 from engine.errors import LineError
+from engine.layout import LineLayout
+from engine.ops.branch import branches_forked_after
 from engine.supervisor.registry import SupervisorEntry, list_supervisors
 from nsconsole.live import LiveLines
 from nsconsole.screens.branch_form import BranchForm, BranchRequest
@@ -504,5 +506,8 @@ def rollback_consequences(line: LineView, target: CheckpointInfo) -> str:
     updates = "the updates after it" if update is None else f"updates {target.update + 1}-{update}"
     tokens = None if line.tokens is None or target.tokens is None else line.tokens - target.tokens
     trained = "" if tokens is None else f" ({fmt.count(tokens)} tokens)"
+    branches = branches_forked_after(LineLayout(line.path), target.update)
+    grown = "" if not branches else (f" Branches forked after it keep their own checkpoints and rows, but the trunk "
+                                     f"rows they grew from go with the rest: {', '.join(branches)}.")
     return (f"Sets aside {updates}{trained}: their rows are kept in rows.rolledback-<time>.jsonl and the later "
-            f"checkpoints go at the next checkpoint; training resumes at update {target.update}.")
+            f"checkpoints go at the next checkpoint; training resumes at update {target.update}.{grown}")

@@ -479,6 +479,19 @@ def read_branches(layout: LineLayout) -> list[dict[str, Any]]:
     return document["branches"]
 
 
+def branches_forked_after(layout: LineLayout, update: int) -> list[str]:
+    """`PATH (forked at update N)` of each branch recorded on the line that forked after `update`:
+    a rollback to it sets aside the trunk history they grew from (each keeps its own checkpoints
+    and rows; the console draws a branch over its trunk's rows up to the fork, so theirs then
+    have a gap). Empty when branches.json is absent or unreadable (a rollback is not refused for it)."""
+    try:
+        entries = read_branches(layout)
+    except LineError:
+        return []
+    return [f"{entry['line']} (forked at update {entry['at_update']})" for entry in entries
+            if isinstance(entry, dict) and isinstance(entry.get("at_update"), int) and entry["at_update"] > update]
+
+
 def record_branch(parent: LineLayout, branch: Path, request: BranchRequest, update: int, tokens: int) -> None:
     """Append the branch to the parent's branches.json (replaced atomically)."""
     branches = read_branches(parent)

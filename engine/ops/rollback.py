@@ -14,6 +14,7 @@ Every check runs before anything is written; each file is replaced atomically.
 from __future__ import annotations
 
 import calendar
+import dataclasses
 import json
 import os
 import shutil
@@ -34,6 +35,7 @@ from engine.checkpoints.format import (
 from engine.config.run import RunConfig
 from engine.errors import LineError
 from engine.layout import LineLayout
+from engine.ops.branch import branches_forked_after
 from engine.ops.lines import open_line, resolve_data_path
 from engine.ops.status import pid_alive
 from engine.protocol.facts import Stage
@@ -55,6 +57,9 @@ class RollbackResult:
     """Rows left in rows.jsonl."""
     reopened_cycles: list[int]
     """Data cycles whose consumed mark was cleared (the preparer rebuilds their shards)."""
+    branches_after: list[str] = dataclasses.field(default_factory=list)
+    """Branches forked after `to_update` (`branches_forked_after`): the trunk rows they grew from
+    are in `rows_kept` now."""
 
 
 def running_trainer(layout: LineLayout) -> int | None:
@@ -106,7 +111,8 @@ def rollback_line(line: Path | str, to_update: int) -> RollbackResult:
     write_latest(layout.checkpoints, target.name)
     RowsFile.cut_back(layout.rows_jsonl, int(state["rows"]), int(state["rows_bytes"]))
     later = [name for name in available if (update_of(Path(name)) or 0) > to_update]
-    return RollbackResult(to_update, later, rows_kept, int(state["rows"]), reopened)
+    return RollbackResult(to_update, later, rows_kept, int(state["rows"]), reopened,
+                          branches_forked_after(layout, to_update))
 
 
 def rows_remedy(layout: LineLayout) -> str:

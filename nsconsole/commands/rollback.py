@@ -40,4 +40,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"set aside until the line moves on: {', '.join(result.set_aside)}")
     if result.reopened_cycles:
         print(f"data cycles reopened: {', '.join(map(str, result.reopened_cycles))}")
+    if result.branches_after:
+        print(f"branches forked after update {result.to_update} keep their own checkpoints and rows, and the trunk "
+              f"rows they grew from are in the copy above: {', '.join(result.branches_after)}")
     return 0

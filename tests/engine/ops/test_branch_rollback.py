@@ -25,6 +25,7 @@ from engine.checkpoints.format import (
     STATE_NAME,
     list_checkpoints,
     read_latest,
+    update_of,
     verify_checkpoint,
     write_latest,
 )
@@ -38,7 +39,10 @@ from engine.ops.rollback import rollback_line
 from engine.training.schedule import learning_rate
 from engine.training.trainer import Trainer
 from engine.wandb.state import RunPoint, WandbRunState
+from nsconsole.app import rollback_consequences
 from nsconsole.cli import main as cli_main
+from nsconsole.state import LineView
+from nsconsole.widgets.checkpoint_list import CheckpointInfo
 
 LONG = 2 * SEQ_LEN
 
@@ -275,3 +279,24 @@ def test_rollback_refusals(trunk: Path, capsys: pytest.CaptureFixture) -> None:
     assert read_latest(trunk / "checkpoints") == latest and not list(trunk.glob("rows.rolledback-*"))
     assert cli_main(["rollback", str(trunk), "--to", "3"]) == 2
     assert "u00000003: no such checkpoint (the line has u00000000, u00000010" in capsys.readouterr().err
+
+
+def test_a_rollback_past_a_branch_point_says_so_from_the_console_and_the_command_line(
+    trunk: Path, data_template: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """The branch keeps its own checkpoints and rows; the trunk rows it grew from are set aside with
+    the rest (found in a console walkthrough: the confirmation said nothing of the branch)."""
+    fork_name = next(name for name, reason in kept(trunk).items() if reason == "cycle-end 0")
+    branch = tmp_path / "b1"
+    branch_line(BranchRequest(branch, trunk, 0, "decay:1024", copy_data_line(data_template, tmp_path / "b1data")))
+    fork_update = load_checkpoint(trunk / "checkpoints" / fork_name).update
+    said = f"{branch} (forked at update {fork_update})"
+    view = LineView("trunk", trunk)
+    view.apply_rows(rows_without_wall_clock(trunk / "rows.jsonl"), 0)
+    earlier = max(update for update in map(update_of, list_checkpoints(trunk / "checkpoints")) if update < fork_update)
+    before, after = (CheckpointInfo(update, f"u{update:08d}", None, False, None) for update in (earlier, fork_update))
+    assert said in rollback_consequences(view, before) and "Branches forked after it" not in rollback_consequences(view, after)
+    capsys.readouterr()
+    assert cli_main(["rollback", str(trunk), "--to", str(earlier)]) == 0
+    out = capsys.readouterr().out
+    assert f"branches forked after update {earlier} keep their own checkpoints and rows" in out and said in out
