@@ -420,6 +420,15 @@ class ConsoleApp(App[None]):
         line = self.selected_line()
         if line is None or not self.check_action("resume", ()):
             return
+        # A finished line starts nothing, as `nsconsole run` says (imported here: it reads the data line).
+        from engine.ops.line_end import refuse_a_finished_line
+
+        try:
+            await asyncio.to_thread(refuse_a_finished_line, Path(line.path))
+        except (LineError, OSError) as error:
+            line.add_event(self.clock(), "refused", f"resume: {error}", "error")
+            self.notify(toast_text(f"✗ {line.name}: {error}"), severity="error", timeout=8, markup=False)
+            return
         question = f"Resume {line.path}?"
         detail = ("Its supervisor starts in the background, as `nsconsole run` starts it, and the trainer goes on "
                   "from the latest checkpoint.")
@@ -510,4 +519,4 @@ def rollback_consequences(line: LineView, target: CheckpointInfo) -> str:
     grown = "" if not branches else (f" Branches forked after it keep their own checkpoints and rows, but the trunk "
                                      f"rows they grew from go with the rest: {', '.join(branches)}.")
     return (f"Sets aside {updates}{trained}: their rows are kept in rows.rolledback-<time>.jsonl and the later "
-            f"checkpoints go at the next checkpoint; training resumes at update {target.update}.{grown}")
+            f"checkpoints go at the next checkpoint; training resumes from update {target.update}.{grown}")

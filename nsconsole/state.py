@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -434,8 +435,9 @@ class LineView:
             if match is not None:
                 told.remove(match)
                 continue
-            self.add_event(float(when), facts.EventKind.ROLLED_BACK, "rolled back (its rows.rolledback-<time>.jsonl "
-                           "keeps the rows set aside)", alert=False)
+            stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(when))
+            self.add_event(float(when), facts.EventKind.ROLLED_BACK, f"rolled back (the rows set aside are kept in "
+                           f"rows.rolledback-{stamp}.jsonl)", alert=False)
 
     # ---- health --------------------------------------------------------------------------------
 

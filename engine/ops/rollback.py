@@ -14,6 +14,7 @@ Every check runs before anything is written; each file is replaced atomically.
 from __future__ import annotations
 
 import calendar
+import contextlib
 import dataclasses
 import json
 import os
@@ -23,8 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import datalines
+from engine.atomic import write_text_atomic
 from engine.checkpoints.format import (
     STATE_NAME,
+    checkpoint_name,
     list_checkpoints,
     read_checkpoint_state,
     read_latest,
@@ -35,10 +38,11 @@ from engine.checkpoints.format import (
 from engine.config.run import RunConfig
 from engine.errors import LineError
 from engine.layout import LineLayout
+from engine.logrotate import RotatingLog
 from engine.ops.branch import branches_forked_after
 from engine.ops.lines import open_line, resolve_data_path
 from engine.ops.status import pid_alive
-from engine.protocol.facts import Stage
+from engine.protocol.facts import LineState, Stage
 from engine.rows import RowsFile, rows_problem
 from engine.wandb.mirror import plan_rollback
 
@@ -130,6 +134,35 @@ def rows_remedy(layout: LineLayout) -> str:
             return (f"`nsconsole rollback {layout.root} --to {update}` goes back to {directory.name}, the newest "
                     "checkpoint whose rows it holds (the updates after it are trained again)")
     return "no earlier checkpoint's rows are all there either: restore rows.jsonl from a backup"
+
+
+def record_rollback_at_rest(layout: LineLayout, result: RollbackResult) -> None:
+    """After `nsconsole rollback` on a line nothing runs (the caller holds the line: `hold_line`),
+    leave its files saying so, as a supervisor's rollback leaves them: a line in run.log, the
+    heartbeat at the update the line continues from (not the one it had reached), and a supervisor
+    state of `finished` (no longer true: the line has updates to train again) made `stopped`.
+    Each file is replaced atomically; one that is absent or unreadable is left as it is."""
+    where = f"the line continues from update {result.to_update}"
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
+    with contextlib.suppress(OSError):
+        RotatingLog(layout.run_log).write(f"{stamp} rollback: done from the command line; {where}\n")
+    beat = _read_object(layout.heartbeat)
+    if beat is not None:
+        beat.update(update=result.to_update, stage=Stage.STOPPED, time=time.time(),
+                    reason=f"rolled back to {checkpoint_name(result.to_update)}")
+        write_text_atomic(layout.heartbeat, json.dumps(beat))
+    supervisor = _read_object(layout.supervisor_json)
+    if supervisor is not None and supervisor.get("state") == LineState.FINISHED:
+        supervisor["state"] = LineState.STOPPED
+        write_text_atomic(layout.supervisor_json, json.dumps(supervisor, indent=1, default=str) + "\n")
+
+
+def _read_object(path: Path) -> dict | None:
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    return document if isinstance(document, dict) else None
 
 
 def check_rows_prefix(path: Path, rows: int, size: int) -> None:

@@ -22,7 +22,7 @@ from engine.layout import LineLayout, checkpoint_update
 from engine.ops.lines import open_line
 from engine.ops.stop import StopRequest, read_stop
 from engine.process_start import recorded_process_alive
-from engine.protocol.facts import FINAL_LINE_STATES, LineState
+from engine.protocol.facts import FINAL_LINE_STATES, LineState, Stage
 from engine.supervisor.forks import QueuedFork
 from engine.wandb.state import WandbRunState
 
@@ -81,6 +81,9 @@ class LineStatus:
     """Branches waiting for the end of their trunk cycle (supervisor.json `queued_forks`)."""
     parent: str | None = None
     """The line this one was branched from (None: a trunk)."""
+    lone_trainer_pid: int | None = None
+    """The pid of a trainer that trains the line with no supervisor running (`run --no-supervisor`,
+    or one whose supervisor died, checkpointing before it goes); None otherwise."""
 
 
 def line_status(root: Path | str, rows: int = 5, now: float | None = None) -> LineStatus:
@@ -135,6 +138,12 @@ def _read_supervisor_state(supervisor: dict[str, Any], status: LineStatus) -> No
     status.state = state if isinstance(state, str) else None
     if recorded_process_alive(pid, supervisor.get("boot_start"), supervisor.get("started")):
         status.supervisor_pid = pid
+    beat = status.heartbeat or {}
+    trainer = beat.get("pid")
+    if status.supervisor_pid is None and beat.get("stage") != Stage.STOPPED and recorded_process_alive(
+        trainer, beat.get("pid_boot_start"), beat.get("time")
+    ):
+        status.lone_trainer_pid = trainer
     failures = supervisor.get("failures_in_a_row")
     status.failures_in_a_row = failures if isinstance(failures, int) and not isinstance(failures, bool) else 0
     event = supervisor.get("last_event")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from nsconsole.commands.parser import add_command
 
@@ -29,10 +30,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.ops.rollback import rollback_line
+    from engine.errors import LineError
+    from engine.ops.lines import open_line
+    from engine.ops.rollback import record_rollback_at_rest, rollback_line
+    from engine.training.line_lock import hold_line
 
     line = args.host_settings.resolve_line(args.line)
-    result = rollback_line(line, args.to)
+    layout = open_line(line)
+    # Held for the rollback: no supervisor (or trainer without one) starts on the line meanwhile,
+    # and a running one refuses it here (its rollback goes through it: the console, or the socket).
+    try:
+        hold = hold_line(layout)
+    except LineError as error:
+        raise LineError(f"{error}; roll it back from the console (r), or stop the line first") from None
+    try:
+        result = rollback_line(line, args.to)
+        record_rollback_at_rest(layout, result)
+    finally:
+        os.close(hold)
     print(f"{line}: continues from update {result.to_update} at its next start ({result.rows_now} rows kept)")
     if result.rows_kept is not None:
         print(f"the rows as they were: {result.rows_kept}")

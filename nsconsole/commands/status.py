@@ -104,6 +104,9 @@ def format_status(status: LineStatus) -> list[str]:
 def state_line(status: LineStatus) -> str:
     """supervisor.json's state, whether its supervisor runs, and for a line that failed why."""
     state = status.state
+    if status.lone_trainer_pid is not None:
+        stage = (status.heartbeat or {}).get("stage", "training")
+        return f"state: {stage} with no supervisor (trainer pid {status.lone_trainer_pid})"
     if state is None:
         return "state: no supervisor has run this line (no supervisor.json)"
     if status.supervisor_pid is not None:

@@ -194,10 +194,14 @@ def test_a_line_that_stopped_is_listed_by_a_fresh_console_and_resumed_with_a_key
     assert json.loads((line_path / "supervisor.json").read_text())["state"] == "finished"
 
 
-def resume_with_r(tmp_path: Path, after_yes: Callable[[Any, LineView, Path], Awaitable[None]]) -> None:
-    """A console with one line no supervisor runs: `R`, `y`, then `after_yes(pilot, line, line_path)`;
-    every process of the line is gone at the end."""
-    line_path = make_line(tmp_path, make_data_line(tmp_path / "data_root", prepare=1))
+def resume_with_r(
+    tmp_path: Path, after_yes: Callable[[Any, LineView, Path], Awaitable[None]], line_path: Path | None = None,
+    confirmed: bool = True,
+) -> None:
+    """A console with one line no supervisor runs (a new one unless given): `R`, `y` (unless not
+    `confirmed`: no confirmation expected), then `after_yes(pilot, line, line_path)`; every process
+    of the line is gone at the end."""
+    line_path = line_path or make_line(tmp_path, make_data_line(tmp_path / "data_root", prepare=1))
     line = LineView(line_id(line_path), line_path)  # no supervisor runs it: `R` is on
     app = ConsoleApp(book=book_of(line), attach=False)
 
@@ -209,8 +213,9 @@ def resume_with_r(tmp_path: Path, after_yes: Callable[[Any, LineView, Path], Awa
             app.live = Live()  # type: ignore[assignment]
             await until(pilot, lambda: app.selected_line() is line, "the line's row")
             await pilot.press("R")
-            await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the confirmation")
-            await pilot.press("y")
+            if confirmed:
+                await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the confirmation")
+                await pilot.press("y")
             await after_yes(pilot, line, line_path)
 
     try:
@@ -277,3 +282,22 @@ def test_rollbacks_recorded_in_the_files_become_events_once(tmp_path: Path) -> N
     assert len([event for event in view.events if event.kind == "rolled_back"]) == 3
     frame = build_frame(view, CurveSettings(x_axis="update"), None, {})
     assert sorted(x for x, kind in frame.markers if kind == "rollback") == [5, 5]  # row u is written at 1000 + u
+
+
+@pytest.mark.slow
+def test_r_on_a_finished_line_says_so_and_starts_nothing(tmp_path: Path) -> None:
+    """As `nsconsole run` refuses it: a finished line has nothing to train, so `R` says how to train
+    on from it instead of starting a supervisor that ends at once (found in a walkthrough)."""
+    from engine.training.trainer import Trainer
+
+    line_path = make_line(tmp_path, make_data_line(tmp_path / "data_root", files=2))
+    assert Trainer(line_path, echo=None).run() == 0  # to the end of its data line
+
+    async def refused(pilot: Any, line: LineView, line_path: Path) -> None:
+        event = await until(pilot, lambda: next((event for event in line.events if event.kind == "refused"), None),
+                            "the refusal", 60)
+        assert "has finished (it trained every cycle of its data line" in event.message
+        assert not isinstance(pilot.app.screen, ConfirmScreen)
+
+    resume_with_r(tmp_path, refused, line_path, confirmed=False)
+    assert not (line_path / "supervisor.json").exists()

@@ -64,6 +64,11 @@ def test_a_finished_line_rolled_back_trains_to_its_end_again_with_the_same_rows(
         before = time.time()
         assert main(["rollback", str(line), "--to", str(to)]) == 0
         after = time.time()
+        # Its files say so, as a supervisor's rollback leaves them: not finished, at update `to`.
+        assert json.loads((line / "supervisor.json").read_text())["state"] == "stopped"
+        assert json.loads((line / "heartbeat").read_text())["update"] == to
+        assert f"rollback: done from the command line; the line continues from update {to}" in (
+            line / "run.log").read_text()
         assert [path.name for path in (data / "cycles" / "c0001").iterdir()] == [MANIFEST_NAME]  # reopened
         capsys.readouterr()
         # Without a supervisor nobody rebuilds the cycle: refused, with the command that does.

@@ -52,6 +52,12 @@ def test_no_supervisor_beside_a_running_supervisor_is_refused(
     finally:
         os.close(supervisor_hold)
     assert f"a supervisor already runs this line (pid {os.getpid()})" in capsys.readouterr().err
+    supervisor_hold = hold_line(LineLayout(line))  # a rollback goes through a running supervisor
+    try:
+        assert main(["rollback", str(line), "--to", "0"]) == 2
+    finally:
+        os.close(supervisor_hold)
+    assert capsys.readouterr().err.rstrip().endswith("roll it back from the console (r), or stop the line first")
     assert not (line / "rows.jsonl").exists()
     assert main(["run", str(line), "--no-supervisor", "--stop-at", "2"]) == 0
 
@@ -78,6 +84,8 @@ def test_a_supervisor_beside_a_trainer_without_one_is_refused_and_leaves_it_trai
             assert error.count("\n") == 1, error
             assert f"a trainer started without a supervisor is running it (pid {trainer.pid}); stop it first" in error
         assert trainer.poll() is None and not (line / "supervisor.json").exists()
+        assert main(["status", str(line)]) == 0  # it trains: status says so, not "stopped"
+        assert f" with no supervisor (trainer pid {trainer.pid})" in capsys.readouterr().out
         assert main(["stop", str(line)]) == 0
         assert trainer.wait(timeout=120) == 0
     finally:
