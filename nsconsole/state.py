@@ -349,6 +349,12 @@ class LineView:
             event_kind = str(data.get("event", "event"))
             severity = "error" if event_kind in facts.ERROR_EVENTS else "info"
             event = self.add_event(float(data.get("time") or now), event_kind, str(data.get("message", "")), severity)
+            result = data.get("result")
+            if event_kind == EventKind.ROLLED_BACK and isinstance(result, dict) and self.heartbeat is not None \
+                    and isinstance(result.get("to_update"), int):
+                # The stopped trainer's last beat names the update it had reached: the line is back at
+                # the rollback's until the next trainer beats.
+                self.heartbeat = {**self.heartbeat, "update": result["to_update"]}
             if event_kind == EventKind.LAUNCHED:
                 # Before the new trainer's first row (one stream, in order): its warm-up is not judged slow.
                 self._trainer_launched_at(event.time)

@@ -226,6 +226,7 @@ def test_a_rollback_takes_what_it_sets_aside_off_the_screen_when_it_is_done(tmp_
     def on_change(line: LineView) -> None:
         if not at_event and any(event.kind == "rolled_back" for event in line.events):
             at_event.append((max(line.series.update, default=0), [row["update"] for row in line.validations]))
+            at_event.append((line.update or 0, []))  # the header's update: not the stopped trainer's last beat
 
     live = LiveLines(LineBook(), on_change, discovery_interval=0.2, status_interval=0.5)
     supervisor = start_supervisor(tmp_path, line_path, run_preparer=False)
@@ -255,5 +256,6 @@ def test_a_rollback_takes_what_it_sets_aside_off_the_screen_when_it_is_done(tmp_
         supervisor.kill()
         supervisor.wait()
         kill_line_processes(tmp_path)
-    newest_row, validations = at_event[0]
+    (newest_row, validations), (shown_update, _) = at_event
     assert newest_row <= target and all(update <= target for update in validations), (target, at_event)
+    assert shown_update <= target, (target, at_event)
