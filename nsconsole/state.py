@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.ops.rollback import STAMP_FORMAT
 from engine.protocol import facts
 from engine.protocol.facts import EventKind, Stage
 from engine.supervisor.rpc import is_validation_row
@@ -441,7 +442,7 @@ class LineView:
             if match is not None:
                 told.remove(match)
                 continue
-            stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(when))
+            stamp = time.strftime(STAMP_FORMAT, time.gmtime(when))
             self.add_event(float(when), facts.EventKind.ROLLED_BACK, f"rolled back (the rows set aside are kept in "
                            f"rows.rolledback-{stamp}.jsonl)", alert=False)
 

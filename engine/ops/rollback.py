@@ -44,6 +44,7 @@ from engine.ops.lines import open_line, resolve_data_path
 from engine.ops.status import pid_alive
 from engine.protocol.facts import LineState, Stage
 from engine.rows import RowsFile, rows_problem
+from engine.supervisor.reads import read_json
 from engine.wandb.mirror import plan_rollback
 
 
@@ -146,23 +147,15 @@ def record_rollback_at_rest(layout: LineLayout, result: RollbackResult) -> None:
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
     with contextlib.suppress(OSError):
         RotatingLog(layout.run_log).write(f"{stamp} rollback: done from the command line; {where}\n")
-    beat = _read_object(layout.heartbeat)
+    beat = read_json(layout.heartbeat)
     if beat is not None:
         beat.update(update=result.to_update, stage=Stage.STOPPED, time=time.time(),
                     reason=f"rolled back to {checkpoint_name(result.to_update)}")
         write_text_atomic(layout.heartbeat, json.dumps(beat))
-    supervisor = _read_object(layout.supervisor_json)
+    supervisor = read_json(layout.supervisor_json)
     if supervisor is not None and supervisor.get("state") == LineState.FINISHED:
         supervisor["state"] = LineState.STOPPED
         write_text_atomic(layout.supervisor_json, json.dumps(supervisor, indent=1, default=str) + "\n")
-
-
-def _read_object(path: Path) -> dict | None:
-    try:
-        document = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
-        return None
-    return document if isinstance(document, dict) else None
 
 
 def check_rows_prefix(path: Path, rows: int, size: int) -> None:

@@ -13,11 +13,13 @@ Two flocks, each held for the holder's life:
 from __future__ import annotations
 
 import fcntl
-import json
 import os
+from pathlib import Path
 
 from engine.errors import LineError
 from engine.layout import LineLayout
+from engine.ops.status import pid_alive
+from engine.supervisor.reads import read_json
 
 
 def hold_trainer_lock(layout: LineLayout) -> int:
@@ -57,19 +59,7 @@ def line_holder(layout: LineLayout) -> str:
     return "a supervisor or a trainer is starting on it; try again once it runs, or stop it (nsconsole stop)"
 
 
-def _pid_in(path: os.PathLike[str] | str) -> int | None:
+def _pid_in(path: Path) -> int | None:
     """The live process a JSON state file names by `pid` (None: none, or not running)."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            pid = json.load(handle).get("pid")
-    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
-        return None
-    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
-        return None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return None
-    except PermissionError:
-        pass  # another user's process: alive
-    return pid
+    pid = (read_json(path) or {}).get("pid")
+    return pid if pid_alive(pid) else None

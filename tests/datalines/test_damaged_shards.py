@@ -8,7 +8,7 @@ import hashlib
 from pathlib import Path
 
 import pytest
-from helpers.data import make_chat_corpus, make_tokenizer, make_web_corpus, write_recipe
+from helpers.data import make_web_chat_recipe
 
 from datalines import open_data_line
 from datalines.creation import init_data_line
@@ -21,11 +21,7 @@ CYCLE_TOKENS = 5000
 
 @pytest.fixture(scope="module")
 def recipe(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("inputs")
-    web = make_web_corpus(root / "web")
-    chat = make_chat_corpus(root / "chat")
-    tokenizer = make_tokenizer(root / "tokenizer.json", [web, chat])
-    return write_recipe(root / "recipe.json", web, chat, tokenizer)
+    return make_web_chat_recipe(tmp_path_factory.mktemp("inputs"))
 
 
 def _damage_in_place(path: Path) -> None:

@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers.data import make_chat_corpus, make_tokenizer, make_web_corpus, write_recipe
+from helpers.data import make_web_chat_recipe
 
 from datalines import open_data_line
 from datalines.creation import init_data_line
@@ -22,9 +22,7 @@ CYCLE_TOKENS = 5000
 def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A data line with cycles 0 and 1 prepared (each test works on a copy)."""
     root = tmp_path_factory.mktemp("inputs")
-    web = make_web_corpus(root / "web")
-    chat = make_chat_corpus(root / "chat")
-    recipe = write_recipe(root / "recipe.json", web, chat, make_tokenizer(root / "tokenizer.json", [web, chat]))
+    recipe = make_web_chat_recipe(root)
     line = init_data_line(root / "line", recipe, 0, CYCLE_TOKENS, None)
     assert run_preparer(line, ahead=2, min_free_bytes=0, once=True).ready == [0, 1]
     return line.path

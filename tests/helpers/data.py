@@ -106,6 +106,13 @@ def write_recipe(path: Path, web: Path, chat: Path, tokenizer: Path, **overrides
     return path
 
 
+def make_web_chat_recipe(root: Path) -> Path:
+    """A web and a chat corpus, a tokenizer trained on both and a recipe mixing them, under `root`."""
+    web = make_web_corpus(root / "web")
+    chat = make_chat_corpus(root / "chat")
+    return write_recipe(root / "recipe.json", web, chat, make_tokenizer(root / "tokenizer.json", [web, chat]))
+
+
 def worst_run_deviation(order: np.ndarray, weights: list[int]) -> float:
     """max over sources and contiguous runs [a, b) of |count in run - (b - a) * share|."""
     total = sum(weights)
