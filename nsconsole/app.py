@@ -43,7 +43,7 @@ from textual.theme import Theme
 
 from engine.errors import LineError
 from engine.layout import LineLayout
-from engine.ops.branch import branches_forked_after
+from engine.ops.branch_records import branches_forked_after
 from engine.supervisor.registry import SupervisorEntry, list_supervisors
 from nsconsole.live import LiveLines
 from nsconsole.screens.branch_form import BranchForm, BranchRequest

@@ -23,7 +23,7 @@ from engine.checkpoints.format import branched_from
 from engine.config.host import HostSettings
 from engine.layout import LineLayout
 from engine.ops.demo import demo_paths
-from engine.ops.rollback import rollback_times
+from engine.ops.rollback_records import rollback_times
 from engine.process_start import recorded_process_alive
 from engine.protocol.facts import FINAL_LINE_STATES, Stage
 from engine.supervisor.reads import beat_time, latest_update, read_json

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.ops.rollback import STAMP_FORMAT
+from engine.ops.rollback_records import STAMP_FORMAT
 from engine.protocol import facts
 from engine.protocol.facts import EventKind, Stage
 from engine.supervisor.rpc import is_validation_row

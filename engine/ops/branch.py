@@ -24,14 +24,13 @@ import hashlib
 import json
 import os
 import shutil
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import datalines
 from datalines.consumption import other_training_line, trained_refusal
-from engine.atomic import fsync_directory, write_text_atomic
+from engine.atomic import fsync_directory
 from engine.checkpoints.format import (
     BRANCH_START_KEPT,
     EXTRA_FILE,
@@ -57,6 +56,7 @@ from engine.config.run import DataConfig, LengthConfig, LRPiece, RunConfig, Stag
 from engine.errors import LineError
 from engine.layout import LineLayout
 from engine.models import presets
+from engine.ops.branch_records import record_branch
 from engine.ops.fork_point import check_cycle_comes, expected_fork_position, latest_position
 from engine.ops.lines import inspect_data_line, open_line, resolve_data_path
 from engine.training.heldout_rows import heldout_line_path, missing_rows_problem, validation_lengths
@@ -464,49 +464,6 @@ def _longest_context(config: RunConfig) -> int:
         if hasattr(preset, name):
             return int(getattr(preset, name))
     raise LineError(f"--long-seq-len: preset {config.model.preset!r} names no longest context; give one")
-
-
-def read_branches(layout: LineLayout) -> list[dict[str, Any]]:
-    """The branches recorded on a line (branches.json; empty when there is none)."""
-    try:
-        document = json.loads(layout.branches_json.read_text())
-    except FileNotFoundError:
-        return []
-    except (OSError, ValueError) as error:
-        raise LineError(f"{layout.branches_json}: unreadable ({error})") from None
-    if not isinstance(document, dict) or not isinstance(document.get("branches"), list):
-        raise LineError(f"{layout.branches_json}: expected an object with a list of branches")
-    return document["branches"]
-
-
-def branches_forked_after(layout: LineLayout, update: int) -> list[str]:
-    """`PATH (forked at update N)` of each branch recorded on the line that forked after `update`:
-    a rollback to it sets aside the trunk history they grew from (each keeps its own checkpoints
-    and rows; the console draws a branch over its trunk's rows up to the fork, so theirs then
-    have a gap). Empty when branches.json is absent or unreadable (a rollback is not refused for it)."""
-    try:
-        entries = read_branches(layout)
-    except LineError:
-        return []
-    return [f"{entry['line']} (forked at update {entry['at_update']})" for entry in entries
-            if isinstance(entry, dict) and isinstance(entry.get("at_update"), int) and entry["at_update"] > update]
-
-
-def record_branch(parent: LineLayout, branch: Path, request: BranchRequest, update: int, tokens: int) -> None:
-    """Append the branch to the parent's branches.json (replaced atomically)."""
-    branches = read_branches(parent)
-    branches.append({
-        "line": str(branch),
-        "at_cycle": request.at_cycle,
-        "at_update": update,
-        "at_tokens": tokens,
-        "plan": request.plan,
-        "data": str(request.data.absolute()),
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    })  # fmt: skip
-    write_text_atomic(
-        parent.branches_json, json.dumps({"branches": branches}, indent=2, sort_keys=True) + "\n"
-    )
 
 
 # -- rollback -------------------------------------------------------------------------------------

@@ -13,7 +13,6 @@ Every check runs before anything is written; each file is replaced atomically.
 
 from __future__ import annotations
 
-import calendar
 import contextlib
 import dataclasses
 import json
@@ -39,8 +38,9 @@ from engine.config.run import RunConfig
 from engine.errors import LineError
 from engine.layout import LineLayout
 from engine.logrotate import RotatingLog
-from engine.ops.branch import branches_forked_after
+from engine.ops.branch_records import branches_forked_after
 from engine.ops.lines import open_line, resolve_data_path
+from engine.ops.rollback_records import rolled_back_rows_path
 from engine.ops.status import pid_alive
 from engine.protocol.facts import LineState, Stage
 from engine.rows import RowsFile, rows_problem
@@ -107,7 +107,7 @@ def rollback_line(line: Path | str, to_update: int) -> RollbackResult:
 
     rows_kept = None
     if layout.rows_jsonl.exists():
-        rows_kept = _rolled_back_rows_path(layout)
+        rows_kept = rolled_back_rows_path(layout)
         shutil.copyfile(layout.rows_jsonl, rows_kept)
         with open(rows_kept, "rb+") as handle:
             os.fsync(handle.fileno())
@@ -167,36 +167,6 @@ def check_rows_prefix(path: Path, rows: int, size: int) -> None:
         prefix = b""
     if len(prefix) < size or prefix.count(b"\n") != rows:
         raise LineError(f"{path}: does not begin with the {rows} rows the checkpoint counts ({size} bytes)")
-
-
-ROLLED_BACK_ROWS_PREFIX = "rows.rolledback-"
-"""rows.rolledback-<UTC time>[-N].jsonl: a rollback's copy of rows.jsonl, and the record of when it was made."""
-STAMP_FORMAT = "%Y%m%dT%H%M%SZ"
-
-
-def _rolled_back_rows_path(layout: LineLayout) -> Path:
-    """rows.rolledback-<UTC time>.jsonl, numbered when a rollback in the same second made one already."""
-    stamp = time.strftime(STAMP_FORMAT, time.gmtime())
-    path = layout.root / f"{ROLLED_BACK_ROWS_PREFIX}{stamp}.jsonl"
-    number = 2
-    while path.exists():
-        path = layout.root / f"{ROLLED_BACK_ROWS_PREFIX}{stamp}-{number}.jsonl"
-        number += 1
-    return path
-
-
-def rollback_times(layout: LineLayout) -> list[float]:
-    """When each rollback of the line was made (Unix seconds, oldest first), read from the names of
-    its rows.rolledback-<time>.jsonl copies: whoever made it (a supervisor, or `nsconsole rollback`
-    on a line nothing ran), and however many supervisors ago. A file of another name is skipped."""
-    times = []
-    for path in layout.root.glob(f"{ROLLED_BACK_ROWS_PREFIX}*.jsonl"):
-        stamp = path.name[len(ROLLED_BACK_ROWS_PREFIX):].split(".", 1)[0].split("-", 1)[0]
-        try:
-            times.append(float(calendar.timegm(time.strptime(stamp, STAMP_FORMAT))))
-        except ValueError:
-            continue
-    return sorted(times)
 
 
 def reopen_cycles(data_path: Path, from_cycle: int) -> list[int]:

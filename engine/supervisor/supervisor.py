@@ -67,7 +67,7 @@ from engine.gpu.placement import PhysicalGpu, PlacementError, child_environment
 from engine.layout import LineLayout
 from engine.logrotate import RotatingLog, rotate_if_needed
 from engine.ops import lines as ops
-from engine.ops.rollback import rollback_times
+from engine.ops.rollback_records import rollback_times
 from engine.process_start import is_recorded_process, started_since_boot
 from engine.protocol.facts import (
     ENGINE_CHOICES,

@@ -30,7 +30,7 @@ from textual import work
 from engine.config.run import RunConfig
 from engine.errors import LineError
 from engine.layout import LineLayout
-from engine.ops.branch import read_branches
+from engine.ops.branch_records import read_branches
 from engine.ops.lines import resolve_data_path
 from engine.protocol.facts import LineState
 from nsconsole.state import LineView

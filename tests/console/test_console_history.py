@@ -22,7 +22,7 @@ from helpers.supervise import RUNNER, kill_line_processes, stop_supervisor
 
 from engine.config.host import HostSettings
 from engine.layout import LineLayout
-from engine.ops.rollback import rollback_times
+from engine.ops.rollback_records import rollback_times
 from engine.process_start import started_since_boot
 from engine.supervisor import registry
 from engine.supervisor.registry import line_id

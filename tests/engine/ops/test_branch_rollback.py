@@ -33,7 +33,8 @@ from engine.checkpoints.tensors import load_checkpoint
 from engine.config.run import RunConfig
 from engine.errors import LineError
 from engine.layout import LineLayout
-from engine.ops.branch import BranchRequest, branch_line, find_cycle_end, parse_plan, read_branches
+from engine.ops.branch import BranchRequest, branch_line, find_cycle_end, parse_plan
+from engine.ops.branch_records import read_branches
 from engine.ops.fork_point import expected_fork_position
 from engine.ops.rollback import rollback_line
 from engine.training.schedule import learning_rate

@@ -28,8 +28,8 @@ from datalines.preparer import prepare_cycle
 from engine.checkpoints.format import branched_from, list_checkpoints, read_latest
 from engine.config.run import RunConfig
 from engine.layout import LineLayout
-from engine.ops.branch import read_branches
-from engine.ops.rollback import rollback_times
+from engine.ops.branch_records import read_branches
+from engine.ops.rollback_records import rollback_times
 from engine.supervisor import registry
 from nsconsole.client import RemoteError, SupervisorClient
 
