@@ -285,12 +285,13 @@ def eta_line(line: LineView, plan: RunPlan | None, problem: str | None = None) -
         for lead, label, due in (("next ", "◇ validation ", validation), ("  ", "⤓ checkpoint ", checkpoint)):
             text.append(f"{lead}{label}", style="dim")
             text.append("none ahead" if due is None else f"{due.text()}{within(due.update - update, 0)}")
-    tokens = line.tokens or 0.0
     text.append("  plan ", style="dim")
     if plan.plan_tokens is None:
         text.append("until the data line ends")
     else:
-        trained = tokens - (plan.fork.tokens if plan.fork is not None else 0.0)
+        # No row of its own yet (a fresh line, or one rolled back to its start): it stands at its
+        # start, so a branch has all of its plan left, not the tokens up to its fork as well.
+        trained = 0.0 if line.tokens is None else line.tokens - (plan.fork.tokens if plan.fork is not None else 0.0)
         left = max(0.0, plan.plan_tokens - trained)
         text.append(f"{fmt.count(left)} tokens left{within(left, 1)}")
     text.append("  data line ", style="dim")

@@ -57,11 +57,13 @@ def rows_to(last: int, validate_every: int = 100, first: int = 1) -> list[dict]:
     return rows
 
 
-def a_line(path: str | Path, rows: list[dict], parent: str | None = None, state: str = "training") -> LineView:
+def a_line(path: str | Path, rows: list[dict], parent: str | None = None, state: str = "training",
+           update: int | None = None) -> LineView:
+    """A line's view with `rows`, its heartbeat at `update` (default: the last row's)."""
     line = LineView(f"{Path(path).name}-id", str(path), LineFacts(preset="ns-tiny"))
     line.apply_hello({"epoch": "e", "pid": 4100}, NOW - 3600)
-    line.apply_status({"state": state, "launches": 1, "trainer_pid": None, "parent": parent,
-                       "heartbeat": {"time": NOW - 1, "update": rows[-1]["update"], "stage": "training"}})
+    beat = {"time": NOW - 1, "update": rows[-1]["update"] if update is None else update, "stage": "training"}
+    line.apply_status({"state": state, "launches": 1, "trainer_pid": None, "parent": parent, "heartbeat": beat})
     line.apply_rows(rows, 0)
     return line
 
@@ -359,6 +361,31 @@ def test_a_line_that_nothing_runs_predicts_no_validation_or_checkpoint(tmp_path:
         assert text.startswith(f"next nothing: no trainer runs the line ({label})")
         assert "validation" not in text and "checkpoint" not in text
         assert "plan 785.0K tokens left  data line" in text  # what is left, with no time to it
+
+    run(app, scenario)
+
+
+def test_a_branch_rolled_back_to_its_fork_has_its_whole_plan_left(tmp_path: Path) -> None:
+    # Found in a walkthrough: with no row of its own (rows.jsonl cut back to the fork), the branch
+    # counted its tokens from 0, not from the fork, and showed the plan's end (253.6K) as left.
+    trunk, branch = tmp_path / "trunk", tmp_path / "branch"
+    resting_line(trunk, rows_to(400))
+    entry = {"line": str(branch), "at_cycle": 1, "at_update": 300, "at_tokens": 300 * 512}
+    (trunk / "branches.json").write_text(json.dumps({"branches": [entry]}))
+    resting_line(branch, [])
+    run_json = {"model": {"preset": "ns-tiny"}, "data": {"line": "/nowhere"}, "lengths": [{"seq_len": 64}],
+                "plan": [{"name": "decay", "seq_len": 64, "tokens": 100_000}], "tokens_per_update": 512}
+    (branch / "run.json").write_text(json.dumps(run_json))
+    app = console(book=book_of(a_line(branch, [], parent=str(trunk), state="stopped", update=300)))
+
+    async def scenario(pilot) -> None:
+        eta = await read_plan(pilot)
+        for _ in range(100):  # the fork is read with the plan
+            if eta.plan is not None and eta.plan.fork is not None:
+                break
+            await pilot.pause(0.05)
+        pilot.app.refresh_views()
+        assert "plan 100.0K tokens left  data line" in str(eta.render())
 
     run(app, scenario)
 
