@@ -19,13 +19,14 @@ from collections.abc import Sequence
 
 from engine.config.host import load_and_apply
 from engine.errors import LineError
-from engine.protocol.facts import SupervisorExitCode
+from engine.protocol.facts import ENGINE_CHOICES, SupervisorExitCode
 from nsconsole.commands import COMMAND_MODULES
 
 EXAMPLES = """\
 examples:
   nsconsole                       # the console: every line on this host, live
   nsconsole --run                 # create (or resume) the demo line and run it in the background
+  nsconsole --run runs/trunk --stop-at 1000
   nsconsole new runs/trunk --model ns-2b --data /data/lines/trunk
   nsconsole run runs/trunk
   nsconsole COMMAND --help        # each command's description and examples
@@ -49,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="LINE",
         help="start LINE's supervisor headless and detached (no LINE: create and run the embedded demo line)",
     )
+    add_run_options(parser)
     parser.add_argument("--readonly", action="store_true", help="console: disable every mutating key")
     parser.add_argument("--theme", default=None, help="console: colour theme (dark, light, colorblind)")
     parser.add_argument(
@@ -60,6 +62,53 @@ def build_parser() -> argparse.ArgumentParser:
     for module in COMMAND_MODULES:
         module.register(subparsers)
     return parser
+
+
+def add_run_options(parser: argparse.ArgumentParser) -> None:
+    """The options of `nsconsole run` that `--run` takes too: it is that command's headless form, so
+    `nsconsole --run LINE --stop-at 43` means `nsconsole run LINE --stop-at 43`. Their dests are
+    their own (`run_stop_at`, ...): a command's options of the same names are that command's.
+    --foreground and --no-supervisor are taken only to refuse them in one line naming the command
+    that does it (`--run` detaches), instead of argparse's `invalid choice`."""
+    group = parser.add_argument_group("with --run (as `nsconsole run LINE`)")
+    group.add_argument(
+        "--stop-at", type=int, dest="run_stop_at", metavar="UPDATE",
+        help="stop cleanly at UPDATE (after the line's latest checkpoint; refused otherwise)",
+    )
+    group.add_argument(
+        "--engine", choices=ENGINE_CHOICES, dest="run_engine",
+        help="step engine (default auto: CUDA graphs on a GPU, eager on the CPU)",
+    )
+    for flag in ATTACHED_RUN_FLAGS:
+        group.add_argument(flag, action="append_const", const=flag, dest="run_attached", help=argparse.SUPPRESS)
+
+
+ATTACHED_RUN_FLAGS = ("--foreground", "--no-supervisor")
+"""`nsconsole run`'s flags that keep the line in the terminal: refused with `--run`, which detaches."""
+
+
+def refuse_stray_run_options(args: argparse.Namespace) -> None:
+    """`LineError` (one line) for a `--run` option nothing would honour: one of ATTACHED_RUN_FLAGS
+    (`--run` detaches), or one given without `--run` alone (with the console, or before a command,
+    whose own options come after its name); each names the command that does what was asked."""
+    line = args.run or getattr(args, "line", None) or "LINE"
+    attached = args.run_attached or []
+    if args.run is not None and args.command is None:
+        if attached:
+            raise LineError(
+                f"{attached[0]}: --run starts the line detached; to keep it in this terminal: "
+                f"nsconsole run {line} {attached[0]}"
+            )
+        return
+    given = [f"--stop-at {args.run_stop_at}"] if args.run_stop_at is not None else []
+    given += [f"--engine {args.run_engine}"] if args.run_engine is not None else []
+    if given or attached:
+        options = " ".join(given + attached)
+        forms = ([f"`nsconsole --run {line} {options}`"] if not attached else []) + [f"`nsconsole run {line} {options}`"]
+        raise LineError(
+            f"{options}: an option of --run alone (a command takes its options after its name); "
+            f"write {' or '.join(forms)}"
+        )
 
 
 READER_GONE = 128 + 13
@@ -86,12 +135,15 @@ def run_command(args: argparse.Namespace) -> int:
     try:
         # Host settings first: their environment (e.g. TRITON_PTXAS_PATH) must precede everything.
         args.host_settings = load_and_apply()
+        refuse_stray_run_options(args)
         if args.command is not None:
             return int(args.func(args) or 0)
         if args.run is not None:
             from nsconsole.commands.run import run_headless
 
-            return int(run_headless(args.run or None, args.host_settings) or 0)
+            line = args.run or None
+            engine = args.run_engine or "auto"
+            return int(run_headless(line, args.host_settings, stop_at=args.run_stop_at, engine=engine) or 0)
         from nsconsole.commands.console import open_console
 
         return int(open_console(readonly=args.readonly, theme=args.theme, bell=args.bell) or 0)

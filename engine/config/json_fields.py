@@ -199,9 +199,27 @@ def _json_fields(cls_or_instance: Any) -> list[dataclasses.Field[Any]]:
 def unparse(value: Any) -> Any:
     """The JSON form of a typed value (dataclasses as objects under their JSON keys)."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {json_name(spec): unparse(getattr(value, spec.name)) for spec in _json_fields(value)}
+        hints = typing.get_type_hints(type(value))
+        fields = _json_fields(value)
+        return {json_name(spec): _unparse_field(getattr(value, spec.name), hints[spec.name]) for spec in fields}
     if isinstance(value, (list, tuple)):
         return [unparse(item) for item in value]
     if isinstance(value, dict):
         return {key: unparse(item) for key, item in value.items()}
     return value
+
+
+EXACT_INTEGERS = 2**53
+"""Below this magnitude a float holds every integer exactly, so a whole float is written as that integer."""
+
+
+def _unparse_field(value: Any, hint: Any) -> Any:
+    """A field's JSON form. A whole number in a float field (a token count: `"until": 100000`, parsed
+    to 100000.0) is written as an integer, as the user wrote it, not as `100000.0` after every load
+    and save; parsing makes it a float again, so the value round-trips. A value under `Any`
+    (model.overrides) is left as parsed, which is as the user wrote it: a model's float field
+    must not become an integer there."""
+    whole = isinstance(value, float) and value.is_integer() and abs(value) < EXACT_INTEGERS
+    if whole and (hint is float or float in typing.get_args(hint)):
+        return int(value)
+    return unparse(value)

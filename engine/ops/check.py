@@ -23,7 +23,7 @@ from engine.checkpoints.format import (
     read_latest,
     verify_line_checkpoints,
 )
-from engine.config.run import RunConfig
+from engine.config.run import LRPiece, RunConfig
 from engine.errors import LineError
 from engine.gpu.devices import gpu_snapshot
 from engine.gpu.placement import PlacementError, device_finding, gpu_candidates
@@ -79,6 +79,7 @@ def check_line(root: Path | str, *, verify_checkpoints: bool = True) -> tuple[Ru
     results += _check_sharing(config)
     results.append(_check_memory(config, model))
     results += disk_results(layout, config, model)
+    results += warmup_results(layout, config)
     if verify_checkpoints:
         results += _check_checkpoints(layout)
     results.append(_check_rows(layout))
@@ -258,6 +259,57 @@ def disk_results(layout: LineLayout, config: RunConfig, model: torch.nn.Module |
     if shortfall is None:
         return [first, CheckResult(True, f"disk retention: {need.describe()}; it fits")]
     return [first, CheckResult(True, f"disk retention: {need.describe()}; {shortfall}", warning=True)]
+
+
+def warmup_results(layout: LineLayout, config: RunConfig) -> list[CheckResult]:
+    """A warning when the line would end inside a warmup piece of its learning-rate schedule: the
+    default warmup (2e8 tokens) outlasts a short plan or a small data line, and such a line never
+    trains at its peak rate. Said while it can be changed: nothing once run.json is accepted (the
+    schedule may then only grow at its end), nor without a warmup, nor when the line's end is not
+    known yet (an open-ended plan on a data line whose last cycle is not planned)."""
+    if layout.accepted_run_json.exists() or not any(piece.kind == "warmup" for piece in config.lr.pieces):
+        return []
+    ends = _line_ends(layout, config)
+    if not ends:
+        return []
+    end = min(tokens for tokens, _what in ends)
+    index = _piece_at(config.lr.pieces, end)
+    until = None if index is None else config.lr.pieces[index].until_tokens
+    if index is None or config.lr.pieces[index].kind != "warmup" or until is None:
+        return [CheckResult(True, f"lr warmup: over before the line ends (at about {end:,.0f} tokens)")]
+    key = f"lr.pieces[{index}].until"
+    short = " and ".join(f"{what} {tokens:,.0f}" for tokens, what in ends if tokens < until)
+    return [CheckResult(
+        True,
+        f"lr warmup: {key} is {until:,.0f} tokens, but {short}: the line would end still warming up, "
+        f"never at its peak rate; set {key} in run.json to a fraction of that",
+        warning=True,
+    )]  # fmt: skip
+
+
+def _piece_at(pieces: list[LRPiece], tokens: float) -> int | None:
+    """The index of the schedule's piece that holds the token count `tokens`; None past a closed last piece."""
+    for index, piece in enumerate(pieces):
+        if piece.until_tokens is None or tokens < piece.until_tokens:
+            return index
+    return None
+
+
+def _line_ends(layout: LineLayout, config: RunConfig) -> list[tuple[float, str]]:
+    """What bounds the tokens the line trains, each as (tokens, what says so): its plan when every
+    stage has its tokens, its data line once the last cycle is planned (about: cycles are nominal)."""
+    ends: list[tuple[float, str]] = []
+    if all(stage.tokens is not None for stage in config.plan):
+        ends.append((sum(stage.tokens or 0 for stage in config.plan), "the plan trains"))
+    path = resolve_data_path(layout, config.data.line)
+    try:
+        data_line = datalines.open_data_line(path)
+    except (LineError, DataLineError):
+        return ends  # the data line's own check says what is wrong with it
+    last = data_line.last_cycle()
+    if last is not None:
+        ends.append(((last + 1) * data_line.cycle_tokens, f"its data line {path} holds about"))
+    return ends
 
 
 def disk_text(nbytes: float) -> str:

@@ -12,9 +12,11 @@ Run every start check that needs no GPU: run.json valid, the data line present a
 model's vocabulary, held-out rows, lifelong keys unchanged since accepted_run.json (or listed in
 allow_changes; a line never started has none yet), the metric set's version, GPU-sharing shapes,
 free disk (room for the next checkpoint, and what the checkpoints retention keeps take over the
-line's life), checkpoints. Prints `ok: ...` for each pass, `warn: ...` for a pass with something
-to act on (the kept checkpoints outgrow the disk) and `FAIL: ...` for each failure. Exit status 0
-when all pass, 1 when one fails, 2 when run.json itself is missing or invalid.
+line's life), the learning-rate warmup against the line's length (until its first start: the plan's
+tokens, the data line's), checkpoints. Prints `ok: ...` for each pass, `warn: ...` for a pass with
+something to act on (the kept checkpoints outgrow the disk; the line would end inside its warmup)
+and `FAIL: ...` for each failure. Exit status 0 when all pass, 1 when one fails, 2 when run.json
+itself is missing or invalid.
 `nsconsole run` runs the same checks (all but the checkpoints') before it starts a line.
 """
 EXAMPLES = """\

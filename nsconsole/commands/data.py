@@ -82,7 +82,9 @@ examples:
 Show a data line: its sources' shares, the tokens per cycle, the last cycle (once the data's end
 is known), every cycle's state (planned, ready, empty, consumed, reopened: a consumed cycle a
 rollback reopened, its shards to rebuild from its manifest, damaged), the validation row lengths
-built and the preparer's state; --json prints it as one JSON object.
+built and the preparer's state; --json prints it as one JSON object. Exit status 0 when no
+cycle is damaged, 1 when one is (each named with its damaged files, as above; `data rebuild`
+repairs it), 2 when the data line itself cannot be read (one line naming the file).
 """,
         """\
 examples:
@@ -133,7 +135,11 @@ DESCRIPTION = """\
 Data lines: directories of pre-tokenized data trained in fixed-size cycles, every input pinned so
 that any cycle can be rebuilt byte for byte. Create one (init), build its validation rows (val),
 keep its next cycles ready (run-preparer), inspect it (status), extend its schedule (schedule),
-rebuild a cycle (rebuild); train a tokenizer (tokenizer).
+rebuild a cycle (rebuild); train a tokenizer (tokenizer). A data line named by --work, --like or
+--calibration-from is found as every LINE and `new --data DIR` are: a relative path that does
+not exist relative to the current directory is taken under host.json's `work_root` (without one,
+under ~/.nsconsole/lines where it exists there), so `data init --work lines/d` makes the line
+that `nsconsole new ... --data lines/d` finds.
 """
 EXAMPLES = """\
 examples:
@@ -246,8 +252,9 @@ def run_init(args: argparse.Namespace) -> int:
             raise DataLineError(f"data init --like takes everything from {args.like}; drop {', '.join(given)}")
         from datalines.identical import init_like_line
 
-        line = init_like_line(args.work, args.like)
-        print(f"data line {line.path}: identical to {args.like} (sources {', '.join(line.sources)}, "
+        like = _data_line_path(args, args.like)
+        line = init_like_line(_data_line_path(args, args.work), like)
+        print(f"data line {line.path}: identical to {like} (sources {', '.join(line.sources)}, "
               f"vocab {line.vocab_size}, {line.cycle_tokens:,} tokens per cycle)")  # fmt: skip
         return 0
     if args.cycle_tokens is not None and not args.cycle_tokens.is_integer():
@@ -259,16 +266,17 @@ def run_init(args: argparse.Namespace) -> int:
                 "(it trains its own tokenizer and calibrates on it)"
             )
         cycle_tokens = EMBEDDED_CYCLE_TOKENS if args.cycle_tokens is None else int(args.cycle_tokens)
-        line = init_embedded_line(args.work, cycle_tokens)
+        line = init_embedded_line(_data_line_path(args, args.work), cycle_tokens)
     else:
         missing = [flag for flag, value in (("--recipe", args.recipe), ("--eos-id", args.eos_id),
                                             ("--cycle-tokens", args.cycle_tokens)) if value is None]
         if missing:
             raise DataLineError(f"data init needs {', '.join(missing)} (or --embedded)")
         host = args.host_settings
-        calibration_from = args.calibration_from or _host_path(host.calibration_from)
+        named = _data_line_path(args, args.calibration_from) if args.calibration_from else None
+        calibration_from = named or _host_path(host.calibration_from)
         line = init_data_line(
-            args.work, args.recipe, args.eos_id, int(args.cycle_tokens), args.tokenizer,
+            _data_line_path(args, args.work), args.recipe, args.eos_id, int(args.cycle_tokens), args.tokenizer,
             default_tokenizer=_host_path(host.tokenizer), calibration_from=calibration_from,
         )  # fmt: skip
     last = line.last_cycle()
@@ -281,6 +289,14 @@ def run_init(args: argparse.Namespace) -> int:
     if taken:
         print(f"calibration of {', '.join(taken['sources'])} taken from {taken['line']}")
     return 0
+
+
+def _data_line_path(args: argparse.Namespace, path: Path) -> Path:
+    """A data line named on the command line (--work, --like, --calibration-from), resolved as every
+    LINE and `new --data DIR` are (`HostSettings.resolve_line`: the current directory, else
+    host.json's `work_root`; absolute), so `data init --work lines/d` makes the line that
+    `new --data lines/d` then finds, and dataline.json records absolute paths."""
+    return args.host_settings.resolve_line(path)
 
 
 def _host_path(setting: str | None) -> Path | None:
@@ -303,7 +319,7 @@ def run_val(args: argparse.Namespace) -> int:
         seq_len = DEFAULT_SEQ_LEN if args.seq_len is None else args.seq_len
         long_seq_len = default_long_seq_len() if args.long_seq_len is None else args.long_seq_len
         lengths = [seq_len] + ([long_seq_len] if long_seq_len > 0 and long_seq_len != seq_len else [])
-    built = build_validation(open_data_line(args.work), lengths)
+    built = build_validation(open_data_line(_data_line_path(args, args.work)), lengths)
     for length in built:
         print(length.describe())
     return 0 if all(length.built for length in built) else 1
@@ -313,7 +329,7 @@ def run_status(args: argparse.Namespace) -> int:
     from datalines import open_data_line
     from datalines.status import read_status
 
-    line = open_data_line(args.work)
+    line = open_data_line(_data_line_path(args, args.work))
     validation = sorted(int(path.name[1:]) for path in (line.path / "val").glob("T*") if path.is_dir())
     states = {index: line.cycle_state(index) for index in line.known_cycles()}
     report = {
@@ -327,9 +343,10 @@ def run_status(args: argparse.Namespace) -> int:
         "validation_seq_lens": validation,
         "preparer": read_status(line.path),
     }
+    status = EXIT_DAMAGED if report["problems"] else 0
     if args.json:
         print(json.dumps(report))
-        return 0
+        return status
     shares = ", ".join(f"{name} {share:.3g}" for name, share in report["sources"].items())
     print(f"data line {line.path}: {shares}; {line.cycle_tokens:,} tokens per cycle")
     last = report["last_cycle"]
@@ -349,7 +366,12 @@ def run_status(args: argparse.Namespace) -> int:
                   f"`nsconsole data run-preparer --work {line.path}`)")  # fmt: skip
         else:
             print(f"preparer: {preparer['state']} (pid {preparer['pid']}): {preparer['message']}")
-    return 0
+    return status
+
+
+EXIT_DAMAGED = 1
+"""`data status`'s exit status when it reports a damaged cycle: a script (or a cron check) sees the
+damage without parsing the report; 1, as `check` fails a check (2 is a refusal: a line unreadable)."""
 
 
 REOPENED_TEXT = "reopened: shards to rebuild from its manifest"
@@ -367,7 +389,7 @@ def run_schedule(args: argparse.Namespace) -> int:
         raise DataLineError(f"--shares: not valid JSON ({error})") from None
     if args.from_tokens != int(args.from_tokens):
         raise DataLineError(f"--from-tokens must be a whole number, got {args.from_tokens}")
-    line = open_data_line(args.work)
+    line = open_data_line(_data_line_path(args, args.work))
     append_schedule_piece(line, int(args.from_tokens), shares)
     print(f"schedule of {line.path}: from token {int(args.from_tokens):,} the shares are {shares}")
     return 0
@@ -379,7 +401,7 @@ def run_rebuild(args: argparse.Namespace) -> int:
     from datalines.manifest import MANIFEST_NAME, load_manifest
     from datalines.preparer import rebuild_cycle, restore_manifest
 
-    line = open_data_line(args.work)
+    line = open_data_line(_data_line_path(args, args.work))
     directory = line.cycle_dir(args.cycle)
     try:
         load_manifest(directory)
@@ -398,7 +420,7 @@ def run_preparer_command(args: argparse.Namespace) -> int:
     from datalines import open_data_line
     from datalines.service import run_preparer
 
-    line = open_data_line(args.work)
+    line = open_data_line(_data_line_path(args, args.work))
     min_free = None if args.min_free_gb is None else gib_bytes(args.min_free_gb)
     # A SIGTERM stops it like Ctrl-C, so the status file says `stopped` rather than a stale state.
     previous = signal.signal(signal.SIGTERM, _interrupt)

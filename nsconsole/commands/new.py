@@ -19,7 +19,9 @@ model's vocab_size follows the data line's tokenizer. Until the line's first sta
 be edited freely (the learning-rate schedule, the batch ramp, the seeds): the first start that
 passes its checks accepts it (accepted_run.json), and from then on its lifelong keys may only
 change as allow_changes permits. It prints what the line's checkpoints will take on disk (one
-checkpoint, and everything retention keeps) and warns when the disk cannot hold it.
+checkpoint, and everything retention keeps) and warns when the disk cannot hold it, or when the
+line would end inside its learning-rate warmup (lr.pieces; 2e8 tokens unless changed) because its
+plan or its data line is shorter: lower that piece's `until` before the first start.
 """
 EXAMPLES = """\
 examples:
@@ -129,9 +131,14 @@ def run(args: argparse.Namespace) -> int:
     # What its checkpoints need: said now, while the settings are easy to change (a warning, not a
     # refusal: the disk may be freed before the start, which refuses a line with no room to start).
     from engine.layout import LineLayout
-    from engine.ops.check import disk_results  # torch: the model's size, on the meta device
+    from engine.ops.check import disk_results, warmup_results  # torch: the model's size, on the meta device
 
-    for result in disk_results(LineLayout(line), config):
+    layout = LineLayout(line)
+    for result in disk_results(layout, config):
         print(f"{'warning: ' if not result.ok or result.warning else ''}{result.message}")
+    # A warmup the line would never leave: said now, while run.json may still change (a warning).
+    for result in warmup_results(layout, config):
+        if result.warning:
+            print(f"warning: {result.message}")
     print(f"next: nsconsole tune {args.line}; nsconsole check {args.line}; nsconsole run {args.line}")
     return 0

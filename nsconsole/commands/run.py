@@ -1,4 +1,4 @@
-"""`nsconsole run LINE [--foreground] [--stop-at UPDATE]` and `nsconsole --run [LINE]`."""
+"""`nsconsole run LINE [--foreground] [--stop-at UPDATE]` and its headless form, `nsconsole --run [LINE] [--stop-at UPDATE]`."""
 
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ examples:
   nsconsole run runs/trunk --stop-at 1000 --foreground
   nsconsole run runs/small --no-supervisor --engine eager
   nsconsole --run                 # create (or resume) the demo line and run it in the background
+  nsconsole --run runs/trunk --stop-at 1000   # the same as `nsconsole run runs/trunk --stop-at 1000`
 """
 
 
@@ -80,27 +81,27 @@ def run(args: argparse.Namespace) -> int:
     return run_line(line, foreground=args.foreground, stop_at=args.stop_at, engine=args.engine)
 
 
-def run_headless(line: str | None, host: HostSettings) -> int:
-    """`nsconsole --run [LINE]`: the supervisor, detached; no LINE creates (or resumes) the demo line."""
+def run_headless(line: str | None, host: HostSettings, *, stop_at: int | None = None, engine: str = "auto") -> int:
+    """`nsconsole --run [LINE] [--stop-at UPDATE] [--engine E]`: the supervisor, detached, as
+    `nsconsole run LINE` starts it (the same refusals, in the same order); no LINE creates (or
+    resumes) the demo line."""
     from engine.ops.line_end import refuse_a_finished_line
     from engine.supervisor.supervisor import run_line
 
     if line is not None:
         path = host.resolve_line(line)
-        refuse_a_finished_line(path, again=f"nsconsole --run {path}")
-        refuse_a_failing_start(path)
-        return run_line(path, foreground=False)
-    from engine.ops.demo import demo_paths, ensure_demo_line
+        what, again = "the line", f"nsconsole --run {path}"
+    else:
+        from engine.ops.demo import demo_paths, ensure_demo_line
 
-    demo = ensure_demo_line(demo_paths(host.work_root))
-    refuse_a_finished_line(demo, what="the demo line", again="nsconsole --run")
-    refuse_a_failing_start(demo)
-    status = run_line(demo, foreground=False)
-    if status == 0:
-        print(
-            "watch it: nsconsole        "
-            f"(or: nsconsole status {demo}; stop it: nsconsole stop {demo})"
-        )
+        path, what, again = ensure_demo_line(demo_paths(host.work_root)), "the demo line", "nsconsole --run"
+    if stop_at is not None:
+        refuse_a_past_stop_at(path, stop_at)
+    refuse_a_finished_line(path, what=what, again=again)
+    refuse_a_failing_start(path)
+    status = run_line(path, foreground=False, stop_at=stop_at, engine=engine)
+    if status == 0 and line is None:
+        print(f"watch it: nsconsole        (or: nsconsole status {path}; stop it: nsconsole stop {path})")
     return status
 
 

@@ -1,6 +1,8 @@
 """`nsconsole run LINE --stop-at N` with N at or below the line's update (its latest checkpoint's)
 is refused in one line before anything starts, in every form: it used to be accepted, and the
-line then ended as `finished` at once (found in a fault walkthrough)."""
+line then ended as `finished` at once (found in a fault walkthrough). `nsconsole --run LINE`, the
+headless form, takes --stop-at and --engine as `run` does (it ended in argparse's `invalid choice`,
+found in a CLI walkthrough), and a `--run` option nothing would honour is refused in one line."""
 
 from __future__ import annotations
 
@@ -10,12 +12,22 @@ from pathlib import Path
 import pytest
 
 from engine.errors import LineError
+from engine.ops import line_end
+from engine.supervisor import supervisor
 from nsconsole.cli import main
+from nsconsole.commands import run
 from nsconsole.commands.run import refuse_a_past_stop_at
 
 pytestmark = pytest.mark.usefixtures("private_host")  # conftest: no supervisor of the user's is seen
 
-FORMS = {"background": [], "foreground": ["--foreground"], "no supervisor": ["--no-supervisor"]}
+LINE = object()
+"""Stands for the line's path in FORMS."""
+FORMS = {
+    "background": ["run", LINE],
+    "foreground": ["run", LINE, "--foreground"],
+    "no supervisor": ["run", LINE, "--no-supervisor"],
+    "headless": ["--run", LINE],
+}
 
 
 @pytest.fixture
@@ -34,7 +46,8 @@ def test_a_stop_at_the_line_has_reached_is_refused_before_anything_starts(
     line: Path, form: str, stop_at: int, capsys: pytest.CaptureFixture[str]
 ) -> None:
     before = sorted(path.name for path in line.rglob("*"))
-    assert main(["run", str(line), "--stop-at", str(stop_at), *FORMS[form]]) == 2
+    command = [str(line) if word is LINE else word for word in FORMS[form]]
+    assert main([*command, "--stop-at", str(stop_at)]) == 2
     assert capsys.readouterr().err == (
         f"nsconsole: --stop-at {stop_at}: the line is at update 14 already (its latest checkpoint); "
         "give a later update\n"
@@ -51,3 +64,40 @@ def test_a_line_without_a_checkpoint_is_at_update_0(line: Path) -> None:
 
 def test_a_later_update_passes(line: Path) -> None:
     refuse_a_past_stop_at(line, 15)
+
+
+def test_run_headless_takes_the_stop_at_and_the_engine_as_run_does(
+    line: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started: list[tuple[Path, dict]] = []
+    # The line has no data line: the start checks that read it pass here; the --stop-at check runs.
+    monkeypatch.setattr(line_end, "refuse_a_finished_line", lambda path, **names: None)
+    monkeypatch.setattr(run, "refuse_a_failing_start", lambda path: None)
+    monkeypatch.setattr(supervisor, "run_line", lambda path, **options: started.append((path, options)) or 0)
+    assert main(["--run", str(line), "--stop-at", "43", "--engine", "eager"]) == 0
+    assert started == [(line, {"foreground": False, "stop_at": 43, "engine": "eager"})]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "error"),
+    [
+        (["--run", "{line}", "--foreground"],
+         "--foreground: --run starts the line detached; to keep it in this terminal: nsconsole run {line} --foreground"),
+        (["--run", "{line}", "--no-supervisor"],
+         "--no-supervisor: --run starts the line detached; to keep it in this terminal: "
+         "nsconsole run {line} --no-supervisor"),
+        (["--stop-at", "43", "run", "{line}"],
+         "--stop-at 43: an option of --run alone (a command takes its options after its name); "
+         "write `nsconsole --run {line} --stop-at 43` or `nsconsole run {line} --stop-at 43`"),
+        (["--engine", "eager"],
+         "--engine eager: an option of --run alone (a command takes its options after its name); "
+         "write `nsconsole --run LINE --engine eager` or `nsconsole run LINE --engine eager`"),
+    ],
+    ids=["--run --foreground", "--run --no-supervisor", "before a command", "with the console"],
+)  # fmt: skip
+def test_a_run_option_nothing_would_honour_is_refused_in_one_line(
+    line: Path, arguments: list[str], error: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([word.format(line=line) for word in arguments]) == 2
+    assert capsys.readouterr().err == f"nsconsole: {error.format(line=line)}\n"
+    assert not (line / "supervisor.json").exists()

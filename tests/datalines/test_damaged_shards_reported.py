@@ -49,12 +49,12 @@ def test_data_status_names_the_damaged_files_and_the_problem(
         f"{truncated}: shard is {size // 2} bytes, the manifest says {size} (truncated?)",
     ]
 
-    assert main(["data", "status", "--work", str(work), "--json"]) == 0
+    assert main(["data", "status", "--work", str(work), "--json"]) == 1  # it reports damage
     report = json.loads(capsys.readouterr().out)
     assert report["cycles"] == {"0": "ready", "1": "damaged"}
     assert report["problems"] == {"1": "; ".join(problems)}
 
-    assert main(["data", "status", "--work", str(work)]) == 0
+    assert main(["data", "status", "--work", str(work)]) == 1
     out = capsys.readouterr().out
     assert f"  cycle    1  damaged: {'; '.join(problems)}\n" in out
     assert "  cycle    0  ready\n" in out

@@ -1,6 +1,7 @@
 """host.json's `tokenizer` and `calibration_from` are `nsconsole data init`'s defaults: the tokenizer
 of a recipe that names none, and a data line whose calibration a source with the same files and
-tokenizer takes instead of measuring it again."""
+tokenizer takes instead of measuring it again. Its `work_root` serves the data commands' --work as
+it serves every LINE and `new --data DIR`."""
 
 from __future__ import annotations
 
@@ -86,3 +87,25 @@ def test_another_tokenizer_is_measured_afresh(
     assert init(tmp_path / "missing", first, "--tokenizer", str(other)) == 2
     assert f"{tmp_path / 'nowhere' / 'dataline.json'}: no such file" in capsys.readouterr().err
     assert not (tmp_path / "missing").exists()  # refused before anything is written
+
+
+def test_a_relative_data_line_is_where_new_looks_for_it_from_any_directory(
+    tmp_path: Path, first: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`data init --work lines/d` made `./lines/d` while `new --data lines/d` (from another directory)
+    looked under host.json's work_root (found in a CLI walkthrough): both resolve a relative path
+    as every LINE does (the cwd, else work_root) and record it absolute."""
+    root = tmp_path / "root"
+    host_file(tmp_path, monkeypatch, work_root=str(root))
+    monkeypatch.chdir(first.parent)
+    assert init(Path("lines/d"), first, "--tokenizer", "tokenizer.json", "--calibration-from", first.name) == 0
+    data = root / "lines" / "d"
+    assert (data / "dataline.json").is_file() and not (first.parent / "lines").exists()
+    assert json.loads((data / "dataline.json").read_text())["calibration_from"]["line"] == str(first)
+
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert main(["data", "status", "--work", "lines/d"]) == 0
+    new = ["new", "runs/x", "--model", "transformer-tiny", "--data", "lines/d", "--seq-len", "32", "--device", "cpu"]
+    assert main(new) == 0
+    assert json.loads((root / "runs" / "x" / "run.json").read_text())["data"]["line"] == str(data)

@@ -326,11 +326,11 @@ def test_status_lists_cycles_by_state(
     copy = open_data_line(shutil.copytree(line.path, tmp_path / "copy"))
     copy.mark_consumed(0)
     (copy.cycle_dir(2) / "web.tokens").unlink()
-    assert main(["data", "status", "--work", str(copy.path), "--json"]) == 0
+    assert main(["data", "status", "--work", str(copy.path), "--json"]) == 1  # 1: it reports damage
     report = json.loads(capsys.readouterr().out)
     assert report["cycles"] == {"0": "consumed", "1": "ready", "2": "damaged"}
     assert report["sources"] == {"web": 0.75, "chat": 0.25} and report["last_cycle"] is None
-    assert main(["data", "status", "--work", str(copy.path)]) == 0
+    assert main(["data", "status", "--work", str(copy.path)]) == 1
     assert "cycle    2  damaged" in capsys.readouterr().out
 
 

@@ -1,4 +1,5 @@
-"""`nsconsole data status` of a finished line's data after a rollback reopened one of its cycles."""
+"""`nsconsole data status` of a finished line's data after a rollback reopened one of its cycles, and
+of damaged cycles: its exit status is 1 when it reports damage (it was 0, found in a CLI walkthrough)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from helpers.lines import make_data_line
 from datalines import open_data_line
 from datalines.service import run_preparer
 from nsconsole.cli import main
+from nsconsole.commands.data import EXIT_DAMAGED
 
 
 def test_a_cycle_a_rollback_reopened_reads_as_reopened_not_damaged(
@@ -40,8 +42,24 @@ def test_a_cycle_a_rollback_reopened_reads_as_reopened_not_damaged(
 def test_a_cycle_missing_some_of_its_shards_is_damaged(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     line = open_data_line(make_data_line(tmp_path, prepare=1, validation=()))
     (line.cycle_dir(0) / "text.tokens").unlink()  # its offsets are still there: not a reopened cycle
-    assert main_status(line.path, "--json") == 0
+    assert main_status(line.path, "--json") == EXIT_DAMAGED
     assert json.loads(capsys.readouterr().out)["cycles"]["0"] == "damaged"
+
+
+@pytest.mark.parametrize("damage", ["shard", "manifest"])
+def test_data_status_exits_1_when_it_reports_damage(
+    tmp_path: Path, damage: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    line = open_data_line(make_data_line(tmp_path, prepare=2, validation=()))
+    assert main_status(line.path) == 0  # every prepared cycle ready: nothing to report
+    assert "damaged" not in capsys.readouterr().out
+    damaged = line.cycle_dir(1) / ("text.tokens" if damage == "shard" else "manifest.json")
+    damaged.write_bytes(damaged.read_bytes()[:10])  # truncated
+
+    assert main_status(line.path) == EXIT_DAMAGED == 1
+    assert f"  cycle    1  damaged: {damaged}: " in capsys.readouterr().out
+    assert main_status(line.path, "--json") == 1
+    assert json.loads(capsys.readouterr().out)["cycles"]["1"] == "damaged"
 
 
 def main_status(work: Path, *options: str) -> int:

@@ -113,6 +113,39 @@ def test_round_trip_and_stable_text(document: dict[str, Any], tmp_path: Path) ->
     assert [p.name for p in tmp_path.iterdir()] == ["run.json"]  # no temporary file left
 
 
+def test_whole_numbers_are_saved_as_the_integers_the_user_wrote(tmp_path: Path) -> None:
+    """run.json saved back (by tune, a branch, new) keeps `"until": 100000` as written: it read
+    `100000.0` after a save (found in a CLI walkthrough). Fractions stay fractions, and the fields
+    stay floats in Python."""
+    document = minimal()
+    document["lr"] = {"peak": 3e-4, "pieces": [{"kind": "warmup", "until": 100000}, {"kind": "constant"}]}
+    document["plan"] = [{"name": "trunk", "seq_len": 4096, "tokens": 3000000}]
+    document["guards"] = {"min_free_disk_gb": 5, "watchdog_minutes": 7.5}
+    document["ema"] = {"horizon_tokens": 2e9, "from_tokens": 0}
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(document))
+    RunConfig.load(path).save(path)
+
+    saved = json.loads(path.read_text())
+    assert saved["lr"]["pieces"][0] == {"kind": "warmup", "until": 100000, "to": 1, "shape": "linear"}
+    assert saved["plan"][0]["tokens"] == 3000000 and saved["ema"] == {"horizon_tokens": 2000000000, "from_tokens": 0}
+    assert saved["guards"]["min_free_disk_gb"] == 5 and saved["guards"]["watchdog_minutes"] == 7.5
+    assert "100000.0" not in path.read_text()
+    assert not [value for value in _numbers(saved) if isinstance(value, float) and value.is_integer()]
+    config = RunConfig.load(path)
+    assert isinstance(config.lr.pieces[0].until_tokens, float) and config.lr.pieces[0].until_tokens == 100000
+    assert config == loaded(document)
+
+
+def _numbers(document: Any) -> list[Any]:
+    """Every number in a parsed JSON document."""
+    if isinstance(document, dict):
+        return [number for value in document.values() for number in _numbers(value)]
+    if isinstance(document, list):
+        return [number for value in document for number in _numbers(value)]
+    return [document] if isinstance(document, (int, float)) and not isinstance(document, bool) else []
+
+
 def test_full_parses_into_types() -> None:
     config = loaded(full())
     assert config.tokens_per_update == [RampPiece(0.0, 4.7e9, 262144), RampPiece(4.7e9, None, 393216)]
