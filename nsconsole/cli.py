@@ -16,6 +16,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import IO
 
 from engine.config.host import load_and_apply
 from engine.errors import LineError
@@ -33,8 +34,17 @@ examples:
 """
 
 
+class CommandParser(argparse.ArgumentParser):
+    """argparse's parser whose help meets a reader that is gone as every command's output does
+    (`main` ends with status 141): argparse's own printing swallows the BrokenPipeError, so under
+    PYTHONUNBUFFERED `nsconsole --help | true` ended 0. Subcommands' parsers are of this class too."""
+
+    def print_help(self, file: IO[str] | None = None) -> None:
+        (file or sys.stdout).write(self.format_help())
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="nsconsole",
         description=(
             "Pre-training for spiking and state-space language models. With no command, opens "

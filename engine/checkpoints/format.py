@@ -229,6 +229,13 @@ def list_checkpoints(checkpoints_dir: Path) -> list[Path]:
     return sorted(found, key=lambda path: update_of(path) or 0)
 
 
+def no_such_checkpoint(directory: Path) -> str:
+    """The one line for a checkpoint directory that is not there (never written, or removed by
+    retention), naming the checkpoints its line has instead."""
+    available = [path.name for path in list_checkpoints(directory.parent)]
+    return f"{directory}: no such checkpoint (the line has {', '.join(available) or 'none'})"
+
+
 def branched_from(layout: LineLayout) -> str | None:
     """The line a branch was forked from, None for a trunk: `engine.ops.branch` writes it into the
     state of the branch's first checkpoint, which retention keeps."""

@@ -24,6 +24,7 @@ from engine.checkpoints.format import (
     RUN_JSON_FILE,
     TOKENIZER_FILE,
     latest_file_problem,
+    no_such_checkpoint,
     read_latest,
     update_of,
 )
@@ -72,7 +73,11 @@ class GenerationModel:
 
 def checkpoint_directory(path: Path) -> Path:
     """CHECKPOINT|LINE as a checkpoint directory: a checkpoint as it is, a line's `latest`."""
-    if (path / META_NAME).exists() or update_of(path) is not None:
+    if (path / META_NAME).exists():
+        return path
+    if update_of(path) is not None:  # a checkpoint's name: its directory, or what the line has instead
+        if not path.is_dir():
+            raise LineError(no_such_checkpoint(path))
         return path
     checkpoints = LineLayout(path).checkpoints
     if not checkpoints.is_dir():

@@ -1,7 +1,7 @@
 """Roll a line back to an earlier checkpoint.
 
-`rollback_line(LINE, U)`: the line continues from checkpoint u<U> as a new W&B run
-(`engine.wandb.mirror.plan_rollback`). `latest` names u<U>; the later checkpoints stay on disk until the
+`rollback_line(LINE, U)`: the line continues from checkpoint u<U>, its W&B run rewound to U where
+the server can, else a new run backfilled (`engine.wandb.mirror.plan_rollback`). `latest` names u<U>; the later checkpoints stay on disk until the
 line writes its next checkpoint, when retention removes them as an abandoned continuation
 (`abandoned_after`, engine.checkpoints.tensors); rows.jsonl is cut back to the checkpoint's rows after a copy of
 it is kept as rows.rolledback-<time>.jsonl; the data cycles the line will read again are reopened
@@ -28,6 +28,7 @@ from engine.checkpoints.format import (
     STATE_NAME,
     checkpoint_name,
     list_checkpoints,
+    no_such_checkpoint,
     read_checkpoint_state,
     read_latest,
     update_of,
@@ -88,10 +89,9 @@ def rollback_line(line: Path | str, to_update: int) -> RollbackResult:
     if pid is not None:
         raise LineError(f"{layout.root}: its trainer is running (pid {pid}); stop the line before a rollback")
     target = layout.checkpoint(to_update)
-    available = [directory.name for directory in list_checkpoints(layout.checkpoints)]
     latest = read_latest(layout.checkpoints)
     if not target.is_dir():
-        raise LineError(f"{target}: no such checkpoint (the line has {', '.join(available) or 'none'})")
+        raise LineError(no_such_checkpoint(target))
     latest_update = update_of(Path(latest)) if latest else None
     if latest_update is None or to_update >= latest_update:
         raise LineError(
@@ -115,7 +115,7 @@ def rollback_line(line: Path | str, to_update: int) -> RollbackResult:
     reopened = reopen_cycles(resolve_data_path(layout, config.data.line), int(state["position"]["cycle"]))
     write_latest(layout.checkpoints, target.name)
     RowsFile.cut_back(layout.rows_jsonl, int(state["rows"]), int(state["rows_bytes"]))
-    later = [name for name in available if (update_of(Path(name)) or 0) > to_update]
+    later = [directory.name for directory in list_checkpoints(layout.checkpoints) if (update_of(directory) or 0) > to_update]
     return RollbackResult(to_update, later, rows_kept, int(state["rows"]), reopened,
                           branches_forked_after(layout, to_update))
 

@@ -1,4 +1,4 @@
-"""`nsconsole rollback LINE --to UPDATE`: continue a line from an earlier checkpoint as a new W&B run."""
+"""`nsconsole rollback LINE --to UPDATE`: continue a line from an earlier checkpoint, its W&B run rewound."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ import os
 
 from nsconsole.commands.parser import add_command
 
-HELP = "LINE --to UPDATE: continue a line from an earlier checkpoint as a new W&B run"
+HELP = "LINE --to UPDATE: continue a line from an earlier checkpoint, its W&B run rewound"
 DESCRIPTION = """\
-Make the line continue from checkpoint u<UPDATE> at its next start, as a new W&B run (rewound
-where the server can, else backfilled; the old run is marked superseded). rows.jsonl is cut back
+Make the line continue from checkpoint u<UPDATE> at its next start, its W&B run rewound to that
+update where the server can (else a new run backfilled from rows.jsonl, the old run marked
+superseded). rows.jsonl is cut back
 to that checkpoint after a copy is kept as rows.rolledback-<time>.jsonl; the later checkpoints
 are removed once the line writes its next checkpoint; data cycles it will read again are
 reopened. Refused while the line's trainer is running (stop it first).

@@ -93,9 +93,11 @@ def test_every_override_a_help_shows_names_a_field_its_preset_accepts() -> None:
 
 
 @pytest.mark.usefixtures("private_host")  # conftest: an empty host.json of the test's own
-def test_a_reader_that_closes_early_ends_a_command_quietly(tmp_path: Path) -> None:
+@pytest.mark.parametrize("arguments", [["status", "LINE", "--rows", "50"], ["--help"], ["data", "status", "--help"]])
+def test_a_reader_that_closes_early_ends_a_command_quietly(tmp_path: Path, arguments: list[str]) -> None:
     """`nsconsole status LINE --rows 50 | head -2`: the command's writes meet a pipe nobody reads any
-    more; it exits with a shell's status of a command SIGPIPE ended, with no traceback."""
+    more; it exits with a shell's status of a command SIGPIPE ended, with no traceback. --help too,
+    unbuffered (argparse's printing swallowed the broken pipe: a README walkthrough found it)."""
     line = tmp_path / "line"
     line.mkdir()
     (line / "run.json").write_text("{}")  # status shows what it can of a line whose run.json is invalid
@@ -104,9 +106,9 @@ def test_a_reader_that_closes_early_ends_a_command_quietly(tmp_path: Path) -> No
     os.close(read)  # the reader is gone before the command writes (deterministic: no race with its writes)
     try:
         completed = subprocess.run(
-            [sys.executable, "-m", "nsconsole", "status", str(line), "--rows", "50"],
+            [sys.executable, "-m", "nsconsole", *(str(line) if item == "LINE" else item for item in arguments)],
             stdout=write, stderr=subprocess.PIPE, text=True, timeout=120,
-            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "PYTHONUNBUFFERED": "1"},
         )  # fmt: skip
     finally:
         os.close(write)

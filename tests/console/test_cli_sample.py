@@ -124,6 +124,17 @@ def test_a_corrupted_checkpoint_is_refused_naming_the_file(
         assert err == f"nsconsole: {weights}: blake2b mismatch (corrupted)\n"
 
 
+def test_a_checkpoint_that_is_not_there_is_named_with_those_the_line_has(
+    line: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Found in a README walkthrough: a checkpoint name retention had removed was called
+    # "meta.json: missing (an incomplete checkpoint)", as if its directory were there.
+    absent = line / "checkpoints" / "u00000099"
+    status, out, err = sample(capsys, str(absent), "--tokens", "5")
+    assert status == 2 and out == ""
+    assert err.startswith(f"nsconsole: {absent}: no such checkpoint (the line has u00000000") and err.count("\n") == 1
+
+
 @torch.no_grad()
 def test_an_ns_line_samples_what_its_full_forward_chooses(
     ns_line: Path, capsys: pytest.CaptureFixture[str]
