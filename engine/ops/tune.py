@@ -2,8 +2,11 @@
 
 For every length of the plan, real updates (forward, backward, norms, AdamW, with the engine the
 trainer uses on that device) of the line's model run on random tokens at micro-batch rows 1, 2,
-4, ... (up to the rows of an update) and each recomputation setting the model offers; each is
-timed (tokens/s over whole updates after a warm-up) and its peak memory measured:
+4, ... (up to the rows of an update, and on a CPU up to `CPU_MAX_ROWS` or --max-rows) and at the
+line's current rows for that length, even past that cap (so tune never picks fewer rows than the
+line has merely because it did not try them; more rows than an update holds count as the
+update's), and each recomputation setting the model offers; each is timed (tokens/s over whole
+updates after a warm-up) and its peak memory measured:
 
 - CUDA: `torch.cuda.max_memory_allocated` over the model, optimizer, graphs and activations; the
   budget is the free memory at the start minus `GPU_MARGIN_BYTES` (what a capture creates outside
@@ -64,7 +67,8 @@ GPU_MARGIN_BYTES = DEFAULT_SLACK_BYTES
 CPU_BUDGET_FRACTION = 0.5
 """Share of the available memory a CPU line may use by default."""
 CPU_MAX_ROWS = 8
-"""The largest micro-batch tried on a CPU (the search stays small)."""
+"""The largest power-of-two micro-batch tried on a CPU (the search stays small); the line's current
+rows are tried as well when larger."""
 TUNE_LR = 1e-5
 WARMUP_UPDATES = 1
 TIMED_UPDATES = {"cpu": 1, "cuda": 3}
@@ -253,6 +257,18 @@ def partial_recompute(
     return rows, f"{kind}:{count}"
 
 
+def rows_to_try(update_rows: int, max_rows: int | None, current_rows: int | None) -> list[int]:
+    """1, 2, 4, ... up to the update's rows and `max_rows`, and the line's current rows even past
+    `max_rows`: the cap keeps the search small, and tune must not recommend fewer rows than the
+    line trains with only because it never measured them. Current rows past the update's are
+    measured as the update's, the micro-batch the line trains in effect."""
+    limit = update_rows if max_rows is None else min(update_rows, max_rows)
+    rows = {2**power for power in range(max(0, limit).bit_length())}
+    if current_rows is not None:
+        rows.add(min(current_rows, update_rows))
+    return sorted(rows)
+
+
 class Tuner:
     """Measures settings of one model on one device (see the module docstring)."""
 
@@ -279,23 +295,16 @@ class Tuner:
         assert self.meter is not None
         return self.meter.growth_since_start()
 
-    def tune_length(self, seq_len: int) -> LengthTuning:
-        """Every setting worth trying at `seq_len`, measured."""
+    def tune_length(self, seq_len: int, current_rows: int | None) -> LengthTuning:
+        """Every setting worth trying at `seq_len`, measured; `current_rows` (the line's micro-batch
+        at this length, None: it has none) is among the rows tried."""
         update_rows = max(1, tokens_per_update(self.config, 0) // seq_len)
         tuning = LengthTuning(seq_len)
-        choices = recompute_choices(self.model)
-        for recompute in choices:
+        for recompute in recompute_choices(self.model):
             if not self.cuda and recompute != "none" and any(m.fits for m in tuning.measurements):
                 break  # on a CPU recomputation only trades time for memory
-            rows = 1
-            previous: Measurement | None = None
-            while rows <= update_rows and (self.max_rows is None or rows <= self.max_rows):
-                measurement = self.measure(seq_len, rows, recompute, update_rows)
-                tuning.measurements.append(measurement)
-                if not measurement.fits or not self._next_may_fit(measurement, previous):
-                    break
-                previous = measurement
-                rows *= 2
+            rows = rows_to_try(update_rows, self.max_rows, current_rows)
+            self._grow_rows(tuning, recompute, rows, update_rows)
         if isinstance(self.model, NSLM):
             for kind in LAYER_KINDS:
                 setting = partial_recompute(
@@ -305,20 +314,37 @@ class Tuner:
                     tuning.measurements.append(self.measure(seq_len, setting[0], setting[1], update_rows))
         return tuning
 
-    def _next_may_fit(self, measurement: Measurement, previous: Measurement | None) -> bool:
-        """On a CPU, whether twice the rows are predicted to fit.
+    def _grow_rows(self, tuning: LengthTuning, recompute: str, rows: list[int], update_rows: int) -> None:
+        """Measure `rows` in order at `recompute` until one does not fit or the next is predicted
+        not to (a CPU out of memory kills the process)."""
+        previous: Measurement | None = None
+        for index, micro_batch_rows in enumerate(rows):
+            measurement = self.measure(tuning.seq_len, micro_batch_rows, recompute, update_rows)
+            tuning.measurements.append(measurement)
+            if not measurement.fits:
+                return
+            following = rows[index + 1 : index + 2]
+            if following and not self._next_may_fit(measurement, previous, following[0]):
+                return
+            previous = measurement
 
-        With the half-size setting measured, the growth from it to this one is what one more
-        doubling adds twice over; without it, everything above the model and optimizer is taken
-        as activations and doubled (an overestimate: it includes the libraries' one-time memory).
+    def _next_may_fit(self, measurement: Measurement, previous: Measurement | None, next_rows: int) -> bool:
+        """On a CPU, whether `next_rows` rows are predicted to fit.
+
+        Activations grow with the rows: with a smaller setting measured, the growth per row from it
+        to this one continues to `next_rows`; without it, everything above the model and optimizer
+        is taken as activations and scaled (an overestimate: it includes the libraries' one-time
+        memory).
         """
         if self.cuda or measurement.peak_bytes is None:
             return True
+        rows = measurement.micro_batch_rows
         if previous is not None and previous.peak_bytes is not None:
             growth = max(0, measurement.peak_bytes - previous.peak_bytes)
-            return measurement.peak_bytes + 2 * growth <= self.budget
+            per_row = growth / (rows - previous.micro_batch_rows)
+            return measurement.peak_bytes + per_row * (next_rows - rows) <= self.budget
         activations = max(0, measurement.peak_bytes - self.static_bytes)
-        return self.static_bytes + 2 * activations <= self.budget
+        return self.static_bytes + activations * next_rows / rows <= self.budget
 
     def measure(self, seq_len: int, rows: int, recompute: str, update_rows: int) -> Measurement:
         """Time `TIMED_UPDATES` updates of `update_rows` rows at this setting and read their peak memory."""
@@ -413,7 +439,10 @@ def tune_line(
     device = resolve_device(config.device)
     budget = memory_budget(device, budget_gb, reserve_bytes)
     tuner = Tuner(config, device, budget, max_rows)
-    tunings = [tuner.tune_length(seq_len) for seq_len in sorted({stage.seq_len for stage in config.plan})]
+    tunings = [
+        tuner.tune_length(seq_len, current_rows(config, seq_len, shared))
+        for seq_len in sorted({stage.seq_len for stage in config.plan})
+    ]
     missing = [tuning.seq_len for tuning in tunings if tuning.chosen is None]
     if missing:
         recomputing = " with recomputation" if len(recompute_choices(tuner.model)) > 1 else ""
@@ -425,6 +454,15 @@ def tune_line(
     return TuneResult(
         torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", budget, tunings, shared
     )
+
+
+def current_rows(config: RunConfig, seq_len: int, shared: bool) -> int | None:
+    """The micro-batch rows the line trains `seq_len` with: its `shared` shape's with --shared
+    (None where none was tuned yet), else its own."""
+    entry = config.length(seq_len)
+    if shared:
+        return entry.shared.micro_batch_rows if entry.shared is not None else None
+    return entry.micro_batch_rows
 
 
 def write_lengths(run_json: Path, tunings: list[LengthTuning], shared: bool) -> RunConfig:

@@ -834,13 +834,20 @@ class Supervisor:
         self._event(EventKind.BRANCH_FAILED, message, path=fork.path, at_cycle=fork.at_cycle, reason=reason)
 
     def _pause_before_relaunch(self) -> bool:
-        """Wait before the next launch; False when a stop arrives meanwhile."""
+        """Wait out the backoff after failures before the next launch; False when a stop arrives meanwhile.
+
+        run.log tells only the wait: what follows it may be no launch yet (work asked for, a wait
+        for the GPU or its lease, a stop), and a launch tells itself ("trainer launched"). A
+        "relaunching in 0 s" here preceded a tune, a wait for the GPU or a stop: a promise the
+        supervisor then did not keep.
+        """
         failures = self.state.failures_in_a_row
         delay = 0.0 if failures == 0 else min(
             self.settings.relaunch_delay_seconds * 2 ** (failures - 1), MAX_RELAUNCH_DELAY_S
         )
         self._set(state=LineState.RELAUNCHING)
-        self._say(f"relaunching in {delay:g} s (failures in a row: {failures})")
+        if delay > 0:
+            self._say(f"waiting {delay:g} s before relaunching (failures in a row: {failures})")
         deadline = time.monotonic() + delay
         while time.monotonic() < deadline:
             self._pump()

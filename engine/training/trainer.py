@@ -952,9 +952,17 @@ class Trainer:
     def _on_signal(self, number: int, _frame: Any) -> None:
         self._signal = number
 
-    def _close_mirror(self) -> None:
-        """Let W&B take what is queued, for a bounded time (W&B never holds the line up for long)."""
-        if not self.mirror.close(WANDB_CLOSE_SECONDS):
+    def _close_mirror(self, faulted: bool) -> None:
+        """Let W&B take what is queued, for a bounded time (W&B never holds the line up for long).
+
+        A trainer stopping for a fault (a full disk, a line error, a crash) does not wait at all:
+        W&B cannot write to a full disk either, and the fault's report and the supervisor's next
+        move must not wait on it; the next start re-sends from rows.jsonl what W&B lacks. Nothing
+        is written to run.log about it: on a full disk that write would fail and replace the fault.
+        """
+        if faulted:
+            self.mirror.abandon()
+        elif not self.mirror.close(WANDB_CLOSE_SECONDS):
             self.log.write(
                 f"W&B took more than {WANDB_CLOSE_SECONDS:.0f} s to close; the next start re-sends what it lacks"
             )
@@ -970,6 +978,7 @@ class Trainer:
         lock = hold_trainer_lock(self.layout) if self.ranks.writes else None
         try:
             self._start()
+            faulted = True  # until the stop below completes: any exception out of it is a fault
             try:
                 reason = self._loop()
                 if self._last_checkpoint_update != self.position.update:
@@ -982,6 +991,7 @@ class Trainer:
                 # A group's ranks leave together, rank 0's checkpoint written: torchrun ends the
                 # whole group at the first rank's exit with another status than the others'.
                 self.ranks.barrier()
+                faulted = False
             finally:
                 try:
                     self.writer.wait()
@@ -992,7 +1002,7 @@ class Trainer:
                     with contextlib.suppress(ArenaNotReleased, RuntimeError):
                         self.engines.drop()
                 finally:
-                    self._close_mirror()  # on every exit: a stop, a signal, a line error, a failed write
+                    self._close_mirror(faulted)  # on every exit: a stop, a signal, a line error, a failed write
                     self.log.close()
             return SIGNAL_EXIT_BASE + self._signal if self._signal is not None else TrainerExitCode.OK
         finally:

@@ -14,7 +14,10 @@ rollback, a branch) is sent again from it, in order, so the W&B curve has no hol
 - Outage: each W&B call that fails is retried with exponential backoff. After `give_up_after_s`
   (2 h) of failures the rows held in memory are dropped and recorded as a gap in
   wandb_run.json; they are re-sent from rows.jsonl when W&B answers again, or by the next start.
-- Close: bounded in time; whatever was not handed over is re-sent by the next start.
+- Close: bounded in time; whatever was not handed over is re-sent by the next start. A trainer
+  stopping for a fault abandons the mirror instead: no wait at all (on a full disk W&B cannot write
+  either, and finishing the run held the trainer's exit for the whole close limit); the run is left
+  as a crash leaves it, and the next start continues it and re-sends what it lacks.
 - The client's local files of cleanly finished runs are removed at the next start (offline
   runs once `wandb sync` has marked them synced: before that they are the only copy).
 
@@ -24,7 +27,8 @@ The trainer uses:
     mirror.start()
     ...; append row to rows.jsonl; mirror.log(row)          # never blocks
     state["wandb"] = mirror.checkpoint_record()               # in each checkpoint
-    mirror.close(timeout_s=30.0)                              # at exit
+    mirror.close(timeout_s=30.0)                              # at a stop
+    mirror.abandon()                                          # at a fault: never waits
 
 Call `start()` once rows.jsonl is consistent with the state being resumed (the trainer has cut
 the rows past its checkpoint): the mirror reads it to re-send what W&B lacks.
@@ -140,6 +144,8 @@ class WandbMirror:
         self._wakeup = threading.Condition(self._lock)
         self._queue: deque[dict[str, Any]] = deque()
         self._closing = False
+        self._abandoned = False
+        """Closing without handing anything over or finishing the run (`abandon`)."""
         self._close_deadline = 0.0
         self._connected = False
         self._sent_through: int | None = None
@@ -197,6 +203,22 @@ class WandbMirror:
             self._wakeup.notify()
         self._thread.join(timeout_s)
         return not self._thread.is_alive()
+
+    def abandon(self) -> None:
+        """Stop mirroring now, without waiting, handing over what is queued or finishing the run.
+
+        For a trainer that stops for a fault: its exit must not wait on W&B (on a full disk the
+        client's own writes fail, and `close` waited out its whole limit). The background thread
+        ends at its next look at the queue; the run is left as a crash leaves it, and the next
+        start continues it and re-sends from rows.jsonl what W&B lacks.
+        """
+        if self._thread is None:
+            return
+        with self._lock:
+            self._closing = True
+            self._abandoned = True
+            self._close_deadline = time.monotonic()
+            self._wakeup.notify()
 
     def checkpoint_record(self) -> dict[str, Any] | None:
         """The line's W&B run as a checkpoint's state.json keeps it (None: W&B is disabled).
@@ -434,6 +456,8 @@ class WandbMirror:
 
     def _shutdown(self) -> None:
         """Closing: hand over the queued rows while time is left, then finish the run."""
+        if self._abandoned:
+            return
         if not self._connected:
             self._save_state()
             return

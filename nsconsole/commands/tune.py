@@ -10,13 +10,14 @@ HELP = (
     "LINE [--shared] [--budget-gb X]: the fastest micro-batch shape of every length that fits, into run.json"
 )
 DESCRIPTION = """\
-For every sequence length of the line's plan, run real updates of the line's model at micro-batch
-rows 1, 2, 4, ... and each recomputation setting, measure tokens/s and peak memory, and write the
-fastest setting whose peak fits into run.json's `lengths` (atomically). The budget is the GPU's
-free memory less a 4 GiB margin (on a CPU line: half the available memory), or --budget-gb; with
---shared, less guards.share_reserve_gb too, written as each length's `shared` shape (used while
-other processes share the GPU). A setting that ran out of memory is never chosen. Refused while the
-line's trainer runs.
+For every sequence length of the plan, run real updates of the line's model at micro-batch rows
+1, 2, 4, ... (on a CPU up to 8, or --max-rows) and at the line's current rows, and each
+recomputation setting, measure tokens/s and peak memory, and write the fastest setting whose peak
+fits into run.json's `lengths` (atomically). The budget is the GPU's free memory less a 4 GiB
+margin (on a CPU line: half the available memory), or --budget-gb; with --shared, less
+guards.share_reserve_gb too, written as each length's `shared` shape (used while other processes
+share the GPU). A setting that ran out of memory is never chosen. Refused while the line's trainer
+runs.
 """
 EXAMPLES = """\
 examples:
@@ -34,7 +35,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--budget-gb", type=float, default=None, metavar="X", help="the memory budget in GiB")
     parser.add_argument(
-        "--max-rows", type=int, default=None, metavar="N", help="the largest micro-batch tried"
+        "--max-rows",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the largest of rows 1, 2, 4, ... tried (default: the update's rows; 8 on a CPU); the "
+        "line's current rows are tried as well",
     )
     parser.set_defaults(func=run)
 

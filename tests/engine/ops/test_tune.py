@@ -18,6 +18,7 @@ from engine.ops.tune import (
     Tuner,
     memory_budget,
     partial_recompute,
+    rows_to_try,
     tune_line,
 )
 from engine.units import GIB
@@ -105,12 +106,36 @@ def test_cpu_rows_stop_growing_when_doubled_activations_would_not_fit(line: Path
     tuner = Tuner(config, torch.device("cpu"), budget=10**12, max_rows=None)
     tuner.static_bytes, tuner.budget = 100 * MIB, 300 * MIB
     # From 1 row: everything above the model and optimizer doubles.
-    assert tuner._next_may_fit(Measurement(SEQ_LEN, 1, "none", 1.0, 190 * MIB, fits=True), None)
-    assert not tuner._next_may_fit(Measurement(SEQ_LEN, 1, "none", 1.0, 210 * MIB, fits=True), None)
+    assert tuner._next_may_fit(Measurement(SEQ_LEN, 1, "none", 1.0, 190 * MIB, fits=True), None, 2)
+    assert not tuner._next_may_fit(Measurement(SEQ_LEN, 1, "none", 1.0, 210 * MIB, fits=True), None, 2)
     # From 2 rows on: the growth of the last doubling, twice over.
     one_row = Measurement(SEQ_LEN, 1, "none", 1.0, 210 * MIB, fits=True)
-    assert tuner._next_may_fit(Measurement(SEQ_LEN, 2, "none", 1.0, 230 * MIB, fits=True), one_row)  # 270
-    assert not tuner._next_may_fit(Measurement(SEQ_LEN, 2, "none", 1.0, 250 * MIB, fits=True), one_row)  # 330
+    assert tuner._next_may_fit(Measurement(SEQ_LEN, 2, "none", 1.0, 230 * MIB, fits=True), one_row, 4)  # 270
+    assert not tuner._next_may_fit(Measurement(SEQ_LEN, 2, "none", 1.0, 250 * MIB, fits=True), one_row, 4)  # 330
+    # To rows that are not the next doubling (the line's current rows): the growth per row, continued.
+    two_rows = Measurement(SEQ_LEN, 2, "none", 1.0, 250 * MIB, fits=True)
+    assert tuner._next_may_fit(two_rows, one_row, 3)  # 250 + 40 = 290
+    assert not tuner._next_may_fit(two_rows, one_row, 5)  # 250 + 3 x 40 = 370
+
+
+def test_the_lines_current_rows_are_measured_and_kept_when_fastest(line: Path) -> None:
+    """The demo line trains 16 rows a micro-batch on a CPU: tune measured only up to its CPU cap of
+    8 and wrote 8, fewer rows than the line had, never having tried 16."""
+    config = RunConfig.load(line / "run.json")
+    config.lengths[0].micro_batch_rows = 16  # the whole update, as the demo line's
+    config.save(line / "run.json")
+    [tuning] = tune_line(line, budget_gb=4.0).lengths
+    assert [m.micro_batch_rows for m in tuning.measurements] == [1, 2, 4, 8, 16]
+    assert tuning.chosen is not None
+    assert RunConfig.load(line / "run.json").length(SEQ_LEN).micro_batch_rows == tuning.chosen.micro_batch_rows
+
+
+def test_rows_tried_are_the_doublings_under_the_cap_and_the_current_rows() -> None:
+    assert rows_to_try(16, 8, 16) == [1, 2, 4, 8, 16]  # past the cap: the line trains with it
+    assert rows_to_try(16, 2, 12) == [1, 2, 12]  # not a doubling
+    assert rows_to_try(16, None, 4) == [1, 2, 4, 8, 16]  # no cap (a GPU): every doubling
+    assert rows_to_try(16, 8, 32) == [1, 2, 4, 8, 16]  # past the update: the update, what it trains
+    assert rows_to_try(16, 8, None) == [1, 2, 4, 8]  # --shared before any shared shape
 
 
 def test_cpu_peak_meter_sees_an_allocation() -> None:

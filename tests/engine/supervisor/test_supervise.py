@@ -501,6 +501,34 @@ def test_a_trainer_that_leaves_the_gpu_to_others_is_relaunched_once_it_is_free(
     assert rig.launches() == ["gpu-busy", "finish"] and rig.state()["failures_in_a_row"] == 0
 
 
+def supervisor_lines(line: Path) -> list[str]:
+    """The supervisor's run.log lines, without their time stamps."""
+    marker = " supervisor: "
+    return [text.split(marker, 1)[1] for text in (line / "run.log").read_text().splitlines() if marker in text]
+
+
+def test_run_log_tells_a_relaunch_only_as_what_comes_next(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """"relaunching in 0 s" came before the supervisor waited for the GPU (or ran a tune, or ended
+    for a stop): a relaunch that did not come then. A backoff is told as the wait it is."""
+    rig.set_device("cuda")
+    gpu_pids = rig.root / "gpu-pids.json"
+    set_gpu_pids(gpu_pids, [4242])
+    monkeypatch.setenv("FAKE_GPU_PIDS", str(gpu_pids))
+    rig.start(["gpu-busy", "crash", "finish"], watchdog_seconds=0.5)
+    run_log = rig.line / "run.log"
+    wait_until(lambda: run_log.exists() and "waiting for GPU 0 to be free" in run_log.read_text())
+    set_gpu_pids(gpu_pids, [])
+    assert rig.finish() == 0
+    lines = supervisor_lines(rig.line)
+    assert not [text for text in lines if text.startswith("relaunching in")]
+    left = lines.index("the trainer left GPU 0 to other processes: relaunching once it is free")
+    assert lines[left + 1] == "waiting for GPU 0 to be free (other processes on it: [4242])"
+    assert lines[left + 2].startswith("trainer launched (pid ") and lines[left + 2].endswith(", launch 2)")
+    crashed = lines.index("the trainer exited with status 1")
+    assert lines[crashed + 1] == "waiting 0.01 s before relaunching (failures in a row: 1)"
+    assert lines[crashed + 2].startswith("trainer launched (pid ") and lines[crashed + 2].endswith(", launch 3)")
+
+
 def test_a_trainer_that_trained_then_left_is_relaunched_beside_others_that_fit_the_reserve(
     rig: Rig, monkeypatch: pytest.MonkeyPatch
 ) -> None:

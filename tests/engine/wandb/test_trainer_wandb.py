@@ -8,8 +8,12 @@ is the union of the histories of those directories.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+import threading
+import time
+from collections import namedtuple
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +25,14 @@ from helpers.lines import (
     make_line,
 )
 
+from engine.errors import DiskFull
 from engine.layout import LineLayout
 from engine.ops.branch import BranchRequest, branch_line
 from engine.ops.rollback import rollback_line
 from engine.training import trainer as trainer_module
 from engine.training.trainer import Trainer
 from engine.wandb import mirror as wb_module
+from engine.wandb.backend import RealWandbBackend
 from engine.wandb.mirror import WandbMirror
 from engine.wandb.state import RunPoint, WandbRunState
 from engine.wandb.txlog import TransactionLogReader, transaction_log_of
@@ -185,6 +191,54 @@ def test_a_failing_wandb_never_stops_training(
     # W&B got nothing, so the next start sends every row: nothing recorded as acknowledged.
     state = WandbRunState.load(LineLayout(line).wandb_run_json)
     assert state.acknowledged_step is None
+
+
+DiskUsage = namedtuple("DiskUsage", "total used free")
+
+
+def test_a_disk_full_stop_does_not_wait_on_wandb_and_the_next_start_resends_what_it_lacks(
+    tmp_path: Path, data_template: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a full disk the offline client cannot finish its run (its log cannot grow): the trainer's
+    exit waited out the whole W&B close limit (30 s) before the supervisor heard of the full disk."""
+    line = wandb_line(tmp_path, data_template, "offline")
+    train(line, stop_at=UPDATES)  # a normal stop: W&B takes everything, the run is finished
+    assert WandbRunState.load(LineLayout(line).wandb_run_json).acknowledged_step == UPDATES
+    close_limit = 20.0
+    monkeypatch.setattr(trainer_module, "WANDB_CLOSE_SECONDS", close_limit)
+    disk_full_at: list[float] = []
+    freed = threading.Event()
+    real_usage, real_finish = shutil.disk_usage, RealWandbBackend.finish
+
+    def usage(path: str | Path) -> DiskUsage:
+        position = getattr(trainer, "position", None)
+        if freed.is_set() or position is None or position.update < UPDATES + 2:
+            return real_usage(path)
+        # The disk fills once W&B holds rows of this session: its run has something to finish.
+        deadline = time.monotonic() + 60
+        while (trainer.mirror.status().sent_through or 0) <= UPDATES:
+            assert time.monotonic() < deadline, "W&B never took a row of the second session"
+            time.sleep(0.05)
+        disk_full_at.append(time.monotonic())
+        return DiskUsage(total=10**12, used=10**12 - 1000, free=1000)  # no room for a checkpoint
+
+    def finish_on_a_full_disk(backend: RealWandbBackend) -> bool:
+        if disk_full_at and not freed.is_set():
+            freed.wait(60)  # the client's writes do not complete until the disk has room
+        return real_finish(backend)
+
+    monkeypatch.setattr(trainer_module.shutil, "disk_usage", usage)
+    monkeypatch.setattr(RealWandbBackend, "finish", finish_on_a_full_disk)
+    trainer = Trainer(line, stop_at=2 * UPDATES, echo=None)
+    with pytest.raises(DiskFull, match="no room for another checkpoint"):
+        trainer.run()
+    waited = time.monotonic() - disk_full_at[0]
+    freed.set()
+    assert waited < close_limit / 2, f"the trainer's exit waited {waited:.1f} s on W&B"
+    train(line, stop_at=2 * UPDATES)  # room again: the next start sends what W&B lacks
+    steps = {step for _, step, _ in wandb_history(line)}
+    assert steps == set(range(1, 2 * UPDATES + 1))
+    assert WandbRunState.load(LineLayout(line).wandb_run_json).acknowledged_step == 2 * UPDATES
 
 
 def test_the_next_start_carries_out_a_planned_rollback_and_branch(tmp_path: Path, data_template: Path) -> None:

@@ -11,6 +11,7 @@ in offline mode by test_wb_offline.py.
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -306,6 +307,37 @@ def test_logging_never_waits_on_wandb_and_close_is_bounded(tmp_path: Path) -> No
     assert mirror.status().queued == 200
     assert mirror.close(timeout_s=0.2) is False  # bounded: the caller goes on
     release.set()
+
+
+def test_abandoning_never_waits_nor_finishes_and_the_next_start_resends_the_rest(tmp_path: Path) -> None:
+    """A trainer stopping for a fault (a full disk) abandons the mirror: `close` waited out its
+    limit on a `finish` that could not complete."""
+    release = threading.Event()
+    finishing: list[str | None] = []
+
+    class FinishHangs(RecordingBackend):
+        def finish(self) -> bool:
+            finishing.append(self.run_id)
+            release.wait(30)  # as on a full disk: the client's last writes do not complete
+            return super().finish()
+
+    server = SimulatedServer()
+    ids = run_ids()
+    mirror = WandbMirror(tmp_path, ONLINE, backend=FinishHangs(server), options=FAST, new_run_id=ids)
+    mirror.start()
+    for item in write_rows(tmp_path, range(1, 4)):
+        mirror.log(item)
+    wait_for(lambda: mirror.status().sent_through == 3)
+    started = time.monotonic()
+    mirror.abandon()
+    assert time.monotonic() - started < 0.5  # no wait at all
+    for item in write_rows(tmp_path, range(4, 6)):
+        mirror.log(item)  # rows after the fault are not taken (rows.jsonl has them)
+    assert mirror.close(timeout_s=5.0)  # the thread ended without finishing the run
+    release.set()
+    assert finishing == [] and server.steps("run1") == [1, 2, 3]
+    session(tmp_path, RecordingBackend(server), ids=ids)
+    assert server.steps("run1") == [1, 2, 3, 4, 5]  # the next start sent what the fault kept back
 
 
 def test_closing_while_wandb_is_out_gives_up_after_a_few_tries(tmp_path: Path) -> None:
