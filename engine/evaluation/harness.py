@@ -130,6 +130,7 @@ class CheckpointLM(LM):
             for row, index in enumerate(batch):
                 inputs = rows[index][0]
                 tokens[row, : len(inputs)] = torch.tensor(inputs, dtype=torch.long)
+            self.loaded.share_cpu()
             with generation_precision(device):
                 logits = model.logits(tokens.to(device))
             for row, index in enumerate(batch):
@@ -188,7 +189,7 @@ class CheckpointLM(LM):
             top_p=float(kwargs.get("top_p") or 1.0),
             seed=self.seed,
         )
-        session = DecodeSession(self.loaded.model, self.loaded.device, settings)
+        session = DecodeSession(self.loaded.model, self.loaded.device, settings, self.loaded.share_cpu)
         separator = self.loaded.separator
         generated: list[int] = []
         text = ""

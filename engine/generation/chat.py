@@ -24,7 +24,7 @@ class Conversation:
     def __init__(self, loaded: GenerationModel, settings: SamplingSettings, reply_tokens: int) -> None:
         self.loaded = loaded
         self.reply_tokens = reply_tokens
-        self.session = DecodeSession(loaded.model, loaded.device, settings)
+        self.session = DecodeSession(loaded.model, loaded.device, settings, loaded.share_cpu)
         self._at_line_start = True
 
     def reply(self, user_text: str) -> Iterator[str]:

@@ -9,7 +9,7 @@ hashes before anything is used. A line stands for the checkpoint its `latest` na
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -36,6 +36,7 @@ from engine.layout import LineLayout
 from engine.models.base import LanguageModel
 from engine.models.build import build_model
 from engine.models.presets import family_of
+from engine.training.cpu_share import CpuSeat
 
 SEPARATOR_TOKENS = (EMBEDDED_EOS_TOKEN, "</s>", "<|end_of_text|>", "<eos>")
 """Tokens taken for the document separator, in this order, when the model's config names none."""
@@ -57,6 +58,16 @@ class GenerationModel:
     """Where the model runs."""
     separator: int | None
     """The token between documents in the training rows (`document_separator`); None if unknown."""
+    seat: CpuSeat | None = field(default=None, repr=False)
+    """On the CPU, this process's seat among the host's CPU trainers and generators
+    (engine.training.cpu_share): a sampler beside a training line takes its share of the cores,
+    not a spinning team of them all."""
+
+    def share_cpu(self) -> None:
+        """Between steps: run this process's share of the cores (a no-op on a GPU; the seats are
+        counted at most every CHECK_SECONDS)."""
+        if self.seat is not None:
+            self.seat.share()
 
     def prompt_ids(self, text: str) -> list[int]:
         """A prompt as the start of a document: the separator (when known), then the text encoded
@@ -135,7 +146,10 @@ def load_for_generation(
     except ValueError as error:
         raise CheckpointError(f"{directory / EXTRA_FILE}: {error}") from None
     tokenizer = _tokenizer(checkpoint, model)
-    return GenerationModel(model, tokenizer, directory, preset, device, document_separator(model, tokenizer))
+    seat = CpuSeat.take() if device.type == "cpu" else None
+    loaded = GenerationModel(model, tokenizer, directory, preset, device, document_separator(model, tokenizer), seat)
+    loaded.share_cpu()
+    return loaded
 
 
 def document_separator(model: LanguageModel, tokenizer: PlainTextTokenizer) -> int | None:

@@ -9,7 +9,7 @@ everything fed so far.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 
 import torch
@@ -31,10 +31,16 @@ def generation_precision(device: torch.device) -> AbstractContextManager[object]
 class DecodeSession:
     """One row of decoding on a model (see the module docstring)."""
 
-    def __init__(self, model: LanguageModel, device: torch.device, settings: SamplingSettings) -> None:
+    def __init__(
+        self, model: LanguageModel, device: torch.device, settings: SamplingSettings,
+        between_steps: Callable[[], None] | None = None,
+    ) -> None:
         self.model = model
         self.device = device
         self.settings = settings
+        self.between_steps = between_steps
+        """Called before each decode: a command's `GenerationModel.share_cpu` (a trainer's samples
+        share the cores through the trainer's own seat)."""
         self.state = model.decode_state(1, device)
         self.generator = torch.Generator().manual_seed(settings.seed)
         self.fed: list[int] = []
@@ -54,6 +60,8 @@ class DecodeSession:
         ids = self.pending + list(token_ids)
         if not ids:
             return
+        if self.between_steps is not None:
+            self.between_steps()
         tokens = torch.tensor([ids], dtype=torch.long, device=self.device)
         with torch.no_grad():
             logits, self.state = self.model.decode(tokens, self.state)

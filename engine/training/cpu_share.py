@@ -6,7 +6,9 @@ against each other: `bench/cpu_sharing.py` on this project's 2-core machine (202
 8,913 pssa-1.5m tokens/s in all with two processes of 2 threads, against 14,038 with one alone
 and 19,933 with two processes of 1 thread.
 
-So every CPU trainer that owns its process holds a seat: an exclusive `flock` on
+So every CPU trainer that owns its process holds a seat, and so does a `sample`, `chat` or `eval`
+on the CPU (a sampler beside a training line spun against it the same way: 29 tokens/s where it
+made 134 with one thread): an exclusive `flock` on
 `<run dir>/cpu/<pid>.lock` (the registry's directory, one for every process of the user on this
 host), which the kernel releases however the trainer ends. Every `CHECK_SECONDS` a trainer counts
 the seats held and runs `cores // seats` threads (at least one), where `cores` is the team torch
@@ -65,7 +67,7 @@ def _held_by_another(path: Path) -> bool:
 
 
 class CpuSeat:
-    """This process's seat among the host's CPU trainers, and the thread count it implies."""
+    """This process's seat among the host's CPU trainers and generators, and the thread count it implies."""
 
     def __init__(self, directory: Path, clock: Callable[[], float] = time.monotonic) -> None:
         self.directory = directory
@@ -104,7 +106,7 @@ class CpuSeat:
         if threads == before:
             return None
         torch.set_num_threads(threads)
-        who = "the only CPU training line on" if seats == 1 else f"{seats} CPU training lines share"
+        who = "the only CPU process of nsconsole on" if seats == 1 else f"{seats} CPU processes of nsconsole share"
         return f"CPU threads {before} -> {threads}: {who} this host's {self.cores} cores"
 
     def release(self) -> None:

@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     from engine.generation.text import TextStream
 
     loaded, settings = open_model(args)
-    session = DecodeSession(loaded.model, loaded.device, settings)
+    session = DecodeSession(loaded.model, loaded.device, settings, loaded.share_cpu)
     stream = TextStream(loaded.tokenizer)
     with generation_precision(loaded.device):
         prompt = loaded.prompt_ids(args.prompt)

@@ -124,6 +124,31 @@ def test_a_corrupted_checkpoint_is_refused_naming_the_file(
         assert err == f"nsconsole: {weights}: blake2b mismatch (corrupted)\n"
 
 
+SEAT_HOLDER = """
+import sys, time
+from engine.training.cpu_share import CpuSeat
+CpuSeat.take()
+print("seated", flush=True)
+time.sleep(600)
+"""
+
+
+def test_sample_beside_a_cpu_trainer_takes_its_share_of_the_cores(line: Path) -> None:
+    # A README walkthrough: `sample` beside the training demo made 29 tokens/s, 134 with one thread:
+    # its team of every core spun against the trainer's. It holds a CPU seat as a trainer does.
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "2"}
+    holder = subprocess.Popen([sys.executable, "-c", SEAT_HOLDER], env=environment, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "seated"
+        done = subprocess.run([sys.executable, "-m", "nsconsole", "sample", str(line), "--tokens", "3", "--device", "cpu"],
+                              env=environment, capture_output=True, text=True, timeout=300)  # fmt: skip
+    finally:
+        holder.kill()
+        holder.wait()
+    assert done.returncode == 0, done.stderr
+    assert "on cpu (1 of 2 threads), seed " in done.stderr.splitlines()[0]
+
+
 def test_a_checkpoint_that_is_not_there_is_named_with_those_the_line_has(
     line: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

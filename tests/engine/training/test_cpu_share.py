@@ -60,14 +60,14 @@ def test_seats_are_counted_across_processes_and_a_dead_ones_removed(tmp_path: Pa
     try:
         assert mine.seats() == 2
         assert not (tmp_path / "999999999.lock").exists()
-        assert mine.share() == "CPU threads 1 -> 2: 2 CPU training lines share this host's 4 cores"
+        assert mine.share() == "CPU threads 1 -> 2: 2 CPU processes of nsconsole share this host's 4 cores"
         assert torch.get_num_threads() == 2
     finally:
         holder.kill()
         holder.wait()
     assert (tmp_path / f"{holder.pid}.lock").exists()  # the kernel released its lock, the file stays
     mine._checked = None  # count again now, not CHECK_SECONDS later
-    assert mine.share() == "CPU threads 2 -> 4: the only CPU training line on this host's 4 cores"
+    assert mine.share() == "CPU threads 2 -> 4: the only CPU process of nsconsole on this host's 4 cores"
     assert torch.get_num_threads() == 4
     assert not (tmp_path / f"{holder.pid}.lock").exists()
     mine.release()
@@ -85,7 +85,7 @@ def test_a_seat_is_counted_again_only_every_check_seconds(tmp_path: Path, restor
         now[0] = cpu_share.CHECK_SECONDS / 2
         assert mine.share() is None and torch.get_num_threads() == 2  # not counted yet
         now[0] = cpu_share.CHECK_SECONDS
-        assert mine.share() == "CPU threads 2 -> 1: 2 CPU training lines share this host's 2 cores"
+        assert mine.share() == "CPU threads 2 -> 1: 2 CPU processes of nsconsole share this host's 2 cores"
     finally:
         holder.kill()
         holder.wait()
@@ -146,6 +146,6 @@ def test_a_cpu_line_run_beside_another_runs_half_the_threads(tmp_path: Path, dat
         holder.wait()
     assert run.returncode == 0, run.stderr
     log = (line / "run.log").read_text()
-    assert f"CPU threads {cores} -> {cores // 2}: 2 CPU training lines share this host's {cores} cores" in log
+    assert f"CPU threads {cores} -> {cores // 2}: 2 CPU processes of nsconsole share this host's {cores} cores" in log
     # The run gave its seat up; the killed holder's file stays until a counter finds it dead.
     assert [path.name for path in seats_directory().glob("*.lock")] == [f"{holder.pid}.lock"]
