@@ -63,6 +63,13 @@ class GenerationModel:
     (engine.training.cpu_share): a sampler beside a training line takes its share of the cores,
     not a spinning team of them all."""
 
+    def where(self) -> str:
+        """The device, and on the CPU the threads this process runs of its team (`cpu (1 of 2
+        threads)` beside another CPU process of nsconsole)."""
+        if self.seat is None:
+            return str(self.device)
+        return f"{self.device} ({torch.get_num_threads()} of {self.seat.cores} threads)"
+
     def share_cpu(self) -> None:
         """Between steps: run this process's share of the cores (a no-op on a GPU; the seats are
         counted at most every CHECK_SECONDS)."""

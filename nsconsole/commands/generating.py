@@ -68,8 +68,6 @@ def add_generation_arguments(parser: argparse.ArgumentParser, tokens_help: str, 
 def open_model(args: argparse.Namespace) -> tuple[GenerationModel, SamplingSettings]:
     """The checkpoint the arguments name, verified and loaded, and the sampling settings; the
     header line (what is sampled, where, at which seed) goes to stderr."""
-    import torch
-
     from engine.generation.loading import checkpoint_directory, load_for_generation, refuse_outside_tokenizer
     from engine.training.trainer import resolve_device
 
@@ -81,9 +79,6 @@ def open_model(args: argparse.Namespace) -> tuple[GenerationModel, SamplingSetti
     settings = SamplingSettings(temperature=args.temperature, top_p=args.top_p, seed=seed)
     weights = "the parameters' moving average" if args.ema else "weights"
     parameters = loaded.model.num_parameters()
-    where = str(device)
-    if loaded.seat is not None:  # the CPU, shared with the host's other CPU processes of nsconsole
-        where += f" ({torch.get_num_threads()} of {loaded.seat.cores} threads)"
-    print(f"{directory} ({loaded.preset}, {parameters:,} parameters, {weights}) on {where}, seed {seed}",
+    print(f"{directory} ({loaded.preset}, {parameters:,} parameters, {weights}) on {loaded.where()}, seed {seed}",
           file=sys.stderr)  # fmt: skip
     return loaded, settings
