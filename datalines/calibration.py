@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from datalines.corpus import file_documents, text_bytes
+from datalines.errors import DataLineError
 from datalines.sources import Source
 from datalines.tokenizer import PlainTextTokenizer
 
@@ -21,8 +22,14 @@ CALIBRATION_TEXT_BYTES = 256 << 10
 
 
 def calibrate_source(source: Source, tokenizer: PlainTextTokenizer, seed: int) -> dict[str, dict[str, float]]:
-    """Stratum -> {tokens_per_text_byte, text_bytes_per_file_byte} measured on its first files."""
+    """Stratum -> {tokens_per_text_byte, text_bytes_per_file_byte} measured on its first files.
+
+    A source whose measured files hold no text at all is refused: every stratum's share of it
+    would be 0, so no cycle could ever take one of its documents, and the first cycle would stop
+    the preparer weeks after init (a wrong `text_field`'s column of empty strings, empty files).
+    """
     result: dict[str, dict[str, float]] = {}
+    documents_read = files_read = 0
     for stratum in source.strata():
         file_bytes = 0
         document_bytes = 0
@@ -33,6 +40,8 @@ def calibrate_source(source: Source, tokenizer: PlainTextTokenizer, seed: int) -
                 break
             documents = file_documents(source, file, seed)
             texts = documents.training + documents.heldout
+            documents_read += len(texts)
+            files_read += 1
             file_bytes += file.size
             document_bytes += int(text_bytes(texts).sum())
             for text in texts:
@@ -45,6 +54,12 @@ def calibrate_source(source: Source, tokenizer: PlainTextTokenizer, seed: int) -
             "tokens_per_text_byte": tokens / sample_bytes if sample_bytes else 1.0,
             "text_bytes_per_file_byte": document_bytes / file_bytes if file_bytes else 0.0,
         }
+    if not any(rates["text_bytes_per_file_byte"] for rates in result.values()):
+        files = "its files" if files_read == len(source.files) else f"the first {files_read} of its files"
+        raise DataLineError(
+            f"source {source.spec.name}: {files} hold no text ({documents_read} documents, all empty; "
+            f"text_field {source.spec.text_field!r}), so no cycle could take a document of it"
+        )
     return result
 
 

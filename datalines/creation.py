@@ -14,6 +14,9 @@ records which sources took it from where.
 
 from __future__ import annotations
 
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +28,7 @@ from datalines.files import read_json, write_bytes_atomic, write_json_atomic
 from datalines.planning import ensure_plan
 from datalines.recipe import Recipe, check_schedule_on_cycles, parse_recipe
 from datalines.sources import Source, open_source
+from datalines.sources.hub import DOWNLOADS_DIRECTORY
 from datalines.tokenizer import EMBEDDED_EOS_TOKEN, PlainTextTokenizer, load_tokenizer, train_byte_level_bpe
 
 EMBEDDED_VOCAB = 8192
@@ -46,6 +50,24 @@ def _check_init_arguments(work: Path, cycle_tokens: int) -> None:
         raise DataLineError(f"{work / CONFIG_NAME}: a data line already exists here; choose another --work")
     if cycle_tokens < 1:
         raise DataLineError(f"--cycle-tokens must be >= 1, got {cycle_tokens}")
+
+
+@contextmanager
+def _nothing_left_on_failure(work: Path) -> Iterator[None]:
+    """A failed init takes away what it made: pinning and calibrating a hub source download files
+    (each stratum's first ones: gigabytes on a real dataset) into `work`, and a refusal after that
+    left them in a directory no line owns. A directory the user made stays, with what was in it."""
+    made = not work.exists()
+    downloads = work / DOWNLOADS_DIRECTORY
+    downloads_made = not downloads.exists()
+    try:
+        yield
+    except BaseException:
+        if made:
+            shutil.rmtree(work, ignore_errors=True)
+        elif downloads_made:
+            shutil.rmtree(downloads, ignore_errors=True)
+        raise
 
 
 def _write_line(
@@ -149,7 +171,8 @@ def init_data_line(
                 f"{recipe_file}: recipe.tokenizer is not set, no --tokenizer was given and host.json names none"
             )
     tokenizer = load_tokenizer(tokenizer_file)
-    return _write_line(work, recipe, tokenizer, eos_id, cycle_tokens, calibration_from=calibration_from)
+    with _nothing_left_on_failure(work):
+        return _write_line(work, recipe, tokenizer, eos_id, cycle_tokens, calibration_from=calibration_from)
 
 
 def init_embedded_line(work: Path, cycle_tokens: int = EMBEDDED_CYCLE_TOKENS) -> DataLine:

@@ -20,6 +20,12 @@ class ManifestDamaged(DataLineError):
         self.problem = problem
 
 
+class SourceUnavailable(DataLineError):
+    """A source could not be read for a reason that may pass (the hub down, a dropped or garbled
+    download): the preparer retries it with backoff, the same cycle with the same files; a command
+    (init, val, rebuild) says it in one line like any other `DataLineError`."""
+
+
 class SourceExhausted(DataLineError):
     """A source has no untrained documents left (max epochs 1: never a silent second pass)."""
 

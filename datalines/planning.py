@@ -321,7 +321,11 @@ class Planner:
         """`SourceExhausted` when the cycle has no document of the source or, in error mode, when the
         source cannot fill it (its documents end short of the target, or one of its strata ran out)."""
         reason = ""
-        if stream.tokens == 0:
+        left = "untrained documents left"
+        if stream.tokens == 0 and not any(stratum.cursor.taken_bytes for stratum in stream.strata):
+            # Never one to give (not "all trained": nothing was): what the user must fix is the source.
+            left, reason = "documents to train on", "every document of its files is held out or empty"
+        elif stream.tokens == 0:
             reason = "its documents are all trained"
         elif self.line.recipe.at_corpus_end == "error":
             tolerance = EXHAUSTED_SHORTFALL * target
@@ -333,6 +337,6 @@ class Planner:
                     break
         if reason:
             raise SourceExhausted(
-                f"{self.line.path}: source {name} has no untrained documents left for cycle {index} "
+                f"{self.line.path}: source {name} has no {left} for cycle {index} "
                 f"({reason}; max epochs 1)"
             )

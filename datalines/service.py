@@ -3,9 +3,10 @@
 Each round: delete the shards of consumed cycles; find the cycles the trainer needs next (the
 first unconsumed one and `ahead - 1` after it, up to the last cycle); wait while free disk is
 below the threshold; prepare the next missing one. A failure that may pass (network, server,
-an interrupted download, anything unexpected) is retried with exponential backoff, and the
-retry resumes the same cycle from its fixed plan, with the same files. A failure that cannot
-pass (a corrupted input file, a source used up) stops the preparer with the error in the status.
+an interrupted download: `SourceUnavailable`; anything unexpected) is retried with exponential
+backoff, and the retry resumes the same cycle from its fixed plan, with the same files. A failure
+that cannot pass (another `DataLineError`: a corrupted input file, a source used up) stops the
+preparer with the error in the status.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from datalines.dataline import DataLine
-from datalines.errors import DataLineError, SourceExhausted
+from datalines.errors import DataLineError, SourceExhausted, SourceUnavailable
 from datalines.preparer import delete_consumed_shards, prepare_cycle
 from datalines.shards import token_dtype
 from datalines.status import PreparerStatus, write_status
@@ -164,18 +165,22 @@ def run_preparer(
                 backoff = BACKOFF_INITIAL_SECONDS
                 publish(consecutive_failures=0, progress=1.0, prepared=status.prepared + 1,
                         message=f"cycle {index} ready")
+                continue
+            except SourceUnavailable as error:  # said in its own words (it names the source and file)
+                failure = str(error)
             except (SourceExhausted, DataLineError) as error:
                 publish(state="failed", last_error=str(error), failures=status.failures + 1,
                         consecutive_failures=status.consecutive_failures + 1, message=str(error))
                 raise
-            except Exception as error:  # anything else may pass: retried with backoff, same plan
+            except Exception as error:  # anything else may pass too
                 failure = f"{type(error).__name__}: {error}"
-                reason = f"cycle {index} failed ({failure}); retrying in {backoff:.0f} s"
-                publish(state="retrying", last_error=failure,
-                        failures=status.failures + 1, consecutive_failures=status.consecutive_failures + 1,
-                        waiting_reason=reason, message=reason)
-                sleep(backoff)
-                backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
+            # Retried with backoff, the same cycle from its fixed plan.
+            reason = f"cycle {index} failed ({failure}); retrying in {backoff:.0f} s"
+            publish(state="retrying", last_error=failure,
+                    failures=status.failures + 1, consecutive_failures=status.consecutive_failures + 1,
+                    waiting_reason=reason, message=reason)
+            sleep(backoff)
+            backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
     except _StopRequested:
         return status
     except KeyboardInterrupt:  # SIGINT, or SIGTERM as `data run-preparer` maps it: say so, then go

@@ -16,6 +16,9 @@ from typing import Any
 from datalines.files import read_json, write_json_atomic
 
 STATUS_NAME = "preparer.json"
+RUNNING_STATES = frozenset({"starting", "preparing", "ready", "waiting", "retrying"})
+"""States a preparer writes while it runs: found in the file of a preparer that no longer holds the
+line's lock, they are the last word of one killed (kill -9, out of memory) or crashed."""
 
 
 @dataclass

@@ -91,8 +91,11 @@ class Source(ABC):
 
     def verify(self, file: SourceFile, path: Path) -> None:
         size = path.stat().st_size
-        if size != file.size or sha256_file(path) != file.sha256:
+        sha256 = sha256_file(path) if size == file.size else None
+        if sha256 != file.sha256:
+            # Both hashes: a file of the pinned size whose bytes differ shows it here, not only in its size.
+            now = f"sha256 {sha256[:12]}..., " if sha256 is not None else ""
             raise DataLineError(
                 f"{path}: source {self.spec.name} file {file.path} changed since init "
-                f"(pinned sha256 {file.sha256[:12]}..., {file.size} bytes; now {size} bytes)"
+                f"(pinned sha256 {file.sha256[:12]}..., {file.size} bytes; now {now}{size} bytes)"
             )

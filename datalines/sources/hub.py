@@ -6,20 +6,28 @@ nothing in the line. Each file is pinned by its LFS sha256 (or, for a small non-
 sha256 of its bytes taken at init). Files are downloaded into `<line>/downloads/<source>/` and
 deleted once every cycle that reads them is prepared. The endpoint is `HF_ENDPOINT` read at call
 time (so tests and mirrors can set it), otherwise the public hub.
+
+A failure of the hub (down, an error status, a dropped or garbled download) is a
+`SourceUnavailable` in one line: the preparer retries it, a command (init, val, rebuild) prints it.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from datalines.errors import DataLineError
+from datalines.errors import DataLineError, SourceUnavailable
 from datalines.files import sha256_file
 from datalines.sources.base import Source, SourceFile, matches, stratum_of
 
 DEFAULT_INCLUDE = ("**/*.parquet",)
 DOWNLOADS_DIRECTORY = "downloads"
+FETCH_LOCK_NAME = ".fetch.lock"
+"""In a source's download directory: held while a process of ours downloads into it."""
 
 
 def hub_endpoint() -> str | None:
@@ -33,7 +41,6 @@ class HubSource(Source):
         return HfApi(endpoint=hub_endpoint())
 
     def take_pins(self) -> dict[str, Any]:
-        from huggingface_hub.errors import HfHubHTTPError
         from huggingface_hub.hf_api import RepoFile
 
         repo = self.spec.location
@@ -41,9 +48,9 @@ class HubSource(Source):
         try:
             commit = api.dataset_info(repo, revision=self.spec.revision).sha
             entries = list(api.list_repo_tree(repo, repo_type="dataset", revision=commit, recursive=True))
-        except (HfHubHTTPError, OSError) as error:
+        except Exception as error:  # noqa: BLE001 (every failure of the call is the hub's: hub_failure)
             where = f"source {self.spec.name}: hub dataset {repo}@{self.spec.revision}"
-            raise DataLineError(f"{where}: {error}") from None
+            raise SourceUnavailable(f"{where}: {hub_failure(error, self.spec.revision)}") from None
         if not commit:
             raise DataLineError(f"source {self.spec.name}: hub dataset {repo} gave no commit sha")
         self.pins = {"repo": repo, "revision": commit, "files": []}
@@ -69,22 +76,40 @@ class HubSource(Source):
     def fetch(self, file: SourceFile) -> Path:
         """Download the file at the pinned commit (resumed by huggingface_hub after a dropped connection)."""
         from huggingface_hub import hf_hub_download
-        from huggingface_hub.errors import HfHubHTTPError
 
-        try:
-            return Path(
-                hf_hub_download(
-                    self.pins["repo"],
-                    file.path,
-                    repo_type="dataset",
-                    revision=self.pins["revision"],
-                    local_dir=self.download_dir(),
-                    endpoint=hub_endpoint(),
+        with self._fetching():
+            try:
+                return Path(
+                    hf_hub_download(
+                        self.pins["repo"],
+                        file.path,
+                        repo_type="dataset",
+                        revision=self.pins["revision"],
+                        local_dir=self.download_dir(),
+                        endpoint=hub_endpoint(),
+                    )
                 )
-            )
-        except (HfHubHTTPError, OSError, ValueError) as error:
-            message = f"source {self.spec.name}: download of {file.path} failed: {error}"
-            raise HubUnavailable(message) from None
+            except Exception as error:  # noqa: BLE001 (every failure of the call is the hub's: hub_failure)
+                message = f"source {self.spec.name}: download of {file.path} failed: {hub_failure(error, None)}"
+                raise HubUnavailable(message) from None
+
+    @contextmanager
+    def _fetching(self) -> Iterator[None]:
+        """Hold the source's download directory and delete what killed downloads left in it.
+
+        huggingface_hub downloads into a temporary `*.incomplete` file named for the process's
+        download and deletes it when the download fails, but a process killed mid-download (kill
+        -9, out of memory, a reboot) leaves it, as large as what had arrived: each kill of a
+        preparer running for weeks would keep up to a file's size for good. Under the lock no
+        other process of ours downloads into the directory, so every such file there is a dead one's.
+        """
+        directory = self.download_dir()
+        directory.mkdir(parents=True, exist_ok=True)
+        with open(directory / FETCH_LOCK_NAME, "a+") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            for partial in directory.glob(".cache/**/*.incomplete"):
+                partial.unlink(missing_ok=True)
+            yield
 
 
     def verify(self, file: SourceFile, path: Path) -> None:
@@ -103,5 +128,37 @@ class HubSource(Source):
         (self.download_dir() / file.path).unlink(missing_ok=True)
 
 
-class HubUnavailable(OSError):
+def hub_failure(error: BaseException, revision: str | None) -> str:
+    """Why a call of huggingface_hub failed, in one line (its own messages run over several).
+
+    Every exception of such a call is taken as the hub's: huggingface_hub lets the transport
+    errors of the HTTP library under it (a refused or reset connection, a timeout, a server that
+    hung up) through as they are, neither OSError nor its own `HfHubHTTPError`.
+    """
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    if isinstance(error, RepositoryNotFoundError):
+        return "no such dataset repo on the hub (or it is private or gated: set HF_TOKEN to a token that may read it)"
+    if isinstance(error, RevisionNotFoundError):
+        return f"the repo has no revision {revision!r}" if revision else "the repo has no such revision"
+    if isinstance(error, LocalEntryNotFoundError) and error.__cause__ is not None:
+        error = error.__cause__  # the hub could not be asked for the file: say why, not the cache's story
+    elif isinstance(error, EntryNotFoundError):
+        return "no such file in the repo at the pinned commit"
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    first = lines[0] if lines else "no message"
+    if isinstance(error, HfHubHTTPError):
+        return first
+    if isinstance(error, OSError):
+        return f"{type(error).__name__}: {first}"
+    return f"the hub is unreachable or broke off ({type(error).__name__}: {first})"
+
+
+class HubUnavailable(SourceUnavailable):
     """A download failed for a reason that may pass (network, server); the preparer retries it."""

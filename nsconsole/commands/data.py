@@ -327,7 +327,8 @@ def run_val(args: argparse.Namespace) -> int:
 
 def run_status(args: argparse.Namespace) -> int:
     from datalines import open_data_line
-    from datalines.status import read_status
+    from datalines.service import preparer_running
+    from datalines.status import RUNNING_STATES, read_status
 
     line = open_data_line(_data_line_path(args, args.work))
     validation = sorted(int(path.name[1:]) for path in (line.path / "val").glob("T*") if path.is_dir())
@@ -342,6 +343,8 @@ def run_status(args: argparse.Namespace) -> int:
         "problems": {index: line.cycle_problem(index) for index, state in states.items() if state == "damaged"},
         "validation_seq_lens": validation,
         "preparer": read_status(line.path),
+        # preparer.json keeps a killed preparer's last state: whether one runs is its lock's say.
+        "preparer_running": preparer_running(line.path),
     }
     status = EXIT_DAMAGED if report["problems"] else 0
     if args.json:
@@ -364,6 +367,9 @@ def run_status(args: argparse.Namespace) -> int:
             print(f"preparer: finished (pid {preparer['pid']}) when every cycle was consumed; reopened since: "
                   f"{cycles}, whose shards the next preparer rebuilds (the line's supervisor runs one, or "
                   f"`nsconsole data run-preparer --work {line.path}`)")  # fmt: skip
+        elif preparer["state"] in RUNNING_STATES and not report["preparer_running"]:
+            print(f"preparer: not running (its last status, pid {preparer['pid']}: {preparer['state']}: "
+                  f"{preparer['message']}; it stopped without a word: killed or crashed)")  # fmt: skip
         else:
             print(f"preparer: {preparer['state']} (pid {preparer['pid']}): {preparer['message']}")
     return status

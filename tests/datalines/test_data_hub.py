@@ -62,10 +62,11 @@ def make_handler(repo: DatasetRepo) -> type[http.server.BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(body)
 
-        def not_found(self) -> None:
+        def not_found(self, code: str = "EntryNotFound") -> None:
+            """A 404 as the hub sends it: its kind in X-Error-Code, a message of several lines from the client."""
             self.send_response(404)
             self.send_header("Content-Length", "0")
-            self.send_header("X-Error-Code", "EntryNotFound")
+            self.send_header("X-Error-Code", code)
             self.end_headers()
 
         def do_HEAD(self) -> None:
@@ -80,7 +81,11 @@ def make_handler(repo: DatasetRepo) -> type[http.server.BaseHTTPRequestHandler]:
             repo.requests.append(f"{self.command} {path}")
             api = f"/api/datasets/{repo.name}/"
             resolve = f"/datasets/{repo.name}/resolve/"
+            if path.startswith("/api/datasets/") and not path.startswith(api):
+                return self.not_found("RepoNotFound")
             if path.startswith(api + "revision/"):
+                if path[len(api + "revision/"):] not in (COMMIT, "main"):
+                    return self.not_found("RevisionNotFound")
                 return self.send_json({"id": repo.name, "sha": COMMIT, "private": False,
                                        "siblings": [{"rfilename": name} for name in sorted(repo.files)]})
             if path.startswith(api + "tree/"):
@@ -274,6 +279,160 @@ def test_a_download_with_wrong_bytes_is_deleted_and_fetched_again(
     status = run_preparer(line, ahead=1, once=True, sleep=sleep)
     assert status.state == "ready" and status.failures == 1
     assert "part-000.parquet changed since init" in status.last_error and "fetched again" in status.last_error
+    garbled = hashlib.sha256(good[:100] + bytes([good[100] ^ 0xFF]) + good[101:]).hexdigest()
+    assert f"now sha256 {garbled[:12]}..., {len(good)} bytes)" in status.last_error  # not only the same size
     reference = init_data_line(tmp_path / "reference", tmp_path / "recipe.json", 0, 3000, None)
     prepare_cycle(reference, 0)
     assert shard_hashes(line, 0) == shard_hashes(reference, 0)
+
+
+def closed_port() -> int:
+    """A local port nothing listens on (a hub that is down)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_init_with_the_hub_down_is_one_line(
+    corpus: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{closed_port()}")
+    recipe = hub_recipe(tmp_path / "recipe.json", corpus["tokenizer"])
+    assert main(["data", "init", "--work", str(tmp_path / "line"), "--recipe", str(recipe), "--eos-id", "0",
+                 "--cycle-tokens", "3000"]) == 2  # fmt: skip
+    error = capsys.readouterr().err
+    assert error.startswith("nsconsole: source web: hub dataset org/tiny@main: ") and error.count("\n") == 1
+    assert "unreachable" in error and "Connection refused" in error
+    assert not (tmp_path / "line" / "dataline.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [({"repo": "org/nope"}, "org/nope@main: no such dataset repo on the hub (or it is private or gated"),
+     ({"revision": "v9"}, "org/tiny@v9: the repo has no revision 'v9'")],
+)  # fmt: skip
+def test_a_missing_repo_or_revision_is_refused_in_one_line(
+    serve: Callable, corpus: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    change: dict[str, str], said: str,
+) -> None:  # fmt: skip
+    serve(DatasetRepo("org/tiny", dict(corpus["files"])))
+    recipe = hub_recipe(tmp_path / "recipe.json", corpus["tokenizer"])
+    raw = json.loads(recipe.read_text())
+    raw["sources"][0].update(change)
+    recipe.write_text(json.dumps(raw))
+    assert main(["data", "init", "--work", str(tmp_path / "line"), "--recipe", str(recipe), "--eos-id", "0",
+                 "--cycle-tokens", "3000"]) == 2  # fmt: skip
+    error = capsys.readouterr().err
+    assert error.startswith(f"nsconsole: source web: hub dataset {said}") and error.count("\n") == 1
+
+
+def test_data_val_with_a_download_failing_is_one_line(
+    serve: Callable, corpus: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A command that reads a source outside the preparer (val, rebuild) says a failed download in one
+    line and exits 2; only the preparer retries it."""
+    repo = DatasetRepo("org/tiny", dict(corpus["files"]))
+    serve(repo)
+    line = init_data_line(tmp_path / "line", hub_recipe(tmp_path / "recipe.json", corpus["tokenizer"]), 0, 3000, None)
+    shutil.rmtree(line.path / "downloads")
+    repo.fail_downloads = 1
+    assert main(["data", "val", "--work", str(line.path), "--seq-len", "64", "--long-seq-len", "0"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("nsconsole: source web: download of data/de/part-000.parquet failed: ")
+    assert error.count("\n") == 1
+
+
+def test_a_source_whose_files_hold_no_text_is_refused_at_init(
+    serve: Callable, corpus: dict, tmp_path: Path
+) -> None:
+    """Found by the preparer weeks later it read `no untrained documents left for cycle 0 (its documents
+    are all trained)`: the source never had one."""
+    write_parquet(tmp_path / "blank.parquet", ["", "", ""])
+    files = dict(corpus["files"], **{"blank/part-000.parquet": (tmp_path / "blank.parquet").read_bytes()})
+    serve(DatasetRepo("org/tiny", files))
+    recipe = hub_recipe(tmp_path / "recipe.json", corpus["tokenizer"])
+    raw = json.loads(recipe.read_text())
+    raw["sources"].append({"name": "blank", "kind": "hub", "repo": "org/tiny", "revision": "main",
+                           "data_dir": "blank"})  # fmt: skip
+    raw["schedule"] = [{"from_tokens": 0, "shares": {"web": 0.9, "blank": 0.1}}]
+    recipe.write_text(json.dumps(raw))
+    with pytest.raises(DataLineError, match=r"source blank: its files hold no text \(3 documents, all empty"):
+        init_data_line(tmp_path / "line", recipe, 0, 3000, None)
+    assert not (tmp_path / "line" / "dataline.json").exists()
+
+
+def test_a_download_a_killed_preparer_left_half_done_is_deleted(
+    serve: Callable, corpus: dict, tmp_path: Path
+) -> None:
+    """huggingface_hub downloads into a temporary `*.incomplete` file of its own and deletes it when a
+    download fails, but a kill -9 leaves it: each kill mid-download would keep up to a file's size."""
+    serve(DatasetRepo("org/tiny", dict(corpus["files"])))
+    line = init_data_line(tmp_path / "line", hub_recipe(tmp_path / "recipe.json", corpus["tokenizer"]), 0, 3000, None)
+    shutil.rmtree(line.path / "downloads")
+    partial = line.path / "downloads" / "web" / ".cache" / "huggingface" / "download" / "data" / "de"
+    partial.mkdir(parents=True)
+    (partial / f"fb60LaVdVxod.{'e' * 64}.9ed8c3ca.incomplete").write_bytes(b"x" * 5000)
+    assert run_preparer(line, ahead=1, once=True, min_free_bytes=0).state == "ready"
+    assert not list((line.path / "downloads").rglob("*.incomplete"))
+
+
+def test_data_status_says_when_the_preparer_is_gone(
+    serve: Callable, corpus: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A preparer killed mid-cycle (kill -9, a crash) leaves preparer.json saying `preparing`: status
+    must not show it as running."""
+    serve(DatasetRepo("org/tiny", dict(corpus["files"])))
+    line = init_data_line(tmp_path / "line", hub_recipe(tmp_path / "recipe.json", corpus["tokenizer"]), 0, 3000, None)
+    # Stopped mid-cycle without a last word: preparer.json as a kill -9 leaves it, its lock free.
+    left = run_preparer(line, ahead=1, min_free_bytes=0, should_stop=lambda status: status.state == "preparing")
+    assert left.state == "preparing"
+
+    assert main(["data", "status", "--work", str(line.path)]) == 0
+    out = capsys.readouterr().out
+    assert (f"preparer: not running (its last status, pid {left.pid}: preparing: preparing cycle 0; "
+            f"it stopped without a word: killed or crashed)\n") in out  # fmt: skip
+    assert main(["data", "status", "--work", str(line.path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["preparer_running"] is False
+
+
+def test_a_source_whose_documents_are_all_held_out_is_named_so(serve: Callable, corpus: dict, tmp_path: Path) -> None:
+    """Its first cycle said `no untrained documents left for cycle 0 (its documents are all trained)`."""
+    import random
+
+    from datalines.heldout import is_held_out
+
+    rng = random.Random(5)
+    held_out = [text for text in (make_text(rng, 20) for _ in range(200)) if is_held_out(text, 0.5)][:3]
+    write_parquet(tmp_path / "small.parquet", held_out)
+    files = dict(corpus["files"], **{"small/part-000.parquet": (tmp_path / "small.parquet").read_bytes()})
+    serve(DatasetRepo("org/tiny", files))
+    recipe = hub_recipe(tmp_path / "recipe.json", corpus["tokenizer"])
+    raw = json.loads(recipe.read_text())
+    raw["sources"].append({"name": "small", "kind": "hub", "repo": "org/tiny", "revision": "main",
+                           "data_dir": "small", "heldout_fraction": 0.5})  # fmt: skip
+    raw["schedule"] = [{"from_tokens": 0, "shares": {"web": 0.9, "small": 0.1}}]
+    recipe.write_text(json.dumps(raw))
+    line = init_data_line(tmp_path / "line", recipe, 0, 3000, None)
+    with pytest.raises(DataLineError, match=r"source small has no documents to train on for cycle 0 \(every "
+                                            r"document of its files is held out or empty; max epochs 1\)"):
+        prepare_cycle(line, 0)
+
+
+def test_a_refused_init_leaves_no_downloads(serve: Callable, corpus: dict, tmp_path: Path) -> None:
+    """Init downloads each stratum's first files to calibrate (gigabytes on a real dataset): a recipe
+    refused after that (here a wrong text_field) must not leave them in a directory no line owns."""
+    serve(DatasetRepo("org/tiny", dict(corpus["files"])))
+    recipe = hub_recipe(tmp_path / "recipe.json", corpus["tokenizer"])
+    raw = json.loads(recipe.read_text())
+    raw["sources"][0]["text_field"] = "content"
+    recipe.write_text(json.dumps(raw))
+    with pytest.raises(DataLineError, match=r"part-000\.parquet has no column 'content' \(columns: text, id\)"):
+        init_data_line(tmp_path / "line", recipe, 0, 3000, None)
+    assert not (tmp_path / "line").exists()
+    (tmp_path / "mine").mkdir()  # a directory the user made: kept, and what was in it
+    (tmp_path / "mine" / "notes.txt").write_text("mine")
+    with pytest.raises(DataLineError, match="has no column 'content'"):
+        init_data_line(tmp_path / "mine", recipe, 0, 3000, None)
+    assert [path.name for path in (tmp_path / "mine").iterdir()] == ["notes.txt"]
