@@ -7,7 +7,8 @@ status and, from a new supervisor, every row of rows.jsonl (fetched in pages); t
 notifications, and a status poll while connected. A line whose supervisor is gone stays in the
 book with its last state (the link keeps trying), marked `orphaned` once the trainer's pid has
 gone too (nothing runs it then, whatever its last state said); mutations go through `mutate`, which keeps one
-request_id across reconnects so a retry is applied once.
+request_id across reconnects so a retry is applied once, and fails at once when no supervisor is
+registered for the line any more (it exited: no reconnect will come).
 
 Lines no supervisor runs (ended, stopped, failed; in the work roots or the history of registered
 lines, `nsconsole/history.py`) are read from their files at rest every `HISTORY_INTERVAL_S` and
@@ -51,10 +52,23 @@ HISTORY_INTERVAL_S = 10.0
 """How often the lines that no supervisor runs are looked for (their files read again only when changed)."""
 STATUS_INTERVAL_S = 1.0
 MUTATION_ATTEMPTS = 5
+GONE_CHECK_S = 0.5
+"""How often a mutation waiting for its line's link looks whether a supervisor still serves the line."""
 MUTATION_REPLY_TIMEOUT_S = 3600.0
 """How long a mutation's reply may take on a live connection: the supervisor answers a rollback or
 a tune once it is done (the trainer's checkpoint, then minutes of measuring on a GPU); a dropped
 connection fails the call at once and the retry waits on the same request_id."""
+
+
+def gone_words(line: LineView, method: str, sent: bool) -> str:
+    """The answer to a mutation whose line's supervisor has exited: the request was not sent, or it
+    was and no reply came (it may have been carried out: the line's status says)."""
+    who = f"its supervisor (pid {line.supervisor_pid})" if line.supervisor_pid is not None else "its supervisor"
+    if sent:
+        return (f"{line.path}: {who} exited before it answered the {method}; "
+                f"`nsconsole status {line.path}` shows whether it was done")
+    state = "" if line.supervisor_state is None else f" (state {line.supervisor_state})"
+    return f"{line.path}: {who} has exited{state}; the {method} was not sent"
 
 
 def read_line_facts(line: str | Path) -> LineFacts:
@@ -302,20 +316,46 @@ class LiveLines:
         return await client.call(method, **params)
 
     async def mutate(self, key: str, method: str, **params: Any) -> Any:
-        """A mutation, retried over reconnects with one request_id (the supervisor applies it once)."""
+        """A mutation, retried over reconnects with one request_id (the supervisor applies it once);
+        `SupervisorUnavailable` at once when the line's supervisor has exited (`_wait_for_link`)."""
         params["request_id"] = new_request_id()
         attachment = self._attachments.get(key)
         if attachment is None:
             raise SupervisorUnavailable(f"{key}: the supervisor is not attached")
+        sent = False
         for attempt in range(MUTATION_ATTEMPTS):
             client = attachment.link.client
             try:
-                if client is None:
+                if client is None or client.closed.is_set():
                     raise SupervisorUnavailable(f"{attachment.state.path}: the supervisor is not attached")
+                sent = True
                 return await client.call(method, reply_timeout=MUTATION_REPLY_TIMEOUT_S, **params)
             except SupervisorUnavailable:
                 if attempt == MUTATION_ATTEMPTS - 1:
                     raise
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(attachment.reconnected.wait(), self.max_backoff * 2)
+                await self._wait_for_link(attachment, method, sent)
         raise AssertionError("unreachable")
+
+    async def _wait_for_link(self, attachment: _Attachment, method: str, sent: bool) -> None:
+        """Wait (up to two of the longest backoffs) for the line's link to come back, as long as a
+        supervisor still serves the line: one restarting, or whose connection alone dropped, gets the
+        request once reconnected. `SupervisorUnavailable` at once when none does (its process gone,
+        or its entry: a supervisor unregisters before it closes its socket, and it ends with its line):
+        no link comes back then, and the user would wait out every retry to learn it."""
+        deadline = time.monotonic() + self.max_backoff * 2
+        while not attachment.reconnected.is_set():
+            if await asyncio.to_thread(self._supervisor_gone, attachment.entry.id):
+                raise SupervisorUnavailable(gone_words(attachment.state, method, sent))
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(attachment.reconnected.wait(), min(GONE_CHECK_S, remaining))
+
+    def _supervisor_gone(self, key: str) -> bool:
+        """No live supervisor is registered for the line (False when discovery cannot tell)."""
+        try:
+            entries = self.discover()
+        except LineError:
+            return False
+        return not any(entry.id == key and entry.is_alive() for entry in entries)

@@ -38,10 +38,15 @@ def refuse_a_finished_line(root: Path, what: str = "the line", again: str | None
     to train on from it. `what` names it ("the demo line"); `again` is the command that starts it
     after a rollback (`nsconsole run LINE` unless given)."""
     ended = line_end(root)
-    if ended is None:
-        return
+    if ended is not None:
+        raise finished_line_error(root, ended, what, again)
+
+
+def finished_line_error(root: Path, ended: str, what: str = "the line", again: str | None = None) -> LineError:
+    """What `refuse_a_finished_line` raises, `ended` being what `line_end` said (the supervisor, which
+    asks again under the line's lock, raises it too)."""
     again = again or f"nsconsole run {root}"
-    raise LineError(
+    return LineError(
         f"{root}: {what} has finished ({ended}, latest checkpoint {read_latest(root / 'checkpoints')}); "
         "nothing is left to train, so no supervisor was started. Train on from it with a branch at a cycle "
         f"end (`nsconsole branch NEW --from {root} --at-cycle N --plan decay:TOKENS --data DIR`) or a rollback "

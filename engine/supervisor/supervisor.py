@@ -7,6 +7,8 @@ returns once the detached supervisor answers.
 
 The supervisor (one per line: an exclusive flock on the line directory):
 
+- starts nothing on a line that has finished, decided once it holds that flock (`nsconsole run`
+  looked seconds before, and a trainer started without a supervisor may have finished it since);
 - launches the trainer (`engine/training/main.py`) with run.log as its output, after taking
   the GPU lease (`engine/gpu/devices.py`: the first free one of the GPUs run.json's `device` names,
   `engine/gpu/placement.py`) and handing it to the trainer, which sees that GPU alone, by its UUID,
@@ -67,6 +69,7 @@ from engine.gpu.placement import PhysicalGpu, PlacementError, child_environment
 from engine.layout import LineLayout
 from engine.logrotate import RotatingLog, rotate_if_needed
 from engine.ops import lines as ops
+from engine.ops.line_end import finished_line_error, line_end
 from engine.ops.rollback_records import rollback_times
 from engine.process_start import is_recorded_process, started_since_boot
 from engine.protocol.facts import (
@@ -107,7 +110,7 @@ from engine.supervisor.reserve import RESERVE_NAME, DiskReserve, is_disk_full
 from engine.supervisor.rpc import LineHandler, PausedWork, RowsTail, is_validation_row
 from engine.supervisor.server import SupervisorServer
 from engine.supervisor.verdict import ExitContext, TrainerExit, judge_exit
-from engine.training.line_lock import hold_line
+from engine.training.line_lock import hold_line, refuse_a_held_line
 
 if TYPE_CHECKING:
     from engine.ops.branch import BranchResult
@@ -308,6 +311,7 @@ class Supervisor:
         """Supervise until the line ends, fails or is stopped; the exit status."""
         line_lock = hold_line(self.layout)
         try:
+            self._refuse_a_finished_line()
             self._reserve.make()
             self._config = supervisor_config(self.layout)
             self._notify_command = HostSettings.load().notify
@@ -379,6 +383,23 @@ class Supervisor:
                     thread.join(timeout=max(0.0, deadline - time.monotonic()))
         finally:
             os.close(line_lock)
+
+    def _refuse_a_finished_line(self) -> None:
+        """`LineError` when the line has nothing left to train, decided here, under the line's lock.
+
+        Whoever started this supervisor looked before it (`nsconsole run` seconds before: its start
+        checks load torch), and a trainer started without a supervisor may have finished the line
+        since and let go of it: a trainer launched now would stop at once, and the line would read as
+        finished by this supervisor. Nothing is written before this (no supervisor.json, no entry, no
+        run.log line): the line stays as the trainer that finished it left it. A line whose end
+        cannot be read (a broken run.json, a data line gone) starts as before: its trainer's start
+        says what is wrong, and the supervisor records that."""
+        try:
+            ended = line_end(self.layout.root)
+        except (LineError, DataLineError, OSError):
+            return
+        if ended is not None:
+            raise finished_line_error(self.layout.root, ended)
 
     def _crashes_before(self, previous: dict[str, Any]) -> int:
         """The crash count of the supervisors before this one, plus one when the last of them died
@@ -995,7 +1016,7 @@ def start_detached(line: Path, settings: SupervisorSettings, answer_timeout: flo
     running = registry.find_supervisor(layout.root)
     if running is not None:
         raise LineError(f"{layout.root}: a supervisor already runs this line (pid {running.pid})")
-    os.close(hold_line(layout))  # refused here, not in supervisor.out, while another holds the line
+    refuse_a_held_line(layout)  # refused here, not in supervisor.out, while another holds the line
     options = ["--engine", settings.engine]
     if settings.stop_at is not None:
         options += ["--stop-at", str(settings.stop_at)]

@@ -47,6 +47,15 @@ def hold_line(layout: LineLayout) -> int:
     return fd
 
 
+def refuse_a_held_line(layout: LineLayout) -> None:
+    """`LineError` naming the holder while another process holds the line; nothing is held after.
+
+    A start asks this first, before its slow work (start checks that load torch): asked after it,
+    the refusal came seconds late. What a start reads from the line's files before it holds the line
+    (has it finished?) is read again by the supervisor once it holds it."""
+    os.close(hold_line(layout))
+
+
 def line_holder(layout: LineLayout) -> str:
     """Who holds the line's directory, as its files tell (the flock itself names nobody)."""
     supervisor = _pid_in(layout.supervisor_json)

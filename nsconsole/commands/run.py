@@ -60,21 +60,14 @@ def run(args: argparse.Namespace) -> int:
     if args.stop_at is not None:
         refuse_a_past_stop_at(line, args.stop_at)
     if args.no_supervisor:
-        from engine.layout import LineLayout
-        from engine.ops.cycle_check import refuse_a_cycle_nobody_rebuilds
-        from engine.training.line_lock import hold_line
-        from engine.training.trainer import Trainer
-
-        # Held for the training: no supervisor starts on the line meanwhile (engine.training.line_lock).
-        hold = hold_line(LineLayout(line))
-        try:
-            refuse_a_cycle_nobody_rebuilds(line)
-            return Trainer(line, stop_at=args.stop_at, engine=args.engine, owns_process=True).run()
-        finally:
-            os.close(hold)
+        return train_without_supervisor(line, stop_at=args.stop_at, engine=args.engine)
     from engine.ops.line_end import refuse_a_finished_line
+    from engine.ops.lines import open_line
     from engine.supervisor.supervisor import run_line
+    from engine.training.line_lock import refuse_a_held_line
 
+    # First, at once: the checks below take seconds (torch), and a holder refuses the start anyway.
+    refuse_a_held_line(open_line(line))
     refuse_a_finished_line(line)
     if not args.foreground:
         refuse_a_failing_start(line)
@@ -86,7 +79,9 @@ def run_headless(line: str | None, host: HostSettings, *, stop_at: int | None = 
     `nsconsole run LINE` starts it (the same refusals, in the same order); no LINE creates (or
     resumes) the demo line."""
     from engine.ops.line_end import refuse_a_finished_line
+    from engine.ops.lines import open_line
     from engine.supervisor.supervisor import run_line
+    from engine.training.line_lock import refuse_a_held_line
 
     if line is not None:
         path = host.resolve_line(line)
@@ -97,12 +92,31 @@ def run_headless(line: str | None, host: HostSettings, *, stop_at: int | None = 
         path, what, again = ensure_demo_line(demo_paths(host.work_root)), "the demo line", "nsconsole --run"
     if stop_at is not None:
         refuse_a_past_stop_at(path, stop_at)
+    refuse_a_held_line(open_line(path))  # at once, as `nsconsole run` does
     refuse_a_finished_line(path, what=what, again=again)
     refuse_a_failing_start(path)
     status = run_line(path, foreground=False, stop_at=stop_at, engine=engine)
     if status == 0 and line is None:
         print(f"watch it: nsconsole        (or: nsconsole status {path}; stop it: nsconsole stop {path})")
     return status
+
+
+def train_without_supervisor(line: Path, *, stop_at: int | None, engine: str) -> int:
+    """`nsconsole run LINE --no-supervisor`: the trainer in this process, holding the line for its life
+    (no supervisor starts on it meanwhile, `engine.training.line_lock`). The hold is taken before the
+    trainer's modules load torch (seconds): a line someone else holds is refused at once."""
+    from engine.ops.lines import open_line
+    from engine.training.line_lock import hold_line
+
+    hold = hold_line(open_line(line))
+    try:
+        from engine.ops.cycle_check import refuse_a_cycle_nobody_rebuilds
+        from engine.training.trainer import Trainer
+
+        refuse_a_cycle_nobody_rebuilds(line)
+        return Trainer(line, stop_at=stop_at, engine=engine, owns_process=True).run()
+    finally:
+        os.close(hold)
 
 
 def refuse_a_past_stop_at(line: Path, stop_at: int) -> None:

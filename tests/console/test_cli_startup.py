@@ -18,6 +18,9 @@ from pathlib import Path
 import pytest
 from helpers.lines import data_template_fixture, make_line
 
+from engine.layout import LineLayout
+from engine.training.line_lock import hold_line
+
 HEAVY = ("torch", "triton", "wandb", "kernels", "lm_eval")
 """Packages that only training, measuring and evaluating may load."""
 
@@ -79,6 +82,28 @@ def test_help_and_the_light_commands_do_not_import_torch(
         status, heavy, messages = imported_heavy(arguments, environment)
         assert status == expected_status, (name, messages)
         assert heavy == [], f"`nsconsole {name}` imported {', '.join(heavy)}"
+
+
+def test_a_line_another_process_holds_is_refused_before_torch_loads(
+    data_template: Path, environment: dict[str, str], tmp_path: Path
+) -> None:
+    """While `nsconsole run LINE --no-supervisor` trains (it holds the line), every form of `nsconsole
+    run` is refused at once, naming its pid: the lock is probed before the start checks load torch
+    (15 s on 2 cores), not after them."""
+    line = make_line(tmp_path, data_template)
+    hold = hold_line(LineLayout(line))  # as the trainer started without a supervisor holds it
+    (line / "heartbeat").write_text(json.dumps({"pid": os.getpid(), "stage": "training", "update": 3}))
+    holder = f"a trainer started without a supervisor is running it (pid {os.getpid()}); stop it first"
+    try:
+        for arguments in (["run", str(line)], ["run", str(line), "--foreground"],
+                          ["run", str(line), "--no-supervisor"], ["--run", str(line)]):  # fmt: skip
+            status, heavy, messages = imported_heavy(arguments, environment)
+            assert status == 2, (arguments, messages)
+            assert messages.count("\n") == 0 and holder in messages, (arguments, messages)
+            assert heavy == [], f"`nsconsole {' '.join(arguments)}` imported {', '.join(heavy)} before refusing"
+    finally:
+        os.close(hold)
+    assert not (line / "supervisor.json").exists()
 
 
 CONSOLE = """

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from helpers.lines import copy_data_line, data_template_fixture, make_data_line, make_line
+from helpers.supervise import kill_line_processes
 
 from engine.errors import LineError
 from engine.layout import LineLayout
@@ -92,3 +93,40 @@ def test_a_supervisor_beside_a_trainer_without_one_is_refused_and_leaves_it_trai
         if trainer.poll() is None:
             trainer.kill()
             trainer.wait()
+
+
+@pytest.mark.slow
+def test_a_line_finished_after_run_looked_is_not_trained_again_by_the_supervisor(
+    tmp_path: Path, private_host: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`nsconsole run LINE` looks whether the line has finished, then runs its start checks (seconds)
+    and starts the supervisor. A trainer started without a supervisor that finishes the line in that
+    window used to leave it to a supervisor that launched a trainer into a finished line: the
+    supervisor decides again under the line's lock, and ends without a trainer or a record."""
+    plan = [{"name": "trunk", "seq_len": 32, "tokens": 4 * 512}]
+    line = make_line(tmp_path, make_data_line(tmp_path / "making", prepare=1), plan=plan)
+    assert Trainer(line, stop_at=3, echo=None).run() == 0  # one update left in the plan
+
+    def finish_the_line_meanwhile(root: Path) -> None:
+        # The window between the finished check and the supervisor's lock (the start checks run here):
+        # a trainer started without a supervisor, holding the line as it does, trains the last update.
+        hold = hold_line(LineLayout(root))
+        try:
+            assert Trainer(root, echo=None).run() == 0
+        finally:
+            os.close(hold)
+
+    monkeypatch.setattr("nsconsole.commands.run.refuse_a_failing_start", finish_the_line_meanwhile)
+    try:
+        assert main(["run", str(line)]) == 2
+        rows = (line / "rows.jsonl").read_bytes()
+        log = (line / "run.log").read_text()
+    finally:
+        left_running = kill_line_processes(tmp_path)
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1, error
+    assert "the supervisor did not start" in error and "the line has finished (the plan is complete" in error
+    assert left_running == []
+    assert rows == (line / "rows.jsonl").read_bytes()
+    assert log == (line / "run.log").read_text() and "trainer launched" not in log
+    assert not (line / "supervisor.json").exists()  # nothing recorded a supervisor's life
