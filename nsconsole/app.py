@@ -421,11 +421,12 @@ class ConsoleApp(App[None]):
         if line is None or not self.check_action("resume", ()):
             return
         # A finished line starts nothing, as `nsconsole run` says (imported here: it reads the data line).
+        from datalines.errors import DataLineError
         from engine.ops.line_end import refuse_a_finished_line
 
         try:
             await asyncio.to_thread(refuse_a_finished_line, Path(line.path))
-        except (LineError, OSError) as error:
+        except (LineError, DataLineError, OSError) as error:  # a data line gone or damaged is said too
             line.add_event(self.clock(), "refused", f"resume: {error}", "error")
             self.notify(toast_text(f"✗ {line.name}: {error}"), severity="error", timeout=8, markup=False)
             return

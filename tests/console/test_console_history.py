@@ -7,6 +7,7 @@ import asyncio
 import functools
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -297,6 +298,23 @@ def test_r_on_a_finished_line_says_so_and_starts_nothing(tmp_path: Path) -> None
         event = await until(pilot, lambda: next((event for event in line.events if event.kind == "refused"), None),
                             "the refusal", 60)
         assert "has finished (it trained every cycle of its data line" in event.message
+        assert not isinstance(pilot.app.screen, ConfirmScreen)
+
+    resume_with_r(tmp_path, refused, line_path, confirmed=False)
+    assert not (line_path / "supervisor.json").exists()
+
+
+def test_r_on_a_line_whose_data_line_is_gone_is_refused_in_words(tmp_path: Path) -> None:
+    """A data line removed from under a stopped line: `R` reads it to know whether the line has
+    finished, and the DataLineError escaped the key's worker (found in a review: it ended the console)."""
+    data = make_data_line(tmp_path / "data_root", prepare=1)
+    line_path = make_line(tmp_path, data)
+    shutil.rmtree(data)
+
+    async def refused(pilot: Any, line: LineView, line_path: Path) -> None:
+        event = await until(pilot, lambda: next((event for event in line.events if event.kind == "refused"), None),
+                            "the refusal", 60)
+        assert str(data) in event.message and event.message.startswith("resume: ")
         assert not isinstance(pilot.app.screen, ConfirmScreen)
 
     resume_with_r(tmp_path, refused, line_path, confirmed=False)
