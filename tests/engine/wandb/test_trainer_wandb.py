@@ -235,6 +235,9 @@ def test_a_disk_full_stop_does_not_wait_on_wandb_and_the_next_start_resends_what
     waited = time.monotonic() - disk_full_at[0]
     freed.set()
     assert waited < close_limit / 2, f"the trainer's exit waited {waited:.1f} s on W&B"
+    # A trainer is a process of its own, whose exit ends the abandoned thread; in this one the next
+    # trainer must not meet it, so it is waited for here.
+    assert trainer.mirror.close(60)
     train(line, stop_at=2 * UPDATES)  # room again: the next start sends what W&B lacks
     steps = {step for _, step, _ in wandb_history(line)}
     assert steps == set(range(1, 2 * UPDATES + 1))
