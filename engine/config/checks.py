@@ -27,6 +27,9 @@ DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 """run.json's `device`; which GPU `cuda:N` is on this host is `nsconsole check`'s (`engine/gpu/placement.py`)."""
 RECOMPUTE_PATTERN = re.compile(r"^[a-z][a-z0-9_]*(:[0-9]+)?$")
 STAGE_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+MAX_SEED = 2**64 - 1
+"""The largest seed: torch's generators take 0..2**64-1 and numpy's seed sequence no negative
+number, so a seed outside it would pass `check` and crash the trainer's start."""
 MAX_SAMPLE_PROMPTS = 8
 MAX_SAMPLE_TOKENS = 256
 """Bounds of `validation.samples`: a validation row carries every sample's text and must stay far
@@ -262,6 +265,10 @@ class RunConfigChecks:
         self.positive("guards.watchdog_minutes", config.guards.watchdog_minutes)
         self.at_least("guards.min_free_disk_gb", config.guards.min_free_disk_gb, 0)
         self.one_of("wandb.mode", config.wandb.mode, WANDB_MODES)
+        for name in ("model", "data"):
+            seed = getattr(config.seeds, name)
+            if not 0 <= seed <= MAX_SEED:
+                self.fail(f"seeds.{name}", f"must be an integer in 0..{MAX_SEED} (2**64 - 1), got {show(seed)}")
         self.at_least("metrics", config.metrics, 1)
         self.at_least("print_every", config.print_every, 1)
         if not DEVICE_PATTERN.match(config.device):

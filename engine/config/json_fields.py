@@ -28,14 +28,40 @@ INTERNAL: dict[str, bool] = {"internal": True}
 """Field metadata for a field that is not part of the JSON form."""
 
 
+class JSONObject(dict[str, Any]):
+    """A parsed JSON object that remembers a key it held twice (`repeated`): JSON keeps only the
+    last value, so a key added by hand above an existing one (an `allow_changes` at the top of a
+    run.json that has one further down) would be silently ignored. `parse_value` refuses it, naming
+    the dotted key."""
+
+    repeated: str | None = None
+
+
+def _object(pairs: list[tuple[str, Any]]) -> JSONObject:
+    document = JSONObject()
+    for key, value in pairs:
+        if key in document and document.repeated is None:
+            document.repeated = key
+        document[key] = value
+    return document
+
+
 def parse_json_text(text: str, source: str) -> Any:
     """`json.loads(text)`, every failure one `ConfigError` naming `source` and where it is."""
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_object)
     except json.JSONDecodeError as error:
         raise ConfigError(f"{source}: malformed JSON at line {error.lineno} column {error.colno}: {error.msg}") from None
     except ValueError as error:  # e.g. an integer past Python's 4,300-digit conversion limit
         raise ConfigError(f"{source}: cannot be parsed ({str(error).split(';')[0]})") from None
+    except RecursionError:  # the decoder recurses once per level: `[[[[...` thousands deep
+        raise ConfigError(f"{source}: cannot be parsed (lists or objects nested too deeply)") from None
+
+
+def _refuse_repeated(value: Any, path: str, source: str) -> None:
+    repeated = getattr(value, "repeated", None)
+    if repeated is not None:
+        raise ConfigError(f"{source}: key {_join(path, repeated)} appears twice (JSON would keep only the last)")
 
 
 def json_name(spec: dataclasses.Field[Any]) -> str:
@@ -153,6 +179,7 @@ def parse_value(value: Any, hint: Any, path: str, source: str) -> Any:
     if origin is dict:
         if not isinstance(value, dict):
             raise _type_error(source, path, hint, value)
+        _refuse_repeated(value, path, source)
         _key_hint, item_hint = typing.get_args(hint)
         return {key: parse_value(item, item_hint, _join(path, key), source) for key, item in value.items()}
     if dataclasses.is_dataclass(hint):
@@ -177,6 +204,7 @@ def _json_kind_matches(value: Any, hint: Any) -> bool:
 def _parse_dataclass(value: Any, cls: type, path: str, source: str) -> Any:
     if not isinstance(value, dict):
         raise ConfigError(f"{source}: {path or 'the top level'} must be an object, got {show_briefly(value)}")
+    _refuse_repeated(value, path, source)
     hints = typing.get_type_hints(cls)
     specs = {json_name(spec): spec for spec in _json_fields(cls)}
     for key in sorted(value):

@@ -482,12 +482,27 @@ def _allowed(key: str, allow_changes: list[str]) -> bool:
     return any(key == allowed or key.startswith(allowed + ".") for allowed in allow_changes)
 
 
-def check_changes(accepted: RunConfig, current: RunConfig) -> list[str]:
+@dataclass(frozen=True)
+class TrainedSoFar:
+    """Where a line stands (its latest checkpoint): the clocks its schedule and ramp are read at.
+
+    A schedule may grow only past these: a piece closed or appended before them would say the
+    updates already trained had another rate or batch than the ones they had (a branch or a
+    rollback from before the edit would then train what the line never did)."""
+
+    tokens: float
+    """Tokens trained: the learning-rate schedule's clock."""
+    data_tokens: float
+    """The data line's token count: the batch-size ramp's clock."""
+
+
+def check_changes(accepted: RunConfig, current: RunConfig, trained: TrainedSoFar | None = None) -> list[str]:
     """One message per lifelong key changed since `accepted` without being listed in allow_changes.
 
     The batch-size ramp and the learning-rate pieces may only grow at their end (earlier pieces
-    unchanged; an open last piece may be closed and followed by new ones); any other change of
-    them is reported whatever allow_changes says, since the updates already trained followed them.
+    unchanged; an open last piece may be closed and followed by new ones) and, given where the
+    line stands (`trained`), only past it; any other change of them is reported whatever
+    allow_changes says, since the updates already trained followed them.
     """
     messages: list[str] = []
     before, after = _lifelong_values(accepted), _lifelong_values(current)
@@ -495,27 +510,47 @@ def check_changes(accepted: RunConfig, current: RunConfig) -> list[str]:
         if before[key] != after[key] and not _allowed(key, current.allow_changes):
             messages.append(
                 f"{key} changed from {show(before[key])} to {show(after[key])} "
-                f"(list it in allow_changes to change it on purpose)"
+                f"(add {show(key)} to allow_changes to change it on purpose)"
             )
-    ramp_problem = _growth_problem(unparse(accepted.ramp()), unparse(current.ramp()), "to")
-    if ramp_problem:
-        messages.append(f"tokens_per_update {ramp_problem} (the ramp may only grow at its end)")
-    lr_problem = _growth_problem(unparse(accepted.lr.pieces), unparse(current.lr.pieces), "until")
+    if isinstance(accepted.tokens_per_update, int) and isinstance(current.tokens_per_update, int):
+        if accepted.tokens_per_update != current.tokens_per_update:
+            messages.append(
+                f"tokens_per_update changed from {accepted.tokens_per_update} to {current.tokens_per_update} "
+                f"(the batch may only grow at its end: write it as a ramp, "
+                f'[{{"from": 0, "to": <a data-line token count not yet read>, "tokens": {accepted.tokens_per_update}}}, '
+                f'{{"from": <that count>, "to": null, "tokens": {current.tokens_per_update}}}])'
+            )
+    else:
+        clock = None if trained is None else ("tokens of the data line this line has read", trained.data_tokens)
+        ramp_problem = _growth_problem(unparse(accepted.ramp()), unparse(current.ramp()), "to", clock)
+        if ramp_problem:
+            messages.append(f"tokens_per_update{ramp_problem} (the ramp may only grow at its end)")
+    clock = None if trained is None else ("tokens this line has trained", trained.tokens)
+    lr_problem = _growth_problem(unparse(accepted.lr.pieces), unparse(current.lr.pieces), "until", clock)
     if lr_problem:
-        messages.append(f"lr.pieces {lr_problem} (the schedule may only grow at its end)")
+        messages.append(f"lr.pieces{lr_problem} (the schedule may only grow at its end)")
     return messages
 
 
-def _growth_problem(before: list[dict[str, Any]], after: list[dict[str, Any]], end_key: str) -> str | None:
-    """Why `after` is not `before` grown at its end, or None when it is."""
+def _growth_problem(
+    before: list[dict[str, Any]], after: list[dict[str, Any]], end_key: str, clock: tuple[str, float] | None
+) -> str | None:
+    """Why `after` is not `before` grown at its end (past `clock`, what the line has trained,
+    when given), or None when it is; the text follows the list's key (` piece 1 changed ...`)."""
     if len(after) < len(before):
-        return f"lost pieces: {len(before)} accepted, {len(after)} now"
+        return f" lost pieces: {len(before)} accepted, {len(after)} now"
+    grows: tuple[str, float] | None = None  # where `after` first differs from `before`
     for index, (old, new) in enumerate(zip(before, after)):
         if old == new:
             continue
         is_last_open = index == len(before) - 1 and old[end_key] is None
-        closed_only = {**new, end_key: None} == old
-        if is_last_open and closed_only:
+        if is_last_open and {**new, end_key: None} == old:
+            grows = (f"piece {index} closed at", new[end_key])
             continue
-        return f"piece {index} changed from {show(old)} to {show(new)}"
+        return f" piece {index} changed from {show(old)} to {show(new)}"
+    if grows is None and len(after) > len(before):  # appended after a closed last piece, which held till now
+        grows = (f"piece {len(before)} starts at", before[-1][end_key])
+    if clock is not None and grows is not None and grows[1] < clock[1]:
+        where, point = grows
+        return f" {where} {point:,.0f}, before the {clock[1]:,.0f} {clock[0]}: only there or later"
     return None

@@ -35,6 +35,7 @@ from engine.models.memory_budget import memory_problem
 from engine.ops.cycle_check import current_cycle_finding
 from engine.ops.lines import (
     inspect_data_line,
+    load_accepted,
     model_vocab_size,
     open_line,
     resolve_data_path,
@@ -178,13 +179,14 @@ def _check_heldout_rows(layout: LineLayout, config: RunConfig, model: torch.nn.M
 
 
 def _check_lifelong(layout: LineLayout, config: RunConfig) -> list[CheckResult]:
-    if not layout.accepted_run_json.exists():
+    accepted = load_accepted(layout)
+    if accepted is None:
         note = "no accepted_run.json yet (the first start accepts run.json)"
         return [CheckResult(True, f"lifelong keys: {note}")]
-    problems = unaccepted_changes(layout, config)
-    if not problems:
+    changes = unaccepted_changes(layout, config)
+    if not changes:
         return [CheckResult(True, "lifelong keys: unchanged since accepted_run.json (or allowed)")]
-    return [CheckResult(False, problem) for problem in problems]
+    return [CheckResult(False, change) for change in changes]
 
 
 def _check_metrics(config: RunConfig) -> CheckResult:

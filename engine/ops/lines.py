@@ -11,13 +11,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import datalines
+from datalines.errors import DataLineError
+from engine.checkpoints.format import read_checkpoint_state, read_latest
 from engine.config.run import (
     RunConfig,
+    TrainedSoFar,
     check_changes,
 )
 from engine.errors import ConfigError, LineError
 from engine.layout import LineLayout
 from engine.models import presets
+from engine.training.position import Position
 
 DATA_LINE_MARKER = "dataline.json"
 
@@ -83,11 +87,30 @@ def load_accepted(layout: LineLayout) -> RunConfig | None:
 
 
 def unaccepted_changes(layout: LineLayout, config: RunConfig) -> list[str]:
-    """The lifelong-key changes of `config` that accepted_run.json does not allow (one message each)."""
+    """The lifelong-key changes of `config` that accepted_run.json does not allow (one message each),
+    the schedule's and the ramp's growth judged from where the line stands (`trained_so_far`): `check`,
+    every start of the trainer (a supervisor's relaunch included) and `accept` ask here alike."""
     accepted = load_accepted(layout)
     if accepted is None:
         return []
-    return [f"{layout.run_json.name}: {message}" for message in check_changes(accepted, config)]
+    trained = trained_so_far(layout, config)
+    return [f"{layout.run_json.name}: {message}" for message in check_changes(accepted, config, trained)]
+
+
+def trained_so_far(layout: LineLayout, config: RunConfig) -> TrainedSoFar | None:
+    """Where the line stands by its checkpoint `latest` (None: none yet, or unreadable, which the
+    checkpoint checks report): the clocks a schedule's growth must not start before."""
+    latest = read_latest(layout.checkpoints)
+    state = None if latest is None else read_checkpoint_state(layout.checkpoints / latest)
+    if state is None:
+        return None
+    try:
+        position = Position(**state["position"])
+        seq_len = int(state["data"]["seq_len"])
+        data_line = datalines.open_data_line(resolve_data_path(layout, config.data.line))
+        return TrainedSoFar(position.tokens_trained, position.data_tokens(data_line, seq_len))
+    except (TypeError, KeyError, ValueError, LineError, DataLineError):
+        return None
 
 
 def accept(root: Path | str, config: RunConfig | None = None) -> RunConfig:

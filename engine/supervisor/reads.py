@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from engine.config.json_fields import parse_json_text
 from engine.config.run import RunConfig
 from engine.errors import ConfigError, LineError
 from engine.layout import LineLayout, checkpoint_update
@@ -24,10 +25,11 @@ def supervisor_config(layout: LineLayout) -> RunConfig:
     Its values are the trainer's to validate: that imports the model code, and torch, for seconds.
     """
     try:
-        document = json.loads(layout.run_json.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as error:
-        raise ConfigError(f"{layout.run_json}: cannot be read as JSON ({error})") from None
-    return RunConfig.from_dict(document, source=str(layout.run_json))
+        text = layout.run_json.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"{layout.run_json}: cannot be read ({error})") from None
+    # The trainer's own parser: malformed JSON, a repeated key or a nesting too deep is one ConfigError.
+    return RunConfig.from_dict(parse_json_text(text, str(layout.run_json)), source=str(layout.run_json))
 
 
 def reload_config(layout: LineLayout, previous: RunConfig | None) -> RunConfig | None:

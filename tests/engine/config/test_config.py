@@ -357,7 +357,7 @@ def test_lifelong_key_change_is_refused_with_its_dotted_name() -> None:
         "data.line", "optimizer.weight_decay", "seeds.data", "wandb.project"
     ]
     assert messages[1] == (
-        "optimizer.weight_decay changed from 0.1 to 0.05 (list it in allow_changes to change it on purpose)"
+        'optimizer.weight_decay changed from 0.1 to 0.05 (add "optimizer.weight_decay" to allow_changes to change it on purpose)'
     )
 
 

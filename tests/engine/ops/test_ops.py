@@ -220,9 +220,51 @@ def test_check_refuses_an_unlisted_lifelong_change(line: Path, capsys: pytest.Ca
     status, lines = check_output(line, capsys)
     assert status == 1
     assert "FAIL: run.json: optimizer.weight_decay changed from 0.1 to 0.05 " \
-        "(list it in allow_changes to change it on purpose)" in lines
+        '(add "optimizer.weight_decay" to allow_changes to change it on purpose)' in lines
     edit_run_json(line, lambda d: d.update(allow_changes=["optimizer.weight_decay"]))
     assert check_output(line, capsys)[0] == 0
+
+
+
+class CycleStarts:
+    """A data line whose cycles start every 100,000 tokens, the rest as the line's data line is."""
+
+    def __init__(self, line: Any) -> None:
+        self.line = line
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.line, name)
+
+    def cycle_start_tokens(self, index: int) -> int:
+        return index * 100_000
+
+
+def test_check_refuses_a_schedule_grown_from_a_point_already_trained(
+    line: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A line stopped at 46,080 tokens (cycle 0, 720 samples of 64) whose open lr piece is closed
+    # at 30,000: the schedule grew at its end, but from a point the line had trained past.
+    edit_run_json(line, lambda d: d["lr"]["pieces"][0].update(until=20000))
+    accept(line)
+    checkpoint = line / "checkpoints" / "u00000045"
+    checkpoint.mkdir(parents=True)
+    position = {"update": 45, "tokens_trained": 46080, "stage": 0, "stage_tokens": 46080, "cycle": 0,
+                "sample": 720, "earlier": []}
+    (checkpoint / "state.json").write_text(json.dumps({"position": position, "data": {"seq_len": 64}}))
+    (line / "checkpoints" / "latest").write_text("u00000045")
+    real_open = datalines.open_data_line
+    monkeypatch.setattr(datalines, "open_data_line", lambda path: CycleStarts(real_open(path)))
+    edit_run_json(line, lambda d: d["lr"]["pieces"][1].update(until=30000) or d["lr"]["pieces"].append(
+        {"kind": "decay", "until": 90000, "to": 0.1, "shape": "linear"}))
+    status, lines = check_output(line, capsys)
+    assert status == 1
+    assert "FAIL: run.json: lr.pieces piece 1 closed at 30,000, before the 46,080 tokens this line has trained: " \
+        "only there or later (the schedule may only grow at its end)" in lines
+    # Every start asks the same (`accept`: the trainer's, a supervisor's relaunch, --foreground).
+    with pytest.raises(ConfigError, match="piece 1 closed at 30,000, before the 46,080 tokens"):
+        accept(line)
+    edit_run_json(line, lambda d: d["lr"]["pieces"][1].update(until=46080))
+    assert "ok: lifelong keys: unchanged since accepted_run.json (or allowed)" in check_output(line, capsys)[1]
 
 
 def test_check_vocab_metrics_sharing_and_data(line: Path, capsys: pytest.CaptureFixture[str]) -> None:
