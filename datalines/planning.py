@@ -95,6 +95,61 @@ def ensure_plan(line: DataLine, index: int) -> dict[str, Any]:
     return plan
 
 
+def plan_files(plan: dict[str, Any]) -> dict[str, set[int]]:
+    """Source -> indices of the files the plan's cycle reads."""
+    return {
+        name: {file_index for stratum in source["strata"].values() for file_index, _, _ in stratum["ranges"]}
+        for name, source in plan["sources"].items()
+    }
+
+
+def files_to_read(line: DataLine, index: int) -> dict[str, set[int]]:
+    """Source -> indices of the files preparing cycle `index` reads: its plan's, or, before it is
+    planned, an estimate (`_estimated_files`).
+
+    Wanted before the cycle is planned: planning reads the files it plans (their documents'
+    lengths), so the disk for their downloads must be there first.
+    """
+    plan = load_plan(line, index)
+    if plan is not None:
+        return plan_files(plan)
+    previous = load_plan(line, index - 1) if index > 0 else None
+    shares = line.recipe.shares_at(index * line.cycle_tokens)
+    # In `last_cycle` mode every cycle looks that far past its target for what would be left.
+    reach = 1 + LAST_CYCLE_MIN_FILL if line.recipe.at_corpus_end == "last_cycle" else 1.0
+    return {
+        name: _estimated_files(line, name, previous, line.cycle_tokens * shares[name] * reach)
+        if shares[name] > 0
+        else set()
+        for name in line.sources
+    }
+
+
+def _estimated_files(line: DataLine, name: str, previous: dict[str, Any] | None, tokens: float) -> set[int]:
+    """The files of source `name` a cycle of `tokens` of it reads, estimated from pins alone: each
+    stratum's files from where `previous` left it (the stream's start without one) until their text,
+    by the calibrated rates and the files' pinned sizes, holds the stratum's share of the tokens.
+    The file the stratum stands in counts for what of it the earlier cycles have not taken."""
+    source = line.source(name)
+    calibration = line.calibration[name]
+    files: set[int] = set()
+    for stratum, share in stratum_shares_of(source, calibration).items():
+        rates = calibration[stratum]
+        indices = [number for number, file in enumerate(source.files) if file.stratum == stratum]
+        text = [source.files[number].size * rates["text_bytes_per_file_byte"] for number in indices]
+        cursor = _cursor_after(line, previous, name, stratum)
+        taken_from_current = max(0.0, cursor.taken_bytes - sum(text[: cursor.file]))
+        wanted = tokens * share / rates["tokens_per_text_byte"]
+        found = 0.0
+        for position in range(cursor.file, len(indices)):
+            if found >= wanted:
+                break
+            files.add(indices[position])
+            left = text[position] - (taken_from_current if position == cursor.file else 0.0)
+            found += max(0.0, left)
+    return files
+
+
 def _cursor_after(
     line: DataLine, previous: dict[str, Any] | None, source: str, stratum: str
 ) -> StratumCursor:

@@ -35,7 +35,7 @@ from datalines.manifest import (
     verify_shards,
 )
 from datalines.mixture import merge_strata
-from datalines.planning import ensure_plan, load_plan, plan_path
+from datalines.planning import ensure_plan, load_plan, plan_files, plan_path
 from datalines.shards import (
     OFFSETS_SUFFIX,
     TOKENS_SUFFIX,
@@ -331,11 +331,60 @@ def release_finished_files(line: DataLine, plan: dict[str, Any]) -> None:
                 source.release(file)
 
 
+def release_unneeded_files(line: DataLine, plan: dict[str, Any]) -> None:
+    """After a rebuild: let sources delete the downloads of the plan's files that no cycle still to
+    be prepared reads (`_files_still_read`).
+
+    A rebuild of an early cycle (`data rebuild`, a cycle a rollback reopened) fetches its files
+    again, long after the cycles that read them released them; the next cycle prepared would
+    release them, but a line that has finished (or has no preparer running) has none.
+    """
+    needed = _files_still_read(line)
+    for name, indices in plan_files(plan).items():
+        source = line.source(name)
+        for file_index in sorted(indices - needed[name]):
+            source.release(source.files[file_index])
+
+
+def _files_still_read(line: DataLine) -> dict[str, set[int]]:
+    """Source -> the files a cycle still to be prepared reads: every planned cycle not consumed
+    whose shards are not all there (not prepared yet, reopened, a manifest to restore), and the
+    next cycle to be planned, which goes on from where the newest plan left each stratum."""
+    needed: dict[str, set[int]] = {name: set() for name in line.sources}
+    known = line.known_cycles()
+    for index in known:
+        if line.is_consumed(index) or _shards_there(line, index):
+            continue
+        plan = load_plan(line, index)
+        for name, indices in plan_files(plan).items() if plan is not None else ():
+            needed[name] |= indices
+    planned = [index for index in known if plan_path(line, index).is_file()]
+    newest = load_plan(line, planned[-1]) if planned else None
+    if newest is not None and not newest["last"]:
+        for name in line.sources:
+            files = line.source(name).files
+            for stratum, cursor in newest["end"][name].items():
+                stratum_files = [number for number, file in enumerate(files) if file.stratum == stratum]
+                needed[name].update(stratum_files[cursor["file"] :])
+    return needed
+
+
+def _shards_there(line: DataLine, index: int) -> bool:
+    """Whether cycle `index` has its manifest and every shard it names (a stat each, no hashing)."""
+    directory = line.cycle_dir(index)
+    try:
+        manifest, _ = load_manifest(directory)
+    except DataLineError:
+        return False
+    return all((directory / entry["name"]).is_file() for entry in shard_files(manifest))
+
+
 def rebuild_cycle(line: DataLine, index: int, progress: ProgressCallback | None = None) -> None:
     """Rebuild a cycle's shards from its permanent manifest and check them byte for byte.
 
     Raises DataLineError naming the shard whose bytes differ; on success the shards are back in
-    the cycle directory (and a consumed mark is cleared: the cycle is readable again).
+    the cycle directory (and a consumed mark is cleared: the cycle is readable again), and the
+    downloads it made that no cycle still to be prepared reads are deleted.
     """
     progress = progress or _ignore_progress
     final = line.cycle_dir(index)
@@ -357,6 +406,7 @@ def rebuild_cycle(line: DataLine, index: int, progress: ProgressCallback | None 
         fsync_directory(final)
     finally:
         shutil.rmtree(partial, ignore_errors=True)
+    release_unneeded_files(line, manifest["plan"])
 
 
 def restore_manifest(
@@ -374,7 +424,8 @@ def restore_manifest(
     checkpoint that read the cycle mid-way holds the manifest's sha256 and the trainer refuses to
     resume on another: never a silent change.) Anything else (a consumed cycle,
     whose shards are deleted; a shard missing or different; no plan) is refused with DataLineError
-    saying how to recover, and nothing is written.
+    saying how to recover, and nothing is written. The downloads it made go as a rebuild's do
+    (`release_unneeded_files`).
     """
     progress = progress or _ignore_progress
     final = line.cycle_dir(index)
@@ -408,6 +459,7 @@ def restore_manifest(
     finally:
         shutil.rmtree(partial, ignore_errors=True)
     verify_shards(final, load_manifest(final)[0])  # the file as written, read back
+    release_unneeded_files(line, plan)
     return plan_path(line, index)
 
 

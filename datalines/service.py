@@ -2,34 +2,40 @@
 
 Each round: delete the shards of consumed cycles; find the cycles the trainer needs next (the
 first unconsumed one and `ahead - 1` after it, up to the last cycle); wait while free disk is
-below the threshold; prepare the next missing one. A failure that may pass (network, server,
-an interrupted download: `SourceUnavailable`; anything unexpected) is retried with exponential
-backoff, and the retry resumes the same cycle from its fixed plan, with the same files. A failure
-that cannot pass (another `DataLineError`: a corrupted input file, a source used up) stops the
-preparer with the error in the status.
+below what the next missing one needs (`disk_need`: its downloads and a reserve for shards);
+prepare it. A failure that may pass (network, server, an interrupted download:
+`SourceUnavailable`; anything unexpected) is retried with exponential backoff, and the retry
+resumes the same cycle from its fixed plan, with the same files. A failure that cannot pass
+(another `DataLineError`: a corrupted input file, a source used up) stops the preparer with the
+error in the status. One process writes a line's cycles and downloads at a time (`PreparerLock`).
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import shutil
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from datalines.dataline import DataLine
 from datalines.errors import DataLineError, SourceExhausted, SourceUnavailable
+from datalines.planning import files_to_read
 from datalines.preparer import delete_consumed_shards, prepare_cycle
 from datalines.shards import token_dtype
-from datalines.status import PreparerStatus, write_status
+from datalines.status import PreparerStatus, read_status, write_status
 
 MIN_FREE_ENV = "NSCONSOLE_DATA_MIN_FREE_GB"
-"""Overrides the free-disk threshold (in GB, decimal) below which the preparer waits."""
+"""Overrides the free disk (in GiB) kept for the shards, on top of the next cycle's downloads."""
 BACKOFF_INITIAL_SECONDS = 2.0
 BACKOFF_MAX_SECONDS = 300.0
 POLL_SECONDS = 5.0
 LOCK_NAME = "preparer.lock"
+PREPARING = "preparer"
+"""What the preparer's hold of `preparer.lock` is called (`PreparerLock`)."""
 
 StatusCallback = Callable[[PreparerStatus], None]
 GIB = 1 << 30
@@ -51,15 +57,60 @@ class StatusLines:
         self.last_line = line
 
 
-def default_min_free_bytes(line: DataLine) -> int:
-    """Room for about three cycles of shards plus 1 GiB, or the env override."""
+def shard_reserve_bytes(line: DataLine) -> int:
+    """Three cycles of shards: the one being written, the one being trained, the one ahead."""
+    return 3 * line.cycle_tokens * token_dtype(line.vocab_size).itemsize
+
+
+def env_min_free_bytes() -> int | None:
+    """$NSCONSOLE_DATA_MIN_FREE_GB in bytes; None when unset."""
     override = os.environ.get(MIN_FREE_ENV)
-    if override:
-        try:
-            return int(float(override) * GIB)
-        except ValueError:
-            raise DataLineError(f"${MIN_FREE_ENV}: not a number of GiB, got {override!r}") from None
-    return 3 * line.cycle_tokens * token_dtype(line.vocab_size).itemsize + GIB
+    if not override:
+        return None
+    try:
+        return int(float(override) * GIB)
+    except ValueError:
+        raise DataLineError(f"${MIN_FREE_ENV}: not a number of GiB, got {override!r}") from None
+
+
+@dataclass(frozen=True)
+class DiskNeed:
+    """The free disk the preparer waits for before it prepares a cycle: a reserve for the shards,
+    and the downloads the cycle makes (one hub file can be several GiB, more than the shards)."""
+
+    reserve: int
+    """The reserve: about three cycles of shards plus 1 GiB, or the minimum given."""
+    reserve_text: str
+    """What the reserve is, for the waiting message."""
+    downloads: int
+    """The pinned sizes of the files the cycle reads that are not downloaded yet."""
+
+    @property
+    def total(self) -> int:
+        return self.reserve + self.downloads
+
+    def describe(self) -> str:
+        return f"{self.reserve_text}, downloads {self.downloads / GIB:.2f} GiB"
+
+
+def disk_need(line: DataLine, index: int, min_free_bytes: int | None) -> DiskNeed:
+    """What cycle `index` needs free before it is prepared; `min_free_bytes` replaces the shards'
+    reserve (`--min-free-gb`), never the downloads: they are the preparer's own next writes."""
+    downloads = download_bytes(line, index)
+    if min_free_bytes is not None:
+        return DiskNeed(min_free_bytes, f"minimum {min_free_bytes / GIB:.2f} GiB", downloads)
+    shards = shard_reserve_bytes(line)
+    return DiskNeed(shards + GIB, f"shards {shards / GIB:.2f} GiB + 1 GiB spare", downloads)
+
+
+def download_bytes(line: DataLine, index: int) -> int:
+    """Bytes cycle `index`'s downloads add to the disk: the pinned size of every file it reads
+    (`files_to_read`: its plan's, or an estimate before it is planned) that is not on disk yet."""
+    total = 0
+    for name, indices in files_to_read(line, index).items():
+        source = line.source(name)
+        total += sum(source.files[i].size for i in indices if source.needs_download(source.files[i]))
+    return total
 
 
 def wanted_cycles(line: DataLine, ahead: int) -> list[int]:
@@ -76,20 +127,78 @@ class _StopRequested(BaseException):
     """`should_stop` said stop: unwinds out of a cycle in progress (not an error, never retried)."""
 
 
-class _Lock:
-    """One preparer per line: an exclusive flock on `preparer.lock`, released when the process dies."""
+class PreparerLockHeld(DataLineError):
+    """`preparer.lock` is held by another process: `doing` says what it does (`PREPARING`, a rebuild)."""
 
-    def __init__(self, line: DataLine) -> None:
-        self.handle = open(line.path / LOCK_NAME, "a+")  # noqa: SIM115 (held for the process's life)
+    def __init__(self, message: str, doing: str) -> None:
+        super().__init__(message)
+        self.doing = doing
+
+
+class PreparerLock:
+    """One process writes a line's cycles and downloads at a time: an exclusive flock on
+    `preparer.lock`, held by the preparer for its life, by `data rebuild` while it rebuilds and by
+    a stopping line's last deletion of consumed shards; released when the process dies.
+
+    Two of them would write the same cycle directory and the same downloads, one deleting a file
+    the other reads. The holder writes its pid and what it does into the file, so the one it
+    refuses says who holds it (`PreparerLockHeld`, one line).
+    """
+
+    def __init__(self, line: DataLine, doing: str) -> None:
+        path = line.path / LOCK_NAME
+        self.handle = open(path, "a+")  # noqa: SIM115 (held until release, the preparer's whole life)
         try:
             fcntl.flock(self.handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             self.handle.close()
-            raise DataLineError(f"{line.path / LOCK_NAME}: another preparer runs on this line") from None
+            held, pid = _holder(line)
+            article = "another" if held == doing else "a"
+            who = f" (pid {pid})" if pid is not None else ""
+            raise PreparerLockHeld(f"{path}: {article} {held} runs on this line{who}", held) from None
+        self.handle.truncate(0)
+        self.handle.write(json.dumps({"pid": os.getpid(), "doing": doing}))
+        self.handle.flush()
 
     def release(self) -> None:
+        self.handle.truncate(0)  # a process refused later reads no pid of one gone
         fcntl.flock(self.handle, fcntl.LOCK_UN)
         self.handle.close()
+
+    def __enter__(self) -> PreparerLock:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+
+
+def _holder(line: DataLine) -> tuple[str, int | None]:
+    """What the holder of `preparer.lock` does and its pid, as it wrote them; a holder that wrote
+    nothing (an older nsconsole's preparer, or one between its flock and its write) is taken for
+    a preparer, whose pid is in its status file."""
+    try:
+        written = json.loads((line.path / LOCK_NAME).read_text())
+        return str(written["doing"]), int(written["pid"])
+    except (OSError, ValueError, TypeError, KeyError):
+        status = read_status(line.path)
+        pid = status.get("pid") if isinstance(status, dict) else None
+        return PREPARING, pid if isinstance(pid, int) else None
+
+
+def lock_for_rebuild(line: DataLine, index: int) -> PreparerLock:
+    """The lock `data rebuild --cycle index` holds while it rebuilds; PreparerLockHeld in one line
+    saying what to do when a preparer holds it."""
+    try:
+        return PreparerLock(line, f"rebuild of cycle {index}")
+    except PreparerLockHeld as held:
+        if held.doing != PREPARING:
+            raise
+        raise PreparerLockHeld(
+            f"{held}; one process writes a line's cycles and downloads at a time, and the preparer rebuilds "
+            f"the damaged and reopened cycles it keeps ready itself: stop it first to rebuild cycle {index} by "
+            f"hand (a line's supervisor runs one while the line trains)",
+            held.doing,
+        ) from None
 
 
 def run_preparer(
@@ -110,8 +219,9 @@ def run_preparer(
     """
     if ahead < 1:
         raise DataLineError(f"--ahead must be >= 1, got {ahead}")
-    threshold = default_min_free_bytes(line) if min_free_bytes is None else min_free_bytes
-    lock = _Lock(line)
+    if min_free_bytes is None:
+        min_free_bytes = env_min_free_bytes()
+    lock = PreparerLock(line, PREPARING)
     status = PreparerStatus()
     backoff = BACKOFF_INITIAL_SECONDS
 
@@ -145,16 +255,17 @@ def run_preparer(
                 sleep(POLL_SECONDS)
                 continue
             index = missing[0]
-            free = shutil.disk_usage(line.path).free
-            if free < threshold:
-                reason = (
-                    f"disk: {free / GIB:.2f} GiB free < {threshold / GIB:.2f} GiB needed "
-                    f"to prepare cycle {index}"
-                )
-                publish(state="waiting", cycle=index, waiting_reason=reason, ready=ready, message=reason)
-                sleep(POLL_SECONDS)
-                continue
             try:
+                need = disk_need(line, index, min_free_bytes)
+                free = shutil.disk_usage(line.path).free
+                if free < need.total:
+                    reason = (
+                        f"disk: {free / GIB:.2f} GiB free < {need.total / GIB:.2f} GiB needed "
+                        f"to prepare cycle {index} ({need.describe()})"
+                    )
+                    publish(state="waiting", cycle=index, waiting_reason=reason, ready=ready, message=reason)
+                    sleep(POLL_SECONDS)
+                    continue
                 publish(state="preparing", cycle=index, progress=0.0, waiting_reason=None, ready=ready,
                         message=f"preparing cycle {index}")
 
@@ -199,17 +310,16 @@ def delete_consumed_shards_unless_preparing(line: DataLine) -> list[int] | None:
     the lock: that one deletes them at its next round. Returns the cycles cleaned now.
     """
     try:
-        lock = _Lock(line)
-    except DataLineError:
+        lock = PreparerLock(line, "supervisor's deletion of consumed shards")
+    except PreparerLockHeld:
         return None
-    try:
+    with lock:
         return delete_consumed_shards(line)
-    finally:
-        lock.release()
 
 
 def preparer_running(line_path: Path) -> bool:
-    """Whether a preparer holds the line's lock now (the supervisor's check)."""
+    """Whether a preparer holds the line's lock now (the supervisor's check), or a `data rebuild`:
+    either writes the line's cycles, and the supervisor starts no preparer beside it."""
     path = line_path / LOCK_NAME
     if not path.exists():
         return False

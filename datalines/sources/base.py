@@ -80,6 +80,11 @@ class Source(ABC):
         """The file is no longer needed by future cycles (a download may be deleted); local files stay."""
         return None
 
+    def needs_download(self, file: SourceFile) -> bool:
+        """Whether `fetch` would download the file, taking its size on disk (the preparer waits for
+        room for it first); a source read in place never does."""
+        return False
+
     def strata(self) -> list[str]:
         return sorted({file.stratum for file in self.files})
 

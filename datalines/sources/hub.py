@@ -27,7 +27,10 @@ from datalines.sources.base import Source, SourceFile, matches, stratum_of
 DEFAULT_INCLUDE = ("**/*.parquet",)
 DOWNLOADS_DIRECTORY = "downloads"
 FETCH_LOCK_NAME = ".fetch.lock"
-"""In a source's download directory: held while a process of ours downloads into it."""
+"""In a source's download directory: held while a process of ours downloads into it or deletes from it."""
+HF_DOWNLOAD_CACHE = Path(".cache") / "huggingface" / "download"
+"""Where huggingface_hub (2.4) keeps, in a directory it downloads into, a `<path>.metadata` and a
+`<path>.lock` of every file it downloaded there."""
 
 
 def hub_endpoint() -> str | None:
@@ -105,12 +108,18 @@ class HubSource(Source):
         """
         directory = self.download_dir()
         directory.mkdir(parents=True, exist_ok=True)
-        with open(directory / FETCH_LOCK_NAME, "a+") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with self._holding():
             for partial in directory.glob(".cache/**/*.incomplete"):
                 partial.unlink(missing_ok=True)
             yield
 
+    @contextmanager
+    def _holding(self) -> Iterator[None]:
+        """Hold the source's (existing) download directory: no other process of ours downloads into it
+        or deletes from it meanwhile."""
+        with open(self.download_dir() / FETCH_LOCK_NAME, "a+") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
 
     def verify(self, file: SourceFile, path: Path) -> None:
         """A download whose bytes differ from the pin is deleted and retried, never read."""
@@ -124,8 +133,33 @@ class HubSource(Source):
         return self.work / DOWNLOADS_DIRECTORY / self.spec.name
 
     def release(self, file: SourceFile) -> None:
-        """Delete the downloaded copy: every document of the file is in a prepared cycle already."""
-        (self.download_dir() / file.path).unlink(missing_ok=True)
+        """Delete the downloaded copy: every document of the file is in a prepared cycle already.
+
+        huggingface_hub's `.metadata` and `.lock` of the file go with it, and the directories that
+        leaves empty: kept, they would be two small files for every file of the dataset, for good.
+        Done under the fetch lock, so no download of ours is using them (or a directory) meanwhile.
+        """
+        directory = self.download_dir()
+        if not directory.is_dir():
+            return
+        metadata = directory / HF_DOWNLOAD_CACHE / f"{file.path}.metadata"
+        with self._holding():
+            for path in (directory / file.path, metadata, metadata.with_suffix(".lock")):
+                path.unlink(missing_ok=True)
+                _remove_empty_directories(path.parent, directory)
+
+    def needs_download(self, file: SourceFile) -> bool:
+        return not (self.download_dir() / file.path).is_file()
+
+
+def _remove_empty_directories(directory: Path, top: Path) -> None:
+    """Remove `directory` and its parents below `top` while they are empty."""
+    while directory != top and directory.is_relative_to(top):
+        try:
+            directory.rmdir()
+        except OSError:  # not empty (or gone)
+            return
+        directory = directory.parent
 
 
 def hub_failure(error: BaseException, revision: str | None) -> str:

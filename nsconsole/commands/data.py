@@ -66,9 +66,10 @@ examples:
         "keep the next cycles ready (download, tokenize, delete)",
         """\
 Keep the next --ahead cycles ready: download, tokenize and write each cycle's shards (retrying
-failures with backoff), wait while free disk is low, delete the shards of consumed cycles. Runs
-until interrupted, or with --once until the wanted cycles are ready; its state is in
-<work>/preparer.json. A training line's supervisor runs one itself.
+failures with backoff), wait while free disk is below the next cycle's downloads plus
+--min-free-gb, delete the shards of consumed cycles. Runs until interrupted, or with --once
+until the wanted cycles are ready; its state is in <work>/preparer.json. A training line's
+supervisor runs one itself.
 """,
         """\
 examples:
@@ -109,7 +110,10 @@ examples:
         """\
 Rebuild a cycle's shards from its permanent manifest (its plan, the pinned inputs and the
 tokenizer) and check every shard against the manifest byte for byte, or fail naming the
-difference.
+difference. Refused while a preparer runs on the line (it rebuilds the damaged and reopened
+cycles it keeps ready itself), and a preparer is refused while it runs (a line's supervisor
+starts its own once it ends). The hub files it downloads again are deleted after it, unless a
+cycle still to be prepared reads them.
 """,
         """\
 examples:
@@ -195,7 +199,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     preparer = _subcommand(commands, "run-preparer")
     preparer.add_argument("--work", type=Path, required=True)
     preparer.add_argument("--ahead", type=int, default=2, help="cycles kept ready ahead of the trainer")
-    preparer.add_argument("--min-free-gb", type=float, help="wait while free disk is below this (GiB)")
+    preparer.add_argument(
+        "--min-free-gb",
+        type=float,
+        help="free disk kept beside the next cycle's downloads (GiB; default about 3 cycles of shards + 1)",
+    )
     preparer.add_argument("--once", action="store_true", help="exit once the wanted cycles are ready")
     preparer.set_defaults(func=run_preparer_command)
 
@@ -406,18 +414,21 @@ def run_rebuild(args: argparse.Namespace) -> int:
     from datalines.errors import ManifestDamaged
     from datalines.manifest import MANIFEST_NAME, load_manifest
     from datalines.preparer import rebuild_cycle, restore_manifest
+    from datalines.service import lock_for_rebuild
 
     line = open_data_line(_data_line_path(args, args.work))
     directory = line.cycle_dir(args.cycle)
-    try:
-        load_manifest(directory)
-    except ManifestDamaged as damage:
-        # Written again only where the shards there prove it (restore_manifest), else refused.
-        plan = restore_manifest(line, args.cycle, damage)
-        print(f"cycle {args.cycle}: {directory / MANIFEST_NAME} written again from {plan}: "
-              f"every shard there matches it byte for byte")  # fmt: skip
-        return 0
-    rebuild_cycle(line, args.cycle)
+    # The preparer's lock: a preparer at the same time would write the same cycle and downloads.
+    with lock_for_rebuild(line, args.cycle):
+        try:
+            load_manifest(directory)
+        except ManifestDamaged as damage:
+            # Written again only where the shards there prove it (restore_manifest), else refused.
+            plan = restore_manifest(line, args.cycle, damage)
+            print(f"cycle {args.cycle}: {directory / MANIFEST_NAME} written again from {plan}: "
+                  f"every shard there matches it byte for byte")  # fmt: skip
+            return 0
+        rebuild_cycle(line, args.cycle)
     print(f"cycle {args.cycle} rebuilt: every shard matches its manifest byte for byte")
     return 0
 

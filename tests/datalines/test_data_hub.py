@@ -5,11 +5,13 @@ from __future__ import annotations
 import hashlib
 import http.server
 import json
+import os
 import shutil
 import threading
 import urllib.parse
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers.data import make_text, make_tokenizer, write_parquet
@@ -17,8 +19,11 @@ from helpers.data import make_text, make_tokenizer, write_parquet
 from datalines import DataLineError, open_data_line
 from datalines.creation import init_data_line
 from datalines.dataline import DataLine
+from datalines.planning import ensure_plan, files_to_read, plan_files
 from datalines.preparer import prepare_cycle
-from datalines.service import run_preparer
+from datalines.service import GIB, disk_need, preparer_running, run_preparer, shard_reserve_bytes
+from datalines.sources.hub import HF_DOWNLOAD_CACHE
+from datalines.status import PreparerStatus
 from nsconsole.cli import main
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -436,3 +441,182 @@ def test_a_refused_init_leaves_no_downloads(serve: Callable, corpus: dict, tmp_p
     with pytest.raises(DataLineError, match="has no column 'content'"):
         init_data_line(tmp_path / "mine", recipe, 0, 3000, None)
     assert [path.name for path in (tmp_path / "mine").iterdir()] == ["notes.txt"]
+
+
+# Hub downloads over a line's life: who may write them (the preparer lock, which `data rebuild`
+# takes too), what a released download leaves (nothing), the free disk the next cycle's downloads need.
+
+def hub_line(serve: Callable, corpus: dict[str, Any], tmp_path: Path) -> DataLine:
+    serve(DatasetRepo("org/tiny", dict(corpus["files"])))
+    recipe = hub_recipe(tmp_path / "recipe.json", corpus["tokenizer"])
+    return init_data_line(tmp_path / "line", recipe, 0, 3000, None)
+
+
+def downloads(line: DataLine) -> set[str]:
+    """The hub files downloaded now, by their path in the repo."""
+    root = line.path / "downloads" / "web"
+    return {path.relative_to(root).as_posix() for path in (root / "data").rglob("*.parquet")}
+
+
+def cache_entries(line: DataLine) -> set[str]:
+    """huggingface_hub's bookkeeping files for downloads, by the repo path they are kept for (a
+    layout other than HF_DOWNLOAD_CACHE's shows here as none at all)."""
+    root = line.path / "downloads" / "web" / HF_DOWNLOAD_CACHE
+    entries = set()
+    for path in root.rglob("*"):
+        if path.is_file():
+            assert path.suffix in (".metadata", ".lock"), path
+            entries.add(path.relative_to(root).with_suffix("").as_posix())
+    return entries
+
+
+def empty_directories(root: Path) -> list[Path]:
+    return [path for path in root.rglob("*") if path.is_dir() and not any(path.iterdir())]
+
+
+def files_read(line: DataLine, index: int) -> set[str]:
+    """The hub files cycle `index`'s plan reads."""
+    files = line.source("web").files
+    strata = line.cycle(index, verify=False).manifest["plan"]["sources"]["web"]["strata"]
+    return {files[file_index].path for stratum in strata.values() for file_index, _, _ in stratum["ranges"]}
+
+
+def test_rebuild_is_refused_while_a_preparer_runs_naming_its_pid(
+    serve: Callable, corpus: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Both would write the cycle's directory and the same downloads (one releasing what the other reads)."""
+    line = hub_line(serve, corpus, tmp_path)
+    assert run_preparer(line, ahead=1, once=True, min_free_bytes=0).state == "ready"
+    codes: list[int] = []
+
+    def rebuild_meanwhile(status: PreparerStatus) -> bool:
+        if status.state != "preparing":
+            return False
+        codes.append(main(["data", "rebuild", "--work", str(line.path), "--cycle", "0"]))
+        return True
+
+    run_preparer(open_data_line(line.path), ahead=2, min_free_bytes=0, should_stop=rebuild_meanwhile)
+    assert codes == [2]
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1
+    assert error.startswith(f"nsconsole: {line.path / 'preparer.lock'}: a preparer runs on this line "
+                            f"(pid {os.getpid()}); ")  # fmt: skip
+    assert "stop it first to rebuild cycle 0 by hand" in error
+    # With the preparer gone the rebuild runs.
+    assert main(["data", "rebuild", "--work", str(line.path), "--cycle", "0"]) == 0
+
+
+def test_a_preparer_is_refused_while_a_rebuild_runs(
+    serve: Callable, corpus: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import datalines.preparer
+
+    line = hub_line(serve, corpus, tmp_path)
+    assert run_preparer(line, ahead=1, once=True, min_free_bytes=0).state == "ready"
+    real_build = datalines.preparer.build_cycle
+    refused: list[str] = []
+
+    def build_with_a_preparer_starting(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        assert preparer_running(line.path)
+        with pytest.raises(DataLineError) as error:
+            run_preparer(open_data_line(line.path), ahead=2, once=True, min_free_bytes=0)
+        refused.append(str(error.value))
+        return real_build(*args, **kwargs)
+
+    monkeypatch.setattr(datalines.preparer, "build_cycle", build_with_a_preparer_starting)
+    assert main(["data", "rebuild", "--work", str(line.path), "--cycle", "0"]) == 0
+    lock = line.path / "preparer.lock"
+    assert refused == [f"{lock}: a rebuild of cycle 0 runs on this line (pid {os.getpid()})"]
+    assert not preparer_running(line.path)
+    assert not line.cycle_dir(1).exists()  # the refused preparer wrote nothing
+
+
+def test_a_rebuild_releases_the_downloads_no_cycle_still_reads(
+    serve: Callable, corpus: dict, tmp_path: Path
+) -> None:
+    """A rebuild of an early cycle fetches its files again: kept until the next cycle prepared released
+    them, a line that had finished (or whose preparer no longer ran) kept them for good."""
+    line = hub_line(serve, corpus, tmp_path)
+    assert run_preparer(line, ahead=4, once=True, min_free_bytes=0).ready == [0, 1, 2, 3]
+    before = downloads(line)
+    assert files_read(line, 0) == {"data/de/part-000.parquet", "data/en/part-000.parquet"}
+    assert not files_read(line, 0) & before  # released once cycle 2 moved past them
+
+    assert main(["data", "rebuild", "--work", str(line.path), "--cycle", "0"]) == 0
+    assert downloads(line) == before
+
+    # A rollback's reopened cycle, rebuilt by the preparer: the same.
+    line.mark_consumed(0)
+    assert run_preparer(line, ahead=4, once=True, min_free_bytes=0).ready == [1, 2, 3, 4]
+    before = downloads(line)
+    assert line.reopen(0)
+    assert run_preparer(line, ahead=1, once=True, min_free_bytes=0).ready == [0]
+    assert downloads(line) == before
+    assert cache_entries(line) == downloads(line)
+
+
+def test_a_released_download_leaves_no_cache_files(serve: Callable, corpus: dict, tmp_path: Path) -> None:
+    """huggingface_hub keeps a `.metadata` and a `.lock` of each file it downloaded into a directory:
+    two files left for good per hub file, tens of thousands over a large dataset."""
+    line = hub_line(serve, corpus, tmp_path)
+    every_file = {path for path in corpus["files"] if path.startswith("data/")}
+    assert cache_entries(line) == downloads(line) == every_file
+    assert run_preparer(line, ahead=4, once=True, min_free_bytes=0).ready == [0, 1, 2, 3]
+    assert downloads(line) < every_file  # cycle 2 released the first files
+    assert cache_entries(line) == downloads(line)
+    assert not empty_directories(line.path / "downloads")
+    # Nor do the directories of a stratum whose files are all released.
+    source = line.source("web")
+    for file in source.files:
+        if file.stratum == "de":
+            source.release(file)
+    assert {path.split("/")[1] for path in downloads(line) | cache_entries(line)} == {"en"}
+    assert not empty_directories(line.path / "downloads")
+
+
+def test_the_files_a_cycle_reads_are_estimated_before_it_is_planned(
+    serve: Callable, corpus: dict, tmp_path: Path
+) -> None:
+    """Planning a cycle reads (downloads) its files, so the disk they take is wanted before: estimated
+    from the pins (sizes) and the calibration, here exactly the files the plan then takes."""
+    line = hub_line(serve, corpus, tmp_path)
+    for index in range(6):
+        estimated = files_to_read(line, index)
+        assert estimated == plan_files(ensure_plan(line, index))
+        assert files_to_read(line, index) == estimated  # planned: read from the plan
+
+
+def test_the_preparer_waits_for_room_for_the_next_cycles_downloads(
+    serve: Callable, corpus: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hub file can be several GiB: a disk with room for the shards alone fills while downloading."""
+    line = hub_line(serve, corpus, tmp_path)
+    shutil.rmtree(line.path / "downloads")
+    wanted = ("data/de/part-000.parquet", "data/en/part-000.parquet")
+    download_bytes = sum(len(corpus["files"][path]) for path in wanted)
+    shards = 3 * 3000 * 2  # three cycles of uint16 tokens
+    assert shard_reserve_bytes(line) == shards
+    reserve = shards + GIB
+    free = {"bytes": reserve + download_bytes - 1}
+    real_disk_usage = shutil.disk_usage
+
+    def disk_usage(path: Any) -> Any:
+        usage = real_disk_usage(path)
+        return type(usage)(usage.total, usage.used, free["bytes"])
+
+    monkeypatch.setattr(shutil, "disk_usage", disk_usage)
+    status = run_preparer(line, ahead=1, once=True, should_stop=lambda status: status.state == "waiting")
+    assert status.state == "waiting"
+    assert status.waiting_reason == (
+        f"disk: {free['bytes'] / GIB:.2f} GiB free < {(reserve + download_bytes) / GIB:.2f} GiB needed to prepare "
+        f"cycle 0 (shards {shards / GIB:.2f} GiB + 1 GiB spare, downloads {download_bytes / GIB:.2f} GiB)"
+    )
+    assert not line.cycle_dir(0).exists() and not downloads(line)
+
+    free["bytes"] += 1
+    assert run_preparer(line, ahead=1, once=True).state == "ready"
+    assert files_read(line, 0) == set(wanted)  # the files it counted are the ones the cycle read
+    # Downloaded now, they are needed no more; a threshold given (--min-free-gb) stands for the shards'.
+    need = disk_need(line, 0, 5 * GIB)
+    assert need.downloads == 0 and need.total == 5 * GIB
+    assert need.describe() == "minimum 5.00 GiB, downloads 0.00 GiB"
