@@ -482,6 +482,20 @@ def _allowed(key: str, allow_changes: list[str]) -> bool:
     return any(key == allowed or key.startswith(allowed + ".") for allowed in allow_changes)
 
 
+def accepted_changes(accepted: RunConfig, current: RunConfig) -> list[str]:
+    """What a start accepts that accepted_run.json did not hold, one line each for run.log: a lifelong
+    key changed on purpose (allow_changes), the batch ramp or the learning-rate schedule grown at its
+    end. The line's own record of why its later updates differ from its earlier ones."""
+    before, after = _lifelong_values(accepted), _lifelong_values(current)
+    changes = [f"{key} {show(before[key])} -> {show(after[key])} (allow_changes)"
+               for key in before if before[key] != after[key]]  # fmt: skip
+    for name, old, new in (("tokens_per_update", accepted.ramp(), current.ramp()),
+                           ("lr.pieces", accepted.lr.pieces, current.lr.pieces)):  # fmt: skip
+        if unparse(old) != unparse(new):
+            changes.append(f"{name} {show(unparse(old))} -> {show(unparse(new))}")
+    return changes
+
+
 @dataclass(frozen=True)
 class TrainedSoFar:
     """Where a line stands (its latest checkpoint): the clocks its schedule and ramp are read at.

@@ -166,6 +166,21 @@ def test_a_changed_sample_order_is_refused(line: Path) -> None:
     assert run(line, stop_at=4) == 0
 
 
+def test_an_allowed_change_is_on_record_in_run_log(line: Path) -> None:
+    # Found in a walkthrough of run.json edits: a change made on purpose left no trace in the line's
+    # log, so nothing told why its later updates differ from its earlier ones.
+    assert run(line, stop_at=2) == 0
+    config = RunConfig.load(line / "run.json")
+    config.optimizer.clip = 0.5
+    config.allow_changes = ["optimizer.clip"]
+    config.save(line / "run.json")
+    assert run(line, stop_at=3) == 0
+    accepted = [text.split("run.json accepted: ", 1)[1] for text in (line / "run.log").read_text().splitlines()
+                if "run.json accepted: " in text]  # fmt: skip
+    assert accepted == ["optimizer.clip 1 -> 0.5 (allow_changes)"]
+    assert RunConfig.load(line / "run.json").allow_changes == []  # one listing allows one change
+
+
 def test_an_unallowed_lifelong_change_is_refused_before_anything_is_written(line: Path) -> None:
     config = RunConfig.load(line / "run.json")
     config.optimizer.clip = 0.5
