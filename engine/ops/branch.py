@@ -408,6 +408,10 @@ def branch_line(request: BranchRequest) -> BranchResult:
             key: fork_state[key]
             for key in ("nonfinite_in_a_row", "ema_started", "layout", "preset", "overrides")
         },
+        "degree": fork_state.get("degree", 1),  # the ranks that wrote the tensors (one, before the key)
+        # The trainer's record of the line's W&B run (`WandbMirror.checkpoint_record`): the branch's
+        # run has not begun (its first start forks the parent's); null when W&B is off.
+        "wandb": None if config.wandb.mode == "disabled" else {"run_id": None, "acknowledged_step": None},
         "update": update,
         "format": FORMAT_VERSION,
         "code_version": fork_state.get("code_version"),

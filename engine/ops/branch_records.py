@@ -36,18 +36,26 @@ def branches_forked_after(layout: LineLayout, update: int) -> list[str]:
     """`PATH (forked at update N)` of each branch recorded on the line that forked after `update`:
     a rollback to it sets aside the trunk history they grew from (each keeps its own checkpoints
     and rows; the console draws a branch over its trunk's rows up to the fork, so theirs then
-    have a gap). Empty when branches.json is absent or unreadable (a rollback is not refused for it)."""
+    have a gap). A branch whose directory holds no run.json any more (deleted) has nothing to keep
+    and is not named. Empty when branches.json is absent or unreadable (a rollback is not refused for it)."""
     try:
         entries = read_branches(layout)
     except LineError:
         return []
     return [f"{entry['line']} (forked at update {entry['at_update']})" for entry in entries
-            if isinstance(entry, dict) and isinstance(entry.get("at_update"), int) and entry["at_update"] > update]
+            if isinstance(entry, dict) and isinstance(entry.get("at_update"), int) and entry["at_update"] > update
+            and LineLayout(Path(str(entry.get("line")))).run_json.is_file()]  # fmt: skip
 
 
 def record_branch(parent: LineLayout, branch: Path, request: BranchRequest, update: int, tokens: int) -> None:
-    """Append the branch to the parent's branches.json (replaced atomically)."""
-    branches = read_branches(parent)
+    """Record the branch in the parent's branches.json (replaced atomically).
+
+    A directory holds one branch: a record of an earlier branch into it (deleted, then made again,
+    perhaps from another cycle end) goes, so that readers that take a branch's record by its path
+    (the console's fork, a rollback's list) find this fork and name the branch once.
+    """
+    branches = [entry for entry in read_branches(parent)
+                if not (isinstance(entry, dict) and entry.get("line") == str(branch))]  # fmt: skip
     branches.append({
         "line": str(branch),
         "at_cycle": request.at_cycle,

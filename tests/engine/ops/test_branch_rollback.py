@@ -182,6 +182,19 @@ def test_branch_from_a_cycle_end(trunk: Path, data_template: Path, tmp_path: Pat
     assert server.losses("b1-run")[-3:] == [row["loss"] for row in rows]
 
 
+def test_the_branch_start_checkpoint_has_every_state_key_the_trainer_writes(trunk: Path, data_template: Path,
+                                                                          tmp_path: Path) -> None:
+    """The branch's first checkpoint is read as the trainer's are: the same state keys (the W&B run
+    it belongs to: none yet, null with W&B disabled as here; the ranks that wrote its tensors), plus
+    where it was branched from. Found missing `wandb` and `degree` in a walkthrough."""
+    fork = find_cycle_end(LineLayout(trunk), 0)
+    branch_line(BranchRequest(tmp_path / "b1", trunk, 0, "decay:1024", copy_data_line(data_template, tmp_path / "d")))
+    fork_state = load_checkpoint(fork).state
+    state = load_checkpoint(tmp_path / "b1" / "checkpoints" / fork.name).state
+    assert set(state) == set(fork_state) | {"branched_from"}
+    assert state["wandb"] is None and state["degree"] == fork_state["degree"]
+
+
 def test_branch_refusals(
     trunk: Path, data_template: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
