@@ -19,6 +19,7 @@ from engine.config.run import RunConfig
 from engine.errors import LineError
 from engine.gpu.placement import gpus_label
 from engine.layout import LineLayout, checkpoint_update
+from engine.ops.branch_records import read_branches
 from engine.ops.lines import open_line
 from engine.ops.stop import StopRequest, read_stop
 from engine.process_start import recorded_process_alive
@@ -81,6 +82,9 @@ class LineStatus:
     """Branches waiting for the end of their trunk cycle (supervisor.json `queued_forks`)."""
     parent: str | None = None
     """The line this one was branched from (None: a trunk)."""
+    branches: list[str] = field(default_factory=list)
+    """`PATH (cycle C, update U)` of each branch forked from this line (branches.json) whose
+    directory is still there."""
     lone_trainer_pid: int | None = None
     """The pid of a trainer that trains the line with no supervisor running (`run --no-supervisor`,
     or one whose supervisor died, checkpointing before it goes); None otherwise."""
@@ -151,11 +155,20 @@ def _read_supervisor_state(supervisor: dict[str, Any], status: LineStatus) -> No
 
 
 def _read_branches(layout: LineLayout, supervisor: dict[str, Any], status: LineStatus) -> None:
-    """The branches supervisor.json queues, and the line this one was branched from."""
+    """The branches supervisor.json queues, those forked already (branches.json), and the line this
+    one was branched from."""
     records = supervisor.get("queued_forks")
     forks = map(QueuedFork.from_json, records if isinstance(records, list) else [])
     status.queued_forks = [dataclasses.asdict(fork) for fork in forks if fork is not None]
     status.parent = branched_from(layout)
+    try:
+        records = read_branches(layout)
+    except LineError as error:
+        status.problems.append(str(error))
+        return
+    status.branches = [f"{entry['line']} (cycle {entry.get('at_cycle')}, update {entry.get('at_update')})"
+                       for entry in records if isinstance(entry, dict) and entry.get("line")
+                       and LineLayout(Path(str(entry["line"]))).run_json.is_file()]  # fmt: skip
 
 
 def gpu_summary(supervisor: dict[str, Any]) -> str | None:

@@ -15,8 +15,8 @@ if TYPE_CHECKING:
 HELP = "LINE: state, configuration, newest rows, heartbeat, checkpoints, pending stop and disk use of a line"
 DESCRIPTION = """\
 Show a line's state from its files: its supervisor's state (supervisor.json: training, stopped,
-finished, failed, disk-full, ...; whether that supervisor runs now), the branches queued on it and
-the line it was branched from, the configuration in brief, the newest rows of rows.jsonl, the
+finished, failed, disk-full, ...; whether that supervisor runs now), the branches forked from it
+and queued on it, the line it was branched from, the configuration in brief, the newest rows of rows.jsonl, the
 trainer's heartbeat and its age, the checkpoints present, a pending STOP and the disk the line
 uses.
 """
@@ -55,6 +55,8 @@ def format_status(status: LineStatus) -> list[str]:
     lines = [f"line: {status.root}", state_line(status)]
     if status.parent is not None:
         lines.append(f"branch of: {status.parent}")
+    if status.branches:
+        lines.append(f"branches: {', '.join(status.branches)}")
     if status.queued_forks:
         queued = (f"{fork['path']} at the end of cycle {fork['at_cycle']}" for fork in status.queued_forks)
         lines.append(f"queued branches: {', '.join(queued)}")

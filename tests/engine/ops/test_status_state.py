@@ -104,6 +104,21 @@ def test_queued_branches_and_the_parent_are_listed(line: Path, tmp_path: Path) -
     ]
 
 
+def test_the_branches_forked_from_a_line_are_listed(line: Path, tmp_path: Path) -> None:
+    # Found in a branch walkthrough: status showed queued branches and the parent, not the
+    # branches already forked. A branch deleted since is not listed.
+    for name in ("b1", "b2"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "b1" / "run.json").write_text("{}")
+    records = [{"line": str(tmp_path / "b1"), "at_cycle": 1, "at_update": 24},
+               {"line": str(tmp_path / "b2"), "at_cycle": 2, "at_update": 48}]  # fmt: skip
+    (line / "branches.json").write_text(json.dumps({"branches": records}))
+    write_supervisor(line, state="stopped", pid=dead_pid())
+    assert format_status(line_status(line))[1:3] == [
+        "state: stopped", f"branches: {tmp_path / 'b1'} (cycle 1, update 24)",
+    ]
+
+
 @pytest.mark.usefixtures("private_host")
 def test_the_command_prints_the_state_second(line: Path, capsys: pytest.CaptureFixture[str]) -> None:
     write_supervisor(line, state="failed", pid=dead_pid(), failures_in_a_row=5,
