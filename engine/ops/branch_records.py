@@ -6,6 +6,7 @@ and pyarrow) because the console and `status` read it on their light start.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import time
 from pathlib import Path
@@ -52,8 +53,20 @@ def record_branch(parent: LineLayout, branch: Path, request: BranchRequest, upda
 
     A directory holds one branch: a record of an earlier branch into it (deleted, then made again,
     perhaps from another cycle end) goes, so that readers that take a branch's record by its path
-    (the console's fork, a rollback's list) find this fork and name the branch once.
+    (the console's fork, a rollback's list) find this fork and name the branch once. Read and
+    written under an flock of `.branches.lock`: a branch from the command line and one the line's
+    supervisor forks at a cycle end may be recorded at the same moment, and neither is lost.
     """
+    with open(parent.root / BRANCHES_LOCK, "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        _record(parent, branch, request, update, tokens)
+
+
+BRANCHES_LOCK = ".branches.lock"
+"""In the trunk's directory: held while a process rewrites its branches.json."""
+
+
+def _record(parent: LineLayout, branch: Path, request: BranchRequest, update: int, tokens: int) -> None:
     branches = [entry for entry in read_branches(parent)
                 if not (isinstance(entry, dict) and entry.get("line") == str(branch))]  # fmt: skip
     branches.append({

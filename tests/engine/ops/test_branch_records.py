@@ -8,6 +8,10 @@ first record of a branch, drew the re-made branch over the trunk's rows up to th
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 from engine.layout import LineLayout
@@ -52,3 +56,33 @@ def test_a_rollback_names_no_branch_that_was_deleted(tmp_path: Path) -> None:
     (tmp_path / "gone").rmdir()
 
     assert branches_forked_after(trunk, 12) == [f"{tmp_path / 'b1'} (forked at update 24)"]
+
+
+RECORDER = """
+import sys
+from pathlib import Path
+from engine.layout import LineLayout
+from engine.ops.branch import BranchRequest
+from engine.ops.branch_records import record_branch
+trunk, prefix = LineLayout(sys.argv[1]), sys.argv[2]
+go = trunk.root / "go"
+while not go.exists():  # both start together
+    pass
+for index in range(100):
+    branch = trunk.root.parent / f"{prefix}{index}"
+    record_branch(trunk, branch, BranchRequest(branch, trunk.root, 0, "decay:1024", branch), 12, 2992)
+"""
+
+
+def test_branches_recorded_at_once_by_two_processes_are_all_kept(tmp_path: Path) -> None:
+    # A CLI branch and a supervisor's queued fork may record at the same moment: each reads
+    # branches.json, adds its record and replaces the file, so without a lock one record is lost.
+    trunk = LineLayout(tmp_path / "trunk")
+    trunk.root.mkdir()
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    writers = [subprocess.Popen([sys.executable, "-c", RECORDER, str(trunk.root), prefix], env=environment)
+               for prefix in ("a", "b")]  # fmt: skip
+    time.sleep(1.0)  # both have started (a start takes under a second here); a late one only weakens the test
+    (trunk.root / "go").touch()
+    assert [writer.wait(timeout=120) for writer in writers] == [0, 0]
+    assert len(read_branches(trunk)) == 200
