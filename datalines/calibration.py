@@ -27,9 +27,12 @@ def calibrate_source(source: Source, tokenizer: PlainTextTokenizer, seed: int) -
     A source whose measured files hold no text at all is refused: every stratum's share of it
     would be 0, so no cycle could ever take one of its documents, and the first cycle would stop
     the preparer weeks after init (a wrong `text_field`'s column of empty strings, empty files).
+    So is a stratum whose measured files hold none: its share would be 0, and its documents (its
+    later files' too) would be left out of every cycle without a word.
     """
     result: dict[str, dict[str, float]] = {}
     documents_read = files_read = 0
+    empty: list[str] = []
     for stratum in source.strata():
         file_bytes = 0
         document_bytes = 0
@@ -54,6 +57,14 @@ def calibrate_source(source: Source, tokenizer: PlainTextTokenizer, seed: int) -
             "tokens_per_text_byte": tokens / sample_bytes if sample_bytes else 1.0,
             "text_bytes_per_file_byte": document_bytes / file_bytes if file_bytes else 0.0,
         }
+        if not document_bytes:
+            empty.append(stratum)
+    if empty and len(empty) < len(result):
+        raise DataLineError(
+            f"source {source.spec.name}: stratum {empty[0]}'s first files hold no text, so it would get no "
+            f"share and its documents would be left out of every cycle; leave it out with the source's "
+            f"`include` patterns, or fix its files"
+        )
     if not any(rates["text_bytes_per_file_byte"] for rates in result.values()):
         files = "its files" if files_read == len(source.files) else f"the first {files_read} of its files"
         raise DataLineError(

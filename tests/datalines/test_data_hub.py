@@ -368,6 +368,20 @@ def test_a_source_whose_files_hold_no_text_is_refused_at_init(
     assert not (tmp_path / "line" / "dataline.json").exists()
 
 
+def test_a_stratum_whose_first_files_hold_no_text_is_refused_at_init(
+    serve: Callable, corpus: dict, tmp_path: Path
+) -> None:
+    """Its share would be 0: its documents, later files' too, left out of every cycle without a word
+    (found in a hub walkthrough; only a whole empty source was refused)."""
+    write_parquet(tmp_path / "blank.parquet", ["", "", ""])
+    files = dict(corpus["files"], **{"data/xx/part-000.parquet": (tmp_path / "blank.parquet").read_bytes()})
+    serve(DatasetRepo("org/tiny", files))
+    recipe = hub_recipe(tmp_path / "recipe.json", corpus["tokenizer"])
+    with pytest.raises(DataLineError, match=r"source web: stratum .*xx's first files hold no text, so it would get no share"):
+        init_data_line(tmp_path / "line", recipe, 0, 3000, None)
+    assert not (tmp_path / "line" / "dataline.json").exists()
+
+
 def test_a_download_a_killed_preparer_left_half_done_is_deleted(
     serve: Callable, corpus: dict, tmp_path: Path
 ) -> None:
