@@ -28,22 +28,24 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return line.path
 
 
-def _damage(work: Path) -> tuple[Path, Path, int]:
-    """Truncate cycle 1's web.tokens and delete its chat.docs; (the two files, web.tokens' size before)."""
+@pytest.fixture
+def damaged(prepared: Path, tmp_path: Path) -> tuple[Path, Path, Path, int]:
+    """A copy of the prepared line whose cycle 1 has web.tokens truncated and chat.docs deleted:
+    (the copy, the two files, web.tokens' size before)."""
+    work = tmp_path / "line"
+    shutil.copytree(prepared, work)
     truncated, deleted = work / "cycles" / "c0001" / "web.tokens", work / "cycles" / "c0001" / "chat.docs"
     size = truncated.stat().st_size
     with open(truncated, "r+b") as handle:
         handle.truncate(size // 2)
     deleted.unlink()
-    return truncated, deleted, size
+    return work, truncated, deleted, size
 
 
 def test_data_status_names_the_damaged_files_and_the_problem(
-    prepared: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    damaged: tuple[Path, Path, Path, int], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    work = tmp_path / "line"
-    shutil.copytree(prepared, work)
-    truncated, deleted, size = _damage(work)
+    work, truncated, deleted, size = damaged
     problems = [  # in the manifest's order of the shards: its sources by name
         f"{deleted}: shard missing (cycle 1)",
         f"{truncated}: shard is {size // 2} bytes, the manifest says {size} (truncated?)",
@@ -61,11 +63,9 @@ def test_data_status_names_the_damaged_files_and_the_problem(
 
 
 def test_the_preparer_says_why_it_rebuilds_a_cycle(
-    prepared: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    damaged: tuple[Path, Path, Path, int], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    work = tmp_path / "line"
-    shutil.copytree(prepared, work)
-    truncated, deleted, size = _damage(work)
+    work, truncated, deleted, size = damaged
 
     status = run_preparer(open_data_line(work), ahead=2, min_free_bytes=0, once=True, on_status=StatusLines())
     assert status.ready == [0, 1]

@@ -1,7 +1,8 @@
 """Disk messages give their numbers to the same precision at every size and state the margin: `check`
 (and `new`, `run`) said `0.0 GiB free` with 21 MiB free beside a checkpoint of `0.0173 GiB`, and the
 trainer's mid-run stop said `0.03 GiB free ..., too little for the next checkpoint (about 0.02 GiB)`
-without the 1.5x margin the start refusal and the README state (found in a fault walkthrough)."""
+without the 1.5x margin the start refusal and the README state (found in a fault walkthrough; that
+stop's wording is held by tests/engine/training/test_trainer_disk.py, beside the stop itself)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,7 @@ from pathlib import Path
 import pytest
 from helpers.lines import copy_data_line, data_template_fixture, make_line
 
-from engine.errors import DiskFull
 from engine.ops.check import disk_text
-from engine.training import trainer as trainer_module
-from engine.training.trainer import Trainer
 from engine.units import GIB
 from nsconsole.cli import main
 
@@ -48,26 +46,3 @@ def test_check_shows_a_small_free_disk_as_precisely_as_the_checkpoint(
     main(["check", str(line)])
     disk = [text for text in capsys.readouterr().out.splitlines() if ": disk: " in text]
     assert len(disk) == 1 and disk[0].startswith(shown.format(line=line)), disk
-
-
-def test_the_trainer_s_mid_run_stop_states_the_size_and_the_margin(
-    tmp_path: Path, data_template: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    line = make_line(tmp_path, copy_data_line(data_template, tmp_path), **{"guards.min_free_disk_gb": 0.0})
-    assert Trainer(line, stop_at=2, echo=None).run() == 0
-    size = sum(path.stat().st_size for path in (line / "checkpoints" / "u00000002").iterdir())
-    real_usage = shutil.disk_usage
-    trainer = Trainer(line, stop_at=10, echo=None)
-
-    def usage(path: str | Path) -> DiskUsage:
-        # Room at the start, then less than 1.5 checkpoints: the rolling checkpoint at 5 stops it.
-        if getattr(trainer, "position", None) is None:
-            return real_usage(path)
-        return DiskUsage(10**12, 10**12 - size, size * 6 // 5)
-
-    monkeypatch.setattr(trainer_module.shutil, "disk_usage", usage)
-    with pytest.raises(DiskFull) as stop:
-        trainer.run()
-    assert f"too little for the next checkpoint (about {size / GIB:.3g} GiB; 1.5x needed); the newest is update 2" in (
-        str(stop.value)
-    )

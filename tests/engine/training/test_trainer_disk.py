@@ -23,6 +23,7 @@ from engine.config.run import RunConfig
 from engine.errors import DiskFull
 from engine.training import trainer as trainer_module
 from engine.training.trainer import Trainer
+from engine.units import GIB
 
 DiskUsage = namedtuple("DiskUsage", "total used free")
 
@@ -110,6 +111,10 @@ def test_a_checkpoint_larger_than_the_free_disk_is_not_started(
     with pytest.raises(DiskFull, match=r"too little for the next checkpoint .*; the newest is update 2") as stop:
         trainer.run()  # the rolling checkpoint at 5
     assert "not started" not in str(stop.value)  # stopped before the write, not at the start
+    # Its size to three significant digits and the margin asked for (tests/engine/ops/test_disk_messages.py).
+    assert f"too little for the next checkpoint (about {size / GIB:.3g} GiB; 1.5x needed); the newest is update 2" in (
+        str(stop.value)
+    )
     assert read_latest(line / "checkpoints") == "u00000002"
     assert sorted(path.name for path in (line / "checkpoints").iterdir()) == [
         "latest",
