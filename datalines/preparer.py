@@ -224,10 +224,10 @@ def prepare_cycle(line: DataLine, index: int, progress: ProgressCallback | None 
     if (final / MANIFEST_NAME).is_file():
         if line.is_consumed(index):
             return
-        load_manifest(final)  # a damaged manifest stops here, with how to recover it
-        problem = line.cycle_problem(index)
+        problem = line.cycle_problem(index)  # one read of the manifest for a cycle that is ready
         if problem is None:
             return
+        load_manifest(final)  # a damaged manifest stops here, with how to recover it
         # Said before the work, so the log tells why a prepared cycle is tokenized again.
         progress(0.0, f"cycle {index}: {problem}; rebuilding its shards from the manifest")
         rebuild_cycle(line, index, progress)

@@ -31,7 +31,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window, simpl
 
 from engine.errors import LineError
 from engine.generation.loading import GenerationModel, checkpoint_directory, load_for_generation
-from engine.generation.session import DecodeSession, generation_precision
+from engine.generation.session import generation_precision
 from engine.generation.settings import SamplingSettings
 from engine.training.trainer import resolve_device
 
@@ -189,7 +189,7 @@ class CheckpointLM(LM):
             top_p=float(kwargs.get("top_p") or 1.0),
             seed=self.seed,
         )
-        session = DecodeSession(self.loaded.model, self.loaded.device, settings, self.loaded.share_cpu)
+        session = self.loaded.session(settings)
         separator = self.loaded.separator
         generated: list[int] = []
         text = ""

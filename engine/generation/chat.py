@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from engine.generation.loading import GenerationModel
-from engine.generation.session import DecodeSession
 from engine.generation.settings import SamplingSettings
 from engine.generation.text import TextStream
 
@@ -24,7 +23,7 @@ class Conversation:
     def __init__(self, loaded: GenerationModel, settings: SamplingSettings, reply_tokens: int) -> None:
         self.loaded = loaded
         self.reply_tokens = reply_tokens
-        self.session = DecodeSession(loaded.model, loaded.device, settings, loaded.share_cpu)
+        self.session = loaded.session(settings)
         self._at_line_start = True
 
     def reply(self, user_text: str) -> Iterator[str]:

@@ -32,6 +32,8 @@ from engine.checkpoints.tensors import Checkpoint, load_checkpoint
 from engine.config.json_fields import parse_json_text
 from engine.config.run import RunConfig
 from engine.errors import CheckpointError, LineError
+from engine.generation.session import DecodeSession
+from engine.generation.settings import SamplingSettings
 from engine.layout import LineLayout
 from engine.models.base import LanguageModel
 from engine.models.build import build_model
@@ -69,6 +71,10 @@ class GenerationModel:
         if self.seat is None:
             return str(self.device)
         return f"{self.device} ({torch.get_num_threads()} of {self.seat.cores} threads)"
+
+    def session(self, settings: SamplingSettings) -> DecodeSession:
+        """A decoding session on the model that takes its share of the cores between steps."""
+        return DecodeSession(self.model, self.device, settings, self.share_cpu)
 
     def share_cpu(self) -> None:
         """Between steps: run this process's share of the cores (a no-op on a GPU; the seats are

@@ -33,6 +33,14 @@ def read_branches(layout: LineLayout) -> list[dict[str, Any]]:
     return document["branches"]
 
 
+def live_branches(layout: LineLayout) -> list[dict[str, Any]]:
+    """The records of branches.json whose branch directory still holds a run.json (one deleted by
+    hand has nothing to keep or show); LineError when branches.json is unreadable."""
+    return [entry for entry in read_branches(layout)
+            if isinstance(entry, dict) and entry.get("line")
+            and LineLayout(Path(str(entry["line"]))).run_json.is_file()]  # fmt: skip
+
+
 def branches_forked_after(layout: LineLayout, update: int) -> list[str]:
     """`PATH (forked at update N)` of each branch recorded on the line that forked after `update`:
     a rollback to it sets aside the trunk history they grew from (each keeps its own checkpoints
@@ -40,12 +48,11 @@ def branches_forked_after(layout: LineLayout, update: int) -> list[str]:
     have a gap). A branch whose directory holds no run.json any more (deleted) has nothing to keep
     and is not named. Empty when branches.json is absent or unreadable (a rollback is not refused for it)."""
     try:
-        entries = read_branches(layout)
+        entries = live_branches(layout)
     except LineError:
         return []
     return [f"{entry['line']} (forked at update {entry['at_update']})" for entry in entries
-            if isinstance(entry, dict) and isinstance(entry.get("at_update"), int) and entry["at_update"] > update
-            and LineLayout(Path(str(entry.get("line")))).run_json.is_file()]  # fmt: skip
+            if isinstance(entry.get("at_update"), int) and entry["at_update"] > update]
 
 
 def record_branch(parent: LineLayout, branch: Path, request: BranchRequest, update: int, tokens: int) -> None:

@@ -35,7 +35,6 @@ from engine.models.memory_budget import memory_problem
 from engine.ops.cycle_check import current_cycle_finding
 from engine.ops.lines import (
     inspect_data_line,
-    load_accepted,
     model_vocab_size,
     open_line,
     resolve_data_path,
@@ -179,8 +178,7 @@ def _check_heldout_rows(layout: LineLayout, config: RunConfig, model: torch.nn.M
 
 
 def _check_lifelong(layout: LineLayout, config: RunConfig) -> list[CheckResult]:
-    accepted = load_accepted(layout)
-    if accepted is None:
+    if not layout.accepted_run_json.exists():
         note = "no accepted_run.json yet (the first start accepts run.json)"
         return [CheckResult(True, f"lifelong keys: {note}")]
     changes = unaccepted_changes(layout, config)

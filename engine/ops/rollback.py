@@ -42,7 +42,7 @@ from engine.logrotate import RotatingLog
 from engine.ops.branch_records import branches_forked_after
 from engine.ops.lines import open_line, resolve_data_path
 from engine.ops.rollback_records import rolled_back_rows_path
-from engine.ops.status import pid_alive
+from engine.process_start import pid_alive
 from engine.protocol.facts import LineState, Stage
 from engine.rows import RowsFile, rows_problem
 from engine.supervisor.reads import read_json

@@ -19,7 +19,7 @@ from engine.config.run import RunConfig
 from engine.errors import LineError
 from engine.gpu.placement import gpus_label
 from engine.layout import LineLayout, checkpoint_update
-from engine.ops.branch_records import read_branches
+from engine.ops.branch_records import live_branches
 from engine.ops.lines import open_line
 from engine.ops.stop import StopRequest, read_stop
 from engine.process_start import recorded_process_alive
@@ -162,13 +162,12 @@ def _read_branches(layout: LineLayout, supervisor: dict[str, Any], status: LineS
     status.queued_forks = [dataclasses.asdict(fork) for fork in forks if fork is not None]
     status.parent = branched_from(layout)
     try:
-        records = read_branches(layout)
+        records = live_branches(layout)
     except LineError as error:
         status.problems.append(str(error))
         return
     status.branches = [f"{entry['line']} (cycle {entry.get('at_cycle')}, update {entry.get('at_update')})"
-                       for entry in records if isinstance(entry, dict) and entry.get("line")
-                       and LineLayout(Path(str(entry["line"]))).run_json.is_file()]  # fmt: skip
+                       for entry in records]
 
 
 def gpu_summary(supervisor: dict[str, Any]) -> str | None:
@@ -309,16 +308,3 @@ def directory_bytes(root: Path) -> int:
                 continue
             total += getattr(info, "st_blocks", 0) * 512 or info.st_size
     return total
-
-
-def pid_alive(pid: Any) -> bool:
-    """Whether a process with this pid exists on this host."""
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

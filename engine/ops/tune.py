@@ -300,10 +300,10 @@ class Tuner:
         at this length, None: it has none) is among the rows tried."""
         update_rows = max(1, tokens_per_update(self.config, 0) // seq_len)
         tuning = LengthTuning(seq_len)
+        rows = rows_to_try(update_rows, self.max_rows, current_rows)
         for recompute in recompute_choices(self.model):
             if not self.cuda and recompute != "none" and any(m.fits for m in tuning.measurements):
                 break  # on a CPU recomputation only trades time for memory
-            rows = rows_to_try(update_rows, self.max_rows, current_rows)
             self._grow_rows(tuning, recompute, rows, update_rows)
         if isinstance(self.model, NSLM):
             for kind in LAYER_KINDS:

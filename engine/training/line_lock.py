@@ -18,7 +18,7 @@ from pathlib import Path
 
 from engine.errors import LineError
 from engine.layout import LineLayout
-from engine.ops.status import pid_alive
+from engine.process_start import pid_alive
 from engine.supervisor.reads import read_json
 
 

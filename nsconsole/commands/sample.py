@@ -35,11 +35,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.generation.session import DecodeSession, generation_precision
+    from engine.generation.session import generation_precision
     from engine.generation.text import TextStream
 
     loaded, settings = open_model(args)
-    session = DecodeSession(loaded.model, loaded.device, settings, loaded.share_cpu)
+    session = loaded.session(settings)
     stream = TextStream(loaded.tokenizer)
     with generation_precision(loaded.device):
         prompt = loaded.prompt_ids(args.prompt)

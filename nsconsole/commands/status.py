@@ -159,7 +159,7 @@ def _heartbeat_line(status: LineStatus) -> str:
     heartbeat = status.heartbeat
     if heartbeat is None or status.heartbeat_age_s is None:
         return "heartbeat: none"
-    from engine.ops.status import pid_alive
+    from engine.process_start import pid_alive
 
     pid = heartbeat.get("pid")
     alive = "alive" if pid_alive(pid) else "not running"

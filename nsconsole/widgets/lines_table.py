@@ -256,7 +256,7 @@ class LinesTable(DataTable):
         state = line.display_state
         state_text = fmt.state_label(state)
         state_severity = fmt.state_severity(state)
-        if dim and line.ever_connected and state not in fmt.FINAL_STATES and state != fmt.SUPERVISOR_LOST:
+        if dim and line.ever_connected and not line.ended:
             # The last known state, its supervisor gone (a line that ended has no supervisor by design).
             state_text, state_severity = f"⚡ {state}", "error"
         flags = line.health
