@@ -486,14 +486,18 @@ def accepted_changes(accepted: RunConfig, current: RunConfig) -> list[str]:
     """What a start accepts that accepted_run.json did not hold, one line each for run.log: a lifelong
     key changed on purpose (allow_changes), the batch ramp or the learning-rate schedule grown at its
     end. The line's own record of why its later updates differ from its earlier ones."""
-    before, after = _lifelong_values(accepted), _lifelong_values(current)
-    changes = [f"{key} {show(before[key])} -> {show(after[key])} (allow_changes)"
-               for key in before if before[key] != after[key]]  # fmt: skip
-    for name, old, new in (("tokens_per_update", accepted.ramp(), current.ramp()),
-                           ("lr.pieces", accepted.lr.pieces, current.lr.pieces)):  # fmt: skip
-        if unparse(old) != unparse(new):
-            changes.append(f"{name} {show(unparse(old))} -> {show(unparse(new))}")
+    changes = [f"{key} {show(old)} -> {show(new)} (allow_changes)" for key, old, new in _lifelong_changes(accepted, current)]
+    for name, old, new in (("tokens_per_update", unparse(accepted.ramp()), unparse(current.ramp())),
+                           ("lr.pieces", unparse(accepted.lr.pieces), unparse(current.lr.pieces))):  # fmt: skip
+        if old != new:
+            changes.append(f"{name} {show(old)} -> {show(new)}")
     return changes
+
+
+def _lifelong_changes(accepted: RunConfig, current: RunConfig) -> list[tuple[str, Any, Any]]:
+    """(dotted key, accepted value, current value) of each lifelong key that differs."""
+    before, after = _lifelong_values(accepted), _lifelong_values(current)
+    return [(key, before[key], after[key]) for key in before if before[key] != after[key]]
 
 
 @dataclass(frozen=True)
@@ -519,11 +523,10 @@ def check_changes(accepted: RunConfig, current: RunConfig, trained: TrainedSoFar
     allow_changes says, since the updates already trained followed them.
     """
     messages: list[str] = []
-    before, after = _lifelong_values(accepted), _lifelong_values(current)
-    for key in before:
-        if before[key] != after[key] and not _allowed(key, current.allow_changes):
+    for key, old, new in _lifelong_changes(accepted, current):
+        if not _allowed(key, current.allow_changes):
             messages.append(
-                f"{key} changed from {show(before[key])} to {show(after[key])} "
+                f"{key} changed from {show(old)} to {show(new)} "
                 f"(add {show(key)} to allow_changes to change it on purpose)"
             )
     if isinstance(accepted.tokens_per_update, int) and isinstance(current.tokens_per_update, int):

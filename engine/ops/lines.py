@@ -16,6 +16,7 @@ from engine.checkpoints.format import read_checkpoint_state, read_latest
 from engine.config.run import (
     RunConfig,
     TrainedSoFar,
+    accepted_changes,
     check_changes,
 )
 from engine.errors import ConfigError, LineError
@@ -91,8 +92,10 @@ def unaccepted_changes(layout: LineLayout, config: RunConfig) -> list[str]:
     the schedule's and the ramp's growth judged from where the line stands (`trained_so_far`): `check`,
     every start of the trainer (a supervisor's relaunch included) and `accept` ask here alike."""
     accepted = load_accepted(layout)
-    if accepted is None:
-        return []
+    return [] if accepted is None else _refusals(layout, accepted, config)
+
+
+def _refusals(layout: LineLayout, accepted: RunConfig, config: RunConfig) -> list[str]:
     trained = trained_so_far(layout, config)
     return [f"{layout.run_json.name}: {message}" for message in check_changes(accepted, config, trained)]
 
@@ -113,8 +116,9 @@ def trained_so_far(layout: LineLayout, config: RunConfig) -> TrainedSoFar | None
         return None
 
 
-def accept(root: Path | str, config: RunConfig | None = None) -> RunConfig:
-    """Record run.json (or `config`, read from it) as the accepted configuration of a checked start.
+def accept(root: Path | str, config: RunConfig | None = None) -> list[str]:
+    """Record run.json (or `config`, read from it) as the accepted configuration of a checked start;
+    what it accepts that accepted_run.json did not hold (`accepted_changes`, for run.log).
 
     Refuses (ConfigError, nothing written) when a lifelong key changed without allow_changes or a
     schedule was rewritten rather than grown. A listing in allow_changes permits one change: once
@@ -123,14 +127,15 @@ def accept(root: Path | str, config: RunConfig | None = None) -> RunConfig:
     """
     layout = open_line(root)
     current = config if config is not None else RunConfig.load(layout.run_json)
-    problems = unaccepted_changes(layout, current)
+    previous = load_accepted(layout)
+    problems = [] if previous is None else _refusals(layout, previous, current)
     if problems:
         raise ConfigError("; ".join(problems))
     accepted = dataclasses.replace(current, allow_changes=[])
     accepted.save(layout.accepted_run_json)
     if current.allow_changes and _load_or_none(layout.run_json) == current:
         accepted.save(layout.run_json)
-    return accepted
+    return [] if previous is None else accepted_changes(previous, current)
 
 
 def _load_or_none(path: Path) -> RunConfig | None:

@@ -67,7 +67,7 @@ from engine.checkpoints.format import (
     stage_end_kept,
 )
 from engine.checkpoints.tensors import Checkpoint, CheckpointSnapshot, CheckpointWriter, find_resume_point
-from engine.config.run import RunConfig, WandbConfig, accepted_changes
+from engine.config.run import RunConfig, WandbConfig
 from engine.errors import CheckpointError, ConfigError, DiskFull, LineError, is_out_of_memory
 from engine.gpu.placement import placed_device
 from engine.gpu.sharing import Action, GpuBusy, GpuMode, GpuReading, GpuWatch, refuse_unshareable_lengths
@@ -292,9 +292,8 @@ class Trainer:
             layout.checkpoints, config.checkpoints.keep_last, abandoned_after, config.checkpoints.keep_cycle_ends
         )
         if writes:
-            previous = ops.load_accepted(layout)
-            ops.accept(layout.root, config)  # the start passed its checks: this is the accepted configuration
-            for change in [] if previous is None else accepted_changes(previous, config):
+            # The start passed its checks: this is the accepted configuration.
+            for change in ops.accept(layout.root, config):
                 self.log.write(f"run.json accepted: {change}")
         # Made before the first checkpoint, which records the line's W&B run (`_snapshot`); the
         # line's W&B run is rank 0's to write.

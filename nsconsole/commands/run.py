@@ -61,27 +61,31 @@ def run(args: argparse.Namespace) -> int:
         refuse_a_past_stop_at(line, args.stop_at)
     if args.no_supervisor:
         return train_without_supervisor(line, stop_at=args.stop_at, engine=args.engine)
+    from engine.supervisor.supervisor import run_line
+
+    refuse_a_bad_start(line, check_start=not args.foreground)
+    return run_line(line, foreground=args.foreground, stop_at=args.stop_at, engine=args.engine)
+
+
+def refuse_a_bad_start(line: Path, check_start: bool, what: str = "the line", again: str | None = None) -> None:
+    """The refusals before a supervisor starts, `run` and `--run` alike: another holder of the line
+    first, at once (the start checks take seconds: torch), then a finished line, then (`check_start`:
+    a detached start, whose checks would otherwise fail unseen) the start checks."""
     from engine.ops.line_end import refuse_a_finished_line
     from engine.ops.lines import open_line
-    from engine.supervisor.supervisor import run_line
     from engine.training.line_lock import refuse_a_held_line
 
-    # First, at once: the checks below take seconds (torch), and a holder refuses the start anyway.
     refuse_a_held_line(open_line(line))
-    refuse_a_finished_line(line)
-    if not args.foreground:
+    refuse_a_finished_line(line, what=what, again=again)
+    if check_start:
         refuse_a_failing_start(line)
-    return run_line(line, foreground=args.foreground, stop_at=args.stop_at, engine=args.engine)
 
 
 def run_headless(line: str | None, host: HostSettings, *, stop_at: int | None = None, engine: str = "auto") -> int:
     """`nsconsole --run [LINE] [--stop-at UPDATE] [--engine E]`: the supervisor, detached, as
     `nsconsole run LINE` starts it (the same refusals, in the same order); no LINE creates (or
     resumes) the demo line."""
-    from engine.ops.line_end import refuse_a_finished_line
-    from engine.ops.lines import open_line
     from engine.supervisor.supervisor import run_line
-    from engine.training.line_lock import refuse_a_held_line
 
     if line is not None:
         path = host.resolve_line(line)
@@ -92,9 +96,7 @@ def run_headless(line: str | None, host: HostSettings, *, stop_at: int | None = 
         path, what, again = ensure_demo_line(demo_paths(host.work_root)), "the demo line", "nsconsole --run"
     if stop_at is not None:
         refuse_a_past_stop_at(path, stop_at)
-    refuse_a_held_line(open_line(path))  # at once, as `nsconsole run` does
-    refuse_a_finished_line(path, what=what, again=again)
-    refuse_a_failing_start(path)
+    refuse_a_bad_start(path, check_start=True, what=what, again=again)
     status = run_line(path, foreground=False, stop_at=stop_at, engine=engine)
     if status == 0 and line is None:
         print(f"watch it: nsconsole        (or: nsconsole status {path}; stop it: nsconsole stop {path})")
