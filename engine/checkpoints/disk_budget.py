@@ -42,8 +42,11 @@ class CheckpointSize:
 
 
 def gib_text(nbytes: float) -> str:
-    """A size in GiB to three significant digits (a tiny line's checkpoint is not `0.00 GiB`)."""
-    return f"{nbytes / GIB:.3g} GiB"
+    """Free disk or a size in GiB to three significant digits (a tiny line's checkpoint is not
+    `0.00 GiB`, and 21 MiB free is `0.0205 GiB`, not `0.0 GiB`), whole GiB from 1000 on, where three
+    significant digits would need an exponent (`1,862 GiB`, not `1.86e+03 GiB`)."""
+    gib = nbytes / GIB
+    return f"{gib:,.0f} GiB" if gib >= 1000 else f"{gib:.3g} GiB"
 
 
 def next_checkpoint_size(

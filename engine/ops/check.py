@@ -16,7 +16,7 @@ import torch
 import datalines
 from datalines import open_data_line
 from datalines.errors import DataLineError
-from engine.checkpoints.disk_budget import checkpoints_bytes, next_checkpoint_size, retention_need
+from engine.checkpoints.disk_budget import checkpoints_bytes, gib_text, next_checkpoint_size, retention_need
 from engine.checkpoints.format import (
     CHECKPOINT_DISK_MARGIN,
     read_checkpoint_state,
@@ -239,21 +239,21 @@ def disk_results(layout: LineLayout, config: RunConfig, model: torch.nn.Module |
     )
     free = shutil.disk_usage(layout.root).free
     minimum = config.guards.min_free_disk_gb
-    checkpoint = f"a checkpoint about {disk_text(size.bytes)}, {size.basis}"
+    checkpoint = f"a checkpoint about {gib_text(size.bytes)}, {size.basis}"
     if free < config.guards.min_free_disk_bytes:  # in bytes, as the trainer's guard compares
         first = CheckResult(
             False,
-            f"disk: {disk_text(free)} free at {layout.root}, below guards.min_free_disk_gb {minimum:g}: "
+            f"disk: {gib_text(free)} free at {layout.root}, below guards.min_free_disk_gb {minimum:g}: "
             "the trainer would stop at its first update",
         )
     elif free < CHECKPOINT_DISK_MARGIN * size.bytes:
         first = CheckResult(
             False,
-            f"disk: {disk_text(free)} free at {layout.root}, too little for the next checkpoint ({checkpoint}; "
+            f"disk: {gib_text(free)} free at {layout.root}, too little for the next checkpoint ({checkpoint}; "
             f"{CHECKPOINT_DISK_MARGIN:g}x needed): the trainer would not start",
         )
     else:
-        first = CheckResult(True, f"disk: {disk_text(free)} free (minimum {minimum:g}; {checkpoint})")
+        first = CheckResult(True, f"disk: {gib_text(free)} free (minimum {minimum:g}; {checkpoint})")
     need = retention_need(config, size, data_line.cycle_tokens, data_line.last_cycle())
     shortfall = need.shortfall(free + checkpoints_bytes(layout.checkpoints))
     if shortfall is None:
@@ -310,14 +310,6 @@ def _line_ends(layout: LineLayout, config: RunConfig) -> list[tuple[float, str]]
     if last is not None:
         ends.append(((last + 1) * data_line.cycle_tokens, f"its data line {path} holds about"))
     return ends
-
-
-def disk_text(nbytes: float) -> str:
-    """Free disk or a checkpoint's size in GiB, both to three significant digits (21 MiB free is
-    `0.0205 GiB`, not `0.0 GiB` beside a checkpoint of `0.0173 GiB`), whole GiB from 1000 on, where
-    three significant digits would need an exponent."""
-    gib = nbytes / GIB
-    return f"{gib:,.0f} GiB" if gib >= 1000 else f"{gib:.3g} GiB"
 
 
 def _check_rows(layout: LineLayout) -> CheckResult:

@@ -58,7 +58,12 @@ from datalines import open_data_line
 from datalines.consumption import claim_cycle, claim_data_line
 from datalines.cycle import Cycle
 from datalines.errors import ShardChanged
-from engine.checkpoints.disk_budget import CheckpointSize, next_checkpoint_size, refuse_a_start_without_room
+from engine.checkpoints.disk_budget import (
+    CheckpointSize,
+    gib_text,
+    next_checkpoint_size,
+    refuse_a_start_without_room,
+)
 from engine.checkpoints.format import (
     CHECKPOINT_DISK_MARGIN,
     LINE_START_KEPT,
@@ -470,7 +475,7 @@ class Trainer:
             last = self._last_checkpoint_update
             newest = f"the newest is update {last}" if last is not None else "none written yet"
             # The start refusal's words (disk_budget): the size to its precision, and the margin.
-            self._stop_for_disk(free, f"too little for the next checkpoint (about {size / GIB:.3g} GiB; "
+            self._stop_for_disk(free, f"too little for the next checkpoint (about {gib_text(size)}; "
                                 f"{CHECKPOINT_DISK_MARGIN:g}x needed); {newest}")
         # Rank 0 writes the checkpoint: every rank holds the same state, or, sharded, every rank
         # takes part in gathering it to rank 0.
@@ -933,7 +938,7 @@ class Trainer:
         """Stop for the operator (DiskFull: the supervisor does not relaunch); what is saved stays."""
         update = self.position.update
         message = (
-            f"{self.layout.root}: {free / GIB:.3g} GiB free on its disk, {why}; "
+            f"{self.layout.root}: {gib_text(free)} free on its disk, {why}; "
             "free some space and run the line again"
         )
         self.heartbeat.beat(update, Stage.STOPPED, reason=StopReason.DISK_FULL)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from helpers.lines import copy_data_line, data_template_fixture, make_line
 
-from engine.ops.check import disk_text
+from engine.checkpoints.disk_budget import gib_text
 from engine.units import GIB
 from nsconsole.cli import main
 
@@ -26,10 +26,10 @@ data_template = data_template_fixture()
 
 
 def test_sizes_read_to_three_significant_digits_at_every_size() -> None:
-    assert disk_text(21 * MIB) == "0.0205 GiB"
-    assert disk_text(0.0173 * GIB) == "0.0173 GiB"
-    assert disk_text(77.8 * GIB) == "77.8 GiB"
-    assert disk_text(1862.4 * GIB) == "1,862 GiB"  # not 1.86e+03
+    assert gib_text(21 * MIB) == "0.0205 GiB"
+    assert gib_text(0.0173 * GIB) == "0.0173 GiB"
+    assert gib_text(77.8 * GIB) == "77.8 GiB"
+    assert gib_text(1862.4 * GIB) == "1,862 GiB"  # not 1.86e+03
 
 
 @pytest.mark.parametrize(
