@@ -94,16 +94,21 @@ def shard_stamps(directory: Path, manifest: dict[str, Any]) -> ShardStamps:
 def shard_problems(directory: Path, manifest: dict[str, Any]) -> list[str]:
     """What is wrong with each shard that is not as the manifest records it (missing, its size, its
     sha256), one clause naming the file each; empty when every shard matches."""
-    problems = []
-    for entry in shard_files(manifest):
-        path = directory / entry["name"]
-        if not path.is_file():
-            problems.append(f"{path}: shard missing (cycle {manifest['cycle']})")
-        elif (size := path.stat().st_size) != entry["bytes"]:
-            problems.append(f"{path}: shard is {size} bytes, the manifest says {entry['bytes']} (truncated?)")
-        elif sha256_file(path) != entry["sha256"]:
-            problems.append(f"{path}: shard sha256 differs from the manifest (corrupted)")
-    return problems
+    problems = (shard_problem(directory, entry, manifest) for entry in shard_files(manifest))
+    return [problem for problem in problems if problem is not None]
+
+
+def shard_problem(directory: Path, entry: dict[str, Any], manifest: dict[str, Any]) -> str | None:
+    """What is wrong with the shard of `manifest` that `entry` records (missing, its size, its
+    sha256), one clause naming the file; None when it matches."""
+    path = directory / entry["name"]
+    if not path.is_file():
+        return f"{path}: shard missing (cycle {manifest['cycle']})"
+    if (size := path.stat().st_size) != entry["bytes"]:
+        return f"{path}: shard is {size} bytes, the manifest says {entry['bytes']} (truncated?)"
+    if sha256_file(path) != entry["sha256"]:
+        return f"{path}: shard sha256 differs from the manifest (corrupted)"
+    return None
 
 
 def verify_shards(directory: Path, manifest: dict[str, Any]) -> None:

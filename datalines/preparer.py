@@ -24,7 +24,7 @@ from datalines.corpus import FileDocuments, file_documents
 from datalines.cycle import Cycle
 from datalines.dataline import CONSUMED_MARK, DataLine
 from datalines.errors import DataLineError, ManifestDamaged
-from datalines.files import fsync_directory, sha256_file, write_json_atomic
+from datalines.files import fsync_directory, write_json_atomic
 from datalines.manifest import (
     DIGEST_SEQ_LENS,
     MANIFEST_FORMAT,
@@ -32,6 +32,7 @@ from datalines.manifest import (
     load_manifest,
     restore_advice,
     shard_files,
+    shard_problem,
     verify_shards,
 )
 from datalines.mixture import merge_strata
@@ -249,13 +250,8 @@ def _shard_names(line: DataLine) -> set[str]:
 
 def _differing_shards(directory: Path, manifest: dict[str, Any]) -> list[str]:
     """The shards in `directory` whose bytes are not the ones `manifest` records (missing ones aside)."""
-    differing = []
-    for entry in shard_files(manifest):
-        path = directory / entry["name"]
-        if path.exists() and (path.stat().st_size != entry["bytes"] or sha256_file(path) != entry["sha256"]):
-            differing.append(entry["name"])
-    return differing
-
+    return [entry["name"] for entry in shard_files(manifest)
+            if (directory / entry["name"]).exists() and shard_problem(directory, entry, manifest) is not None]
 
 def _check_leftovers(line: DataLine, index: int, manifest: dict[str, Any] | None) -> None:
     """DataLineError (one line) unless cycle `index`'s directory, when there is one without a
@@ -275,7 +271,8 @@ def _check_leftovers(line: DataLine, index: int, manifest: dict[str, Any] | None
             f"{final}: cycle {index} is marked {CONSUMED_MARK} but has no {MANIFEST_NAME}, the only record of "
             f"what it held; {restore_advice(index)}"
         )
-    others = sorted(path.name for path in final.iterdir() if path.name not in _shard_names(line))
+    shard_names = _shard_names(line)
+    others = sorted(path.name for path in final.iterdir() if path.name not in shard_names)
     differing = [] if manifest is None else _differing_shards(final, manifest)
     if others:
         problem = f"holds {', '.join(others)}, which {'is' if len(others) == 1 else 'are'} not its shards"
