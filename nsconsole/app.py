@@ -437,10 +437,14 @@ class ConsoleApp(App[None]):
             return
         line.add_event(self.clock(), "request", "resume: starting its supervisor")
         # Imported here, when a line is resumed: the supervisor's module is not needed to start the console.
+        from engine.supervisor.lost import lost_line
         from engine.supervisor.supervisor import SupervisorSettings, SupervisorSilent, start_detached
 
+        # A line whose supervisor was lost (a reboot, a kill) goes on with the --engine and --stop-at it ran with.
+        lost = lost_line(line.path)
+        settings = SupervisorSettings() if lost is None else SupervisorSettings(engine=lost.engine, stop_at=lost.stop_at)
         try:
-            pid = await asyncio.to_thread(start_detached, Path(line.path), SupervisorSettings())
+            pid = await asyncio.to_thread(start_detached, Path(line.path), settings)
         except (LineError, OSError) as error:
             if isinstance(error, SupervisorSilent):
                 reap_when_it_exits(error.pid)  # it may still come up; it is our child either way

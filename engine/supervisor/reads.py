@@ -17,6 +17,8 @@ from engine.config.run import RunConfig
 from engine.errors import ConfigError, LineError
 from engine.layout import LineLayout, checkpoint_update
 from engine.ops.stop import StopRequest, read_stop
+from engine.process_start import recorded_process_alive
+from engine.protocol.facts import Stage
 
 
 def supervisor_config(layout: LineLayout) -> RunConfig:
@@ -52,6 +54,22 @@ def beat_time(heartbeat: dict[str, Any]) -> float:
     """When a heartbeat was written (0 when its time is unreadable: it counts as old)."""
     beat = heartbeat.get("time")
     return float(beat) if isinstance(beat, (int, float)) and not isinstance(beat, bool) else 0.0
+
+
+def running_supervisor_pid(supervisor: dict[str, Any]) -> int | None:
+    """The pid supervisor.json names while that very process runs (not a younger one that reused
+    the pid, after a reboot say); None: no supervisor of this record runs."""
+    pid = supervisor.get("pid")
+    return pid if recorded_process_alive(pid, supervisor.get("boot_start"), supervisor.get("started")) else None
+
+
+def running_trainer_pid(heartbeat: dict[str, Any] | None) -> int | None:
+    """The pid of the trainer a heartbeat names while that very process runs and has not said it
+    stopped (an orphan finishing its checkpoint counts); None otherwise."""
+    if heartbeat is None or heartbeat.get("stage") == Stage.STOPPED:
+        return None
+    pid = heartbeat.get("pid")
+    return pid if recorded_process_alive(pid, heartbeat.get("pid_boot_start"), beat_time(heartbeat)) else None
 
 
 def heartbeat_update(layout: LineLayout) -> int | None:

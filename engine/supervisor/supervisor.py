@@ -204,6 +204,11 @@ class SupervisorState:
     """Mutations already applied, by request_id (a retry is answered from here)."""
     queued_forks: list[dict[str, Any]] = field(default_factory=list)
     """Branches waiting for the end of their trunk cycle (`engine.supervisor.forks.QueuedFork`)."""
+    engine: str = Engine.AUTO
+    """The step engine it launches trainers with (`run --engine`): a lost supervisor's line is
+    resumed with it (`engine.supervisor.lost`)."""
+    stop_at: int | None = None
+    """The update its trainers stop at (`run --stop-at`; None: none): kept by a resume too."""
 
 
 class Supervisor:
@@ -213,7 +218,8 @@ class Supervisor:
         self.layout: LineLayout = ops.open_line(line)
         self.settings = settings or SupervisorSettings()
         self.state = SupervisorState(pid=os.getpid(), started=time.time(),
-                                     boot_start=started_since_boot(psutil.Process()))
+                                     boot_start=started_since_boot(psutil.Process()),
+                                     engine=Engine(self.settings.engine).value, stop_at=self.settings.stop_at)
         self.request_log = RequestLog()
         self.rows_tail = RowsTail(self.layout.rows_jsonl)
         self._lock = threading.Lock()  # guards state against the RPC threads
@@ -262,7 +268,6 @@ class Supervisor:
             "latest_checkpoint": latest_update(self.layout),
             "rollbacks": rollback_times(self.layout),
             "stop": None if stop is None else asdict(stop),
-            "stop_at": self.settings.stop_at,
             "preset": None if config is None else config.model.preset,
             "device": None if config is None else config.device,
             "preparer": None if self._preparer is None else self._preparer.snapshot(),

@@ -14,6 +14,7 @@ from nsconsole.commands import (
     data,
     evaluate,
     new,
+    resume,
     rollback,
     run,
     sample,
@@ -22,4 +23,6 @@ from nsconsole.commands import (
     tune,
 )
 
-COMMAND_MODULES = (data, new, tune, check, run, status, stop, branch, rollback, bench, sample, chat, evaluate)
+COMMAND_MODULES = (
+    data, new, tune, check, run, resume, status, stop, branch, rollback, bench, sample, chat, evaluate
+)
