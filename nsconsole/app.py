@@ -363,7 +363,8 @@ class ConsoleApp(App[None]):
         self._branch_drafts[line.key] = request
         waits = "" if line.cycle is None or request.at_cycle < line.cycle else " It waits for that cycle to end."
         question = f"Branch {line.path} into {request.path} at the end of cycle {request.at_cycle}?"
-        detail = f"Plan: {request.plan}\nData line: {request.data}\nA new line is forked with them.{waits}"
+        trains = f"\nIt trains: {request.stages}" if request.stages else ""
+        detail = f"Plan: {request.plan}{trains}\nData line: {request.data}\nA new line is forked with them.{waits}"
         if await self.push_screen_wait(ConfirmScreen(question, detail)) and (
             await self.mutate(line, "branch", **request.params()) is not None
         ):

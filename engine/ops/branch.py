@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import shutil
 from dataclasses import dataclass
@@ -52,10 +53,12 @@ from engine.checkpoints.format import (
     write_bytes_durably,
     write_latest,
 )
+from engine.config.host import HostSettings
 from engine.config.run import DataConfig, LengthConfig, LRPiece, RunConfig, StageConfig
 from engine.errors import LineError
 from engine.layout import LineLayout
 from engine.models import presets
+from engine.ops.branch_data import check_fork_cycle, check_plan_fits
 from engine.ops.branch_records import record_branch
 from engine.ops.fork_point import check_cycle_comes, expected_fork_position, latest_position
 from engine.ops.lines import inspect_data_line, open_line, resolve_data_path
@@ -108,6 +111,28 @@ def parse_plan(text: str) -> list[PlanItem]:
             )
         items.append(PlanItem(parts[0], tokens, shape))
     return items
+
+
+def sized_plan(plan: list[PlanItem], train_len: int, long_len: int) -> list[PlanItem]:
+    """The plan with each stage's tokens rounded up to whole rows of its length: what its trainer
+    trains (it ends a stage with the update that reaches its tokens, cut to the rows still needed),
+    so run.json, the schedule's decay and the command's output all say the tokens trained."""
+    return [dataclasses.replace(item, tokens=float(math.ceil(item.tokens / length) * length))
+            for item in plan for length in [long_len if item.kind == "long" else train_len]]  # fmt: skip
+
+
+def describe_stages(asked: list[PlanItem], stages: list[StageConfig]) -> list[str]:
+    """Each stage as the branch trains it, e.g. `decay at 16 for 112 tokens (100 asked, rounded up to
+    7 whole rows of 16)`: `asked` is the plan as given, `stages` the branch's run.json plan."""
+    described = []
+    for item, stage in zip(asked, stages, strict=True):
+        tokens = int(stage.tokens or 0)
+        text = f"{stage.name} at {stage.seq_len} for {tokens:,} tokens"
+        if tokens != item.tokens:
+            text += (f" ({item.tokens:,.0f} asked, rounded up to {tokens // stage.seq_len:,} whole rows "
+                     f"of {stage.seq_len})")  # fmt: skip
+        described.append(text)
+    return described
 
 
 def schedule_to_fork(config: RunConfig, fork_tokens: float) -> list[LRPiece]:
@@ -238,7 +263,8 @@ def branch_config(
     trunk: RunConfig, trunk_layout: LineLayout, fork_state: dict[str, Any], request: BranchRequest,
     plan: list[PlanItem], train_len: int, long_len: int,
 ) -> RunConfig:  # fmt: skip
-    """The branch's run.json: the trunk's at the fork with the branch's data, plan, lengths and schedule."""
+    """The branch's run.json: the trunk's at the fork with the branch's data, plan (sized: `sized_plan`),
+    lengths and schedule."""
     fork_tokens = float(fork_state["position"]["tokens_trained"])
     names: dict[str, int] = {}
     stages = []
@@ -308,6 +334,17 @@ def write_branch_checkpoint(
     return directory, linked
 
 
+def sent_path(text: str, trunk: Path) -> Path:
+    """A branch's path as a client sent it to the trunk's supervisor, whose working directory is not
+    the client's: a relative one is taken under host.json's `work_root`, else beside the trunk."""
+    path = Path(text).expanduser()
+    if path.is_absolute():
+        return path
+    work_root = HostSettings.load().work_root
+    base = Path(work_root).expanduser() if work_root else trunk.parent
+    return (base / path).absolute()
+
+
 def checked_request(request: BranchRequest) -> tuple[LineLayout, list[PlanItem]]:
     """The checks that need neither the trunk nor its fork: a free target, a cycle index, a plan."""
     new = LineLayout(request.new.absolute())
@@ -340,8 +377,10 @@ def checked_branch_config(
         raise LineError(
             f"{data.path}: its tokenizer differs from the one {trunk_layout.root.name} was trained with"
         )
-    config = branch_config(trunk, trunk_layout, fork_state, request, plan, train_len, long_len)
+    config = branch_config(trunk, trunk_layout, fork_state, request, sized_plan(plan, train_len, long_len),
+                           train_len, long_len)  # fmt: skip
     config.validate(source=str(new.run_json))
+    check_plan_fits(datalines.open_data_line(data.path), config.plan)
     # The branch's trainer refuses to start without them: refused here, before anything is made.
     heldout = datalines.open_data_line(heldout_line_path(new, config))
     problem = missing_rows_problem(heldout, validation_lengths(config, _longest_context(config)))
@@ -350,16 +389,18 @@ def checked_branch_config(
     return config
 
 
-def check_branch_request(request: BranchRequest) -> None:
+def check_branch_request(request: BranchRequest) -> RunConfig:
     """Refuse now (LineError, DataLineError) what `branch_line` would refuse at the end of a trunk
     cycle still to come: everything but the fork checkpoint itself, against the trunk's run.json as
-    it is and the position it is expected to have at that cycle's end (`engine.ops.fork_point`)."""
+    it is and the position it is expected to have at that cycle's end (`engine.ops.fork_point`).
+    Returns the branch's run.json as it would be forked there."""
     parent = open_line(request.parent)
     new, plan = checked_request(request)
     trunk = RunConfig.load(parent.run_json)
     trunk_data = datalines.open_data_line(resolve_data_path(parent, trunk.data.line))
     position = latest_position(parent)
-    check_cycle_comes(parent, trunk_data, position, request.at_cycle)
+    check_fork_cycle(trunk_data, request.at_cycle)
+    check_cycle_comes(parent, position, request.at_cycle)
     fork_position = expected_fork_position(parent, trunk, trunk_data, position, request.at_cycle)
     try:
         schedule_to_fork(trunk, fork_position["tokens_trained"])
@@ -368,9 +409,35 @@ def check_branch_request(request: BranchRequest) -> None:
             f"{parent.run_json}: cycle {request.at_cycle} is expected to end at about "
             f"{fork_position['tokens_trained']:,} tokens trained; {error}"
         ) from None
-    checked_branch_config(
+    return checked_branch_config(
         trunk, parent, {"position": fork_position}, request, plan, _trained_tokenizer(parent, trunk_data), new
     )
+
+
+def preview_branch(request: BranchRequest) -> RunConfig:
+    """The branch's run.json as `branch_line` would make it now (at a cycle that has ended) or at the
+    cycle's end (`check_branch_request`), refusing what it would refuse; nothing is written and the
+    fork checkpoint is not hashed (the console asks this before its confirmation)."""
+    parent = open_line(request.parent)
+    new, plan = checked_request(request)
+    try:
+        fork = find_cycle_end(parent, request.at_cycle)
+    except CycleNotEnded:
+        return check_branch_request(request)
+    trunk, fork_state = _fork_inputs(fork)
+    trained_tokenizer = (fork / TOKENIZER_FILE).read_bytes()
+    return checked_branch_config(trunk, parent, fork_state, request, plan, trained_tokenizer, new)
+
+
+def _fork_inputs(fork: Path) -> tuple[RunConfig, dict[str, Any]]:
+    """The trunk's run.json and state.json as its fork checkpoint saved them."""
+    fork_state = read_checkpoint_state(fork)
+    if fork_state is None:
+        raise LineError(f"{fork / STATE_NAME}: unreadable")
+    trunk = RunConfig.from_dict(
+        json.loads((fork / RUN_JSON_FILE).read_text()), source=str(fork / RUN_JSON_FILE)
+    )
+    return trunk, fork_state
 
 
 def _trained_tokenizer(layout: LineLayout, data_line: datalines.DataLine) -> bytes:
@@ -393,12 +460,7 @@ def branch_line(request: BranchRequest) -> BranchResult:
         check_branch_request(request)  # what would stop the fork is said now, not once the cycle ends
         raise
     verify_checkpoint(fork)
-    fork_state = read_checkpoint_state(fork)
-    if fork_state is None:
-        raise LineError(f"{fork / STATE_NAME}: unreadable")
-    trunk = RunConfig.from_dict(
-        json.loads((fork / RUN_JSON_FILE).read_text()), source=str(fork / RUN_JSON_FILE)
-    )
+    trunk, fork_state = _fork_inputs(fork)
     position = fork_state["position"]
     trained_tokenizer = (fork / TOKENIZER_FILE).read_bytes()
     config = checked_branch_config(trunk, parent, fork_state, request, plan, trained_tokenizer, new)

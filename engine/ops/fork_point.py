@@ -34,14 +34,9 @@ def latest_position(layout: LineLayout) -> dict[str, Any]:
     return position if isinstance(position, dict) else {}
 
 
-def check_cycle_comes(layout: LineLayout, trunk_data: DataLine, position: dict[str, Any], cycle: int) -> None:
-    """Refuse a fork at the end of a cycle the trunk never reaches, or one it left behind without its
-    kept checkpoint (LineError)."""
-    last = trunk_data.last_cycle()
-    if last is not None and cycle > last:
-        raise LineError(
-            f"{trunk_data.path}: the trunk's data line ends with cycle {last}; cycle {cycle} never comes"
-        )
+def check_cycle_comes(layout: LineLayout, position: dict[str, Any], cycle: int) -> None:
+    """Refuse a fork at the end of a cycle the trunk left behind without its kept checkpoint
+    (LineError); one past its data line's end is `engine.ops.branch_data.check_fork_cycle`'s."""
     now = int(position.get("cycle", 0))
     if now > cycle:
         raise LineError(

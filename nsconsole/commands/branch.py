@@ -22,6 +22,10 @@ cosine or sqrt decay piece) and trains the stages of PLAN in order on its own da
   long:T           a stage of T tokens at the long length (--long-seq-len, else LINE's
                    validation.long_seq_len, else the model's longest context)
 
+A stage trains whole rows: its T is rounded up to a multiple of its length (the output says so).
+A fork past the end of LINE's data line, or a plan longer than DIR holds, is refused (estimated
+from the data lines' pinned files and calibration while their last cycle is not planned yet).
+
 The branch's first checkpoint is the fork checkpoint (hard-linked); LINE's branches.json records
 the branch; its first start forks LINE's W&B run. Run `nsconsole tune NEW` for a new length.
 """
@@ -50,7 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.ops.branch import BranchRequest, branch_line
+    from engine.ops.branch import BranchRequest, branch_line, describe_stages, parse_plan
 
     host = args.host_settings
     request = BranchRequest(
@@ -62,9 +66,7 @@ def run(args: argparse.Namespace) -> int:
         long_seq_len=args.long_seq_len,
     )
     result = branch_line(request)
-    stages = ", ".join(
-        f"{stage.name} at {stage.seq_len} for {stage.tokens:.4g} tokens" for stage in result.config.plan
-    )
+    stages = "; ".join(describe_stages(parse_plan(request.plan), result.config.plan))
     how = "hard-linked" if result.hard_linked else "copied (no hard links across file systems)"
     print(f"branch {result.line} from {request.parent} after update {result.fork_update} "
           f"({result.fork_tokens:,} tokens, end of cycle {request.at_cycle}); checkpoint {how}")  # fmt: skip

@@ -18,7 +18,7 @@ Show a line's state from its files: its supervisor's state (supervisor.json: tra
 finished, failed, disk-full, ...; whether that supervisor runs now), the branches forked from it
 and queued on it, the line it was branched from, the configuration in brief, the newest rows of rows.jsonl, the
 trainer's heartbeat and its age, the checkpoints present, a pending STOP and the disk the line
-uses.
+uses. Exit status 1 when run.json is invalid (the report names its problem and shows the rest).
 """
 EXAMPLES = """\
 examples:
@@ -47,7 +47,12 @@ def run(args: argparse.Namespace) -> int:
     status = line_status(args.host_settings.resolve_line(args.line), rows=max(0, args.rows))
     for line in format_status(status):
         print(line)
-    return 0
+    return EXIT_INVALID if status.config is None else 0
+
+
+EXIT_INVALID = 1
+"""`status`'s exit status when the line's run.json is invalid (the report still shows the rest), as
+`data status` exits 1 when it reports damage: a script sees it without parsing the report."""
 
 
 def format_status(status: LineStatus) -> list[str]:

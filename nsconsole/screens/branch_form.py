@@ -1,9 +1,15 @@
 """`b`: the branch form. A branch forks a new line from this one at the end of a data cycle; a
 fork asked for a cycle that has not ended yet waits and happens at that cycle's end.
+
+On submit the form checks the request with the engine's own checks (`engine.ops.branch.
+preview_branch`, reading the line's files as `nsconsole branch` does): what the supervisor would
+refuse (a fork past the end of the trunk's data, a plan longer than the branch's data, ...) is
+said in the form at once, and the confirmation names the tokens each stage will train.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,6 +18,8 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
+
+from engine.layout import LineLayout
 
 
 @dataclass(frozen=True)
@@ -26,6 +34,9 @@ class BranchRequest:
     """The branch's plan, e.g. `decay:10e9,long:2e9` (what `nsconsole branch --plan` takes)."""
     data: str
     """The branch's own data line (the trunk's is consumed as it trains)."""
+    stages: str = ""
+    """The stages as the branch will train them (`engine.ops.branch.describe_stages`); empty where the
+    console could not read the line (the supervisor checks the request all the same)."""
 
     def params(self) -> dict[str, object]:
         return {"path": self.path, "at_cycle": self.at_cycle, "plan": self.plan, "data": self.data}
@@ -47,6 +58,30 @@ def parse_branch(path: str, at_cycle: str, plan: str, data: str) -> BranchReques
     if not data.strip():
         raise ValueError("data line: give the branch's own data line directory")
     return BranchRequest(path=path, at_cycle=cycle, plan=plan.strip(), data=data.strip())
+
+
+def preview_stages(line_path: str, request: BranchRequest) -> str:
+    """The stages the branch will train, exact tokens (`decay at 16 for 112 tokens (100 asked, rounded
+    up to 7 whole rows of 16)`); ValueError with the refusal the supervisor would give; empty when
+    this console cannot read the line's run.json (the supervisor is the one that checks then).
+
+    Paths are taken as the supervisor takes them (`sent_path`), so the data line checked here is the
+    one it will fork on. Loads the data line readers (numpy, pyarrow) on the first use only."""
+    trunk = Path(line_path)
+    if not LineLayout(trunk).run_json.is_file():
+        return ""
+    from datalines.errors import DataLineError
+    from engine.errors import LineError
+    from engine.ops.branch import BranchRequest as Fork
+    from engine.ops.branch import describe_stages, parse_plan, preview_branch, sent_path
+
+    fork = Fork(new=sent_path(request.path, trunk), parent=trunk, at_cycle=request.at_cycle,
+                plan=request.plan, data=sent_path(request.data, trunk))  # fmt: skip
+    try:
+        config = preview_branch(fork)
+    except (LineError, DataLineError) as refusal:
+        raise ValueError(str(refusal)) from None
+    return "; ".join(describe_stages(parse_plan(request.plan), config.plan))
 
 
 class BranchForm(ModalScreen[BranchRequest | None]):
@@ -85,7 +120,7 @@ class BranchForm(ModalScreen[BranchRequest | None]):
             with Horizontal(classes="field"):
                 yield Label("data line (its own directory)")
                 yield Input(draft.data, id="data")
-            yield Static("", id="error")
+            yield Static("", id="error", markup=False)  # a refusal names paths, which may hold brackets
             with Horizontal(classes="buttons"):
                 yield Button("Branch", id="submit", variant="warning")
                 yield Button("Cancel", id="cancel", variant="primary")
@@ -105,6 +140,7 @@ class BranchForm(ModalScreen[BranchRequest | None]):
         values = {name: self.query_one(f"#{name}", Input).value for name in ("path", "at_cycle", "plan", "data")}
         try:
             request = parse_branch(**values)
+            request = dataclasses.replace(request, stages=preview_stages(self.line_path, request))
         except ValueError as error:
             self.query_one("#error", Static).update(f"✗ {error}")
             return

@@ -119,3 +119,66 @@ def test_the_fork_point_of_a_later_cycle_end_carries_the_line_on_and_walks_the_p
     assert expected_fork_position(LineLayout(line), config, data, {}, 0) == {
         "tokens_trained": 5_000, "stage": 0, "cycle": 1,
     }  # fmt: skip
+
+
+# -- a fork past the trunk's data, a plan past the branch's data: refused when asked (not weeks later) --
+
+whole_data = data_template_fixture()
+"""Every cycle prepared: the line's last cycle and each cycle's tokens are known exactly."""
+
+ESTIMATED = "estimated from its files' pinned sizes, calibration and schedule: its last cycle is not planned yet"
+
+
+def rows_tokens(data: Path, row_len: int) -> int:
+    """The tokens a branch can train on a prepared data line: each cycle's sources in whole rows."""
+    line = open_data_line(data)
+    return sum((tokens - 1) // row_len * row_len for index in range(line.last_cycle() + 1)
+               for tokens in (source["tokens"] for source in line.cycle(index).manifest["sources"].values()))  # fmt: skip
+
+
+def test_a_fork_past_the_end_of_the_trunk_s_data_line_is_refused_when_asked_for(
+    tmp_path: Path, data_template: Path, whole_data: Path, capsys: pytest.CaptureFixture
+) -> None:
+    # Planned to its end: the last cycle is known.
+    trunk = make_line(tmp_path / "whole", whole_data)
+    assert open_data_line(whole_data).last_cycle() == 3
+    assert branch(tmp_path, trunk, whole_data, at_cycle=4) == 2
+    assert capsys.readouterr().err == (
+        f"nsconsole: {whole_data}: the trunk's data line has 4 cycles (0 to 3), so cycle 4 never ends on it; "
+        "the last cycle a branch can fork at is 3\n"
+    )
+    # One cycle planned: the end is estimated from the pins and calibration (the same 4 cycles).
+    trunk = make_line(tmp_path / "estimated", data_template)
+    assert open_data_line(data_template).last_cycle() is None
+    assert branch(tmp_path, trunk, data_template, at_cycle=7) == 2
+    assert capsys.readouterr().err == (
+        f"nsconsole: {data_template}: the trunk's data line will have about 4 cycles (0 to 3; {ESTIMATED}), and at "
+        "most 5 even with 10% more tokens than estimated, so cycle 7 never ends on it; the last cycle a branch "
+        "can fork at is about 3\n"
+    )
+    # Within the estimate's margin: checked in full, and refused only for the cycle's end to come.
+    assert branch(tmp_path, trunk, data_template, at_cycle=4) == 2
+    assert "has no checkpoint yet; cycle 4 has not ended" in capsys.readouterr().err
+    assert not (tmp_path / "b").exists()
+
+
+def test_a_plan_longer_than_the_branch_s_data_is_refused_when_asked_for(
+    tmp_path: Path, data_template: Path, whole_data: Path, capsys: pytest.CaptureFixture
+) -> None:
+    trunk = make_line(tmp_path, data_template)
+    held = rows_tokens(whole_data, 32)  # 21,408: about 4 cycles of 5,000
+    assert branch(tmp_path, trunk, whole_data, plan="decay:2e4,decay:2e3") == 2  # 20,000 + 2,016
+    assert capsys.readouterr().err == (
+        f"nsconsole: {whole_data}: the branch's plan trains 22,016 tokens (decay 20,000, decay2 2,016) but its "
+        f"data line holds {held:,} tokens to train in rows of 32 in 4 cycles (0 to 3), {22_016 - held:,} too "
+        "few; shorten the plan or give the branch a larger data line\n"
+    )
+    # Not planned to its end: its tokens are estimated (within 1% of the 21,408 its cycles hold).
+    assert branch(tmp_path, trunk, data_template, plan="decay:3e4") == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"nsconsole: {data_template}: the branch's plan trains 30,016 tokens (decay 30,016) but "
+                            "its data line holds about 21,312 tokens to train in rows of 32 in 4 cycles (0 to 3; ")
+    # A plan the data holds passes every check: only the cycle's end is missing.
+    assert branch(tmp_path, trunk, whole_data, plan=f"decay:{held}") == 2
+    assert "cycle 1 has not ended" in capsys.readouterr().err
+    assert not (tmp_path / "b").exists()

@@ -182,6 +182,29 @@ def test_branch_from_a_cycle_end(trunk: Path, data_template: Path, tmp_path: Pat
     assert server.losses("b1-run")[-3:] == [row["loss"] for row in rows]
 
 
+def test_a_branch_says_the_tokens_it_trains_and_trains_them(
+    trunk: Path, data_template: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A stage trains whole rows: `decay:100` at 32 trains 128 tokens. The command's output and
+    run.json say so, the decay ends there, and the branch trains exactly that much."""
+    code = cli_main(["branch", str(tmp_path / "b"), "--from", str(trunk), "--at-cycle", "0",
+                     "--plan", "decay:100,long:100", "--data", str(copy_data_line(data_template, tmp_path / "d")),
+                     "--long-seq-len", str(LONG)])  # fmt: skip
+    assert code == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == ("plan: decay at 32 for 128 tokens (100 asked, rounded up to 4 whole rows of 32); "
+                      "long at 64 for 128 tokens (100 asked, rounded up to 2 whole rows of 64)")  # fmt: skip
+    branch = RunConfig.load(tmp_path / "b" / "run.json")
+    assert [(stage.name, stage.seq_len, stage.tokens) for stage in branch.plan] == [
+        ("decay", SEQ_LEN, 128), ("long", LONG, 128),
+    ]  # fmt: skip
+    fork_tokens = load_checkpoint(find_cycle_end(LineLayout(trunk), 0)).state["position"]["tokens_trained"]
+    assert learning_rate(branch, fork_tokens + 255) > 0.0 and learning_rate(branch, fork_tokens + 256) == 0.0
+    assert Trainer(tmp_path / "b", echo=None).run() == 0  # to the plan's end
+    rows = rows_without_wall_clock(tmp_path / "b" / "rows.jsonl")
+    assert [(row["stage"], row["tokens"]) for row in rows][-1] == ("long", fork_tokens + 256)
+
+
 def test_the_branch_start_checkpoint_has_every_state_key_the_trainer_writes(trunk: Path, data_template: Path,
                                                                           tmp_path: Path) -> None:
     """The branch's first checkpoint is read as the trainer's are: the same state keys (the W&B run
@@ -199,7 +222,8 @@ def test_branch_refusals(
     trunk: Path, data_template: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     data = copy_data_line(data_template, tmp_path / "bdata")
-    with pytest.raises(LineError, match=r"the trunk's data line ends with cycle 2; cycle 7 never comes"):
+    with pytest.raises(LineError, match=r"the trunk's data line has 3 cycles \(0 to 2\), so cycle 7 never ends on it; the last cycle a branch "
+                       "can fork at is 2"):
         branch_line(BranchRequest(tmp_path / "b", trunk, 7, "decay:1024", data))
     with pytest.raises(LineError, match="the long length must exceed the training length 32, got 32"):
         branch_line(BranchRequest(tmp_path / "b", trunk, 0, "long:1024", data, long_seq_len=SEQ_LEN))

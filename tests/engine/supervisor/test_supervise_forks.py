@@ -143,7 +143,7 @@ def test_refusals_come_before_a_fork_is_queued(
         with pytest.raises(LineError, match=message):
             queue.branch(fork)
     short = recorder.queue(LineLayout(make_line(tmp_path / "short", one_cycle_data_line)))  # one cycle
-    with pytest.raises(LineError, match="the trunk's data line ends with cycle 0; cycle 1 never comes"):
+    with pytest.raises(LineError, match=r"the trunk's data line has 1 cycle \(0 to 0\), so cycle 1 never ends on it"):
         short.branch(new_fork(tmp_path / "b", 1, "decay:1e3", data_line))
     # The line is in cycle 1, so cycle 0 has ended; without its kept checkpoint it never will again.
     (layout.checkpoint(9) / "state.json").write_text(json.dumps({"update": 9, "position": {"cycle": 1}}))
@@ -192,26 +192,28 @@ def test_a_fork_that_fails_at_its_cycle_end_or_whose_cycle_never_comes_is_report
     write_checkpoint(layout, 9, cycle=1, kept="cycle-end 0")
     queue = recorder.queue(layout)
     queue.branch(new_fork(tmp_path / "b1", 1, "decay:1e3", data_line))
-    queue.branch(new_fork(tmp_path / "b5", 5, "decay:1e3", data_line))
+    queue.branch(new_fork(tmp_path / "b4", 4, "decay:1e3", data_line))  # past the estimated end, within its margin
+    with pytest.raises(LineError, match="so cycle 7 never ends on it; the last cycle a branch can fork at is about 3"):
+        queue.branch(new_fork(tmp_path / "b7", 7, "decay:1e3", data_line))  # past it even with the margin
     recorder.refuse = "the tokenizer differs"
     write_checkpoint(layout, 15, cycle=2, kept="cycle-end 1")
-    queue.finish_line(line_ended=False)  # --stop-at: b1's fork is tried, b5 waits for the next run
+    queue.finish_line(line_ended=False)  # --stop-at: b1's fork is tried, b4 waits for the next run
     assert recorder.failed == [(str(tmp_path / "b1"), "the tokenizer differs")]
-    assert [fork["at_cycle"] for fork in queue.export()] == [5]
-    queue.finish_line()  # the line ended in cycle 2: b5's cycle never comes
+    assert [fork["at_cycle"] for fork in queue.export()] == [4]
+    queue.finish_line()  # the line ended in cycle 2: b4's cycle never comes
     assert recorder.failed == [
         (str(tmp_path / "b1"), "the tokenizer differs"),
-        (str(tmp_path / "b5"), "the line ended in cycle 2 before cycle 5 ended"),
+        (str(tmp_path / "b4"), "the line ended in cycle 2 before cycle 4 ended"),
     ]
     assert queue.export() == [] and recorder.forked == []
     # Both stay listed (for `status`) until a branch into the same directory is asked for again.
     assert [(fork["path"], fork["at_cycle"], fork["reason"]) for fork in queue.failed()] == [
         (str(tmp_path / "b1"), 1, "the tokenizer differs"),
-        (str(tmp_path / "b5"), 5, "the line ended in cycle 2 before cycle 5 ended"),
+        (str(tmp_path / "b4"), 4, "the line ended in cycle 2 before cycle 4 ended"),
     ]
     recorder.refuse = None
     queue.branch(new_fork(tmp_path / "b1", 1, "decay:1e3", data_line))  # cycle 1 has ended: forked now
-    assert [fork["path"] for fork in queue.failed()] == [str(tmp_path / "b5")]
+    assert [fork["path"] for fork in queue.failed()] == [str(tmp_path / "b4")]
 
 
 def test_a_queued_branch_is_refused_now_for_what_would_stop_its_fork(
