@@ -69,7 +69,8 @@ def running_trainer_pid(heartbeat: dict[str, Any] | None) -> int | None:
     if heartbeat is None or heartbeat.get("stage") == Stage.STOPPED:
         return None
     pid = heartbeat.get("pid")
-    return pid if recorded_process_alive(pid, heartbeat.get("pid_boot_start"), beat_time(heartbeat)) else None
+    # A beat without a readable time (none of the trainer's) leaves the pid alone to say it.
+    return pid if recorded_process_alive(pid, heartbeat.get("pid_boot_start"), heartbeat.get("time")) else None
 
 
 def heartbeat_update(layout: LineLayout) -> int | None:

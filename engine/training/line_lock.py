@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import fcntl
 import os
-from pathlib import Path
 
 from engine.errors import LineError
 from engine.layout import LineLayout
-from engine.process_start import pid_alive
-from engine.supervisor.reads import read_json
+from engine.supervisor.reads import read_json, running_supervisor_pid, running_trainer_pid
 
 
 def hold_trainer_lock(layout: LineLayout) -> int:
@@ -30,7 +28,7 @@ def hold_trainer_lock(layout: LineLayout) -> int:
     except BlockingIOError:
         os.close(fd)
         raise LineError(
-            f"{layout.root}: another trainer is training this line (pid {_pid_in(layout.heartbeat) or '?'}); "
+            f"{layout.root}: another trainer is training this line (pid {running_trainer_pid(read_json(layout.heartbeat)) or '?'}); "
             "stop it first (nsconsole stop)"
         ) from None
     return fd
@@ -58,17 +56,11 @@ def refuse_a_held_line(layout: LineLayout) -> None:
 
 def line_holder(layout: LineLayout) -> str:
     """Who holds the line's directory, as its files tell (the flock itself names nobody)."""
-    supervisor = _pid_in(layout.supervisor_json)
+    supervisor = running_supervisor_pid(read_json(layout.supervisor_json) or {})
     if supervisor is not None:
         return f"a supervisor already runs this line (pid {supervisor})"
-    trainer = _pid_in(layout.heartbeat)
+    trainer = running_trainer_pid(read_json(layout.heartbeat))
     if trainer is not None:
         return (f"a trainer started without a supervisor is running it (pid {trainer}); stop it first "
                 f"(nsconsole stop {layout.root})")
     return "a supervisor or a trainer is starting on it; try again once it runs, or stop it (nsconsole stop)"
-
-
-def _pid_in(path: Path) -> int | None:
-    """The live process a JSON state file names by `pid` (None: none, or not running)."""
-    pid = (read_json(path) or {}).get("pid")
-    return pid if pid_alive(pid) else None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 import sys
 import time
@@ -74,3 +75,11 @@ def gone(pid: int) -> bool:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+def this_process_as_trainer() -> dict[str, float | int]:
+    """The heartbeat fields that name this very process as the line's trainer (pid and start since
+    boot, as a trainer's beat records them): a test process standing for a running trainer."""
+    from engine.process_start import started_since_boot
+
+    return {"pid": os.getpid(), "pid_boot_start": started_since_boot(psutil.Process())}

@@ -17,6 +17,7 @@ from helpers.lines import (
     make_line,
     rows_without_wall_clock,
 )
+from helpers.supervise import this_process_as_trainer
 from helpers.wandb_fakes import RecordingBackend, SimulatedServer, session
 
 from datalines import open_data_line
@@ -297,7 +298,7 @@ def test_rollback_then_retrain_reproduces_the_rows(trunk: Path, tmp_path: Path) 
 
 def test_rollback_refusals(trunk: Path, capsys: pytest.CaptureFixture) -> None:
     (trunk / "heartbeat").write_text(
-        json.dumps({"time": 0, "update": 9, "stage": "training", "pid": os.getpid()})
+        json.dumps({"time": 0, "update": 9, "stage": "training", **this_process_as_trainer()})
     )
     with pytest.raises(LineError, match=rf"its trainer is running \(pid {os.getpid()}\); stop the line"):
         rollback_line(trunk, 10)

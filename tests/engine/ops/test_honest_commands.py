@@ -9,13 +9,13 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 from helpers.lines import SEQ_LEN, TOKENS_PER_UPDATE, copy_data_line, data_template_fixture, make_line
+from helpers.supervise import this_process_as_trainer
 
 from engine.config.run import RunConfig
 from engine.errors import LineError
@@ -82,7 +82,7 @@ def test_stop_reaches_a_line_whose_supervisor_or_trainer_runs(
     assert json.loads((line / "STOP").read_text())["at_cycle_end"] == 1
     (line / "STOP").unlink()
     # A trainer running without a supervisor: its heartbeat names a live pid.
-    beat = {"time": 0, "update": 4, "stage": "training", "pid": os.getpid()}
+    beat = {"time": 0, "update": 4, "stage": "training", **this_process_as_trainer()}
     (line / "heartbeat").write_text(json.dumps(beat))
     assert main(["stop", str(line)]) == 0
     assert json.loads((line / "STOP").read_text())["at_cycle_end"] is None

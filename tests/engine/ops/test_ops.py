@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers.supervise import this_process_as_trainer
 
 import datalines
 from engine.config.run import RunConfig
@@ -363,7 +364,7 @@ def test_status_reads_rows_heartbeat_checkpoints_and_stop(
     with (line / "rows.jsonl").open("w") as handle:
         handle.writelines(json.dumps(row) + "\n" for row in rows)
         handle.write('{"update": 11, "tok')  # a write cut short
-    heartbeat = {"time": time.time() - 300, "update": 10, "stage": "trunk", "pid": os.getpid()}
+    heartbeat = {"time": time.time() - 300, "update": 10, "stage": "trunk", **this_process_as_trainer()}
     (line / "heartbeat").write_text(json.dumps(heartbeat))
     (line / "checkpoints" / "u00000010").mkdir()
     (line / "checkpoints" / "latest").write_text("u00000010\n")
