@@ -106,11 +106,24 @@ def rows_problem(path: Path, rows: int, size: int) -> str | None:
     actual = path.stat().st_size
     if actual < size:
         return f"{path}: {actual} bytes, the checkpoint counts {rows} rows in {size}"
-    with open(path, "rb") as handle:
-        prefix = handle.read(size)
-    if prefix.count(b"\n") != rows or (size and not prefix.endswith(b"\n")):
+    newlines, last = prefix_lines(path, size)
+    if newlines != rows or (size and last != b"\n"):
         return f"{path}: its first {size} bytes do not hold the checkpoint's {rows} rows"
     return None
+
+
+def prefix_lines(path: Path, size: int) -> tuple[int, bytes]:
+    """(newlines in the first `size` bytes of `path`, the last of those bytes), read a MiB at a
+    time: a rows.jsonl of months is gigabytes, and a check or a resume must not hold it whole."""
+    count, last, left = 0, b"", size
+    with open(path, "rb") as handle:
+        while left > 0:
+            chunk = handle.read(min(left, 1 << 20))
+            if not chunk:
+                break
+            count += chunk.count(b"\n")
+            last, left = chunk[-1:], left - len(chunk)
+    return count, last
 
 
 class Heartbeat:

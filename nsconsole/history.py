@@ -28,7 +28,8 @@ from engine.process_start import recorded_process_alive
 from engine.protocol.facts import FINAL_LINE_STATES, Stage
 from engine.supervisor.reads import beat_time, latest_update, read_json
 from engine.supervisor.registry import remembered_lines
-from engine.supervisor.rpc import RowsTail
+from engine.supervisor.rows_tail import RowsTail
+from nsconsole.state import FULL_ROWS, joined_rows
 
 Signature = tuple[tuple[int, int], ...]
 """What changes when a line's files do: (mtime_ns, size) of supervisor.json, heartbeat, rows.jsonl."""
@@ -47,7 +48,8 @@ class RestingLine:
     heartbeat: dict[str, Any] | None
     """The trainer's last heartbeat."""
     rows: list[dict[str, Any]]
-    """Every whole row of rows.jsonl."""
+    """rows.jsonl as the console holds a line's rows (`resting_rows`): its newest `FULL_ROWS` whole
+    rows after a downsampled history of the older ones."""
     signature: Signature
     """The files' signature when they were read (`files_signature`)."""
 
@@ -100,9 +102,23 @@ def read_at_rest(line: str | Path) -> RestingLine | None:
     trainer_pid = None if heartbeat is None or heartbeat.get("stage") == Stage.STOPPED else heartbeat.get("pid")
     if recorded_process_alive(trainer_pid, (heartbeat or {}).get("pid_boot_start"), beat_time(heartbeat or {})):
         return None  # a trainer still runs (without a supervisor, or an orphan finishing its checkpoint)
-    rows = RowsTail(layout.rows_jsonl).poll()
+    rows = resting_rows(layout.rows_jsonl)
     status = {**supervisor, "latest_checkpoint": latest_update(layout), "parent": branched_from(layout),
               "rollbacks": rollback_times(layout)}
     if files_signature(line) != signature:
         return None  # written while read: not at rest after all
     return RestingLine(str(layout.root), status, heartbeat, rows, signature)
+
+
+def resting_rows(rows_jsonl: Path) -> list[dict[str, Any]]:
+    """The newest `FULL_ROWS` whole rows of a rows.jsonl no one writes, after the downsampled
+    history of the older ones: read once through, in memory that does not grow with its length."""
+    tail = RowsTail(rows_jsonl)
+    tail.catch_up()
+    newest_from = since = max(0, tail.count - FULL_ROWS)
+    newest: list[dict[str, Any]] = []
+    while since < tail.count:
+        rows, since = tail.read(since, tail.count - since, budget=None)
+        newest += [row for row in rows if "omitted" not in row]
+    history = [row for _, row in tail.digest.rows(0)] if newest_from else []
+    return joined_rows(history, newest)

@@ -3,7 +3,8 @@
 `LiveLines` lists the registered supervisors (`engine.supervisor.registry.list_supervisors`) every few
 seconds, keeps one `SupervisorLink` per line (reconnects with backoff, re-subscribes, tells us
 when it is back) and feeds each line's `LineView`: on every (re)connection the hello, the
-status and, from a new supervisor, every row of rows.jsonl (fetched in pages); then the pushed
+status and, from a new supervisor, the newest rows of rows.jsonl whole and the older ones as a
+downsampled history (fetched in pages: an attach costs the same on a line of months); then the pushed
 notifications, and a status poll while connected. A line whose supervisor is gone stays in the
 book with its last state (the link keeps trying), marked `orphaned` once the trainer's pid has
 gone too (nothing runs it then, whatever its last state said); mutations go through `mutate`, which keeps one
@@ -45,7 +46,7 @@ from nsconsole.client import (
     new_request_id,
 )
 from nsconsole.history import RestingLine, Signature, files_signature, line_candidates, read_at_rest
-from nsconsole.state import LineBook, LineFacts, LineView
+from nsconsole.state import FULL_ROWS, LineBook, LineFacts, LineView, joined_rows
 
 DISCOVERY_INTERVAL_S = 2.0
 HISTORY_INTERVAL_S = 10.0
@@ -142,11 +143,31 @@ class _Attachment:
         self.reconnected.set()
 
     async def _fetch_rows(self, client: AsyncSupervisorClient) -> None:
-        since = 0
+        """The line's rows: the newest `FULL_ROWS` whole and, before them, the downsampled history
+        (`history`), so what an attach costs does not grow with the line's age. A supervisor without
+        `history` (an older one) sends every row."""
+        if "history" not in (client.server.get("methods") or ()):
+            await self._fetch_from(client, 0, self.state.apply_rows)
+            return
+        reply = await client.call("history", since=0)
+        history, since = list(reply.get("rows") or []), int(reply.get("next", 0))
+        newest_from = max(0, int(reply.get("total", 0)) - FULL_ROWS)
+        while newest_from and since < newest_from and reply.get("rows"):
+            reply = await client.call("history", since=since)
+            history += reply.get("rows") or []
+            since = int(reply.get("next", since))
+        newest: list[dict[str, Any]] = []
+        await self._fetch_from(client, newest_from, lambda rows, _: newest.extend(rows))
+        self.state.apply_rows(joined_rows(history, [row for row in newest if "omitted" not in row]), 0)
+
+    async def _fetch_from(
+        self, client: AsyncSupervisorClient, since: int, take: Callable[[list[dict[str, Any]], int], None]
+    ) -> None:
+        """Every row from index `since`, in pages, each handed to `take(rows, first_index)`."""
         while True:
             reply = await client.call("rows", since=since, limit=wire.MAX_ROWS_PER_CALL)
             rows = reply.get("rows") or []
-            self.state.apply_rows(rows, since)
+            take(rows, since)
             since = int(reply.get("next", since + len(rows)))
             if not rows or since >= int(reply.get("total", since)):
                 return

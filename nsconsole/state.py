@@ -7,8 +7,9 @@ A `LineView` is fed by the console's link to the line's supervisor (`nsconsole/l
 supervisor runs is read from its files instead (`apply_rest`, `nsconsole/history.py`). The widgets
 only read it. Nothing here touches a socket or the clock: times are passed in, so it is testable as is.
 
-Rows are kept compactly (`Series`: the handful of numbers the table and the curves need, for
-every row), plus the newest full rows and every validation row. A resumed trainer writes the
+Rows are kept compactly (`Series`: the handful of numbers the table and the curves need: every
+row of the newest ones, a downsampled history of the older ones, at most `MAX_POINTS`), plus the
+newest full rows and the newest validation rows. A resumed trainer writes the
 replayed updates again: a row whose update is not past the last one cuts the series back first.
 """
 
@@ -26,7 +27,7 @@ from typing import Any
 from engine.ops.rollback_records import STAMP_FORMAT
 from engine.protocol import facts
 from engine.protocol.facts import EventKind, Stage
-from engine.supervisor.rpc import is_validation_row
+from engine.supervisor.rows_tail import extremes, is_validation_row
 from engine.units import gib_bytes
 from nsconsole import health
 from nsconsole.health import HealthFlag
@@ -34,6 +35,14 @@ from nsconsole.widgets.format import PAUSING_FOR, SUPERVISOR_LOST, UNREACHABLE
 
 RECENT_ROWS = 256
 """Full rows kept per line (the health checks look at these)."""
+FULL_ROWS = 2048
+"""The newest rows the console reads whole when it attaches to a line (or reads one at rest); the
+older ones come as the downsampled history (`engine.supervisor.rpc.RowsDigest`)."""
+MAX_POINTS = 8192
+"""Points a line's `Series` holds at most: past it, all but its newest `FULL_ROWS` are thinned
+(`Series.thin`), so a console left open for weeks holds what it held on the first day."""
+THIN_GROUP = 6
+"""Consecutive points that `Series.thin` replaces by their `extremes` (at most 3 of them)."""
 MAX_VALIDATIONS = 512
 """Validation rows kept per line."""
 MAX_EVENTS = 500
@@ -191,6 +200,20 @@ class Series:
         self.time.append(_number(row.get("time")))
         self.cycle.append(_number(row.get("cycle")))
 
+    def thin(self, keep_newest: int) -> None:
+        """Replace every `THIN_GROUP` consecutive points before the newest `keep_newest` by their
+        `extremes` (lowest and highest loss, highest gradient norm): about half as many points, and
+        a spike stays visible."""
+        older = len(self) - keep_newest
+        if older < THIN_GROUP:
+            return
+        points = [(index, {name: getattr(self, name)[index] for name in ("loss", "grad_norm")})
+                  for index in range(older)]
+        kept = [index for start in range(0, older, THIN_GROUP) for index, _ in extremes(points[start:start + THIN_GROUP])]
+        kept += range(older, len(self))
+        for column in self._columns():
+            column[:] = [column[index] for index in kept]
+
     def cut_from(self, update: int) -> None:
         """Drop every row of `update` and later (a resume writes them again)."""
         keep = len(self.update)
@@ -200,10 +223,19 @@ class Series:
             del column[keep:]
 
     def _columns(self) -> tuple[list[Any], ...]:
-        return (
-            self.update, self.tokens, self.loss, self.lr, self.grad_norm, self.tokens_per_s, self.skipped,
-            self.time, self.cycle,
-        )
+        return tuple(getattr(self, name) for name in COLUMN_NAMES)
+
+
+COLUMN_NAMES = ("update", "tokens", "loss", "lr", "grad_norm", "tokens_per_s", "skipped", "time", "cycle")
+"""`Series`' columns, in its order."""
+
+
+def joined_rows(history: list[dict[str, Any]], newest: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A line's rows as the console holds them: the downsampled history before the newest rows,
+    then the newest rows whole."""
+    first = next((row.get("update") for row in newest if isinstance(row.get("update"), int)), None)
+    older = history if first is None else [row for row in history if _number(row.get("update")) < first]
+    return [*older, *newest]
 
 
 def _number(value: Any) -> float:
@@ -333,6 +365,8 @@ class LineView:
             while self.validations and self.validations[-1].get("update", -1) >= update:
                 self.validations.pop()
         self.series.append(row)
+        if len(self.series) > MAX_POINTS:
+            self.series.thin(FULL_ROWS)
         self.recent_rows.append(row)
         self.rows_version += 1
         self.version += 1

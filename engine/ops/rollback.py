@@ -42,10 +42,9 @@ from engine.logrotate import RotatingLog
 from engine.ops.branch_records import branches_forked_after
 from engine.ops.lines import open_line, resolve_data_path
 from engine.ops.rollback_records import rolled_back_rows_path
-from engine.process_start import pid_alive
 from engine.protocol.facts import LineState, Stage
-from engine.rows import RowsFile, rows_problem
-from engine.supervisor.reads import read_json
+from engine.rows import RowsFile, prefix_lines, rows_problem
+from engine.supervisor.reads import read_json, running_trainer_pid
 from engine.wandb.mirror import plan_rollback
 
 
@@ -69,17 +68,8 @@ class RollbackResult:
 
 
 def running_trainer(layout: LineLayout) -> int | None:
-    """The pid of the line's trainer when it is running (its heartbeat's pid is alive), else None."""
-    try:
-        heartbeat = json.loads(layout.heartbeat.read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(heartbeat, dict) or heartbeat.get("stage") == Stage.STOPPED:
-        return None
-    pid = heartbeat.get("pid")
-    if not pid_alive(pid):
-        return None
-    return int(pid)
+    """The pid of the line's trainer while it runs (its heartbeat's process, not one that reused its pid)."""
+    return running_trainer_pid(read_json(layout.heartbeat))
 
 
 def rollback_line(line: Path | str, to_update: int) -> RollbackResult:
@@ -161,11 +151,11 @@ def record_rollback_at_rest(layout: LineLayout, result: RollbackResult) -> None:
 def check_rows_prefix(path: Path, rows: int, size: int) -> None:
     """Refuse before anything is written when rows.jsonl does not begin with the checkpoint's rows."""
     try:
-        with open(path, "rb") as handle:
-            prefix = handle.read(size)
+        present = min(path.stat().st_size, size)
+        newlines, _ = prefix_lines(path, size)
     except FileNotFoundError:
-        prefix = b""
-    if len(prefix) < size or prefix.count(b"\n") != rows:
+        present, newlines = 0, 0
+    if present < size or newlines != rows:
         raise LineError(f"{path}: does not begin with the {rows} rows the checkpoint counts ({size} bytes)")
 
 

@@ -125,6 +125,7 @@ METHODS: dict[str, dict[str, Param]] = {
         "since": Param(_INT, default=0, check=_non_negative),
         "limit": Param(_INT, default=1000, check=_rows_limit),
     },
+    "history": {"since": Param(_INT, default=0, check=_non_negative)},
     "log": {
         "offset": Param(_INT, default=0, check=_non_negative),
         "length": Param(_INT, default=MAX_LOG_CHUNK, check=_log_length),

@@ -24,16 +24,13 @@ applies each request_id once:
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import os
 import subprocess
 import threading
-from array import array
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol
+from typing import Any, Protocol
 
 from engine.checkpoints.format import pin_checkpoint, unpin_checkpoint
 from engine.config.host import HostSettings
@@ -47,112 +44,8 @@ from engine.protocol import wire
 from engine.protocol.facts import EventKind, LineState
 from engine.supervisor.children import tune_command
 from engine.supervisor.forks import ForkQueue, new_fork
-from engine.supervisor.reads import latest_update, parse_json, read_log_chunk
-
-REPLY_BUDGET_BYTES = wire.MAX_LINE_BYTES - 4096
-"""What the rows of one reply may take, leaving room for the envelope."""
-
-
-class RowsTail:
-    """rows.jsonl as far as it has whole lines: new rows since the last look, and random access.
-
-    The trainer cuts rows.jsonl back on a resume and writes the replayed updates again, perhaps
-    before the next look: the last row read is checked against a digest of it, and on a mismatch
-    the rows are walked back to the last one still intact; what follows it is news again.
-    """
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._offsets = array("q")  # byte offset of every whole row read so far
-        self._digests = array("q")  # a digest of every such row, to notice a cut back
-        self._end = 0  # bytes consumed (the end of the last whole row)
-        self._lock = threading.Lock()
-
-    @property
-    def count(self) -> int:
-        return len(self._offsets)
-
-    def poll(self) -> list[dict[str, Any]]:
-        """The rows appended since the last poll (unparsable lines are skipped, not raised)."""
-        with self._lock:
-            try:
-                handle = open(self.path, "rb")  # noqa: SIM115 - closed below, after the reads
-            except FileNotFoundError:
-                self._drop_from(0)
-                return []
-            with handle:
-                size = os.fstat(handle.fileno()).st_size
-                self._walk_back_to_intact_rows(handle, size)
-                if size == self._end:
-                    return []
-                handle.seek(self._end)
-                data = handle.read(size - self._end)
-            whole = data[: data.rfind(b"\n") + 1]
-            rows = []
-            offset = self._end
-            for line in whole.splitlines(keepends=True):
-                self._offsets.append(offset)
-                self._digests.append(_digest(line))
-                offset += len(line)
-                row = parse_json(line)
-                if row is not None:
-                    rows.append(row)
-            self._end = offset
-            return rows
-
-    def _walk_back_to_intact_rows(self, handle: BinaryIO, size: int) -> None:
-        keep = len(self._offsets)
-        while keep:
-            start = self._offsets[keep - 1]
-            handle.seek(start)
-            line = handle.readline()
-            whole = start + len(line) <= size and line.endswith(b"\n")
-            if whole and _digest(line) == self._digests[keep - 1]:
-                break
-            keep -= 1
-        if keep < len(self._offsets):
-            self._drop_from(keep)
-
-    def _drop_from(self, index: int) -> None:
-        if index < len(self._offsets):
-            self._end = self._offsets[index]
-        del self._offsets[index:]
-        del self._digests[index:]
-        if not self._offsets:
-            self._end = 0
-
-    def read(self, since: int, limit: int) -> tuple[list[dict[str, Any]], int]:
-        """Rows `since` .. (at most `limit` of them, within the reply budget); the next index."""
-        with self._lock:
-            if since >= len(self._offsets):
-                return [], since
-            end_index = min(len(self._offsets), since + limit)
-            start = self._offsets[since]
-            stop = self._offsets[end_index] if end_index < len(self._offsets) else self._end
-            with open(self.path, "rb") as handle:
-                handle.seek(start)
-                data = handle.read(stop - start)
-        rows: list[dict[str, Any]] = []
-        used = 0
-        for line in data.splitlines():
-            cost = len(line) + 1
-            if rows and used + cost > REPLY_BUDGET_BYTES:
-                break
-            row = parse_json(line)
-            if cost > REPLY_BUDGET_BYTES:
-                row = {"index": since + len(rows), "omitted": f"row of {cost} bytes is past the reply cap"}
-            rows.append(row if row is not None else {"index": since + len(rows), "omitted": "unparsable"})
-            used += cost
-        return rows, since + len(rows)
-
-
-def _digest(line: bytes) -> int:
-    return int.from_bytes(hashlib.blake2b(line, digest_size=8).digest(), "little", signed=True)
-
-
-def is_validation_row(row: dict[str, Any]) -> bool:
-    """A row that carries validation readings (pushed as `validation`, the others as `row`)."""
-    return any(key.startswith(("val_", "ema/val_")) for key in row)
+from engine.supervisor.reads import latest_update, read_log_chunk
+from engine.supervisor.rows_tail import RowsTail
 
 
 @dataclass
@@ -212,6 +105,10 @@ class LineHandler:
 
     def rows(self, since: int, limit: int) -> dict[str, Any]:
         rows, next_index = self.supervisor.rows_tail.read(since, limit)
+        return {"rows": rows, "next": next_index, "total": self.supervisor.rows_tail.count}
+
+    def history(self, since: int) -> dict[str, Any]:
+        rows, next_index = self.supervisor.rows_tail.history(since)
         return {"rows": rows, "next": next_index, "total": self.supervisor.rows_tail.count}
 
     def log(self, offset: int, length: int) -> dict[str, Any]:

@@ -107,7 +107,8 @@ from engine.supervisor.reads import (
     supervisor_config,
 )
 from engine.supervisor.reserve import RESERVE_NAME, DiskReserve, is_disk_full
-from engine.supervisor.rpc import LineHandler, PausedWork, RowsTail, is_validation_row
+from engine.supervisor.rows_tail import RowsTail, is_validation_row
+from engine.supervisor.rpc import LineHandler, PausedWork
 from engine.supervisor.server import SupervisorServer
 from engine.supervisor.verdict import ExitContext, TrainerExit, judge_exit
 from engine.training.line_lock import hold_line, refuse_a_held_line
@@ -344,7 +345,7 @@ class Supervisor:
                 )
             self._echo_offset = file_size(self.layout.run_log)
             # Rows and the heartbeat of earlier runs are history, not news for subscribers.
-            self.rows_tail.poll()
+            self.rows_tail.catch_up()
             with contextlib.suppress(FileNotFoundError):
                 self._heartbeat_seen = self.layout.heartbeat.read_bytes()
             handler = LineHandler(self)

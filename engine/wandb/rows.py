@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -47,6 +49,8 @@ def read_rows(path: Path, after: int | None = None, through: int | None = None) 
         return
     last = after
     with handle:
+        start = 0 if after is None else rows_start_after(path, after)
+        handle.seek(start)
         for line_number, line in enumerate(handle, start=1):
             try:
                 row = json.loads(line)
@@ -65,3 +69,38 @@ def read_rows(path: Path, after: int | None = None, through: int | None = None) 
                 continue
             last = update
             yield row
+
+
+_UPDATE = re.compile(rb'"update": (\d+)')
+BACKWARD_BLOCK = 1 << 20
+"""Bytes read at a time while looking for where a gap begins, from the end of rows.jsonl."""
+
+
+def rows_start_after(path: Path, after: int) -> int:
+    """The byte offset just past the last row at or before update `after`, found by reading
+    rows.jsonl backwards (the trainer cuts it back on a resume, so its updates only grow):
+    re-sending a gap costs what the gap holds, not the months of rows before it. 0 when every row
+    is after `after`."""
+    with open(path, "rb") as handle:
+        end = os.fstat(handle.fileno()).st_size
+        carry = b""  # the line the later block began inside, up to that block's start
+        while end > 0:
+            begin = max(0, end - BACKWARD_BLOCK)
+            handle.seek(begin)
+            data = handle.read(end - begin) + carry
+            whole_from = data.find(b"\n") + 1 if begin else 0  # where this block's whole lines begin
+            if begin and not whole_from:
+                carry, end = data, begin
+                continue
+            cursor = begin + whole_from
+            starts = []
+            lines = data[whole_from:].split(b"\n")[:-1]  # the last piece: a torn line, or nothing
+            for line in lines:
+                starts.append(cursor)
+                cursor += len(line) + 1
+            for line, line_start in zip(reversed(lines), reversed(starts), strict=True):
+                match = _UPDATE.search(line)
+                if match is not None and int(match[1]) <= after:
+                    return line_start + len(line) + 1
+            carry, end = data[:whole_from], begin
+    return 0

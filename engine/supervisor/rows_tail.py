@@ -1,0 +1,321 @@
+"""rows.jsonl as a line's supervisor (and the console, for a line at rest) reads it while the
+trainer appends: `RowsTail` indexes whole rows only, in memory that does not grow with the line's
+age (every one of the newest rows, every `SPARSE_STRIDE`-th before them), notices a cut back (a
+resume, a rollback) by each row's digest, and keeps a downsampled history (`RowsDigest`) whose size
+is fixed, so a client attaching to a line of months is answered as fast as to one of a day.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import threading
+from array import array
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from engine.protocol import wire
+from engine.supervisor.reads import parse_json
+
+REPLY_BUDGET_BYTES = wire.MAX_LINE_BYTES - 4096
+"""What the rows of one reply may take, leaving room for the envelope."""
+
+RECENT_INDEX = 8192
+"""Newest rows whose offset and digest `RowsTail` keeps one by one (a resume cuts back within them)."""
+SPARSE_STRIDE = 1024
+"""Older rows are indexed every this many: a read seeks there and skips at most this many lines."""
+READ_CHUNK = 8 << 20
+"""Bytes read at a time while indexing: a months-long rows.jsonl is never held whole."""
+HISTORY_BUCKETS = 1024
+"""Buckets of the downsampled history (`RowsDigest`): its size whatever the line's age."""
+HISTORY_VALIDATIONS = 512
+"""Newest validations the downsampled history keeps (their headline losses)."""
+COMPACT_KEYS = ("update", "tokens", "loss", "lr", "grad_norm", "tokens_per_s", "skipped", "time", "cycle")
+"""What a row of the downsampled history carries: what the console's curves and table need."""
+
+_COMPACT_FIELD = re.compile(
+    rb'"(' + b"|".join(key.encode() for key in COMPACT_KEYS) + rb')": (-?[0-9][0-9.eE+-]*|true|false|null|NaN|-?Infinity)'
+)
+_VALIDATION_KEY = re.compile(r"^(ema/)?val_\d+/[^/]+$")
+
+
+def compact_row(line: bytes) -> dict[str, Any] | None:
+    """A row of rows.jsonl as the downsampled history keeps it: its `COMPACT_KEYS`, read without
+    parsing the whole line (an ns-2b row has hundreds of keys; a validation, thousands), and for a
+    validation its headline losses (`val_<L>/<name>`, no probes or samples). None: no update."""
+    if b'"val_' in line or b'"ema/val_' in line:
+        row = parse_json(line)
+        if row is None:
+            return None
+        kept = {key: row[key] for key in row if key in COMPACT_KEYS or key == "seq_len" or _VALIDATION_KEY.match(key)}
+        return kept if isinstance(kept.get("update"), int) else None
+    fields = _COMPACT_FIELD.findall(line)
+    row = parse_json(b"{" + b", ".join(b'"' + name + b'": ' + value for name, value in fields) + b"}")
+    return row if row is not None and isinstance(row.get("update"), int) else None
+
+
+def _rank(row: dict[str, Any], key: str) -> float:
+    value = row.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        return math.nan
+    return float(value)
+
+
+def extremes(indexed: list[tuple[int, dict[str, Any]]]) -> list[tuple[int, dict[str, Any]]]:
+    """The rows that stand for a stretch of rows on a plot, in row order: the lowest and highest
+    loss and the highest gradient norm (so a spike stays visible however far it is zoomed out);
+    the first row where none has a number to rank."""
+    chosen = set()
+    for key, pick in (("loss", min), ("loss", max), ("grad_norm", max)):
+        ranked = [(value, position) for position, (_, row) in enumerate(indexed)
+                  if not math.isnan(value := _rank(row, key))]
+        if ranked:
+            chosen.add(pick(ranked)[1])
+    return [indexed[position] for position in sorted(chosen or {0})] if indexed else []
+
+
+@dataclass
+class _Bucket:
+    first: int
+    """Its first row's index."""
+    count: int
+    points: list[tuple[int, dict[str, Any]]]
+    """(row index, compact row) of its `extremes`."""
+
+
+class RowsDigest:
+    """A downsampled history of rows.jsonl whose size does not grow with the line's age.
+
+    At most `HISTORY_BUCKETS` buckets of consecutive rows, each kept as its `extremes` (up to 3
+    compact rows); when the buckets run out, neighbours merge and each covers twice as many rows.
+    Plus the newest `HISTORY_VALIDATIONS` validations' headline losses. A cut back (a resume, a
+    rollback) drops what follows the cut.
+    """
+
+    def __init__(self) -> None:
+        self.width = 1
+        """Rows per bucket."""
+        self._buckets: list[_Bucket] = []
+        self._validations: deque[tuple[int, dict[str, Any]]] = deque(maxlen=HISTORY_VALIDATIONS)
+
+    def add(self, index: int, row: dict[str, Any]) -> None:
+        if is_validation_row(row):
+            self._validations.append((index, row))
+        bucket = self._buckets[-1] if self._buckets else None
+        if bucket is None or bucket.count >= self.width:
+            self._buckets.append(_Bucket(index, 1, [(index, row)]))
+            if len(self._buckets) > HISTORY_BUCKETS:
+                self._merge()
+            return
+        bucket.count += 1
+        bucket.points = extremes([*bucket.points, (index, row)])
+
+    def _merge(self) -> None:
+        merged = []
+        for left, right in zip(self._buckets[::2], [*self._buckets[1::2], None], strict=True):
+            if right is None:
+                merged.append(left)
+            else:
+                merged.append(_Bucket(left.first, left.count + right.count, extremes([*left.points, *right.points])))
+        self._buckets = merged
+        self.width *= 2
+
+    def cut_from(self, index: int) -> None:
+        """Forget the rows from `index` on (rows.jsonl was cut back there)."""
+        while self._buckets and self._buckets[-1].first >= index:
+            self._buckets.pop()
+        if self._buckets and self._buckets[-1].first + self._buckets[-1].count > index:
+            bucket = self._buckets[-1]
+            bucket.count = index - bucket.first
+            bucket.points = [point for point in bucket.points if point[0] < index] or bucket.points[:0]
+        while self._validations and self._validations[-1][0] >= index:
+            self._validations.pop()
+
+    def rows(self, since: int) -> list[tuple[int, dict[str, Any]]]:
+        """(index, compact row) of the history from row `since` on, in row order."""
+        points = {index: row for bucket in self._buckets for index, row in bucket.points if index >= since}
+        points.update((index, row) for index, row in self._validations if index >= since)
+        return sorted(points.items())
+
+
+class RowsTail:
+    """rows.jsonl as far as it has whole lines: new rows since the last look, random access, and a
+    downsampled history (`digest`), in memory that does not grow with the line's age.
+
+    Each of the newest `RECENT_INDEX` rows has its offset and a digest; older rows are indexed
+    every `SPARSE_STRIDE` rows. The trainer cuts rows.jsonl back on a resume and writes the
+    replayed updates again, perhaps before the next look: the last row read is checked against its
+    digest, and on a mismatch the rows are walked back to the last one still intact (older than the
+    newest rows: the last intact sparse entry); what follows it is news again.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.digest = RowsDigest()
+        self._recent: deque[tuple[int, int]] = deque(maxlen=RECENT_INDEX)  # (offset, digest) of the newest rows
+        self._sparse_offsets = array("q")  # offset of row k * SPARSE_STRIDE
+        self._sparse_digests = array("q")
+        self._count = 0
+        self._end = 0  # bytes consumed (the end of the last whole row)
+        self._lock = threading.Lock()
+
+    @property
+    def count(self) -> int:
+        return self._count
+
+    def poll(self) -> list[dict[str, Any]]:
+        """The rows appended since the last poll (unparsable lines are skipped, not raised)."""
+        return self._take(keep=True)
+
+    def catch_up(self) -> None:
+        """Index what rows.jsonl holds now without returning it (a supervisor's start: history, not news)."""
+        self._take(keep=False)
+
+    def _take(self, keep: bool) -> list[dict[str, Any]]:
+        with self._lock:
+            try:
+                handle = open(self.path, "rb")  # noqa: SIM115 - closed below, after the reads
+            except FileNotFoundError:
+                self._drop_from(0)
+                return []
+            rows: list[dict[str, Any]] = []
+            with handle:
+                size = os.fstat(handle.fileno()).st_size
+                self._walk_back_to_intact_rows(handle, size)
+                handle.seek(self._end)
+                while self._end < size:
+                    data = handle.read(min(READ_CHUNK, size - self._end))
+                    whole = data[: data.rfind(b"\n") + 1]
+                    if not whole:
+                        if len(data) < READ_CHUNK:
+                            break  # a torn last line
+                        whole = data + handle.readline()  # a line longer than a chunk
+                        if not whole.endswith(b"\n"):
+                            break
+                    for line in whole.splitlines(keepends=True):
+                        self._index(line, rows if keep else None)
+                    handle.seek(self._end)
+            return rows
+
+    def _index(self, line: bytes, rows: list[dict[str, Any]] | None) -> None:
+        digest = _digest(line)
+        if self._count % SPARSE_STRIDE == 0:
+            self._sparse_offsets.append(self._end)
+            self._sparse_digests.append(digest)
+        self._recent.append((self._end, digest))
+        compact = compact_row(line)
+        if compact is not None:
+            self.digest.add(self._count, compact)
+        self._count += 1
+        self._end += len(line)
+        if rows is not None:
+            row = parse_json(line)
+            if row is not None:
+                rows.append(row)
+
+    def _walk_back_to_intact_rows(self, handle: BinaryIO, size: int) -> None:
+        recent_first = self._count - len(self._recent)
+        keep = self._count
+        for offset, digest in reversed(self._recent):
+            if _intact(handle, offset, digest, size):
+                break
+            keep -= 1
+        if keep == recent_first and keep:  # none of the newest rows is intact: look further back
+            stride = len(self._sparse_offsets)
+            while stride and not _intact(handle, self._sparse_offsets[stride - 1], self._sparse_digests[stride - 1], size):
+                stride -= 1
+            keep = min(keep, stride * SPARSE_STRIDE - (SPARSE_STRIDE - 1)) if stride else 0
+        if keep < self._count:
+            self._drop_from(keep)
+
+    def _drop_from(self, index: int) -> None:
+        """Forget rows from `index` on (`index` is within the newest rows, or 1 past a sparse entry)."""
+        if index >= self._count:
+            return
+        recent_first = self._count - len(self._recent)
+        if index > recent_first:
+            self._end = self._recent[index - recent_first][0]
+            for _ in range(self._count - index):
+                self._recent.pop()
+        else:
+            self._recent.clear()
+            if index:
+                entry = (index - 1) // SPARSE_STRIDE
+                self._end = self._sparse_offsets[entry]
+                index = entry * SPARSE_STRIDE  # the sparse row itself is read (and digested) again
+            else:
+                self._end = 0
+            del self._sparse_offsets[index // SPARSE_STRIDE:]
+            del self._sparse_digests[index // SPARSE_STRIDE:]
+        self._count = index
+        self.digest.cut_from(index)
+
+    def read(self, since: int, limit: int, budget: int | None = REPLY_BUDGET_BYTES) -> tuple[list[dict[str, Any]], int]:
+        """Rows `since` .. (at most `limit` of them, within the reply `budget`; None: every row
+        whole, for a reader in this process); the next index."""
+        with self._lock:
+            if since >= self._count:
+                return [], since
+            end_index = min(self._count, since + limit)
+            with open(self.path, "rb") as handle:
+                self._seek_row(handle, since)
+                lines = []
+                used = 0
+                while since + len(lines) < end_index:
+                    line = handle.readline()
+                    if lines and budget is not None and used + len(line) > budget:
+                        break
+                    lines.append(line)
+                    used += len(line)
+        rows: list[dict[str, Any]] = []
+        for line in lines:
+            row = parse_json(line)
+            if budget is not None and len(line) > budget:
+                row = {"index": since + len(rows), "omitted": f"row of {len(line)} bytes is past the reply cap"}
+            rows.append(row if row is not None else {"index": since + len(rows), "omitted": "unparsable"})
+        return rows, since + len(rows)
+
+    def _seek_row(self, handle: BinaryIO, index: int) -> None:
+        """Put `handle` at row `index`: its offset if it is among the newest rows, else the sparse
+        entry before it and the lines between skipped."""
+        recent_first = self._count - len(self._recent)
+        if index >= recent_first:
+            handle.seek(self._recent[index - recent_first][0])
+            return
+        handle.seek(self._sparse_offsets[index // SPARSE_STRIDE])
+        for _ in range(index % SPARSE_STRIDE):
+            handle.readline()
+
+    def history(self, since: int) -> tuple[list[dict[str, Any]], int]:
+        """The downsampled history's rows from row `since` on that fit a reply; the next index."""
+        with self._lock:
+            points = self.digest.rows(since)
+        rows: list[dict[str, Any]] = []
+        used = 0
+        for position, (_, row) in enumerate(points):
+            cost = len(json.dumps(row)) + 2
+            if rows and used + cost > REPLY_BUDGET_BYTES:
+                return rows, points[position - 1][0] + 1
+            rows.append(row)
+            used += cost
+        return rows, max(since, self._count)
+
+
+def _intact(handle: BinaryIO, offset: int, digest: int, size: int) -> bool:
+    handle.seek(offset)
+    line = handle.readline()
+    return offset + len(line) <= size and line.endswith(b"\n") and _digest(line) == digest
+
+
+def _digest(line: bytes) -> int:
+    return int.from_bytes(hashlib.blake2b(line, digest_size=8).digest(), "little", signed=True)
+
+
+def is_validation_row(row: dict[str, Any]) -> bool:
+    """A row that carries validation readings (pushed as `validation`, the others as `row`)."""
+    return any(key.startswith(("val_", "ema/val_")) for key in row)
