@@ -35,12 +35,13 @@ from engine.errors import LineError
 from engine.layout import LineLayout
 from engine.protocol import wire
 from engine.protocol.facts import EventKind
-from engine.supervisor.reads import read_log_chunk
+from engine.supervisor.reads import parse_json, read_log_chunk
 from engine.supervisor.registry import SupervisorEntry, line_id, list_supervisors
 from engine.training.schedule import learning_rate
 from nsconsole.client import (
     AsyncSupervisorClient,
     Notification,
+    RemoteError,
     SupervisorLink,
     SupervisorUnavailable,
     new_request_id,
@@ -158,7 +159,28 @@ class _Attachment:
             since = int(reply.get("next", since))
         newest: list[dict[str, Any]] = []
         await self._fetch_from(client, newest_from, lambda rows, _: newest.extend(rows))
+        newest = [await self._whole_row(client, row) if "omitted" in row else row for row in newest]
         self.state.apply_rows(joined_rows(history, [row for row in newest if "omitted" not in row]), 0)
+
+    async def _whole_row(self, client: AsyncSupervisorClient, marker: dict[str, Any]) -> dict[str, Any]:
+        """The row an `omitted` marker stands for (one too large for a message: an ns-2b validation,
+        with its probes and samples, is about 350 KB), read in pieces with `row`; the marker itself
+        when the supervisor has no `row` (an older one) or the row is gone (cut back meanwhile)."""
+        index = marker.get("index")
+        if not isinstance(index, int) or "row" not in (client.server.get("methods") or ()):
+            return marker
+        pieces: list[str] = []
+        offset = 0
+        try:
+            while True:
+                reply = await client.call("row", index=index, offset=offset)
+                pieces.append(str(reply.get("text", "")))
+                offset = int(reply.get("next", offset))
+                if offset >= int(reply.get("size", 0)) or not reply.get("text"):
+                    break
+        except RemoteError:
+            return marker  # cut back meanwhile: the rows that replace it come as news
+        return parse_json("".join(pieces).encode("utf-8")) or marker
 
     async def _fetch_from(
         self, client: AsyncSupervisorClient, since: int, take: Callable[[list[dict[str, Any]], int], None]
@@ -186,8 +208,12 @@ class _Attachment:
             self.owner.changed(self.state)
 
     async def _on_notification(self, notification: Notification) -> None:
-        self.state.apply_notification(notification.kind, notification.data, self.owner.clock())
         client = self.link.client
+        data = notification.data
+        if "omitted" in data and notification.kind in ("row", "validation") and client is not None:
+            # Read whole before the next notification is handled: the rows stay in order.
+            data = await self._whole_row(client, data)
+        self.state.apply_notification(notification.kind, data, self.owner.clock())
         if notification.kind == "event" and notification.data.get("event") == EventKind.ROLLED_BACK and client:
             # rows.jsonl was cut back to the checkpoint's rows, and no row may come to say so (a
             # stopped line): the rows and validations set aside must leave the screen now.

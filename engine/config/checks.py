@@ -32,8 +32,8 @@ MAX_SEED = 2**64 - 1
 number, so a seed outside it would pass `check` and crash the trainer's start."""
 MAX_SAMPLE_PROMPTS = 8
 MAX_SAMPLE_TOKENS = 256
-"""Bounds of `validation.samples`: a validation row carries every sample's text and must stay far
-below the supervisor's 64 KiB line (a longer row reaches the console as `omitted`, its losses too)."""
+"""Bounds of `validation.samples`: a validation row carries every sample's text (a row past the
+supervisor's 64 KiB line reaches the console in pieces, `row`, after an `omitted` marker)."""
 
 
 class RunConfigChecks:

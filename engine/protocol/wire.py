@@ -58,6 +58,10 @@ MAX_LOG_CHUNK = 16 * 1024
 
 MAX_ROWS_PER_CALL = 4096
 
+MAX_ROW_CHUNK = 24 * 1024
+"""Largest `row` read in bytes: rows.jsonl is ASCII JSON, whose quotes and backslashes at most
+double when sent as a string, so the reply fits a line."""
+
 
 class ProtocolError(Exception):
     """A call that gets a JSON-RPC error reply instead of a result."""
@@ -105,6 +109,12 @@ def _rows_limit(value: Any) -> str | None:
     return None
 
 
+def _row_chunk(value: Any) -> str | None:
+    if not 0 < value <= MAX_ROW_CHUNK:
+        return f"must be in (0, {MAX_ROW_CHUNK}]"
+    return None
+
+
 def _request_id(value: Any) -> str | None:
     return "must be 1 to 128 characters" if not 0 < len(value) <= 128 else None
 
@@ -126,6 +136,11 @@ METHODS: dict[str, dict[str, Param]] = {
         "limit": Param(_INT, default=1000, check=_rows_limit),
     },
     "history": {"since": Param(_INT, default=0, check=_non_negative)},
+    "row": {
+        "index": Param(_INT, required=True, check=_non_negative),
+        "offset": Param(_INT, default=0, check=_non_negative),
+        "length": Param(_INT, default=MAX_ROW_CHUNK, check=_row_chunk),
+    },
     "log": {
         "offset": Param(_INT, default=0, check=_non_negative),
         "length": Param(_INT, default=MAX_LOG_CHUNK, check=_log_length),

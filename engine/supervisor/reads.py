@@ -145,12 +145,12 @@ def read_log_chunk(run_log: Path, offset: int, length: int) -> dict[str, Any]:
             chunk = handle.read(min(length, max(0, size - offset)))
     except FileNotFoundError:
         size, chunk = 0, b""
-    chunk = _whole_characters(chunk)
+    chunk = whole_characters(chunk)
     text = chunk.decode("utf-8", errors="replace")
     return {"offset": offset, "text": text, "next": offset + len(chunk), "size": size}
 
 
-def _whole_characters(chunk: bytes) -> bytes:
+def whole_characters(chunk: bytes) -> bytes:
     """`chunk` without a UTF-8 character cut at its end (the next read starts with it whole)."""
     for back in range(1, min(4, len(chunk)) + 1):
         byte = chunk[-back]

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from engine.errors import LineError
 from engine.protocol import wire
-from engine.supervisor.reads import parse_json
+from engine.supervisor.reads import parse_json, whole_characters
 
 REPLY_BUDGET_BYTES = wire.MAX_LINE_BYTES - 4096
 """What the rows of one reply may take, leaving room for the envelope."""
@@ -170,20 +171,24 @@ class RowsTail:
 
     def poll(self) -> list[dict[str, Any]]:
         """The rows appended since the last poll (unparsable lines are skipped, not raised)."""
+        return [row for _, row in self._take(keep=True)]
+
+    def poll_indexed(self) -> list[tuple[int, dict[str, Any]]]:
+        """`poll`'s rows with their indices in rows.jsonl (what a client names to `row`)."""
         return self._take(keep=True)
 
     def catch_up(self) -> None:
         """Index what rows.jsonl holds now without returning it (a supervisor's start: history, not news)."""
         self._take(keep=False)
 
-    def _take(self, keep: bool) -> list[dict[str, Any]]:
+    def _take(self, keep: bool) -> list[tuple[int, dict[str, Any]]]:
         with self._lock:
             try:
                 handle = open(self.path, "rb")  # noqa: SIM115 - closed below, after the reads
             except FileNotFoundError:
                 self._drop_from(0)
                 return []
-            rows: list[dict[str, Any]] = []
+            rows: list[tuple[int, dict[str, Any]]] = []
             with handle:
                 size = os.fstat(handle.fileno()).st_size
                 self._walk_back_to_intact_rows(handle, size)
@@ -202,7 +207,7 @@ class RowsTail:
                     handle.seek(self._end)
             return rows
 
-    def _index(self, line: bytes, rows: list[dict[str, Any]] | None) -> None:
+    def _index(self, line: bytes, rows: list[tuple[int, dict[str, Any]]] | None) -> None:
         digest = _digest(line)
         if self._count % SPARSE_STRIDE == 0:
             self._sparse_offsets.append(self._end)
@@ -211,12 +216,12 @@ class RowsTail:
         compact = compact_row(line)
         if compact is not None:
             self.digest.add(self._count, compact)
-        self._count += 1
-        self._end += len(line)
         if rows is not None:
             row = parse_json(line)
             if row is not None:
-                rows.append(row)
+                rows.append((self._count, row))
+        self._count += 1
+        self._end += len(line)
 
     def _walk_back_to_intact_rows(self, handle: BinaryIO, size: int) -> None:
         recent_first = self._count - len(self._recent)
@@ -279,6 +284,21 @@ class RowsTail:
                 row = {"index": since + len(rows), "omitted": f"row of {len(line)} bytes is past the reply cap"}
             rows.append(row if row is not None else {"index": since + len(rows), "omitted": "unparsable"})
         return rows, since + len(rows)
+
+    def row_text(self, index: int, offset: int, length: int) -> dict[str, Any]:
+        """The `row {index, offset, length}` reply: row `index` as JSON text, at most `length` bytes
+        of it from `offset` (whole UTF-8 characters), its `size` in bytes without the newline, and
+        `next`: how a client reads a row too large for one message (an ns-2b validation, with its
+        probes and samples, is about 350 KB) in pieces. LineError for a row not read yet."""
+        with self._lock:
+            if index >= self._count:
+                raise LineError(f"row {index}: rows.jsonl has {self._count} rows")
+            with open(self.path, "rb") as handle:
+                self._seek_row(handle, index)
+                line = handle.readline().rstrip(b"\n")
+        chunk = whole_characters(line[offset:offset + length])
+        text = chunk.decode("utf-8", errors="replace")
+        return {"index": index, "offset": offset, "text": text, "next": offset + len(chunk), "size": len(line)}
 
     def _seek_row(self, handle: BinaryIO, index: int) -> None:
         """Put `handle` at row `index`: its offset if it is among the newest rows, else the sparse

@@ -107,6 +107,9 @@ class LineHandler:
         rows, next_index = self.supervisor.rows_tail.read(since, limit)
         return {"rows": rows, "next": next_index, "total": self.supervisor.rows_tail.count}
 
+    def row(self, index: int, offset: int, length: int) -> dict[str, Any]:
+        return self.supervisor.rows_tail.row_text(index, offset, length)
+
     def history(self, since: int) -> dict[str, Any]:
         rows, next_index = self.supervisor.rows_tail.history(since)
         return {"rows": rows, "next": next_index, "total": self.supervisor.rows_tail.count}

@@ -223,8 +223,9 @@ class SupervisorServer:
 
     # ---- notifications ----------------------------------------------------------------------
 
-    def publish(self, kind: str, data: dict[str, Any]) -> int:
-        """Push a notification to every subscriber and keep it in the ring; returns its seq."""
+    def publish(self, kind: str, data: dict[str, Any], index: int | None = None) -> int:
+        """Push a notification to every subscriber and keep it in the ring; returns its seq. `index`:
+        the row's in rows.jsonl, named in its place when it is too large for one line."""
         if kind not in wire.NOTIFICATION_KINDS:
             raise ValueError(f"unknown notification kind {kind!r}")
         with self._ring_lock:
@@ -235,7 +236,8 @@ class SupervisorServer:
                 line = wire.encode(wire.make_notification(kind, seq, self.epoch, now, data))
             except ProtocolError:
                 # Too large for one line: say so, so the subscriber can fetch it with a call.
-                omitted = {"omitted": f"{kind} larger than {wire.MAX_LINE_BYTES} bytes"}
+                omitted = {"omitted": f"{kind} larger than {wire.MAX_LINE_BYTES} bytes",
+                           **({} if index is None else {"index": index})}
                 line = wire.encode(wire.make_notification(kind, seq, self.epoch, now, omitted))
             self._ring.append((seq, line))
         loop = self._loop

@@ -897,9 +897,9 @@ class Supervisor:
     def _publish_rows(self) -> None:
         """Push the rows appended to rows.jsonl since the last look to subscribers."""
         server = self._server
-        for row in self.rows_tail.poll():
+        for index, row in self.rows_tail.poll_indexed():
             if server is not None:
-                server.publish("validation" if is_validation_row(row) else "row", row)
+                server.publish("validation" if is_validation_row(row) else "row", row, index=index)
 
     def _pump(self) -> None:
         """Push new rows and a changed heartbeat to subscribers; echo run.log in a terminal; keep

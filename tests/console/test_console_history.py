@@ -19,7 +19,7 @@ import psutil
 import pytest
 from helpers.console import book_of, until
 from helpers.lines import make_data_line, make_line
-from helpers.supervise import RUNNER, kill_line_processes, stop_supervisor
+from helpers.supervise import RUNNER, end_line_processes, kill_line_processes, stop_supervisor
 
 from engine.config.host import HostSettings
 from engine.layout import LineLayout
@@ -187,10 +187,7 @@ def test_a_line_that_stopped_is_listed_by_a_fresh_console_and_resumed_with_a_key
 
         asyncio.run(scenario())
     finally:
-        if first.poll() is None:
-            first.kill()
-            first.wait()
-        left_running = kill_line_processes(tmp_path)
+        left_running = end_line_processes([first], tmp_path)
     assert left_running == []
     assert json.loads((line_path / "supervisor.json").read_text())["state"] == "finished"
 

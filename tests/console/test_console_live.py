@@ -23,7 +23,7 @@ import psutil
 import pytest
 from helpers.console import until
 from helpers.lines import copy_data_line, make_data_line, make_line
-from helpers.supervise import kill_line_processes, start_supervisor, stop_supervisor
+from helpers.supervise import end_line_processes, kill_line_processes, start_supervisor, stop_supervisor
 from textual.widgets import Input
 
 from datalines import open_data_line
@@ -206,11 +206,7 @@ def test_a_branch_requested_for_the_current_cycle_happens_at_its_end(tmp_path: P
     try:
         asyncio.run(scenario())
     finally:
-        for process in supervisors:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-        left_running = kill_line_processes(tmp_path)
+        left_running = end_line_processes(supervisors, tmp_path)
     assert supervisors[0].returncode == 0 and left_running == []
 
 

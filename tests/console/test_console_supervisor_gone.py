@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from helpers.console import until
 from helpers.lines import make_data_line, make_line
-from helpers.supervise import kill_line_processes, start_supervisor, stop_supervisor
+from helpers.supervise import end_line_processes, start_supervisor, stop_supervisor
 
 from engine.supervisor import registry
 from engine.supervisor.registry import line_id
@@ -64,10 +64,7 @@ def test_a_rollback_confirmed_after_the_supervisor_exited_is_refused_at_once(tmp
     try:
         asyncio.run(scenario())
     finally:
-        if supervisor.poll() is None:
-            supervisor.kill()
-        supervisor.wait()
-        left_running = kill_line_processes(tmp_path)
+        left_running = end_line_processes([supervisor], tmp_path)
     assert left_running == []
     assert not list(line_path.glob("rows.rolledback-*.jsonl"))  # nothing was rolled back
 

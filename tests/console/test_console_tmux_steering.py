@@ -126,7 +126,7 @@ def test_tune_stop_rollback_and_branch_from_a_real_terminal(tmp_path: Path) -> N
         tmux.keys("Tab")  # from the new line's directory (focused first) to the cycle, its text selected
         tmux.type("1")
         tmux.keys("Tab")
-        tmux.type("decay:1e5")
+        tmux.type("decay:2e4")  # within the branch data line's 21,300 tokens
         tmux.keys("Tab")
         tmux.type(str(branch_data))
         tmux.keys("Enter")

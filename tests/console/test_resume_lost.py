@@ -16,7 +16,7 @@ import psutil
 import pytest
 from helpers.console import until
 from helpers.lines import make_data_line, make_line
-from helpers.supervise import RUNNER, gone, kill_line_processes
+from helpers.supervise import RUNNER, end_line_processes, gone
 from test_console_history import resume_with_r
 
 from engine.process_start import started_since_boot
@@ -153,10 +153,7 @@ def test_resume_starts_a_lost_line_again_with_its_stop_at_and_engine(
         assert main(["resume"]) == 0
         assert capsys.readouterr().out == "no line's supervisor was lost (1 line(s) looked at)\n"
     finally:
-        if first.poll() is None:
-            first.kill()
-            first.wait()
-        left_running = kill_line_processes(tmp_path)
+        left_running = end_line_processes([first], tmp_path)
     assert left_running == []
 
 

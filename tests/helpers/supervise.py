@@ -83,3 +83,13 @@ def this_process_as_trainer() -> dict[str, float | int]:
     from engine.process_start import started_since_boot
 
     return {"pid": os.getpid(), "pid_boot_start": started_since_boot(psutil.Process())}
+
+
+def end_line_processes(runners: list[subprocess.Popen[bytes]], root: Path) -> list[str]:
+    """A test's cleanup: kill each supervisor runner still running (and collect it), then every
+    process of a line under `root` (`kill_line_processes`, whose list it returns: a test asserts it empty)."""
+    for runner in runners:
+        if runner.poll() is None:
+            runner.kill()
+        runner.wait()
+    return kill_line_processes(root)
