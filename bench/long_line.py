@@ -19,9 +19,10 @@ Actions, in order (the last ones change the line): `status`, `check`, `at_rest` 
 read of a line no supervisor runs, then its curves tab drawn), `wandb_gap` (the rows W&B re-sends
 after a gap of 5000 updates), `supervisor` (`nsconsole run`: until it answers; then its RSS),
 `attach` (the console attached to the running supervisor: time until the line's curves can be
-drawn, the points it holds, its RSS), `rows_rpc` (a `rows` call at the newest rows), `resume` (the
+drawn, the points it holds, its RSS), `supervisor_again` (stopped, then `nsconsole run` again: a
+start from the index of rows.jsonl the stopped supervisor saved), `rows_rpc` (a `rows` call at the newest rows), `resume` (the
 trainer's start up to its first update, `--no-supervisor`), `rollback` (`nsconsole rollback` to
-the line's second newest checkpoint).
+the line's second newest checkpoint), `at_rest_indexed` (`at_rest` again, with the saved index).
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ VALIDATE_EVERY = 1000
 SECONDS_PER_UPDATE = 2.0
 REAL_UPDATES = 6
 TOKENS_PER_UPDATE = 512
-ACTIONS = ("status", "check", "at_rest", "wandb_gap", "supervisor", "attach", "rows_rpc", "resume", "rollback")
+ACTIONS = ("status", "check", "at_rest", "wandb_gap", "supervisor", "attach", "supervisor_again", "rows_rpc", "resume",
+           "rollback", "at_rest_indexed")
 
 _LAYER = re.compile(r"layer(\d\d)")
 _HEAD = re.compile(r"head(\d+)")
@@ -229,6 +231,20 @@ def action_supervisor(line: Path) -> dict[str, Any]:
     if code.returncode != 0:
         raise SystemExit(code.stderr.decode()[-2000:])
     return {"supervisor_pid": json.loads((line / "supervisor.json").read_text()).get("pid")}
+
+
+def action_supervisor_again(line: Path) -> dict[str, Any]:
+    """The line's supervisor stopped and started again: this start reads rows.jsonl from where the
+    index the stopped one saved (rows.index.json) left off."""
+    _stop_supervisor(line)
+    began = time.monotonic()
+    started = action_supervisor(line)
+    return {"start_s": round(time.monotonic() - began, 3), **started}
+
+
+def action_at_rest_indexed(line: Path) -> dict[str, Any]:
+    """`at_rest` once a supervisor has saved the line's index (and a rollback cut rows.jsonl since)."""
+    return action_at_rest(line)
 
 
 def _supervisor_memory(line: Path) -> dict[str, Any]:

@@ -66,6 +66,11 @@ class LineLayout:
         return self.root / "rows.jsonl"
 
     @property
+    def rows_index(self) -> Path:
+        """The supervisor's saved index of rows.jsonl (`engine.supervisor.rows_tail.RowsTail.save`): a cache."""
+        return self.root / "rows.index.json"
+
+    @property
     def supervisor_out(self) -> Path:
         return self.root / "supervisor.out"
 

@@ -102,7 +102,7 @@ def read_at_rest(line: str | Path) -> RestingLine | None:
     trainer_pid = None if heartbeat is None or heartbeat.get("stage") == Stage.STOPPED else heartbeat.get("pid")
     if recorded_process_alive(trainer_pid, (heartbeat or {}).get("pid_boot_start"), beat_time(heartbeat or {})):
         return None  # a trainer still runs (without a supervisor, or an orphan finishing its checkpoint)
-    rows = resting_rows(layout.rows_jsonl)
+    rows = resting_rows(layout)
     status = {**supervisor, "latest_checkpoint": latest_update(layout), "parent": branched_from(layout),
               "rollbacks": rollback_times(layout)}
     if files_signature(line) != signature:
@@ -110,10 +110,11 @@ def read_at_rest(line: str | Path) -> RestingLine | None:
     return RestingLine(str(layout.root), status, heartbeat, rows, signature)
 
 
-def resting_rows(rows_jsonl: Path) -> list[dict[str, Any]]:
+def resting_rows(layout: LineLayout) -> list[dict[str, Any]]:
     """The newest `FULL_ROWS` whole rows of a rows.jsonl no one writes, after the downsampled
-    history of the older ones: read once through, in memory that does not grow with its length."""
-    tail = RowsTail(rows_jsonl)
+    history of the older ones: in memory that does not grow with its length, read from where the
+    supervisor's saved index left off (through, where there is none)."""
+    tail = RowsTail.load(layout.rows_jsonl, layout.rows_index)
     tail.catch_up()
     newest_from = since = max(0, tail.count - FULL_ROWS)
     newest: list[dict[str, Any]] = []

@@ -27,7 +27,7 @@ from typing import Any
 from engine.ops.rollback_records import STAMP_FORMAT
 from engine.protocol import facts
 from engine.protocol.facts import EventKind, Stage
-from engine.supervisor.rows_tail import extremes, is_validation_row
+from engine.supervisor.rows_digest import extremes, is_validation_row
 from engine.units import gib_bytes
 from nsconsole import health
 from nsconsole.health import HealthFlag

@@ -9,19 +9,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
-import re
 import threading
 from array import array
 from collections import deque
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from engine.atomic import write_text_atomic
 from engine.errors import LineError
 from engine.protocol import wire
-from engine.supervisor.reads import parse_json, whole_characters
+from engine.supervisor.reads import parse_json, read_json, whole_characters
+from engine.supervisor.rows_digest import RowsDigest, compact_row
 
 REPLY_BUDGET_BYTES = wire.MAX_LINE_BYTES - 4096
 """What the rows of one reply may take, leaving room for the envelope."""
@@ -30,120 +29,10 @@ RECENT_INDEX = 8192
 """Newest rows whose offset and digest `RowsTail` keeps one by one (a resume cuts back within them)."""
 SPARSE_STRIDE = 1024
 """Older rows are indexed every this many: a read seeks there and skips at most this many lines."""
+INDEX_FORMAT = 1
+"""The format of a saved index (`RowsTail.save`); one of another format is not read."""
 READ_CHUNK = 8 << 20
 """Bytes read at a time while indexing: a months-long rows.jsonl is never held whole."""
-HISTORY_BUCKETS = 1024
-"""Buckets of the downsampled history (`RowsDigest`): its size whatever the line's age."""
-HISTORY_VALIDATIONS = 512
-"""Newest validations the downsampled history keeps (their headline losses)."""
-COMPACT_KEYS = ("update", "tokens", "loss", "lr", "grad_norm", "tokens_per_s", "skipped", "time", "cycle")
-"""What a row of the downsampled history carries: what the console's curves and table need."""
-
-_COMPACT_FIELD = re.compile(
-    rb'"(' + b"|".join(key.encode() for key in COMPACT_KEYS) + rb')": (-?[0-9][0-9.eE+-]*|true|false|null|NaN|-?Infinity)'
-)
-_VALIDATION_KEY = re.compile(r"^(ema/)?val_\d+/[^/]+$")
-
-
-def compact_row(line: bytes) -> dict[str, Any] | None:
-    """A row of rows.jsonl as the downsampled history keeps it: its `COMPACT_KEYS`, read without
-    parsing the whole line (an ns-2b row has hundreds of keys; a validation, thousands), and for a
-    validation its headline losses (`val_<L>/<name>`, no probes or samples). None: no update."""
-    if b'"val_' in line or b'"ema/val_' in line:
-        row = parse_json(line)
-        if row is None:
-            return None
-        kept = {key: row[key] for key in row if key in COMPACT_KEYS or key == "seq_len" or _VALIDATION_KEY.match(key)}
-        return kept if isinstance(kept.get("update"), int) else None
-    fields = _COMPACT_FIELD.findall(line)
-    row = parse_json(b"{" + b", ".join(b'"' + name + b'": ' + value for name, value in fields) + b"}")
-    return row if row is not None and isinstance(row.get("update"), int) else None
-
-
-def _rank(row: dict[str, Any], key: str) -> float:
-    value = row.get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        return math.nan
-    return float(value)
-
-
-def extremes(indexed: list[tuple[int, dict[str, Any]]]) -> list[tuple[int, dict[str, Any]]]:
-    """The rows that stand for a stretch of rows on a plot, in row order: the lowest and highest
-    loss and the highest gradient norm (so a spike stays visible however far it is zoomed out);
-    the first row where none has a number to rank."""
-    chosen = set()
-    for key, pick in (("loss", min), ("loss", max), ("grad_norm", max)):
-        ranked = [(value, position) for position, (_, row) in enumerate(indexed)
-                  if not math.isnan(value := _rank(row, key))]
-        if ranked:
-            chosen.add(pick(ranked)[1])
-    return [indexed[position] for position in sorted(chosen or {0})] if indexed else []
-
-
-@dataclass
-class _Bucket:
-    first: int
-    """Its first row's index."""
-    count: int
-    points: list[tuple[int, dict[str, Any]]]
-    """(row index, compact row) of its `extremes`."""
-
-
-class RowsDigest:
-    """A downsampled history of rows.jsonl whose size does not grow with the line's age.
-
-    At most `HISTORY_BUCKETS` buckets of consecutive rows, each kept as its `extremes` (up to 3
-    compact rows); when the buckets run out, neighbours merge and each covers twice as many rows.
-    Plus the newest `HISTORY_VALIDATIONS` validations' headline losses. A cut back (a resume, a
-    rollback) drops what follows the cut.
-    """
-
-    def __init__(self) -> None:
-        self.width = 1
-        """Rows per bucket."""
-        self._buckets: list[_Bucket] = []
-        self._validations: deque[tuple[int, dict[str, Any]]] = deque(maxlen=HISTORY_VALIDATIONS)
-
-    def add(self, index: int, row: dict[str, Any]) -> None:
-        if is_validation_row(row):
-            self._validations.append((index, row))
-        bucket = self._buckets[-1] if self._buckets else None
-        if bucket is None or bucket.count >= self.width:
-            self._buckets.append(_Bucket(index, 1, [(index, row)]))
-            if len(self._buckets) > HISTORY_BUCKETS:
-                self._merge()
-            return
-        bucket.count += 1
-        bucket.points = extremes([*bucket.points, (index, row)])
-
-    def _merge(self) -> None:
-        merged = []
-        for left, right in zip(self._buckets[::2], [*self._buckets[1::2], None], strict=True):
-            if right is None:
-                merged.append(left)
-            else:
-                merged.append(_Bucket(left.first, left.count + right.count, extremes([*left.points, *right.points])))
-        self._buckets = merged
-        self.width *= 2
-
-    def cut_from(self, index: int) -> None:
-        """Forget the rows from `index` on (rows.jsonl was cut back there)."""
-        while self._buckets and self._buckets[-1].first >= index:
-            self._buckets.pop()
-        if self._buckets and self._buckets[-1].first + self._buckets[-1].count > index:
-            bucket = self._buckets[-1]
-            bucket.count = index - bucket.first
-            bucket.points = [point for point in bucket.points if point[0] < index] or bucket.points[:0]
-        while self._validations and self._validations[-1][0] >= index:
-            self._validations.pop()
-
-    def rows(self, since: int) -> list[tuple[int, dict[str, Any]]]:
-        """(index, compact row) of the history from row `since` on, in row order."""
-        points = {index: row for bucket in self._buckets for index, row in bucket.points if index >= since}
-        points.update((index, row) for index, row in self._validations if index >= since)
-        return sorted(points.items())
-
-
 class RowsTail:
     """rows.jsonl as far as it has whole lines: new rows since the last look, random access, and a
     downsampled history (`digest`), in memory that does not grow with the line's age.
@@ -164,6 +53,47 @@ class RowsTail:
         self._count = 0
         self._end = 0  # bytes consumed (the end of the last whole row)
         self._lock = threading.Lock()
+        self.rows_read = 0
+        """Rows this tail has read from the file (not restored from a saved index)."""
+
+    def save(self, index_path: Path) -> None:
+        """Write what has been indexed to `index_path` (atomically; about a MiB whatever the line's
+        age): a later tail of the same file starts from it (`load`) and reads only the rows after it.
+        A months-long rows.jsonl (3 GB for a million ns-2b rows) takes a minute to read through."""
+        with self._lock:
+            document = {"format": INDEX_FORMAT, "rows": self._count, "end": self._end,
+                        "sparse_offsets": list(self._sparse_offsets), "sparse_digests": list(self._sparse_digests),
+                        "recent": list(self._recent), "history": self.digest.snapshot()}  # fmt: skip
+        write_text_atomic(index_path, json.dumps(document, separators=(",", ":")))
+
+    @classmethod
+    def load(cls, path: Path, index_path: Path) -> RowsTail:
+        """A tail of `path` that starts where the index `save` wrote to `index_path` left off; a fresh
+        one where that file is missing, damaged or of another format (it is a cache). Nothing in it is
+        trusted: the next look checks the saved rows' digests against the file and walks back past
+        any row that changed (a rollback or a resume cut the file), as it does between two looks."""
+        tail = cls(path)
+        document = read_json(index_path)
+        if document is None or document.get("format") != INDEX_FORMAT:
+            return tail
+        try:
+            tail._restore(document)
+        except (KeyError, TypeError, ValueError):
+            return cls(path)
+        return tail
+
+    def _restore(self, document: dict[str, Any]) -> None:
+        count, end = document["rows"], document["end"]
+        offsets, digests = array("q", document["sparse_offsets"]), array("q", document["sparse_digests"])
+        recent = [(int(offset), int(digest)) for offset, digest in document["recent"]]
+        whole = all(isinstance(value, int) and not isinstance(value, bool) and value >= 0 for value in (count, end))
+        if not whole or len(offsets) != len(digests) or len(offsets) != -(-count // SPARSE_STRIDE) \
+                or len(recent) > min(count, RECENT_INDEX):
+            raise ValueError("an index whose counts disagree")
+        self.digest = RowsDigest.restored(document["history"])
+        self._count, self._end = count, end
+        self._sparse_offsets, self._sparse_digests = offsets, digests
+        self._recent.extend(recent)
 
     @property
     def count(self) -> int:
@@ -213,6 +143,7 @@ class RowsTail:
             self._sparse_offsets.append(self._end)
             self._sparse_digests.append(digest)
         self._recent.append((self._end, digest))
+        self.rows_read += 1
         compact = compact_row(line)
         if compact is not None:
             self.digest.add(self._count, compact)
@@ -255,8 +186,10 @@ class RowsTail:
                 index = entry * SPARSE_STRIDE  # the sparse row itself is read (and digested) again
             else:
                 self._end = 0
-            del self._sparse_offsets[index // SPARSE_STRIDE:]
-            del self._sparse_digests[index // SPARSE_STRIDE:]
+        # One sparse entry per SPARSE_STRIDE rows kept: a row it named past the cut is indexed again.
+        kept_entries = -(-index // SPARSE_STRIDE)
+        del self._sparse_offsets[kept_entries:]
+        del self._sparse_digests[kept_entries:]
         self._count = index
         self.digest.cut_from(index)
 
@@ -334,8 +267,3 @@ def _intact(handle: BinaryIO, offset: int, digest: int, size: int) -> bool:
 
 def _digest(line: bytes) -> int:
     return int.from_bytes(hashlib.blake2b(line, digest_size=8).digest(), "little", signed=True)
-
-
-def is_validation_row(row: dict[str, Any]) -> bool:
-    """A row that carries validation readings (pushed as `validation`, the others as `row`)."""
-    return any(key.startswith(("val_", "ema/val_")) for key in row)

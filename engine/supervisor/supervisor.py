@@ -107,7 +107,8 @@ from engine.supervisor.reads import (
     supervisor_config,
 )
 from engine.supervisor.reserve import RESERVE_NAME, DiskReserve, is_disk_full
-from engine.supervisor.rows_tail import RowsTail, is_validation_row
+from engine.supervisor.rows_digest import is_validation_row
+from engine.supervisor.rows_tail import RowsTail
 from engine.supervisor.rpc import LineHandler, PausedWork
 from engine.supervisor.server import SupervisorServer
 from engine.supervisor.verdict import ExitContext, TrainerExit, judge_exit
@@ -118,6 +119,9 @@ if TYPE_CHECKING:
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 MAX_RELAUNCH_DELAY_S = 300.0
+ROWS_INDEX_EVERY = 4096
+"""Rows between two saves of the index of rows.jsonl (`RowsTail.save`): at ns-2b's 2 s an update,
+about every 2 h, so a start after a crash or a reboot reads at most this many rows of the file."""
 ANSWER_WAIT_S = 5.0
 """How long an ending supervisor waits for a refused rollback or tune to be answered."""
 
@@ -222,7 +226,8 @@ class Supervisor:
                                      boot_start=started_since_boot(psutil.Process()),
                                      engine=Engine(self.settings.engine).value, stop_at=self.settings.stop_at)
         self.request_log = RequestLog()
-        self.rows_tail = RowsTail(self.layout.rows_jsonl)
+        self.rows_tail = RowsTail(self.layout.rows_jsonl)  # from its saved index once it runs (`_index_rows`)
+        self._rows_indexed_at = 0  # rows_tail.count at the index's last save
         self._lock = threading.Lock()  # guards state against the RPC threads
         self._stop_signal: int | None = None
         self._stop_asked = False  # a stop came over the socket: the clean exit it brings is a stop
@@ -345,7 +350,7 @@ class Supervisor:
                 )
             self._echo_offset = file_size(self.layout.run_log)
             # Rows and the heartbeat of earlier runs are history, not news for subscribers.
-            self.rows_tail.catch_up()
+            self._index_rows()
             with contextlib.suppress(FileNotFoundError):
                 self._heartbeat_seen = self.layout.heartbeat.read_bytes()
             handler = LineHandler(self)
@@ -381,6 +386,7 @@ class Supervisor:
                 registry.unregister(entry)
                 self._server.close()
                 self._save()
+                self._save_rows_index()
                 self._log.close()
                 if self.settings.echo:
                     self._echo_run_log()
@@ -389,6 +395,27 @@ class Supervisor:
                     thread.join(timeout=max(0.0, deadline - time.monotonic()))
         finally:
             os.close(line_lock)
+
+    def _index_rows(self) -> None:
+        """Index rows.jsonl from where the saved index left off (`RowsTail.load`): a line of months
+        is read through only once, not at every start (a minute for 3 GB)."""
+        self.rows_tail = RowsTail.load(self.layout.rows_jsonl, self.layout.rows_index)
+        restored = self.rows_tail.count
+        self.rows_tail.catch_up()
+        read = self.rows_tail.rows_read
+        if restored or read >= ROWS_INDEX_EVERY:
+            self._say(f"rows.jsonl: {self.rows_tail.count} rows, {read} read from the file "
+                      f"({'the rest from rows.index.json' if restored else 'no saved index'})")
+        if read >= ROWS_INDEX_EVERY:
+            self._save_rows_index()
+
+    def _save_rows_index(self) -> None:
+        """Save the index of rows.jsonl (a cache: a full disk or another failure only costs a longer start)."""
+        try:
+            self.rows_tail.save(self.layout.rows_index)
+        except OSError as error:
+            self._say(f"{self.layout.rows_index}: not saved ({error}); the next start reads rows.jsonl through")
+        self._rows_indexed_at = self.rows_tail.count
 
     def _refuse_a_finished_line(self) -> None:
         """`LineError` when the line has nothing left to train, decided here, under the line's lock.
@@ -895,11 +922,14 @@ class Supervisor:
     # ---- what the world sees --------------------------------------------------------------------
 
     def _publish_rows(self) -> None:
-        """Push the rows appended to rows.jsonl since the last look to subscribers."""
+        """Push the rows appended to rows.jsonl since the last look to subscribers; save the index
+        every `ROWS_INDEX_EVERY` rows (a supervisor killed with the host reads only what came after)."""
         server = self._server
         for index, row in self.rows_tail.poll_indexed():
             if server is not None:
                 server.publish("validation" if is_validation_row(row) else "row", row, index=index)
+        if abs(self.rows_tail.count - self._rows_indexed_at) >= ROWS_INDEX_EVERY:
+            self._save_rows_index()
 
     def _pump(self) -> None:
         """Push new rows and a changed heartbeat to subscribers; echo run.log in a terminal; keep

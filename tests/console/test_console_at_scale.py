@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from engine.supervisor.rows_tail import HISTORY_BUCKETS, HISTORY_VALIDATIONS, RowsTail
+from engine.supervisor.rows_digest import HISTORY_BUCKETS, HISTORY_VALIDATIONS
+from engine.supervisor.rows_tail import RowsTail
 from nsconsole.history import read_at_rest
 from nsconsole.live import _Attachment
 from nsconsole.state import FULL_ROWS, MAX_POINTS, RECENT_ROWS, LineView

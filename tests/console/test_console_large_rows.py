@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from helpers.console import until
 from helpers.lines import make_data_line, make_line
-from helpers.supervise import RUNNER, end_line_processes
+from helpers.supervise import ROWS_TRAINER, RUNNER, end_line_processes
 
 from engine.protocol import wire
 from engine.supervisor.registry import line_id
@@ -25,42 +25,8 @@ from nsconsole.state import LineView
 
 pytestmark = pytest.mark.usefixtures("private_host")  # conftest: an empty host.json, a private runtime dir
 
-LAYERS, HEADS = 48, 20
 PROBE = "val_32/hippocampal/layer47/clock_tau_head19"
 
-SCRIPTED_TRAINER = r'''
-import json, os, signal, sys, time
-line, go = sys.argv[1], sys.argv[2]  # then the supervisor's: LINE --parent PID --engine E
-stopping = []
-signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
-def beat(update, stage):
-    with open(os.path.join(line, "heartbeat.tmp"), "w") as handle:
-        json.dump({"time": time.time(), "update": update, "stage": stage, "pid": os.getpid()}, handle)
-    os.replace(os.path.join(line, "heartbeat.tmp"), os.path.join(line, "heartbeat"))
-def row(update):
-    return {"update": update, "tokens": update * 512, "loss": 3.0 + 1 / update, "lr": 3e-3, "grad_norm": 1.0,
-            "seq_len": 32, "skipped": False, "tokens_per_s": 1000.0, "time": time.time()}
-rows = open(os.path.join(line, "rows.jsonl"), "a")
-update, written = 0, False
-while not stopping:
-    if update < 5 or written:
-        update += 1
-        rows.write(json.dumps(row(update), sort_keys=True) + "\n")
-    elif os.path.exists(go):
-        # An ns-2b validation: 48 layers' probes, 20 heads each, and its samples.
-        validation = {"update": update, "tokens": update * 512, "seq_len": 32, "val_32/mix": 3.25}
-        for layer in range(48):
-            for head in range(20):
-                for name in ("clock_tau", "write", "attn_entropy", "attn_mean_log2", "rope_ext_q"):
-                    validation[f"val_32/hippocampal/layer{layer:02d}/{name}_head{head}"] = layer + head / 100
-        validation["samples"] = [{"source": "text", "prompt": "the", "text": "a \"quoted\" word " * 200}]
-        rows.write(json.dumps(validation, sort_keys=True) + "\n")
-        written = True
-    rows.flush()
-    beat(update, "training")
-    time.sleep(0.2)
-beat(update, "stopped")
-'''
 
 
 def validation_of(view: LineView) -> dict | None:
@@ -70,7 +36,7 @@ def validation_of(view: LineView) -> dict | None:
 @pytest.mark.slow
 def test_a_row_too_large_for_a_message_reaches_the_console_whole(tmp_path: Path) -> None:
     line_path = make_line(tmp_path, make_data_line(tmp_path / "data_root", prepare=1))
-    (tmp_path / "trainer.py").write_text(SCRIPTED_TRAINER)
+    (tmp_path / "trainer.py").write_text(ROWS_TRAINER)
     go = tmp_path / "go"
     (tmp_path / "runner.py").write_text(RUNNER)
     settings = {"poll_seconds": 0.1, "run_preparer": False,

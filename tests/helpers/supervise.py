@@ -22,6 +22,45 @@ raise SystemExit(Supervisor(sys.argv[1], SupervisorSettings(**json.loads(sys.arg
 '''
 
 
+ROWS_TRAINER = r'''
+import json, os, signal, sys, time
+line, go = sys.argv[1], sys.argv[2]  # then the supervisor's: LINE --parent PID --engine E
+stopping = []
+signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
+def beat(update, stage):
+    with open(os.path.join(line, "heartbeat.tmp"), "w") as handle:
+        json.dump({"time": time.time(), "update": update, "stage": stage, "pid": os.getpid()}, handle)
+    os.replace(os.path.join(line, "heartbeat.tmp"), os.path.join(line, "heartbeat"))
+def row(update):
+    return {"update": update, "tokens": update * 512, "loss": 3.0 + 1 / update, "lr": 3e-3, "grad_norm": 1.0,
+            "seq_len": 32, "skipped": False, "tokens_per_s": 1000.0, "time": time.time()}
+rows = open(os.path.join(line, "rows.jsonl"), "a")
+update, written = 0, False
+while not stopping:
+    if update < 5 or written:
+        update += 1
+        rows.write(json.dumps(row(update), sort_keys=True) + "\n")
+    elif os.path.exists(go):
+        # An ns-2b validation: 48 layers' probes, 20 heads each, and its samples.
+        validation = {"update": update, "tokens": update * 512, "seq_len": 32, "val_32/mix": 3.25}
+        for layer in range(48):
+            for head in range(20):
+                for name in ("clock_tau", "write", "attn_entropy", "attn_mean_log2", "rope_ext_q"):
+                    validation[f"val_32/hippocampal/layer{layer:02d}/{name}_head{head}"] = layer + head / 100
+        validation["samples"] = [{"source": "text", "prompt": "the", "text": "a \"quoted\" word " * 200}]
+        rows.write(json.dumps(validation, sort_keys=True) + "\n")
+        written = True
+    rows.flush()
+    beat(update, "training")
+    time.sleep(0.2)
+beat(update, "stopped")
+'''
+"""A trainer's stand-in for the supervisor: `python ROWS_TRAINER LINE GO` appends rows 1 to 5 to
+LINE's rows.jsonl, beating every 0.2 s, and waits for the file GO; then it writes one ns-2b-sized
+validation row (48 layers' probes of 20 heads, and its samples: about 350 KB, past the protocol's
+64 KiB line) and a row every 0.2 s. It ends on SIGTERM. The supervisor appends its own arguments
+(LINE --parent PID --engine E) after these."""
+
 def start_supervisor(root: Path, line: Path, run_preparer: bool = True) -> subprocess.Popen[bytes]:
     """A real supervisor of `line` in a child process (RUNNER), polling fast; `run_preparer=False`
     leaves the data line's unprepared cycles unprepared (the trainer waits for them, alive)."""

@@ -15,14 +15,9 @@ import pytest
 import engine.rows as rows_module
 import engine.wandb.rows as wandb_rows
 from engine.rows import rows_problem
-from engine.supervisor import rows_tail
-from engine.supervisor.rows_tail import (
-    HISTORY_BUCKETS,
-    HISTORY_VALIDATIONS,
-    RECENT_INDEX,
-    SPARSE_STRIDE,
-    RowsTail,
-)
+from engine.supervisor import rows_digest, rows_tail
+from engine.supervisor.rows_digest import HISTORY_BUCKETS, HISTORY_VALIDATIONS
+from engine.supervisor.rows_tail import RECENT_INDEX, SPARSE_STRIDE, RowsTail
 
 ROWS = 50_000
 SPIKE = 33_333
@@ -62,7 +57,7 @@ def test_the_index_and_history_stay_bounded_and_a_spike_stays_visible(long_rows:
     assert len(history) <= 3 * HISTORY_BUCKETS + HISTORY_VALIDATIONS
     updates = [point["update"] for _, point in history]
     assert updates == sorted(updates) and SPIKE in updates
-    assert all(set(point) <= {*rows_tail.COMPACT_KEYS, "seq_len", "val_32/mix"} for _, point in history)
+    assert all(set(point) <= {*rows_digest.COMPACT_KEYS, "seq_len", "val_32/mix"} for _, point in history)
 
 
 def test_rows_are_read_at_any_index_through_the_sparse_index(long_rows: Path) -> None:

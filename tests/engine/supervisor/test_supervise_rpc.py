@@ -11,7 +11,8 @@ import pytest
 from engine.errors import LineError
 from engine.layout import LineLayout
 from engine.protocol import wire
-from engine.supervisor.rows_tail import REPLY_BUDGET_BYTES, RowsTail, is_validation_row
+from engine.supervisor.rows_digest import is_validation_row
+from engine.supervisor.rows_tail import REPLY_BUDGET_BYTES, RowsTail
 from engine.supervisor.rpc import LineHandler, PausedWork
 
 
