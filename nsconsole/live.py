@@ -33,21 +33,20 @@ import psutil
 from engine.config.run import RunConfig
 from engine.errors import LineError
 from engine.layout import LineLayout
-from engine.protocol import wire
 from engine.protocol.facts import EventKind
-from engine.supervisor.reads import parse_json, read_log_chunk
+from engine.supervisor.reads import read_log_chunk
 from engine.supervisor.registry import SupervisorEntry, line_id, list_supervisors
 from engine.training.schedule import learning_rate
 from nsconsole.client import (
     AsyncSupervisorClient,
     Notification,
-    RemoteError,
     SupervisorLink,
     SupervisorUnavailable,
     new_request_id,
 )
 from nsconsole.history import RestingLine, Signature, files_signature, line_candidates, read_at_rest
-from nsconsole.state import FULL_ROWS, LineBook, LineFacts, LineView, joined_rows
+from nsconsole.row_fetch import line_rows, whole_row
+from nsconsole.state import LineBook, LineFacts, LineView
 
 DISCOVERY_INTERVAL_S = 2.0
 HISTORY_INTERVAL_S = 10.0
@@ -144,55 +143,8 @@ class _Attachment:
         self.reconnected.set()
 
     async def _fetch_rows(self, client: AsyncSupervisorClient) -> None:
-        """The line's rows: the newest `FULL_ROWS` whole and, before them, the downsampled history
-        (`history`), so what an attach costs does not grow with the line's age. A supervisor without
-        `history` (an older one) sends every row."""
-        if "history" not in (client.server.get("methods") or ()):
-            await self._fetch_from(client, 0, self.state.apply_rows)
-            return
-        reply = await client.call("history", since=0)
-        history, since = list(reply.get("rows") or []), int(reply.get("next", 0))
-        newest_from = max(0, int(reply.get("total", 0)) - FULL_ROWS)
-        while newest_from and since < newest_from and reply.get("rows"):
-            reply = await client.call("history", since=since)
-            history += reply.get("rows") or []
-            since = int(reply.get("next", since))
-        newest: list[dict[str, Any]] = []
-        await self._fetch_from(client, newest_from, lambda rows, _: newest.extend(rows))
-        newest = [await self._whole_row(client, row) if "omitted" in row else row for row in newest]
-        self.state.apply_rows(joined_rows(history, [row for row in newest if "omitted" not in row]), 0)
-
-    async def _whole_row(self, client: AsyncSupervisorClient, marker: dict[str, Any]) -> dict[str, Any]:
-        """The row an `omitted` marker stands for (one too large for a message: an ns-2b validation,
-        with its probes and samples, is about 350 KB), read in pieces with `row`; the marker itself
-        when the supervisor has no `row` (an older one) or the row is gone (cut back meanwhile)."""
-        index = marker.get("index")
-        if not isinstance(index, int) or "row" not in (client.server.get("methods") or ()):
-            return marker
-        pieces: list[str] = []
-        offset = 0
-        try:
-            while True:
-                reply = await client.call("row", index=index, offset=offset)
-                pieces.append(str(reply.get("text", "")))
-                offset = int(reply.get("next", offset))
-                if offset >= int(reply.get("size", 0)) or not reply.get("text"):
-                    break
-        except RemoteError:
-            return marker  # cut back meanwhile: the rows that replace it come as news
-        return parse_json("".join(pieces).encode("utf-8")) or marker
-
-    async def _fetch_from(
-        self, client: AsyncSupervisorClient, since: int, take: Callable[[list[dict[str, Any]], int], None]
-    ) -> None:
-        """Every row from index `since`, in pages, each handed to `take(rows, first_index)`."""
-        while True:
-            reply = await client.call("rows", since=since, limit=wire.MAX_ROWS_PER_CALL)
-            rows = reply.get("rows") or []
-            take(rows, since)
-            since = int(reply.get("next", since + len(rows)))
-            if not rows or since >= int(reply.get("total", since)):
-                return
+        """The line's rows as the console holds them (`nsconsole.row_fetch.line_rows`)."""
+        self.state.apply_rows(await line_rows(client.call, client.server.get("methods") or ()), 0)
 
     async def _poll_status(self, client: AsyncSupervisorClient) -> None:
         while not client.closed.is_set():
@@ -212,7 +164,7 @@ class _Attachment:
         data = notification.data
         if "omitted" in data and notification.kind in ("row", "validation") and client is not None:
             # Read whole before the next notification is handled: the rows stay in order.
-            data = await self._whole_row(client, data)
+            data = await whole_row(client.call, client.server.get("methods") or (), data)
         self.state.apply_notification(notification.kind, data, self.owner.clock())
         if notification.kind == "event" and notification.data.get("event") == EventKind.ROLLED_BACK and client:
             # rows.jsonl was cut back to the checkpoint's rows, and no row may come to say so (a
@@ -354,6 +306,11 @@ class LiveLines:
     def client_of(self, key: str) -> AsyncSupervisorClient | None:
         attachment = self._attachments.get(key)
         return None if attachment is None else attachment.link.client
+
+    def methods(self, key: str) -> frozenset[str]:
+        """The methods the supervisor of the line `key` named in its hello (none while it is not attached)."""
+        client = self.client_of(key)
+        return frozenset(client.server.get("methods") or ()) if client is not None else frozenset()
 
     async def call(self, key: str, method: str, **params: Any) -> Any:
         """A read call to a line's supervisor; `SupervisorUnavailable` when it is not attached."""

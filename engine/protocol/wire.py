@@ -58,6 +58,9 @@ MAX_LOG_CHUNK = 16 * 1024
 
 MAX_ROWS_PER_CALL = 4096
 
+MAX_SERIES_STRIDE = 1 << 30
+"""Largest `series` bucket in rows."""
+
 MAX_ROW_CHUNK = 24 * 1024
 """Largest `row` read in bytes: rows.jsonl is ASCII JSON, whose quotes and backslashes at most
 double when sent as a string, so the reply fits a line."""
@@ -115,6 +118,10 @@ def _row_chunk(value: Any) -> str | None:
     return None
 
 
+def _stride(value: Any) -> str | None:
+    return f"must be in [1, {MAX_SERIES_STRIDE}]" if not 0 < value <= MAX_SERIES_STRIDE else None
+
+
 def _request_id(value: Any) -> str | None:
     return "must be 1 to 128 characters" if not 0 < len(value) <= 128 else None
 
@@ -136,6 +143,11 @@ METHODS: dict[str, dict[str, Param]] = {
         "limit": Param(_INT, default=1000, check=_rows_limit),
     },
     "history": {"since": Param(_INT, default=0, check=_non_negative)},
+    "series": {
+        "name": Param(_STR, required=True, check=_non_empty),
+        "since": Param(_INT, default=0, check=_non_negative),
+        "stride": Param(_INT, default=1, check=_stride),
+    },
     "row": {
         "index": Param(_INT, required=True, check=_non_negative),
         "offset": Param(_INT, default=0, check=_non_negative),

@@ -107,6 +107,10 @@ class LineHandler:
         rows, next_index = self.supervisor.rows_tail.read(since, limit)
         return {"rows": rows, "next": next_index, "total": self.supervisor.rows_tail.count}
 
+    def series(self, name: str, since: int, stride: int) -> dict[str, Any]:
+        points, next_index = self.supervisor.rows_tail.series(name, since, stride)
+        return {"points": points, "next": next_index, "total": self.supervisor.rows_tail.count}
+
     def row(self, index: int, offset: int, length: int) -> dict[str, Any]:
         return self.supervisor.rows_tail.row_text(index, offset, length)
 

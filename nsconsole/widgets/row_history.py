@@ -1,23 +1,28 @@
 """Rows of a line that the console does not hold in full: a branch's trunk up to the fork (drawn
 under the branch's curves) and the whole history of a reading pinned to the curves.
 
-A line whose supervisor the console is attached to is asked (`rows` in pages, the way the console
-fetched the line's own rows). Otherwise its rows.jsonl is read, but only at rest
-(`nsconsole.history.read_at_rest`: no live supervisor or trainer writes it). A line being
-written whose supervisor is not attached raises `HistoryUnavailable`: the caller asks again later.
+A line whose supervisor the console is attached to is asked, in what does not grow with the line's
+age: a trunk as the console holds a line (`nsconsole.row_fetch.line_rows`: its newest rows after a
+downsampled history), a pinned reading as about 2,000 buckets of its lowest and highest values
+(`series`). Otherwise its rows.jsonl is read, but only at rest (`nsconsole.history.read_at_rest`: no
+live supervisor or trainer writes it; a pinned training reading then has the newest rows only). A
+line being written whose supervisor is not attached raises `HistoryUnavailable`: the caller asks
+again later.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from engine.protocol import wire
+from engine.supervisor.rows_digest import COMPACT_KEYS
 from nsconsole.history import read_at_rest
+from nsconsole.row_fetch import line_rows, reading_points
 from nsconsole.state import LineBook, LineView
 
 
@@ -26,9 +31,11 @@ class HistoryUnavailable(Exception):
 
 
 class RowsCaller(Protocol):
-    """The console's live link (`LiveLines.call`), as far as a history needs it."""
+    """The console's live link (`LiveLines`), as far as a history needs it."""
 
     async def call(self, key: str, method: str, **params: Any) -> Any: ...
+
+    def methods(self, key: str) -> frozenset[str]: ...
 
 
 @dataclass
@@ -51,6 +58,14 @@ class History:
         self.time.append(_number(row.get("time")))
         for name in self.names:
             self.values.setdefault(name, []).append(_number(row.get(name)))
+
+    def add_point(self, point: list[Any]) -> None:
+        """One `[index, update, tokens, time, value]` point of a `series` reply (one name's history)."""
+        _, update, tokens, when, value = point
+        self.update.append(_number(update))
+        self.tokens.append(_number(tokens))
+        self.time.append(_number(when))
+        self.values.setdefault(self.names[0], []).append(_number(value))
 
     def extend(self, rows: Iterable[dict[str, Any]]) -> None:
         """Rows newer than the last one held (a row at or before it is already in)."""
@@ -96,14 +111,17 @@ async def fetch_history(
 
 async def _ask(live: RowsCaller, key: str, names: tuple[str, ...], until_update: float) -> History:
     history = History(names)
-    since = 0
-    while True:
-        reply = await live.call(key, "rows", since=since, limit=wire.MAX_ROWS_PER_CALL)
-        rows = reply.get("rows") or []
-        for row in rows:
-            if _number(row.get("update")) > until_update:
-                return history
-            history.add(row)
-        since = int(reply.get("next", since + len(rows)))
-        if not rows or since >= int(reply.get("total", since)):
-            return history
+    methods = live.methods(key)
+    call = functools.partial(live.call, key)
+    if len(names) == 1 and names[0] not in COMPACT_KEYS and "series" in methods:
+        total = int((await call("status")).get("rows") or 0)
+        for point in await reading_points(call, names[0], total):
+            if _number(point[1]) > until_update:
+                break
+            history.add_point(point)
+        return history
+    for row in await line_rows(call, methods):
+        if _number(row.get("update")) > until_update:
+            break
+        history.add(row)
+    return history

@@ -7,8 +7,8 @@ made), never times.
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
+import math
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -18,8 +18,9 @@ import pytest
 from engine.supervisor.rows_digest import HISTORY_BUCKETS, HISTORY_VALIDATIONS
 from engine.supervisor.rows_tail import RowsTail
 from nsconsole.history import read_at_rest
-from nsconsole.live import _Attachment
+from nsconsole.row_fetch import SERIES_POINTS, line_rows
 from nsconsole.state import FULL_ROWS, MAX_POINTS, RECENT_ROWS, LineView
+from nsconsole.widgets.row_history import _ask
 
 ROWS = 50_000
 SPIKE = 33_333
@@ -29,7 +30,8 @@ BOUND = FULL_ROWS + 3 * HISTORY_BUCKETS + HISTORY_VALIDATIONS
 
 def row(update: int) -> dict[str, Any]:
     document: dict[str, Any] = {"update": update, "tokens": update * 512, "loss": 9.0 if update == SPIKE else 3.0,
-                                "lr": 0.003, "grad_norm": 1.0, "time": 1000.0 + update, "cycle": update // 10_000}
+                                "lr": 0.003, "grad_norm": 1.0, "time": 1000.0 + update, "cycle": update // 10_000,
+                                "train/grad_norm/layer00": 5.0 if update == SPIKE else 0.5 + update % 3 / 10}
     if update % 1000 == 0:
         document["val_32/mix"] = 3.5
     return document
@@ -53,20 +55,32 @@ def test_a_line_s_series_stays_bounded_as_rows_arrive_and_keeps_its_spike() -> N
 
 
 class TailClient:
-    """A supervisor's `rows` and `history` over a rows.jsonl, counting the calls."""
+    """A supervisor's reads over a rows.jsonl (the supervisor's own `RowsTail`), counting the calls;
+    as `LiveLines` too (`call(key, ...)`, `methods(key)`) for a line's history."""
 
     def __init__(self, tail: RowsTail) -> None:
         self.tail = tail
-        self.server = {"methods": ["history", "rows"]}
+        self.server = {"methods": ["history", "rows", "series", "status"]}
         self.calls: list[str] = []
 
     async def call(self, method: str, **params: Any) -> dict[str, Any]:
         self.calls.append(method)
+        if method == "status":
+            return {"rows": self.tail.count}
+        if method == "series":
+            points, next_index = self.tail.series(params["name"], params["since"], params["stride"])
+            return {"points": points, "next": next_index, "total": self.tail.count}
         if method == "history":
             rows, next_index = self.tail.history(params["since"])
         else:
             rows, next_index = self.tail.read(params["since"], params["limit"])
         return {"rows": rows, "next": next_index, "total": self.tail.count}
+
+    async def call_line(self, key: str, method: str, **params: Any) -> dict[str, Any]:
+        return await self.call(method, **params)
+
+    def methods(self, key: str) -> frozenset[str]:
+        return frozenset(self.server["methods"])
 
 
 def test_attaching_fetches_the_newest_rows_and_a_downsampled_history(rows_jsonl: Path) -> None:
@@ -74,9 +88,7 @@ def test_attaching_fetches_the_newest_rows_and_a_downsampled_history(rows_jsonl:
     tail.catch_up()
     client = TailClient(tail)
     view = LineView("long", rows_jsonl.parent)
-    attachment = SimpleNamespace(state=view)
-    attachment._fetch_from = functools.partial(_Attachment._fetch_from, attachment)
-    asyncio.run(_Attachment._fetch_rows(attachment, client))  # type: ignore[arg-type]
+    view.apply_rows(asyncio.run(line_rows(client.call, client.server["methods"])), 0)
     assert client.calls.count("rows") <= FULL_ROWS * 200 // (64 * 1024) + 2
     assert len(view.series) <= BOUND
     assert view.series.update[0] == 1 and view.series.update[-FULL_ROWS:] == list(range(ROWS - FULL_ROWS + 1, ROWS + 1))
@@ -95,3 +107,18 @@ def test_a_line_at_rest_is_read_as_its_newest_rows_and_a_downsampled_history(row
     assert len(resting.rows) <= BOUND
     assert resting.rows[-FULL_ROWS:] == [row(update) for update in range(ROWS - FULL_ROWS + 1, ROWS + 1)]
     assert any(found["loss"] == 9.0 for found in resting.rows)
+
+
+def test_a_pinned_training_reading_of_a_long_line_is_asked_as_a_downsampled_series(rows_jsonl: Path) -> None:
+    """A gradient norm pinned to the curves: about 2,000 buckets of its lowest and highest values, in
+    a few `series` calls (it was 50,000 rows fetched whole, in pages of 21 at ns-2b's row size)."""
+    tail = RowsTail(rows_jsonl)
+    tail.catch_up()
+    client = TailClient(tail)
+    link = SimpleNamespace(call=client.call_line, methods=client.methods)
+    history = asyncio.run(_ask(link, "long", ("train/grad_norm/layer00",), math.inf))  # type: ignore[arg-type]
+    values = history.values["train/grad_norm/layer00"]
+    assert client.calls.count("series") <= 8 and "rows" not in client.calls
+    assert len(values) <= 2 * SERIES_POINTS and 5.0 in values  # the spike stays
+    assert history.update == sorted(history.update) and ROWS - history.update[-1] < math.ceil(ROWS / SERIES_POINTS)
+    assert all(value == row(int(update))["train/grad_norm/layer00"] for update, value in zip(history.update, values))

@@ -14,6 +14,7 @@ import pytest
 
 import engine.rows as rows_module
 import engine.wandb.rows as wandb_rows
+from engine.protocol import wire
 from engine.rows import rows_problem
 from engine.supervisor import rows_digest, rows_tail
 from engine.supervisor.rows_digest import HISTORY_BUCKETS, HISTORY_VALIDATIONS
@@ -80,6 +81,24 @@ def test_the_history_reply_is_paged_and_covers_the_line(long_rows: Path) -> None
         assert len(json.dumps(rows)) <= rows_tail.REPLY_BUDGET_BYTES
     assert pages < 10 and len(points) <= 3 * HISTORY_BUCKETS + HISTORY_VALIDATIONS
     assert points[0]["update"] == 1 and points[-1]["update"] > ROWS - 2 * ROWS // HISTORY_BUCKETS
+
+
+@pytest.mark.parametrize("stride", [1, 7, 500])
+def test_the_series_reply_fits_a_message_and_holds_each_bucket_s_extremes(long_rows: Path, stride: int) -> None:
+    tail = RowsTail(long_rows)
+    tail.catch_up()
+    since, points = 0, []
+    while since < tail.count:
+        page, next_index = tail.series("loss", since, stride)
+        reply = wire.encode(wire.make_result(1, {"points": page, "next": next_index, "total": tail.count}))
+        assert len(reply) <= wire.MAX_LINE_BYTES and next_index > since
+        points += page
+        since = next_index
+    assert [point[0] for point in points] == sorted({point[0] for point in points})
+    assert all(point[1:] == [row(point[0] + 1)[key] for key in ("update", "tokens", "time", "loss")]
+               for point in points)
+    assert len(points) <= 2 * -(-ROWS // stride) and 9.0 in [point[-1] for point in points]
+    assert tail.series("no such reading", 0, 500) == ([], tail.count)  # no row holds it: one call, no points
 
 
 def test_a_cut_back_past_the_newest_rows_is_news_again(tmp_path: Path) -> None:
