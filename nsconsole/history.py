@@ -24,9 +24,8 @@ from engine.config.host import HostSettings
 from engine.layout import LineLayout
 from engine.ops.demo import demo_paths
 from engine.ops.rollback_records import rollback_times
-from engine.process_start import recorded_process_alive
-from engine.protocol.facts import FINAL_LINE_STATES, Stage
-from engine.supervisor.reads import beat_time, latest_update, read_json
+from engine.protocol.facts import FINAL_LINE_STATES
+from engine.supervisor.reads import latest_update, read_json, running_supervisor_pid, running_trainer_pid
 from engine.supervisor.registry import remembered_lines
 from engine.supervisor.rows_tail import RowsTail
 from nsconsole.state import FULL_ROWS, joined_rows
@@ -94,13 +93,10 @@ def read_at_rest(line: str | Path) -> RestingLine | None:
     supervisor = read_json(layout.supervisor_json)
     if supervisor is None:
         return None
-    if supervisor.get("state") not in FINAL_LINE_STATES and recorded_process_alive(
-        supervisor.get("pid"), supervisor.get("boot_start"), supervisor.get("started")
-    ):
+    if supervisor.get("state") not in FINAL_LINE_STATES and running_supervisor_pid(supervisor) is not None:
         return None  # a supervisor starting, or one that has not registered: it writes the files
     heartbeat = read_json(layout.heartbeat)
-    trainer_pid = None if heartbeat is None or heartbeat.get("stage") == Stage.STOPPED else heartbeat.get("pid")
-    if recorded_process_alive(trainer_pid, (heartbeat or {}).get("pid_boot_start"), beat_time(heartbeat or {})):
+    if running_trainer_pid(heartbeat) is not None:
         return None  # a trainer still runs (without a supervisor, or an orphan finishing its checkpoint)
     rows = resting_rows(layout)
     status = {**supervisor, "latest_checkpoint": latest_update(layout), "parent": branched_from(layout),

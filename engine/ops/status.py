@@ -22,9 +22,9 @@ from engine.layout import LineLayout, checkpoint_update
 from engine.ops.branch_records import live_branches
 from engine.ops.lines import open_line
 from engine.ops.stop import StopRequest, read_stop
-from engine.process_start import recorded_process_alive
-from engine.protocol.facts import FINAL_LINE_STATES, LineState, Stage
+from engine.protocol.facts import FINAL_LINE_STATES, LineState
 from engine.supervisor.forks import QueuedFork
+from engine.supervisor.reads import running_supervisor_pid, running_trainer_pid
 from engine.wandb.state import WandbRunState
 
 TAIL_BLOCK_BYTES = 64 * 1024
@@ -138,16 +138,11 @@ def read_supervisor_json(layout: LineLayout, status: LineStatus) -> dict[str, An
 def _read_supervisor_state(supervisor: dict[str, Any], status: LineStatus) -> None:
     """The state, failures and last event supervisor.json records, and whether the supervisor that
     wrote it still runs."""
-    state, pid = supervisor.get("state"), supervisor.get("pid")
+    state = supervisor.get("state")
     status.state = state if isinstance(state, str) else None
-    if recorded_process_alive(pid, supervisor.get("boot_start"), supervisor.get("started")):
-        status.supervisor_pid = pid
-    beat = status.heartbeat or {}
-    trainer = beat.get("pid")
-    if status.supervisor_pid is None and beat.get("stage") != Stage.STOPPED and recorded_process_alive(
-        trainer, beat.get("pid_boot_start"), beat.get("time")
-    ):
-        status.lone_trainer_pid = trainer
+    status.supervisor_pid = running_supervisor_pid(supervisor)
+    if status.supervisor_pid is None:
+        status.lone_trainer_pid = running_trainer_pid(status.heartbeat)
     failures = supervisor.get("failures_in_a_row")
     status.failures_in_a_row = failures if isinstance(failures, int) and not isinstance(failures, bool) else 0
     event = supervisor.get("last_event")
