@@ -84,6 +84,13 @@ class RowsTail:
             return cls(path)
         return tail
 
+    @staticmethod
+    def indexed_bytes(index_path: Path) -> int:
+        """How much of rows.jsonl the index saved at `index_path` covers (0: none, or not an index)."""
+        document = read_json(index_path)
+        end = document.get("end") if document is not None and document.get("format") == INDEX_FORMAT else 0
+        return end if isinstance(end, int) and not isinstance(end, bool) and end > 0 else 0
+
     def _restore(self, document: dict[str, Any]) -> None:
         count, end = document["rows"], document["end"]
         offsets, digests = array("q", document["sparse_offsets"]), array("q", document["sparse_digests"])

@@ -122,6 +122,9 @@ MAX_RELAUNCH_DELAY_S = 300.0
 ROWS_INDEX_EVERY = 4096
 """Rows between two saves of the index of rows.jsonl (`RowsTail.save`): at ns-2b's 2 s an update,
 about every 2 h, so a start after a crash or a reboot reads at most this many rows of the file."""
+INDEX_BYTES_PER_S = 25 * 2**20
+"""The pace a start is allowed for indexing rows.jsonl before it answers: it read 3 GB in 43 s
+(about 70 MB/s) on the 2-core development machine; a slower disk or a busy host reads slower."""
 ANSWER_WAIT_S = 5.0
 """How long an ending supervisor waits for a refused rollback or tune to be answered."""
 
@@ -1063,6 +1066,7 @@ def start_detached(line: Path, settings: SupervisorSettings, answer_timeout: flo
     started_at = file_size(layout.supervisor_out)
     argv = [sys.executable, "-m", "engine.supervisor.supervisor", str(layout.root), "--detached-child", *options]
     pid = spawn_detached(argv, layout.supervisor_out)
+    answer_timeout = answer_wait(layout, answer_timeout)
     deadline = time.monotonic() + answer_timeout
     while time.monotonic() < deadline:
         entry = registry.find_supervisor(layout.root)
@@ -1076,7 +1080,15 @@ def start_detached(line: Path, settings: SupervisorSettings, answer_timeout: flo
             raise LineError(f"{layout.supervisor_out}: the supervisor did not start: {last}")
         time.sleep(0.1)
     raise SupervisorSilent(f"{layout.supervisor_out}: the supervisor (pid {pid}) has not answered within "
-                           f"{answer_timeout:g} s; see that file", pid)
+                           f"{answer_timeout:.0f} s; see that file", pid)
+
+
+def answer_wait(layout: LineLayout, base: float) -> float:
+    """How long a start waits for its supervisor to answer: `base`, and the time its start takes to
+    index what of rows.jsonl the saved index does not cover (`INDEX_BYTES_PER_S`): the first start
+    on a line of months reads gigabytes before it serves, and would be reported silent meanwhile."""
+    unindexed = file_size(layout.rows_jsonl) - RowsTail.indexed_bytes(layout.rows_index)
+    return base + max(0, unindexed) / INDEX_BYTES_PER_S
 
 
 def run_line(
