@@ -24,8 +24,11 @@ HISTORY_VALIDATIONS = 512
 COMPACT_KEYS = ("update", "tokens", "loss", "lr", "grad_norm", "tokens_per_s", "skipped", "time", "cycle")
 """What a row of the downsampled history carries: what the console's curves and table need."""
 
+JSON_NUMBER = rb"-?[0-9][0-9.eE+-]*|NaN|-?Infinity"
+"""A number as rows.jsonl writes it (json.dumps, NaN and infinities allowed): what the row readers
+here and `RowsTail.series` pick out of a line without parsing it whole."""
 _COMPACT_FIELD = re.compile(
-    rb'"(' + b"|".join(key.encode() for key in COMPACT_KEYS) + rb')": (-?[0-9][0-9.eE+-]*|true|false|null|NaN|-?Infinity)'
+    rb'"(' + b"|".join(key.encode() for key in COMPACT_KEYS) + rb')": (' + JSON_NUMBER + rb"|true|false|null)"
 )
 _VALIDATION_KEY = re.compile(r"^(ema/)?val_\d+/[^/]+$")
 

@@ -22,7 +22,7 @@ from engine.atomic import write_text_atomic
 from engine.errors import LineError
 from engine.protocol import wire
 from engine.supervisor.reads import parse_json, read_json, whole_characters
-from engine.supervisor.rows_digest import RowsDigest, compact_row
+from engine.supervisor.rows_digest import JSON_NUMBER, RowsDigest, compact_row
 
 REPLY_BUDGET_BYTES = wire.MAX_LINE_BYTES - 4096
 """What the rows of one reply may take, leaving room for the envelope."""
@@ -297,7 +297,7 @@ class RowsTail:
 
 def _series_pattern(name: str) -> re.Pattern[bytes]:
     keys = b"|".join(re.escape(json.dumps(key).encode()) for key in ("update", "tokens", "time", name))
-    return re.compile(rb"(" + keys + rb"): (-?[0-9][0-9.eE+-]*|NaN|-?Infinity)")
+    return re.compile(rb"(" + keys + rb"): (" + JSON_NUMBER + rb")")
 
 
 def _series_point(index: int, line: bytes, pattern: re.Pattern[bytes], name: str) -> list[Any] | None:
