@@ -373,14 +373,15 @@ def checked_branch_config(
     owner = other_training_line(data.path, new.root)
     if owner is not None:  # the branch's first start would be refused (one training line per data line)
         raise LineError(trained_refusal(data.path, owner, f"the branch {new.root}"))
-    if datalines.open_data_line(data.path).tokenizer_json.encode("utf-8") != trained_tokenizer:
+    branch_data = datalines.open_data_line(data.path)
+    if branch_data.tokenizer_json.encode("utf-8") != trained_tokenizer:
         raise LineError(
             f"{data.path}: its tokenizer differs from the one {trunk_layout.root.name} was trained with"
         )
     config = branch_config(trunk, trunk_layout, fork_state, request, sized_plan(plan, train_len, long_len),
                            train_len, long_len)  # fmt: skip
     config.validate(source=str(new.run_json))
-    check_plan_fits(datalines.open_data_line(data.path), config.plan)
+    check_plan_fits(branch_data, config.plan)
     # The branch's trainer refuses to start without them: refused here, before anything is made.
     heldout = datalines.open_data_line(heldout_line_path(new, config))
     problem = missing_rows_problem(heldout, validation_lengths(config, _longest_context(config)))
