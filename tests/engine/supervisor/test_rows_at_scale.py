@@ -101,6 +101,23 @@ def test_the_series_reply_fits_a_message_and_holds_each_bucket_s_extremes(long_r
     assert tail.series("no such reading", 0, 500) == ([], tail.count)  # no row holds it: one call, no points
 
 
+def test_a_series_call_reads_a_bounded_part_of_the_file_and_the_pages_add_up(
+    long_rows: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tail = RowsTail(long_rows)
+    tail.catch_up()
+    whole, _ = tail.series("val_32/mix", 0, 7)  # one call: the scan bound is far past this file
+    monkeypatch.setattr(rows_tail, "SERIES_SCAN_BYTES", 256 << 10)
+    since, calls, points = 0, 0, []
+    while since < tail.count:
+        page, next_index = tail.series("val_32/mix", since, 7)
+        assert next_index > since and (next_index - since) % 7 == 0 or next_index == tail.count
+        points += page
+        since, calls = next_index, calls + 1
+    assert points == whole and len(whole) == ROWS // 1000
+    assert calls >= long_rows.stat().st_size // (256 << 10)
+
+
 def test_a_cut_back_past_the_newest_rows_is_news_again(tmp_path: Path) -> None:
     path = tmp_path / "rows.jsonl"
     write_rows(path, range(1, 20_001))
