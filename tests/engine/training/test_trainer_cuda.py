@@ -3,6 +3,7 @@ line trains, stops and resumes in graph mode. Skipped where there is no CUDA (ru
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -165,3 +166,32 @@ def test_a_line_trains_and_resumes_in_graph_mode(tmp_path: Path) -> None:
     assert mine.update == theirs.update == 10
     for key, tensor in theirs.weights.items():
         torch.testing.assert_close(mine.weights[key], tensor, rtol=1e-4, atol=1e-6, msg=key)
+
+
+def line_record(line: Path) -> tuple[list[tuple[float, float]], dict[str, torch.Tensor]]:
+    """A line's (loss, grad_norm) of every update and its newest checkpoint's tensors."""
+    rows = [json.loads(text) for text in (line / "rows.jsonl").read_text().splitlines()]
+    latest = load_checkpoint(line / "checkpoints" / read_latest(line / "checkpoints"))
+    tensors = {f"{part}/{key}": tensor for part in ("weights", "optimizer", "extra")
+               for key, tensor in getattr(latest, part).items()}  # fmt: skip
+    return [(row["loss"], row["grad_norm"]) for row in rows if "loss" in row], tensors
+
+
+@pytest.mark.timeout(480)
+def test_an_ns_line_resumed_on_the_gpu_is_bit_for_bit_the_uninterrupted_one(tmp_path: Path) -> None:
+    """Issue 22's goal: NS gradients are bitwise repeatable on CUDA (the pool read's bias gradient
+    is summed in a fixed order, not with atomics), so a GPU line stopped and resumed ends in the
+    uninterrupted line's state, bit for bit, as a CPU line does."""
+    template = make_data_line(tmp_path / "template")
+    changes = {"device": "cuda", "model.preset": "ns-tiny", "validation.long_seq_len": 2 * 32,
+               "lengths": [{"seq_len": 32, "micro_batch_rows": 2}]}  # fmt: skip
+    reference = make_line(tmp_path / "reference", copy_data_line(template, tmp_path / "reference"), **changes)
+    assert Trainer(reference, stop_at=10, echo=None, gpu_watch=ALONE).run() == 0
+    line = make_line(tmp_path / "resumed", copy_data_line(template, tmp_path / "resumed"), **changes)
+    assert Trainer(line, stop_at=5, echo=None, gpu_watch=ALONE).run() == 0
+    assert Trainer(line, stop_at=10, echo=None, gpu_watch=ALONE).run() == 0
+    (mine_rows, mine), (their_rows, theirs) = line_record(line), line_record(reference)
+    assert len(their_rows) == 10 and mine_rows == their_rows
+    assert sorted(mine) == sorted(theirs)
+    differing = [key for key, tensor in theirs.items() if not torch.equal(mine[key], tensor)]
+    assert not differing, f"not bit for bit after a GPU resume: {differing[:8]}"
