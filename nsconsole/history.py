@@ -14,6 +14,7 @@ Lines that never ran under a supervisor (no supervisor.json) are not listed.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,19 +92,45 @@ def read_at_rest(line: str | Path) -> RestingLine | None:
     layout = LineLayout(line)
     signature = files_signature(line)
     supervisor = read_json(layout.supervisor_json)
-    if supervisor is None:
-        return None
-    if supervisor.get("state") not in FINAL_LINE_STATES and running_supervisor_pid(supervisor) is not None:
-        return None  # a supervisor starting, or one that has not registered: it writes the files
     heartbeat = read_json(layout.heartbeat)
-    if running_trainer_pid(heartbeat) is not None:
-        return None  # a trainer still runs (without a supervisor, or an orphan finishing its checkpoint)
+    if not _at_rest(supervisor, heartbeat):
+        return None
     rows = resting_rows(layout)
     status = {**supervisor, "latest_checkpoint": latest_update(layout), "parent": branched_from(layout),
               "rollbacks": rollback_times(layout)}
     if files_signature(line) != signature:
         return None  # written while read: not at rest after all
     return RestingLine(str(layout.root), status, heartbeat, rows, signature)
+
+
+def resting_series(line: str | Path, name: str, buckets: int) -> list[list[Any]] | None:
+    """Reading `name` over the whole of a line at rest, as a supervisor's `series` gives it: in
+    `buckets` buckets of rows, each as its lowest and highest value (`RowsTail.series`); None when
+    the line is not at rest (as `read_at_rest`). A pinned gradient norm of a line of months that
+    ended is drawn from its first update, not only from its newest rows."""
+    layout = LineLayout(line)
+    signature = files_signature(line)
+    if not _at_rest(read_json(layout.supervisor_json), read_json(layout.heartbeat)):
+        return None
+    tail = RowsTail.load(layout.rows_jsonl, layout.rows_index)
+    tail.catch_up()
+    stride = max(1, math.ceil(tail.count / buckets))
+    points: list[list[Any]] = []
+    since = 0
+    while since < tail.count:
+        page, since = tail.series(name, since, stride)
+        points += page
+    return points if files_signature(line) == signature else None
+
+
+def _at_rest(supervisor: dict[str, Any] | None, heartbeat: dict[str, Any] | None) -> bool:
+    """Whether no supervisor or trainer writes the line whose supervisor.json and heartbeat these are."""
+    if supervisor is None:
+        return False  # never ran under a supervisor
+    if supervisor.get("state") not in FINAL_LINE_STATES and running_supervisor_pid(supervisor) is not None:
+        return False  # a supervisor starting, or one that has not registered: it writes the files
+    # A trainer that still runs: without a supervisor, or an orphan finishing its checkpoint.
+    return running_trainer_pid(heartbeat) is None
 
 
 def resting_rows(layout: LineLayout) -> list[dict[str, Any]]:

@@ -5,9 +5,9 @@ A line whose supervisor the console is attached to is asked, in what does not gr
 age: a trunk as the console holds a line (`nsconsole.row_fetch.line_rows`: its newest rows after a
 downsampled history), a pinned reading as about 2,000 buckets of its lowest and highest values
 (`series`). Otherwise its rows.jsonl is read, but only at rest (`nsconsole.history.read_at_rest`: no
-live supervisor or trainer writes it; a pinned training reading then has the newest rows only). A
-line being written whose supervisor is not attached raises `HistoryUnavailable`: the caller asks
-again later.
+live supervisor or trainer writes it; a pinned reading is then bucketed from the file as a
+supervisor's `series` would: `resting_series`). A line being written whose supervisor is not
+attached raises `HistoryUnavailable`: the caller asks again later.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from engine.supervisor.rows_digest import COMPACT_KEYS
-from nsconsole.history import read_at_rest
-from nsconsole.row_fetch import line_rows, reading_points
+from nsconsole.history import read_at_rest, resting_series
+from nsconsole.row_fetch import SERIES_POINTS, line_rows, reading_points
 from nsconsole.state import LineBook, LineView
 
 
@@ -98,10 +98,19 @@ async def fetch_history(
     line = find_line(book, path)
     if line is not None and line.connected and live is not None:
         return await _ask(live, line.key, names, until_update)
+    history = History(names)
+    if len(names) == 1 and names[0] not in COMPACT_KEYS:
+        points = await asyncio.to_thread(resting_series, path, names[0], SERIES_POINTS)
+        if points is None:
+            raise HistoryUnavailable(f"{path}: being written and its supervisor is not attached")
+        for point in points:
+            if _number(point[1]) > until_update:
+                break
+            history.add_point(point)
+        return history
     resting = await asyncio.to_thread(read_at_rest, path)
     if resting is None:
         raise HistoryUnavailable(f"{path}: being written and its supervisor is not attached")
-    history = History(names)
     for row in resting.rows:
         if _number(row.get("update")) > until_update:
             break

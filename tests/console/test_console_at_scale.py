@@ -19,8 +19,8 @@ from engine.supervisor.rows_digest import HISTORY_BUCKETS, HISTORY_VALIDATIONS
 from engine.supervisor.rows_tail import RowsTail
 from nsconsole.history import read_at_rest
 from nsconsole.row_fetch import SERIES_POINTS, line_rows
-from nsconsole.state import FULL_ROWS, MAX_POINTS, RECENT_ROWS, LineView
-from nsconsole.widgets.row_history import _ask
+from nsconsole.state import FULL_ROWS, MAX_POINTS, RECENT_ROWS, LineBook, LineView
+from nsconsole.widgets.row_history import _ask, fetch_history
 
 ROWS = 50_000
 SPIKE = 33_333
@@ -122,3 +122,18 @@ def test_a_pinned_training_reading_of_a_long_line_is_asked_as_a_downsampled_seri
     assert len(values) <= 2 * SERIES_POINTS and 5.0 in values  # the spike stays
     assert history.update == sorted(history.update) and ROWS - history.update[-1] < math.ceil(ROWS / SERIES_POINTS)
     assert all(value == row(int(update))["train/grad_norm/layer00"] for update, value in zip(history.update, values))
+
+
+def test_a_pinned_training_reading_of_a_long_line_at_rest_covers_the_whole_line(rows_jsonl: Path, tmp_path: Path) -> None:
+    """No supervisor to ask: the console buckets the file itself, as `series` does, so the reading is
+    drawn from the line's first update (it had the newest `FULL_ROWS` rows only)."""
+    line = tmp_path / "line"
+    line.mkdir()
+    (line / "rows.jsonl").symlink_to(rows_jsonl)
+    (line / "supervisor.json").write_text(json.dumps({"state": "finished", "pid": 1}))
+    name = "train/grad_norm/layer00"
+    history = asyncio.run(fetch_history(None, LineBook(), str(line), (name,)))
+    values = history.values[name]
+    assert history.update[0] <= math.ceil(ROWS / SERIES_POINTS) and ROWS - history.update[-1] < math.ceil(ROWS / SERIES_POINTS)
+    assert len(values) <= 2 * SERIES_POINTS and 5.0 in values  # the spike stays
+    assert all(value == row(int(update))[name] for update, value in zip(history.update, values))
