@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from datalines.corpus import file_documents  # noqa: E402
 from datalines.creation import init_data_line  # noqa: E402
 from datalines.dataline import DataLine  # noqa: E402
+from datalines.errors import DataLineError  # noqa: E402
 from datalines.identical import init_like_line  # noqa: E402
 from datalines.planning import ensure_plan  # noqa: E402
 from datalines.preparer import prepare_cycle  # noqa: E402
@@ -51,6 +52,8 @@ from datalines.sources import open_source  # noqa: E402
 from datalines.tokenizer import EMBEDDED_EOS_TOKEN, train_byte_level_bpe  # noqa: E402
 from datalines.validation import build_validation  # noqa: E402
 from engine.config.run import RunConfig  # noqa: E402
+from engine.errors import LineError  # noqa: E402
+from engine.models.presets import preset_names  # noqa: E402
 from engine.ops.new import NewLineOptions, new_line  # noqa: E402
 
 MODELS = ("pssa-1.5m", "transformer-1.5m")
@@ -208,25 +211,44 @@ def summary(line: Path, preset: str, wall_s: float, load: list[float]) -> dict[s
     }
 
 
+def token_count(text: str) -> int:
+    """--tokens: a whole, finite count of at least one update (12.7e6 is read as 12,700,000)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value < TOKENS_PER_UPDATE:
+        raise argparse.ArgumentTypeError(f"must be finite and at least one update ({TOKENS_PER_UPDATE}), got {text}")
+    return int(value)
+
+
+def preset_list(text: str) -> list[str]:
+    """--models: known presets, checked before the tokenizer and the data lines take minutes."""
+    models = text.split(",")
+    unknown = [name for name in models if name not in preset_names()]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"not a preset: {', '.join(unknown)} (known: {', '.join(preset_names())})")
+    return models
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tokens", type=float, default=ARTICLE_TOKENS, help="tokens each model trains (12.7e6)")
+    parser.add_argument("--tokens", type=token_count, default=ARTICLE_TOKENS, help="tokens each model trains (12.7e6)")
     parser.add_argument("--seed", type=int, default=42, help="weights' and sample order's seed (the article's 42)")
     parser.add_argument("--out", type=Path, help="directory for the data and training lines (default: a new temp dir)")
     parser.add_argument("--corpus", type=Path, help="a directory of .txt/.jsonl/.parquet documents (default: stdlib)")
     parser.add_argument("--include", action="append", help="narrow the stdlib to these globs (tests)")
     parser.add_argument("--heldout-fraction", type=float, default=0.02, help="documents held out (0.02)")
     parser.add_argument("--validation-tokens", type=int, default=100_000, help="held-out tokens validated (100,000)")
-    parser.add_argument("--models", default=",".join(MODELS), help="presets, comma-separated, trained in turn")
+    parser.add_argument(
+        "--models", type=preset_list, default=list(MODELS), help="presets, comma-separated, trained in turn"
+    )
     args = parser.parse_args()
-    args.tokens = int(args.tokens)
-    if args.tokens < TOKENS_PER_UPDATE:
-        parser.error(f"--tokens must be at least one update ({TOKENS_PER_UPDATE})")
     out = args.out or Path(tempfile.mkdtemp(prefix="pssa-article-"))
     if out.exists() and any(out.iterdir()):
         parser.error(f"--out {out}: not empty (each run makes its lines afresh)")
     out.mkdir(parents=True, exist_ok=True)
-    models = args.models.split(",")
+    models = args.models
     try:
         data = make_data_lines(args, out, len(models))
         results = []
@@ -234,7 +256,8 @@ def main() -> int:
             line = make_line(out / preset, preset, data_line, args)
             results.append(summary(line, preset, *train(line)))
             print(json.dumps({**results[-1], "data": str(data_line), "seed": args.seed}), flush=True)
-    except BenchError as error:
+    except (BenchError, DataLineError, LineError) as error:
+        # A bad corpus, recipe setting or line: the one line the project's commands print.
         print(f"pssa_article: {error}", file=sys.stderr)
         return 2
     if len(results) == 2:

@@ -1,29 +1,44 @@
 """The memory a line's training needs, estimated before anything is allocated (torch-free).
 
-    memory = state + the largest activations of one micro-batch
+    memory = state + model buffers + the largest activations of one micro-batch
     state  = parameters x (4 weights + 4 gradients + 8 AdamW moments [+ 4 the `ema` average]) bytes
-    activations at length T = 4 bytes x micro_batch_rows x T x floats_per_token(T)
+    activations at length T = 4 bytes x (micro_batch_rows x T x floats_per_token(T)
+                                         + floats_per_micro_batch(T))
 
 floats_per_token counts what a training forward keeps for the backward (and the backward's
 transients) per target token, per family, in fp32 on the reference (CPU) path:
 
     transformer  3 V + 9 d + depth (10 d + 2 F)              (F x 1.5 with SwiGLU: three matrices)
-    pssa         3 V + passes (17 d + 2.5 d N) + passes 8.5 d^2 / T        (passes = depth x loops)
+    pssa         V (1 + 1.5 min(T, chunk) / T) + passes (13.5 d + 0.25 d N + 7.25 S_read)
     ns           3 V + 14 d + dendritic layers (4.5 d + 16 H P)
                      + hippocampal layers (14 F + A a + 2 A T on the CPU)
 
 V vocabulary, d width, F FFN width, N SSM states, H P a dendritic layer's heads x head width,
-A a attention heads x head width. `3 V` is the logits, their softmax and its gradient; PSSA's
-`d^2 / T` is a per-row cost (its TBPTT pieces and adapter), spread over the row's tokens; the NS
-pool read materialises its biased softmax (A x T per token) on the CPU only (flex attention on
-CUDA keeps it in tiles). The coefficients were fitted to torch's measured peak (MemTracker, CPU,
-fp32) over 41 shapes of the three families, from the tiny presets to pssa-1.5m: every estimate
-was within 0.89-1.27x of the measured peak; `tests/engine/models/test_memory_budget.py` holds the
-tiny presets at two lengths to ACCURACY. On CUDA the formula is an upper bound: bf16 autocast,
-the NS models' recomputation and chunked cross-entropy keep less (the CUDA test there compares).
+A a attention heads x head width; for PSSA passes = depth x loops, and S_read the bank's slots
+when a read weighs the whole bank (`mem_top_k` 0, or at least `mem_capacity`), else 0 (the top-k
+read keeps k weights a token). PSSA keeps every chunk's logits and their softmax (V a token) and
+forms one chunk's logit gradient at a time (1.5 V a token of a chunk). floats_per_micro_batch is
+what does not grow with the rows: PSSA's per-chunk copies of its weights (the six projections
+as one matrix, 2 d^2 per chunk and pass) and of its banks (each chunk's writes make the keys and
+values the next chunk reads, kept for its backward: (chunks + 1) x depth x S x (d + Dk)); 0 for
+the other families.
 
-A start is refused only when even the estimate's lower end (state + activations / ACCURACY)
-exceeds the device: a configuration that cannot fit, never one that might.
+Model buffers are what a model holds beside its parameters that grows with its settings: PSSA's
+banks (depth x S slots of a key, a value and 20 bytes of write-rule state) and its dreaming
+record (S chunks of tokens and targets, int64: the device ring the forward writes and the host
+cache it drains into). A bank of millions of slots is many GiB that no parameter counts.
+
+The coefficients were fitted to torch's measured peak (MemTracker, CPU, fp32); PSSA's again in
+2026-12 over 110 shapes (vocab 512-8192, d 64-256, N 4-32, depth and loops 1-3, chunk 32-256,
+1-16 rows of 32-512 tokens, 64-16,384 slots, top-k and whole-bank reads): every estimate within
+0.82-1.36x of the measured peak (the earlier fit, before the native scan and read, overestimated
+today's PSSA by up to 4.5x, so a line that fits could be refused).
+`tests/engine/models/test_memory_budget.py` holds the tiny presets at two lengths, and PSSA's
+banks and reads, to ACCURACY. On CUDA the formula is an upper bound: bf16 autocast, the NS
+models' recomputation and chunked cross-entropy keep less (the CUDA test there compares).
+
+A start is refused only when even the estimate's lower end (state + buffers + activations /
+ACCURACY) exceeds the device: a configuration that cannot fit, never one that might.
 """
 
 from __future__ import annotations
@@ -50,9 +65,9 @@ def floats_per_token(family: str, config: Any, seq_len: int, device_type: str = 
         ffn = c.ffn_hidden * (1.5 if c.swiglu else 1.0)
         return 3 * c.vocab_size + 9 * c.width + c.depth * (10 * c.width + 2 * ffn)
     if family == "pssa":
-        passes = c.depth * c.loops
-        per_token = 17 * c.d_latent + 2.5 * c.d_latent * c.d_state
-        return 3 * c.vocab_size + passes * per_token + passes * 8.5 * c.d_latent**2 / seq_len
+        piece = min(seq_len, c.chunk_len) / seq_len
+        per_pass = 13.5 * c.d_latent + 0.25 * c.d_latent * c.d_state + 7.25 * _whole_bank_read(c)
+        return c.vocab_size * (1 + 1.5 * piece) + c.depth * c.loops * per_pass
     if family == "ns":
         hippocampal = sum(1 for layer in range(c.n_layers) if c.is_hippocampal(layer))
         dendritic = c.n_layers - hippocampal
@@ -61,6 +76,37 @@ def floats_per_token(family: str, config: Any, seq_len: int, device_type: str = 
         per_dendritic = 4.5 * c.d_model + 16 * c.dendritic_width
         return 3 * c.vocab_size + 14 * c.d_model + dendritic * per_dendritic + hippocampal * per_hippocampal
     raise ConfigError(f"model.preset: no memory estimate for family {family!r}")
+
+
+def _whole_bank_read(config: Any) -> int:
+    """Slots a PSSA read weighs under autograd: the whole bank when it reads every slot (the
+    dense read keeps distances and weights for each), none on the top-k path."""
+    dense = config.mem_top_k == 0 or config.mem_top_k >= config.mem_capacity
+    return config.mem_capacity if dense else 0
+
+
+def floats_per_micro_batch(family: str, config: Any, seq_len: int) -> float:
+    """Activation floats of one micro-batch at `seq_len` that do not grow with its rows (PSSA's
+    per-chunk weight and bank copies; see the module docstring)."""
+    if family != "pssa":
+        return 0.0
+    c = config
+    chunks = math.ceil(seq_len / c.chunk_len)
+    weights = c.depth * c.loops * chunks * 2 * c.d_latent**2
+    banks = (chunks + 1) * c.depth * c.mem_capacity * (c.d_latent + c.d_mem_key)
+    return float(weights + banks)
+
+
+def buffer_bytes(family: str, config: Any) -> int:
+    """Bytes a model holds beside its parameters that its settings can make large: PSSA's banks
+    (fp32 keys and values; confidence, last-touched update and slot index, 20 bytes a slot) and
+    its dreaming record (int64 tokens and targets of S chunks, on the device and on the host)."""
+    if family != "pssa":
+        return 0
+    c = config
+    banks = c.depth * c.mem_capacity * (4 * (c.d_mem_key + c.d_latent) + 20)
+    dreams = 2 * (c.mem_capacity + 1) * c.chunk_len * 2 * 8
+    return banks + dreams
 
 
 @dataclass(frozen=True)
@@ -77,6 +123,8 @@ class MemoryEstimate:
     """State bytes a parameter takes in the whole model (weights, gradient, moments [, average])."""
     shards: int = 1
     """Ranks the state is sharded over (FSDP2); 1: every process holds it whole."""
+    buffer_bytes: int = 0
+    """The model's buffers that grow with its settings (PSSA's banks and dreaming record)."""
 
     @property
     def largest(self) -> tuple[int, int, int]:
@@ -86,12 +134,12 @@ class MemoryEstimate:
 
     @property
     def total_bytes(self) -> int:
-        return self.state_bytes + self.largest[2]
+        return self.state_bytes + self.buffer_bytes + self.largest[2]
 
     @property
     def lower_bytes(self) -> int:
-        """The least the estimate allows: state + activations / ACCURACY."""
-        return self.state_bytes + int(self.largest[2] / ACCURACY)
+        """The least the estimate allows: state + buffers + activations / ACCURACY."""
+        return self.state_bytes + self.buffer_bytes + int(self.largest[2] / ACCURACY)
 
     def describe(self) -> str:
         seq_len, rows, size = self.largest
@@ -99,6 +147,7 @@ class MemoryEstimate:
             f"about {self.total_bytes / GIB:.3g} GiB: state {self.state_bytes / GIB:.3g} GiB "
             f"({self.parameters:,} parameters x {self.bytes_per_parameter} bytes"
             f"{f' over {self.shards} ranks' if self.shards > 1 else ''}) "
+            f"{f'+ model buffers {self.buffer_bytes / GIB:.3g} GiB ' if self.buffer_bytes else ''}"
             f"+ activations {size / GIB:.3g} GiB (a micro-batch of {rows} rows at T{seq_len})"
         )
         if len(self.activations) > 1:
@@ -125,11 +174,16 @@ def estimate_memory(
     per_parameter = STATE_BYTES_PER_PARAMETER + (EMA_BYTES_PER_PARAMETER if ema else 0)
     shards = max(1, shards)
     activations = {
-        seq_len: (rows, int(4 * rows * seq_len * floats_per_token(family, config, seq_len, device_type)))
+        seq_len: (rows, int(4 * _micro_batch_floats(family, config, rows, seq_len, device_type)))
         for seq_len, rows in shapes.items()
     }
     state = math.ceil(parameters * per_parameter / shards)
-    return MemoryEstimate(parameters, state, activations, per_parameter, shards)
+    return MemoryEstimate(parameters, state, activations, per_parameter, shards, buffer_bytes(family, config))
+
+
+def _micro_batch_floats(family: str, config: Any, rows: int, seq_len: int, device_type: str) -> float:
+    per_token = floats_per_token(family, config, seq_len, device_type)
+    return rows * seq_len * per_token + floats_per_micro_batch(family, config, seq_len)
 
 
 def line_shapes(run_config: Any) -> dict[int, int]:
@@ -151,8 +205,12 @@ def memory_problem(estimate: MemoryEstimate, available: int, where: str, device:
     if estimate.lower_bytes <= available:
         return None
     seq_len, rows, _ = estimate.largest
+    remedy = f"lower lengths[].micro_batch_rows at T{seq_len} (now {rows}) or choose a smaller preset"
+    if estimate.buffer_bytes > estimate.state_bytes:
+        # PSSA's slots outweigh its parameters: its buffers and each chunk's bank copy grow with
+        # them, and fewer rows leave both as they are.
+        remedy = f"lower model.overrides.mem_capacity (the banks' slots, held again by every chunk), {remedy}"
     return (
         f"{where}: training needs {estimate.describe()}; {device} has {available / GIB:.3g} GiB: it cannot fit "
-        f"(even at 1/{ACCURACY:g} of the activations estimate); lower lengths[].micro_batch_rows at T{seq_len} "
-        f"(now {rows}) or choose a smaller preset; nothing was allocated"
+        f"(even at 1/{ACCURACY:g} of the activations estimate); {remedy}; nothing was allocated"
     )

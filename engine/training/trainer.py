@@ -350,12 +350,13 @@ class Trainer:
         where = checkpoint.directory
         if state.get("layout") != self.optimizer.layout():
             raise CheckpointError(f"{where}: its parameter layout differs from the model run.json builds")
+        model_extra = {k[len("model/") :]: v for k, v in checkpoint.extra.items() if k.startswith("model/")}
         try:
             self.optimizer.load(checkpoint.weights, checkpoint.optimizer)
+            # The model's own state (PSSA's banks) can differ where the layout does not.
+            self.model.load_extra_state_dict({k: v.to(self.device) for k, v in model_extra.items()})
         except ValueError as error:
             raise CheckpointError(f"{where}: {error}") from None
-        model_extra = {k[len("model/") :]: v for k, v in checkpoint.extra.items() if k.startswith("model/")}
-        self.model.load_extra_state_dict({k: v.to(self.device) for k, v in model_extra.items()})
         torch.set_rng_state(checkpoint.extra["rng/cpu"])
         if self.device.type == "cuda" and "rng/cuda" in checkpoint.extra:
             torch.cuda.set_rng_state(checkpoint.extra["rng/cuda"], self.device)

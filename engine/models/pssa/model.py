@@ -444,6 +444,7 @@ class PSSALM(LanguageModel):
     def load_extra_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         if "update" not in state:
             raise ValueError("PSSA extra state: 'update' is missing")
+        self._refuse_changed_memory_settings(state)
         for index, block in enumerate(self.blocks):
             prefix = f"blocks.{index}."
             block.bank.load_state(state, prefix + "bank.")
@@ -454,5 +455,26 @@ class PSSALM(LanguageModel):
         self.pending_dreams.clear()
         self._dream_cache.load_state(state, "dream.")
         self.set_update(int(state["update"]))
+
+    def _refuse_changed_memory_settings(self, state: dict[str, torch.Tensor]) -> None:
+        """ValueError naming the model.overrides setting whose banks or dreaming cache the saved
+        state does not fit: the parameters can be the same (mem_capacity and chunk_len shape no
+        weight), so only this state shows that run.json changed them since the checkpoint."""
+        config = self.config
+        keys, values = state.get("blocks.0.bank.keys"), state.get("blocks.0.bank.values")
+        dreams = state.get("dream.tokens")
+        saved = {
+            "mem_capacity": None if keys is None else keys.shape[0],
+            "d_mem_key": None if keys is None or keys.dim() != 2 else keys.shape[1],
+            "d_latent": None if values is None or values.dim() != 2 else values.shape[1],
+            "chunk_len": None if dreams is None or dreams.dim() != 2 else dreams.shape[1],
+        }
+        for name, value in saved.items():
+            if value is not None and value != getattr(config, name):
+                raise ValueError(
+                    f"its PSSA memory state was saved with {name} {value}, and run.json's model has "
+                    f"{name} {getattr(config, name)}: {name} cannot change on a line with checkpoints "
+                    f"(set model.overrides.{name} back to {value})"
+                )
 
 

@@ -13,11 +13,19 @@ from torch.distributed._tools.mem_tracker import MemTracker
 
 from engine.errors import ConfigError
 from engine.models.build import build_model, checked_config, count_parameters
-from engine.models.memory_budget import ACCURACY, estimate_memory, floats_per_token, memory_problem
+from engine.models.memory_budget import (
+    ACCURACY,
+    buffer_bytes,
+    estimate_memory,
+    floats_per_micro_batch,
+    floats_per_token,
+    memory_problem,
+)
 from engine.models.presets import family_of
 from engine.models.validation import MAX_LOOPS
 from engine.ops.check import check_line
 from engine.training.trainer import Trainer
+from engine.units import GIB
 
 TINY = ("transformer-tiny", "pssa-tiny", "ns-tiny")
 LENGTHS = (16, 64)
@@ -80,6 +88,64 @@ def test_the_estimate_bounds_the_measured_cuda_peak(preset: str) -> None:
         torch.cuda.empty_cache()
 
 
+def _pssa_peak_activations(overrides: dict, rows: int, seq_len: int) -> int:
+    """Measured peak of one pssa-1.5m training forward and backward, its banks full (every slot
+    read), less the parameters, their gradients and the buffers: what the estimate's activations
+    stand for (the state counts the gradients)."""
+    torch.manual_seed(0)
+    model = build_model("pssa-1.5m", overrides)
+    with torch.no_grad():
+        for block in model.blocks:
+            block.bank.keys.normal_(std=0.1)
+            block.bank.values.normal_()
+            block.bank.slot_count.fill_(block.bank.capacity)
+    tokens, targets = _batch("pssa-1.5m", rows, seq_len, "cpu")
+    tokens, targets = tokens % model.config.vocab_size, targets % model.config.vocab_size
+    tracker = MemTracker()
+    tracker.track_external(model)
+    with tracker:
+        loss, _ = model(tokens, targets)
+        loss.sum().backward()
+    peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
+    held = {str(kind).rsplit(".", 1)[-1]: size for kind, size in peak.items()}
+    parameters = sum(parameter.numel() for parameter in model.parameters())
+    return held["Total"] - held["PARAM"] - held["BUFFER"] - 4 * parameters
+
+
+@pytest.mark.parametrize(
+    ("overrides", "rows", "seq_len"),
+    [
+        ({}, 8, 64),  # the article's shape: the old formula overestimated it 2.5x
+        ({"d_state": 64}, 4, 128),  # 2.5 d N a token: 4x over, a line that fits refused
+        ({"mem_capacity": 8192, "mem_top_k": 0}, 4, 64),  # a whole-bank read: 3x under
+        ({"mem_capacity": 16384}, 2, 256),  # the banks' per-chunk copies: 4x under
+    ],
+)
+def test_the_pssa_estimate_follows_its_state_width_banks_and_reads(overrides: dict, rows: int, seq_len: int) -> None:
+    config = checked_config("pssa-1.5m", overrides)
+    estimated = estimate_memory("pssa", config, 0, {seq_len: rows}).largest[2]
+    ratio = estimated / _pssa_peak_activations(overrides, rows, seq_len)
+    assert 1 / ACCURACY <= ratio <= ACCURACY, f"{overrides} {rows}x{seq_len}: estimate / measured = {ratio:.2f}"
+
+
+def test_pssa_banks_and_dreaming_record_count_beside_the_state() -> None:
+    """The banks (key, value, 20 bytes of rule state a slot) and the dreaming record (S chunks of
+    int64 tokens and targets, on the device and the host) are no parameters, and a large
+    mem_capacity makes them GiBs."""
+    config = checked_config("pssa-1.5m", {"mem_capacity": 10**6})
+    torch.manual_seed(0)
+    small = build_model("pssa-1.5m", {"mem_capacity": 4096})
+    held = sum(buffer.numel() * buffer.element_size() for buffer in small.buffers())
+    estimated = buffer_bytes("pssa", checked_config("pssa-1.5m", {"mem_capacity": 4096}))
+    host_cache = 4096 * 64 * 2 * 8  # the dreaming cache's chunks once drained to the host
+    assert held <= estimated <= held + host_cache + 2**20
+    estimate = estimate_memory("pssa", config, 1_544_704, {64: 8})
+    assert estimate.buffer_bytes == buffer_bytes("pssa", config) > 2 * GIB
+    assert estimate.total_bytes == estimate.state_bytes + estimate.buffer_bytes + estimate.largest[2]
+    assert "+ model buffers " in estimate.describe()
+    assert buffer_bytes("transformer", checked_config("transformer-1.5m")) == 0
+
+
 def test_state_and_activations_add_up() -> None:
     config = checked_config("pssa-1.5m")
     parameters = count_parameters("pssa-1.5m")
@@ -88,8 +154,9 @@ def test_state_and_activations_add_up() -> None:
     with_ema = estimate_memory("pssa", config, parameters, {64: 8, 256: 2}, ema=True)
     assert plain.state_bytes == 16 * parameters and with_ema.state_bytes == 20 * parameters
     per_token = floats_per_token("pssa", config, 64)
-    assert plain.activations == {64: (8, int(4 * 8 * 64 * per_token))}
-    assert plain.total_bytes == plain.state_bytes + plain.activations[64][1]
+    per_micro_batch = floats_per_micro_batch("pssa", config, 64)
+    assert plain.activations == {64: (8, int(4 * (8 * 64 * per_token + per_micro_batch)))}
+    assert plain.total_bytes == plain.state_bytes + plain.buffer_bytes + plain.activations[64][1]
     assert with_ema.largest[0] in (64, 256)
     # The NS pool read's biased softmax is materialised on the CPU only: quadratic there, not on CUDA.
     ns = checked_config("ns-tiny")
@@ -155,6 +222,27 @@ def test_a_line_that_cannot_fit_is_refused_before_allocating_and_check_says_so(
     monkeypatch.setattr("engine.training.trainer.build_model", no_model)
     with pytest.raises(ConfigError, match=r"run\.json: training needs about .* cannot fit .* nothing was allocated$"):
         Trainer(big, echo=None).run()
+
+
+def test_a_pssa_line_whose_banks_cannot_fit_is_refused_before_allocating(
+    tmp_path: Path, data_template: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A billion slots: the banks and the dreaming record alone are terabytes, though the
+    parameters and a micro-batch are small. `check` fails it naming mem_capacity, and the trainer
+    refuses it in one line before the model (whose buffers these are) is built."""
+    changes = {"model.preset": "pssa-tiny", "model.overrides": {"vocab_size": 300, "mem_capacity": 10**9}}
+    line = make_line(tmp_path, copy_data_line(data_template, tmp_path), **changes)
+    _, results = check_line(line, verify_checkpoints=False)
+    failed = [result.message for result in results if not result.ok and result.message.startswith("memory: ")]
+    assert len(failed) == 1 and "+ model buffers " in failed[0], failed
+    assert "lower model.overrides.mem_capacity" in failed[0] and "\n" not in failed[0]
+
+    def no_model(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("the model was built")
+
+    monkeypatch.setattr("engine.training.trainer.build_model", no_model)
+    with pytest.raises(ConfigError, match=r"run\.json: training needs about .* model buffers .* model\.overrides\.mem_capacity"):
+        Trainer(line, echo=None).run()
 
 
 def test_fsdp_shards_the_state_and_not_the_activations() -> None:
