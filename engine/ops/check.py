@@ -6,6 +6,7 @@ raised as a ConfigError, since nothing else can be checked without it.
 
 from __future__ import annotations
 
+import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,8 +31,10 @@ from engine.gpu.placement import PlacementError, device_finding, gpu_candidates
 from engine.gpu.sharing import unshareable_lengths_problem
 from engine.layout import LineLayout, checkpoint_update
 from engine.metrics import METRICS_VERSION, metrics_mismatch
-from engine.models.build import build_model, line_memory_estimate
+from engine.models.build import build_model, checked_config, line_memory_estimate
 from engine.models.memory_budget import memory_problem
+from engine.models.presets import family_of
+from engine.models.pssa.config import STATE_SHAPING, changed_state_setting
 from engine.ops.cycle_check import current_cycle_finding
 from engine.ops.lines import (
     inspect_data_line,
@@ -42,6 +45,7 @@ from engine.ops.lines import (
 )
 from engine.ops.rollback import rows_remedy
 from engine.rows import rows_problem
+from engine.training.optim import flat_layout
 from engine.units import GIB
 
 
@@ -74,6 +78,7 @@ def check_line(root: Path | str, *, verify_checkpoints: bool = True) -> tuple[Ru
     model = _meta_model(config)
     results.append(_check_heldout_rows(layout, config, model))
     results += _check_lifelong(layout, config)
+    results.append(_check_model_against_checkpoint(layout, config, model))
     results.append(_check_metrics(config))
     results.append(CheckResult(*device_finding(config.device, gpu_snapshot(), degree=config.parallel.degree)))
     results += _check_sharing(config)
@@ -185,6 +190,29 @@ def _check_lifelong(layout: LineLayout, config: RunConfig) -> list[CheckResult]:
     if not changes:
         return [CheckResult(True, "lifelong keys: unchanged since accepted_run.json (or allowed)")]
     return [CheckResult(False, change) for change in changes]
+
+
+def _check_model_against_checkpoint(layout: LineLayout, config: RunConfig, model: torch.nn.Module) -> CheckResult:
+    """The model run.json builds can load the latest checkpoint, as the trainer's resume asks: the
+    same parameter layout, and for PSSA the same settings that shape its banks and dreaming cache
+    (the model is not a lifelong key: run.json may be edited, and the trainer refuses at resume)."""
+    latest = read_latest(layout.checkpoints)
+    state = None if latest is None else read_checkpoint_state(layout.checkpoints / latest)
+    if state is None:
+        return CheckResult(True, "model: no checkpoint to resume yet")
+    where = layout.checkpoints / str(latest)
+    now = f"{config.model.preset} {json.dumps(config.model.overrides, sort_keys=True)}"
+    if state.get("layout") != [[segment.name, segment.offset, list(segment.shape)] for segment in flat_layout(model)[0]]:
+        saved = f"{state.get('preset')} {json.dumps(state.get('overrides'), sort_keys=True)}"
+        return CheckResult(False, f"model: {where}: its parameter layout differs from the model run.json builds "
+                                  f"({now}; the checkpoint's model: {saved})")  # fmt: skip
+    if family_of(config.model.preset) == "pssa" and isinstance(state.get("overrides"), dict):
+        saved_config = checked_config(str(state.get("preset")), state["overrides"])
+        problem = changed_state_setting({name: getattr(saved_config, name) for name in STATE_SHAPING},
+                                        checked_config(config.model.preset, config.model.overrides))  # fmt: skip
+        if problem is not None:
+            return CheckResult(False, f"model: {where}: {problem}")
+    return CheckResult(True, f"model: {now} loads {latest}")
 
 
 def _check_metrics(config: RunConfig) -> CheckResult:

@@ -68,6 +68,26 @@ class PSSAConfig:
             raise ConfigError(f"model.overrides: ema_alpha must be in [0, 1], got {self.ema_alpha}")
 
 
+STATE_SHAPING = ("mem_capacity", "chunk_len", "d_mem_key", "d_latent")
+"""Settings that shape a PSSA model's saved state beyond its parameters (its banks and dreaming
+cache): `mem_capacity` and `chunk_len` shape no weight, so a line's parameter layout does not show
+that run.json changed them since a checkpoint."""
+
+
+def changed_state_setting(saved: dict[str, int | None], config: PSSAConfig) -> str | None:
+    """Why state saved with the `STATE_SHAPING` settings `saved` (None: not known) cannot load into
+    a model of `config`: the first setting that differs, and how to set it back; None when all agree."""
+    for name in STATE_SHAPING:
+        value = saved.get(name)
+        if value is not None and value != getattr(config, name):
+            return (
+                f"its PSSA memory state was saved with {name} {value}, and run.json's model has "
+                f"{name} {getattr(config, name)}: {name} cannot change on a line with checkpoints "
+                f"(set model.overrides.{name} back to {value})"
+            )
+    return None
+
+
 PRESETS: dict[str, PSSAConfig] = {
     # The article's model: 1,544,704 parameters at vocab 2048.
     "pssa-1.5m": PSSAConfig(),

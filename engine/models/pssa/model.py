@@ -47,7 +47,7 @@ from torch.nn import functional as F
 
 from engine.models.base import IGNORE_INDEX, LanguageModel, ParamGroup, token_losses
 from engine.models.common import RMSNorm
-from engine.models.pssa.config import PSSAConfig
+from engine.models.pssa.config import PSSAConfig, changed_state_setting
 from engine.models.pssa.dream import DreamCache, DreamReport, dream
 from engine.models.pssa.memory import EpisodicBank, PendingDreams, WriteRule, to_poincare_ball, write_banks
 from engine.models.pssa.scan import pssa_scan
@@ -458,9 +458,7 @@ class PSSALM(LanguageModel):
 
     def _refuse_changed_memory_settings(self, state: dict[str, torch.Tensor]) -> None:
         """ValueError naming the model.overrides setting whose banks or dreaming cache the saved
-        state does not fit: the parameters can be the same (mem_capacity and chunk_len shape no
-        weight), so only this state shows that run.json changed them since the checkpoint."""
-        config = self.config
+        state does not fit (`changed_state_setting`), read from the saved tensors' shapes."""
         keys, values = state.get("blocks.0.bank.keys"), state.get("blocks.0.bank.values")
         dreams = state.get("dream.tokens")
         saved = {
@@ -469,12 +467,6 @@ class PSSALM(LanguageModel):
             "d_latent": None if values is None or values.dim() != 2 else values.shape[1],
             "chunk_len": None if dreams is None or dreams.dim() != 2 else dreams.shape[1],
         }
-        for name, value in saved.items():
-            if value is not None and value != getattr(config, name):
-                raise ValueError(
-                    f"its PSSA memory state was saved with {name} {value}, and run.json's model has "
-                    f"{name} {getattr(config, name)}: {name} cannot change on a line with checkpoints "
-                    f"(set model.overrides.{name} back to {value})"
-                )
-
-
+        problem = changed_state_setting(saved, self.config)
+        if problem is not None:
+            raise ValueError(problem)

@@ -71,6 +71,8 @@ def environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Held-out rows need the real model registry and data line: tests/test_ops_real.py checks them.
     # The model the checks size (a checkpoint's disk): 8 x 8 + 8 parameters stand in for tiny-test's.
     monkeypatch.setattr(checks, "_meta_model", lambda config: torch.nn.Linear(8, 8))
+    # Whether that model loads a checkpoint needs the real registry too (test_pssa_line_overrides.py).
+    monkeypatch.setattr(checks, "_check_model_against_checkpoint", lambda *_: checks.CheckResult(True, "model: -"))
     monkeypatch.setattr(
         checks, "_check_heldout_rows", lambda layout, config, model: checks.CheckResult(True, "held-out rows")
     )

@@ -18,6 +18,7 @@ from helpers.lines import copy_data_line, data_template_fixture, make_line
 
 from engine.config.run import RunConfig
 from engine.errors import CheckpointError
+from engine.ops.check import check_line
 from engine.training.trainer import Trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one intra-op thread
@@ -72,3 +73,25 @@ def test_the_cli_refuses_it_with_exit_status_2_and_no_traceback(tmp_path: Path, 
     assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
     assert "u00000002" in lines[0] and "mem_capacity cannot change on a line with checkpoints" in lines[0]
     assert saved_files(line) == before
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ({}, 'model: pssa-tiny {"vocab_size": 300} loads u00000002'),
+        ({"mem_capacity": 8}, "saved with mem_capacity 16, and run.json's model has mem_capacity 8"),
+        ({"depth": 3}, 'parameter layout differs from the model run.json builds (pssa-tiny {"depth": 3, "vocab_size": '
+                       '300}; the checkpoint\'s model: pssa-tiny {"vocab_size": 300})'),
+    ],
+)
+def test_check_says_whether_the_model_loads_the_latest_checkpoint(
+    tmp_path: Path, data_template: Path, overrides: dict[str, int], expected: str
+) -> None:
+    """`check` runs every start check that needs no GPU: a model that the resume would refuse (a
+    changed layout, a changed bank) is a FAIL there, not only when `run` starts the trainer."""
+    line = trained_pssa_line(tmp_path, data_template)
+    change_overrides(line, **overrides)
+    _, results = check_line(line, verify_checkpoints=False)
+    found = [result for result in results if result.message.startswith("model: ")]
+    assert len(found) == 1 and expected in found[0].message, found
+    assert found[0].ok == (not overrides)
