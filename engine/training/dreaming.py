@@ -90,3 +90,14 @@ class Dreamer:
             "dream/fresh_loss_before": report.fresh_loss_before,
             "dream/fresh_loss_after": report.fresh_loss_after,
         }
+
+
+def format_dream(update: int, fields: dict[str, float]) -> str:
+    """The run.log line of a dream (`Dreamer.run`'s row fields): what it rehearsed, the steps its
+    guard kept, and the fresh task's loss before and after (never higher by more than 1e-6)."""
+    return (
+        f"dream after update {update}: {fields['dream/sequences']:g} sequences, "
+        f"{fields['dream/generated_tokens']:g} tokens generated, {fields['dream/kept']:g} of "
+        f"{fields['dream/steps']:g} steps kept, fresh loss {fields['dream/fresh_loss_before']:.6f} -> "
+        f"{fields['dream/fresh_loss_after']:.6f}"
+    )

@@ -88,7 +88,7 @@ from engine.supervisor.child import rank_file
 from engine.training.cpu_heap import keep_freed_memory
 from engine.training.cpu_share import CpuSeat
 from engine.training.distributed import FullyShardedModel, Ranks, refuse_written_state
-from engine.training.dreaming import Dreamer
+from engine.training.dreaming import Dreamer, format_dream
 from engine.training.engines import ArenaNotReleased, StepEngines
 from engine.training.line_lock import hold_trainer_lock
 from engine.training.optim import AdamWSettings, FlatAdamW, ParameterAverage
@@ -708,9 +708,11 @@ class Trainer:
         if self.average is not None:
             self.average.after_update(position.tokens_trained, update_tokens, result.stats.finite)
         row = self._row(result, seq_len, update_tokens, lr, weight_decay, elapsed)
+        dreamt: dict[str, float] = {}
         if self.dreamer is not None and self.dreamer.due(position.update):
             with self.beats.phase(Stage.DREAMING, position.update), self.engines.from_the_arena():
-                row.update(self.dreamer.run(windows, position.update))
+                dreamt = self.dreamer.run(windows, position.update)
+            row.update(dreamt)
         stage_done, cycle_done = self._stage_and_cycle_done(cycle, seq_len)
         validating = position.update % config.validation.every_updates == 0 or self._ends_the_line(stage_done, cycle_done)
         if validating:
@@ -722,6 +724,8 @@ class Trainer:
             # The row of an update that validated is printed whatever print_every.
             if validating or position.update % max(1, config.print_every) == 0 or not result.stats.finite:
                 self.log.write(format_row(row))
+            if dreamt:
+                self.log.write(format_dream(position.update, dreamt))
             if validating:
                 self.log.write(format_validation(position.update, row))
         self.heartbeat.beat(position.update, Stage.TRAINING)

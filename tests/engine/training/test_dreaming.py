@@ -116,6 +116,10 @@ def test_a_line_resumed_right_after_a_dream_is_bit_identical(
             assert row["dream/generated_tokens"] > 0  # `both`: dreamt from the memory values too
             assert row["dream/fresh_loss_after"] <= row["dream/fresh_loss_before"] + LOSS_TOLERANCE
     assert any(row.get("dream/kept", 0) > 0 for row in written)  # the dreams changed the weights
+    # run.log says so too: a dream can take minutes, and its line tells the user where they went.
+    logged = [text for text in (reference / "run.log").read_text().splitlines() if "dream after update" in text]
+    assert [int(text.split("dream after update ")[1].split(":")[0]) for text in logged] == [2, 4, 6]
+    assert all("steps kept, fresh loss " in text for text in logged)
 
     line = pssa_line(tmp_path / "resumed", data_template, DREAMING)
     assert Trainer(line, stop_at=4, echo=None).run() == 0
