@@ -128,6 +128,15 @@ class RunConfigChecks:
         self.positive("dreaming.lr", dreaming.lr)
         self.one_of("dreaming.mode", dreaming.mode, DREAM_MODES)
         self.positive("dreaming.temperature", dreaming.temperature)
+        # A dream draws from the cache of mem_capacity chunks and from as many memory values, and a
+        # dreamt sequence stands for one chunk: past these it rehearses nothing more, only longer
+        # (tokens are dreamt one at a time), while training waits.
+        model = presets.preset_config(preset, self.config.model.overrides)
+        for name, bound, why in (("sequences", "mem_capacity", "the chunks and memory values a dream draws from"),
+                                 ("length", "chunk_len", "a dreamt sequence stands for one chunk")):  # fmt: skip
+            value, limit = getattr(dreaming, name), getattr(model, bound)
+            if value > limit:
+                self.fail(f"dreaming.{name}", f"must be at most the model's {bound} {limit} ({why}), got {show(value)}")
 
     def check_shape(self, key: str, micro_batch_rows: int, recompute: str) -> None:
         self.at_least(f"{key}.micro_batch_rows", micro_batch_rows, 1)

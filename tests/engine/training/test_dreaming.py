@@ -71,6 +71,10 @@ def pssa_document(dreaming: dict[str, Any], preset: str = "pssa-tiny") -> dict[s
          "run.json: dreaming.temperature must be .*positive"),
         ("pssa-tiny", {"every_updates": 2, "length": 0}, "run.json: dreaming.length must be at least 1"),
         ("pssa-tiny", {"every_updates": 2, "when": 3}, "run.json: unknown key dreaming.when"),
+        ("pssa-tiny", {"every_updates": 2, "length": 100_000},
+         "run.json: dreaming.length must be at most the model's chunk_len 16 \\(a dreamt sequence stands for one chunk\\), got 100000"),
+        ("pssa-tiny", {"every_updates": 2, "sequences": 17},
+         "run.json: dreaming.sequences must be at most the model's mem_capacity 16 \\("),
     ],
 )  # fmt: skip
 def test_run_json_dreaming_is_checked_in_one_line(preset: str, dreaming: dict[str, Any], message: str) -> None:
