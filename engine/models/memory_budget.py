@@ -103,10 +103,23 @@ def buffer_bytes(family: str, config: Any) -> int:
     its dreaming record (int64 tokens and targets of S chunks, on the device and on the host)."""
     if family != "pssa":
         return 0
-    c = config
-    banks = c.depth * c.mem_capacity * (4 * (c.d_mem_key + c.d_latent) + 20)
-    dreams = 2 * (c.mem_capacity + 1) * c.chunk_len * 2 * 8
-    return banks + dreams
+    return _bank_bytes(config) + 2 * _dream_record_bytes(config)
+
+
+def saved_buffer_bytes(family: str, config: Any) -> int:
+    """What of `buffer_bytes` a checkpoint holds: the banks and the dreaming record once (a bank of
+    millions of slots is GiBs on disk that no parameter counts)."""
+    if family != "pssa":
+        return 0
+    return _bank_bytes(config) + _dream_record_bytes(config)
+
+
+def _bank_bytes(config: Any) -> int:
+    return config.depth * config.mem_capacity * (4 * (config.d_mem_key + config.d_latent) + 20)
+
+
+def _dream_record_bytes(config: Any) -> int:
+    return (config.mem_capacity + 1) * config.chunk_len * 2 * 8
 
 
 @dataclass(frozen=True)

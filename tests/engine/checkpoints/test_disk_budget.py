@@ -88,6 +88,19 @@ def test_the_size_is_estimated_before_the_first_checkpoint_and_measured_after(tm
     assert measured.bytes == sum(path.stat().st_size for path in written.iterdir())
 
 
+def test_a_pssa_line_s_first_checkpoint_counts_its_banks_and_dreaming_cache(tmp_path: Path) -> None:
+    """A bank of a million slots is GiBs on disk that no parameter counts: the estimate before the
+    first checkpoint (the start's room check, `check`'s disk line) holds it."""
+    document = {"model": {"preset": "pssa-1.5m", "overrides": {"mem_capacity": 10**6}}, "data": {"line": "data"}}
+    line = RunConfig.from_dict(document)
+    line.validate()
+    size = next_checkpoint_size(tmp_path, line, 1000, 300)
+    banks = 10**6 * (4 * (32 + 256) + 20)  # one block: fp32 keys and values, 20 bytes of rule state
+    dreams = (10**6 + 1) * 64 * 2 * 8  # the dreaming cache: int64 tokens and targets of each chunk
+    assert size.bytes == 1000 * 12 + banks + dreams + 300
+    assert " + model buffers 2.05 GiB + the tokenizer" in size.basis
+
+
 def test_cycles_planned_come_from_the_stages_or_the_data_lines_end() -> None:
     line = config()
     assert planned_cycles(line, 1000, None) is None  # open-ended trunk, end of data unknown
