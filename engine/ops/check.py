@@ -25,7 +25,7 @@ from engine.checkpoints.format import (
     verify_line_checkpoints,
 )
 from engine.config.run import LRPiece, RunConfig
-from engine.errors import LineError
+from engine.errors import ConfigError, LineError
 from engine.gpu.devices import gpu_snapshot
 from engine.gpu.placement import PlacementError, device_finding, gpu_candidates
 from engine.gpu.sharing import unshareable_lengths_problem
@@ -207,7 +207,10 @@ def _check_model_against_checkpoint(layout: LineLayout, config: RunConfig, model
         return CheckResult(False, f"model: {where}: its parameter layout differs from the model run.json builds "
                                   f"({now}; the checkpoint's model: {saved})")  # fmt: skip
     if family_of(config.model.preset) == "pssa" and isinstance(state.get("overrides"), dict):
-        saved_config = checked_config(str(state.get("preset")), state["overrides"])
+        try:
+            saved_config = checked_config(str(state.get("preset")), state["overrides"])
+        except ConfigError:  # a preset this code no longer has: the layout above matched all the same
+            return CheckResult(True, f"model: {now} loads {latest}")
         problem = changed_state_setting({name: getattr(saved_config, name) for name in STATE_SHAPING},
                                         checked_config(config.model.preset, config.model.overrides))  # fmt: skip
         if problem is not None:
