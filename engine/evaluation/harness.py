@@ -30,7 +30,7 @@ from lm_eval.models.utils import normalize_gen_kwargs
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window, simple_parse_args_string
 
 from engine.errors import LineError
-from engine.generation.loading import GenerationModel, checkpoint_directory, load_for_generation
+from engine.generation.loading import GenerationModel, open_for_generation
 from engine.generation.session import generation_precision
 from engine.generation.settings import SamplingSettings
 from engine.training.trainer import resolve_device
@@ -78,6 +78,7 @@ class CheckpointLM(LM):
         """What the harness records in its results' `config`: which checkpoint, which preset."""
         return {
             "checkpoint": str(self.loaded.directory),
+            "weights": "ema" if self.loaded.average else "model",
             "preset": self.loaded.preset,
             "parameters": self.loaded.model.num_parameters(),
             "max_length": self.max_length,
@@ -216,7 +217,6 @@ def open_checkpoint(
 ) -> CheckpointLM:
     """The adapter over CHECKPOINT|LINE (a line: its latest checkpoint), verified and loaded on
     `device` (auto: the GPU when there is one); `ema` loads the parameters' moving average."""
-    directory = checkpoint_directory(Path(checkpoint))
-    loaded = load_for_generation(directory, resolve_device(device, "device"), average=bool(ema), command="eval")
+    loaded = open_for_generation(Path(checkpoint), resolve_device(device, "device"), average=bool(ema), command="eval")
     rows = DEFAULT_BATCH_ROWS if batch_size == "auto" else int(batch_size)
     return CheckpointLM(loaded, batch_rows=rows, seed=int(seed))

@@ -13,10 +13,14 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import datasets
+from lm_eval import evaluator as lm_evaluator
 from lm_eval import simple_evaluate
 from lm_eval.api.group import Group
 from lm_eval.api.task import Task
@@ -24,8 +28,11 @@ from lm_eval.tasks import TaskManager
 from lm_eval.utils import handle_non_serializable, make_table
 
 from engine.atomic import write_text_atomic
+from engine.checkpoints.format import code_version
 from engine.errors import LineError
 from engine.evaluation.harness import CheckpointLM
+from engine.generation.loading import checkpoint_directory
+from engine.training.trainer import resolve_device
 
 
 @dataclass(frozen=True)
@@ -42,6 +49,13 @@ class EvaluationSettings:
     """Examples put before each question (None: each task's own default; a task fixed at 0 keeps 0)."""
     seed: int = 0
     """Seeds the harness's choice of few-shot examples (and Python's, numpy's and torch's generators)."""
+
+
+def check_source(source: Path, device: str) -> None:
+    """LineError when `source` names no checkpoint or `device` is not here: said before the tasks
+    are read and the checkpoint loads, at no cost."""
+    checkpoint_directory(source)
+    resolve_device(device, "--device")
 
 
 def task_manager(include_paths: list[Path]) -> TaskManager:
@@ -83,11 +97,25 @@ def load_tasks(manager: TaskManager, names: list[str]) -> list[Task | Group]:
     return built
 
 
-def evaluate(adapter: CheckpointLM, settings: EvaluationSettings) -> dict[str, Any]:
-    """The harness's results of `settings.tasks` on the adapter's checkpoint (LineError when a
-    task is unknown or its data cannot be read, before any is run)."""
+@dataclass(frozen=True)
+class PreparedTasks:
+    """The tasks `nsconsole eval` names, built with their data read: what is checked before the
+    checkpoint loads (a typo in a task name costs no minutes of loading a large model)."""
+
+    manager: TaskManager
+    """The task index, the directories of local task YAMLs included."""
+    tasks: list[Task | Group]
+    """The named tasks, groups and tags, built."""
+
+
+def prepare_tasks(settings: EvaluationSettings) -> PreparedTasks:
+    """`settings.tasks` built, their data read; LineError when none is named, one is unknown or its
+    data cannot be read."""
     if not settings.tasks:
         raise LineError("--tasks names no task")
+    # Reading a task's data draws `datasets`' progress bars ("Generating test split") on stderr,
+    # before a refusal that is to be one line; the harness's own bars over the requests stay.
+    datasets.disable_progress_bars()
     manager = task_manager(settings.include_paths)
     unknown = unknown_tasks(manager, settings.tasks)
     if unknown:
@@ -96,20 +124,46 @@ def evaluate(adapter: CheckpointLM, settings: EvaluationSettings) -> dict[str, A
             f"no task named {', '.join(unknown)} (neither the harness's nor a YAML file; task YAMLs "
             f"searched under {where}); `lm-eval ls tasks` lists the harness's tasks"
         )
-    results = simple_evaluate(
-        model=adapter,
-        tasks=load_tasks(manager, settings.tasks),
-        limit=settings.limit,
-        num_fewshot=settings.num_fewshot,
-        task_manager=manager,
-        log_samples=False,
-        random_seed=settings.seed,
-        numpy_random_seed=settings.seed,
-        torch_random_seed=settings.seed,
-        fewshot_random_seed=settings.seed,
-    )
+    return PreparedTasks(manager, load_tasks(manager, settings.tasks))
+
+
+def evaluate(
+    adapter: CheckpointLM, settings: EvaluationSettings, prepared: PreparedTasks | None = None
+) -> dict[str, Any]:
+    """The harness's results of `settings.tasks` (as `prepare_tasks` built them, unless `prepared`
+    already holds them) on the adapter's checkpoint."""
+    prepared = prepare_tasks(settings) if prepared is None else prepared
+    with _code_version_as_git_hash():
+        results = simple_evaluate(
+            model=adapter,
+            tasks=prepared.tasks,
+            limit=settings.limit,
+            num_fewshot=settings.num_fewshot,
+            task_manager=prepared.manager,
+            log_samples=False,
+            random_seed=settings.seed,
+            numpy_random_seed=settings.seed,
+            torch_random_seed=settings.seed,
+            fewshot_random_seed=settings.seed,
+            # Recorded in the results' `config` only (the adapter is built already).
+            batch_size=adapter.batch_rows,
+            device=str(adapter.loaded.device),
+        )
     assert results is not None  # one process: rank 0 always gets its results
     return results
+
+
+@contextmanager
+def _code_version_as_git_hash() -> Iterator[None]:
+    """The harness records `git describe` run in the current directory as its results' `git_hash`:
+    outside a git checkout git prints `fatal: not a git repository` on the terminal, and inside one
+    it records whatever repository the user stands in. This code's version is what was run."""
+    original = lm_evaluator.get_git_commit_hash
+    lm_evaluator.get_git_commit_hash = code_version
+    try:
+        yield
+    finally:
+        lm_evaluator.get_git_commit_hash = original
 
 
 def results_table(results: dict[str, Any]) -> str:

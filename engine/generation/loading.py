@@ -24,6 +24,8 @@ from engine.checkpoints.format import (
     RUN_JSON_FILE,
     TOKENIZER_FILE,
     latest_file_problem,
+    latest_name_problem,
+    list_checkpoints,
     no_such_checkpoint,
     read_latest,
     update_of,
@@ -64,6 +66,8 @@ class GenerationModel:
     """On the CPU, this process's seat among the host's CPU trainers and generators
     (engine.training.cpu_share): a sampler beside a training line takes its share of the cores,
     not a spinning team of them all."""
+    average: bool = False
+    """Whether the parameters are the moving average the checkpoint keeps (`--ema`), not its weights."""
 
     def where(self) -> str:
         """The device, and on the CPU the threads this process runs of its team (`cpu (1 of 2
@@ -71,6 +75,12 @@ class GenerationModel:
         if self.seat is None:
             return str(self.device)
         return f"{self.device} ({torch.get_num_threads()} of {self.seat.cores} threads)"
+
+    def describe(self) -> str:
+        """What is loaded, and where: the first line `sample`, `chat` and `eval` print."""
+        weights = "the parameters' moving average" if self.average else "weights"
+        parameters = self.model.num_parameters()
+        return f"{self.directory} ({self.preset}, {parameters:,} parameters, {weights}) on {self.where()}"
 
     def session(self, settings: SamplingSettings) -> DecodeSession:
         """A decoding session on the model that takes its share of the cores between steps."""
@@ -103,20 +113,73 @@ def checkpoint_directory(path: Path) -> Path:
         if not path.is_dir():
             raise LineError(no_such_checkpoint(path))
         return path
-    checkpoints = LineLayout(path).checkpoints
-    if not checkpoints.is_dir():
+    layout = LineLayout(path)
+    if not layout.checkpoints.is_dir():
         if not path.exists():
             raise LineError(f"{path}: no such checkpoint or training line")
+        if layout.run_json.is_file():
+            raise CheckpointError(_no_checkpoint_yet(path))
+        if (path / LATEST_NAME).exists():
+            raise LineError(f"{path}: a line's checkpoints directory; name the line ({path.parent}) or one of "
+                            f"its checkpoints ({path}/uNNNNNNNN)")  # fmt: skip
         raise LineError(f"{path}: neither a checkpoint (no {META_NAME}) nor a training line (no checkpoints/)")
+    return _latest_checkpoint(layout.checkpoints)
+
+
+def _latest_checkpoint(checkpoints: Path) -> Path:
+    """The checkpoint a line's `latest` names; CheckpointError saying why there is none, with the
+    checkpoints the line has (any of them can be named instead)."""
     problem = latest_file_problem(checkpoints)
     if problem is not None:
         raise CheckpointError(problem)
+    names = [directory.name for directory in list_checkpoints(checkpoints)]
     name = read_latest(checkpoints)
+    if name is None and not names:
+        raise CheckpointError(_no_checkpoint_yet(checkpoints.parent))
     if name is None:
-        raise CheckpointError(
-            f"{checkpoints / LATEST_NAME}: missing or unreadable (the line has no checkpoint yet, or name one)"
-        )
+        raise CheckpointError(f"{latest_name_problem(checkpoints)}; name one of the line's checkpoints instead "
+                              f"({', '.join(names)})")  # fmt: skip
+    if name not in names:
+        raise CheckpointError(f"{checkpoints / LATEST_NAME}: names {name}, which is not there (the line has "
+                              f"{', '.join(names) or 'none'})")  # fmt: skip
     return checkpoints / name
+
+
+def _no_checkpoint_yet(line: Path) -> str:
+    return f"{line}: no checkpoint yet (a line writes its first when it starts training: nsconsole run {line})"
+
+
+LOAD_ATTEMPTS = 3
+"""How many of a line's `latest` checkpoints are tried while its trainer replaces them under the reader."""
+
+
+def open_for_generation(
+    source: Path, device: torch.device, average: bool = False, command: str = "sample"
+) -> GenerationModel:
+    """CHECKPOINT|LINE verified and loaded (`load_for_generation`). A running line's trainer removes
+    the checkpoint `latest` named once newer ones are written (retention), possibly while it is
+    read: a LINE then stands for its new `latest`, read again (up to LOAD_ATTEMPTS in all); a
+    checkpoint named by its directory is refused in one line."""
+    directory = checkpoint_directory(source)
+    for _ in range(LOAD_ATTEMPTS - 1):
+        try:
+            return load_for_generation(directory, device, average, command)
+        except CheckpointError:
+            newer = _newer_latest(source, directory)
+            if newer is None:
+                raise
+            directory = newer
+    return load_for_generation(directory, device, average, command)
+
+
+def _newer_latest(source: Path, directory: Path) -> Path | None:
+    """The checkpoint a LINE's `latest` names now, when it has moved on from `directory`; None for
+    a checkpoint named by its directory, or a line whose `latest` names no other."""
+    try:
+        newer = checkpoint_directory(source)
+    except LineError:
+        return None
+    return None if newer == directory else newer
 
 
 def refuse_outside_tokenizer(directory: Path, data: str | None, tokenizer: str | None) -> None:
@@ -134,7 +197,7 @@ def load_for_generation(
 ) -> GenerationModel:
     """Verify and load a checkpoint's model (its parameters' moving average with `average`; a
     refusal then names `command`, the one to run without --ema)."""
-    checkpoint = load_checkpoint(directory)  # every file checked against meta.json first
+    checkpoint = _read_checkpoint(directory)
     run_json = directory / RUN_JSON_FILE
     try:
         text = checkpoint.run_json.decode("utf-8")
@@ -160,9 +223,26 @@ def load_for_generation(
         raise CheckpointError(f"{directory / EXTRA_FILE}: {error}") from None
     tokenizer = _tokenizer(checkpoint, model)
     seat = CpuSeat.take() if device.type == "cpu" else None
-    loaded = GenerationModel(model, tokenizer, directory, preset, device, document_separator(model, tokenizer), seat)
+    separator = document_separator(model, tokenizer)
+    loaded = GenerationModel(model, tokenizer, directory, preset, device, separator, seat, average)
     loaded.share_cpu()
     return loaded
+
+
+def _read_checkpoint(directory: Path) -> Checkpoint:
+    """`load_checkpoint` (every file checked against meta.json first) with a file that vanished
+    while it was read said in one line: a running line's retention removes old checkpoints."""
+    try:
+        return load_checkpoint(directory)
+    except (CheckpointError, OSError) as error:
+        if not directory.is_dir():
+            raise CheckpointError(
+                f"{directory}: removed while it was read (its line's trainer keeps only some checkpoints: "
+                "name the line for its latest, or a checkpoint it keeps)"
+            ) from None
+        if isinstance(error, OSError):
+            raise CheckpointError(f"{error.filename or directory}: unreadable ({error.strerror or error})") from None
+        raise
 
 
 def document_separator(model: LanguageModel, tokenizer: PlainTextTokenizer) -> int | None:
@@ -206,6 +286,8 @@ def _load_parameters(model: LanguageModel, weights: dict[str, torch.Tensor], whe
         if tuple(weights[name].shape) != tuple(parameter.shape):
             shape = tuple(weights[name].shape)
             raise CheckpointError(f"{where}: {name} has shape {shape}, the model {tuple(parameter.shape)}")
+        if not bool(torch.isfinite(weights[name]).all()):  # every text would be NaN draws or scores
+            raise CheckpointError(f"{where}: {name} holds non-finite values (NaN or inf)")
         parameter.copy_(weights[name])
 
 

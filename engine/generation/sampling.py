@@ -17,7 +17,9 @@ def choose_token(logits: torch.Tensor, settings: SamplingSettings, generator: to
     scores = logits.detach().to("cpu", torch.float64)
     if settings.temperature == 0.0:
         return int(scores.argmax())
-    probabilities = torch.softmax(scores / settings.temperature, dim=0)
+    # Relative to the best score first: divided by a tiny temperature (1e-310) the raw scores
+    # overflow to inf and the softmax gives NaN; the differences only reach -inf (probability 0).
+    probabilities = torch.softmax((scores - scores.max()) / settings.temperature, dim=0)
     if settings.top_p < 1.0:
         ranked, order = probabilities.sort(descending=True, stable=True)
         # Keep a token while the mass of the tokens ranked above it is still below top_p.

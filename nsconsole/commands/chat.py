@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from nsconsole.commands.generating import add_generation_arguments, open_model
 from nsconsole.commands.parser import add_command
+from nsconsole.commands.sample import INTERRUPTED
+
+if TYPE_CHECKING:
+    from engine.generation.settings import SamplingSettings
+
+    # Through `generating`, whose import of the loader (torch) is the one the import contract allows.
+    from nsconsole.commands.generating import GenerationModel
 
 HELP = "CHECKPOINT|LINE: talk with a checkpoint in the terminal, its state carried between turns"
 DESCRIPTION = """\
@@ -15,8 +23,8 @@ it). Each line you type is fed after everything said so far, and the model's rep
 writes next, up to the end of its first non-empty line, the document separator, or --tokens
 tokens. The decoding state runs on between turns (the recurrent state for PSSA and NS, the KV
 cache for the transformer), so a turn costs only its own tokens. These are pre-trained models,
-not instruction-tuned ones: they continue text. /reset starts a new conversation; an empty line
-or end of input (Ctrl-D) ends.
+not instruction-tuned ones: they continue text. /reset starts a new conversation; an empty line,
+end of input (Ctrl-D) or Ctrl-C (exit status 130) ends.
 """
 EXAMPLES = """\
 examples:
@@ -34,29 +42,46 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.generation.chat import Conversation
     from engine.generation.session import generation_precision
 
     loaded, settings = open_model(args)
     interactive = sys.stdin.isatty()
-    conversation = Conversation(loaded, settings, args.tokens)
-    with generation_precision(loaded.device):
-        while True:
-            if interactive:
-                sys.stdout.write("> ")
-                sys.stdout.flush()
-            line = sys.stdin.readline()
-            text = line.rstrip("\n")
-            if not text:
-                return 0
-            if text == RESET:
-                conversation = Conversation(loaded, settings, args.tokens)
-                print("(a new conversation)")
-                continue
-            reply = ""
-            for piece in conversation.reply(text):
-                reply += piece
-                sys.stdout.write(piece)
-                sys.stdout.flush()
-            if not reply.endswith("\n"):
-                sys.stdout.write("\n")
+    try:
+        with generation_precision(loaded.device):
+            converse(loaded, settings, args.tokens, interactive)
+    except KeyboardInterrupt:
+        # Ctrl-C ends the conversation as Ctrl-D does, on a line of its own (the shell's prompt
+        # would follow the "> " or the reply's last piece), with a shell's status for SIGINT.
+        sys.stdout.write("\n")
+        return INTERRUPTED
+    return 0
+
+
+def converse(
+    loaded: GenerationModel, settings: SamplingSettings, reply_tokens: int, interactive: bool
+) -> None:
+    """Read turns and write replies until an empty line or the end of input."""
+    from engine.generation.chat import Conversation
+
+    conversation = Conversation(loaded, settings, reply_tokens)
+    while True:
+        if interactive:
+            sys.stdout.write("> ")
+            sys.stdout.flush()
+        line = sys.stdin.readline()
+        text = line.rstrip("\n")
+        if not text:
+            if interactive and not line:
+                sys.stdout.write("\n")  # Ctrl-D leaves the cursor after "> "
+            return
+        if text == RESET:
+            conversation = Conversation(loaded, settings, reply_tokens)
+            print("(a new conversation)")
+            continue
+        reply = ""
+        for piece in conversation.reply(text):
+            reply += piece
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+        if not reply.endswith("\n"):
+            sys.stdout.write("\n")

@@ -19,7 +19,8 @@ strings). A LINE stands for the checkpoint its `latest` names. Texts start a doc
 document separator, as in the training rows. The harness's own tasks fetch their datasets from
 the Hugging Face hub; --include-path adds directories of your task YAMLs (a local dataset:
 `dataset_path: json` with `dataset_kwargs: {data_files: ...}`, read offline). A task whose data
-cannot be read (the hub unreachable, a local file missing) is refused in one line before any runs.
+cannot be read (the hub unreachable, a local file missing) is refused in one line before the
+checkpoint loads.
 Prints the harness's results table; --output writes the full results as JSON, whole or not at
 all (a FILE that cannot be written there is refused before anything runs). Needs lm-eval
 (`pip install 'nsconsole[eval]'`).
@@ -36,7 +37,10 @@ def _at_least(smallest: int) -> Callable[[str], int]:
     """An argparse type: an integer no smaller than `smallest`."""
 
     def parse(text: str) -> int:
-        value = int(text)
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
         if value < smallest:
             raise argparse.ArgumentTypeError(f"must be at least {smallest}, got {value}")
         return value
@@ -78,7 +82,9 @@ def run(args: argparse.Namespace) -> int:
         from engine.evaluation.run import (
             EvaluationSettings,
             check_output,
+            check_source,
             evaluate,
+            prepare_tasks,
             results_table,
             write_results,
         )
@@ -92,13 +98,12 @@ def run(args: argparse.Namespace) -> int:
     tasks = [task.strip() for task in args.tasks.split(",") if task.strip()]
     settings = EvaluationSettings(tasks, args.include_path, args.limit, args.num_fewshot, args.seed)
     source = args.host_settings.resolve_line(args.source)
+    check_source(source, args.device)
+    prepared = prepare_tasks(settings)  # before the checkpoint loads: a task that cannot run costs no wait
     adapter = open_checkpoint(str(source), ema=args.ema, device=args.device, batch_size=args.batch_size,
                               seed=args.seed)  # fmt: skip
-    loaded = adapter.loaded
-    weights = "the parameters' moving average" if args.ema else "weights"
-    print(f"{loaded.directory} ({loaded.preset}, {loaded.model.num_parameters():,} parameters, {weights}) "
-          f"on {loaded.device}: {', '.join(tasks)}", file=sys.stderr)  # fmt: skip
-    results = evaluate(adapter, settings)
+    print(f"{adapter.loaded.describe()}: {', '.join(tasks)}", file=sys.stderr)
+    results = evaluate(adapter, settings, prepared)
     print(results_table(results))
     if args.output is not None:
         write_results(results, args.output)

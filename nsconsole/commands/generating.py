@@ -22,7 +22,10 @@ DEFAULTS = SamplingSettings()
 
 
 def _positive_int(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
@@ -32,7 +35,10 @@ def _setting(name: str) -> Callable[[str], float]:
     """An argparse type checking one field by SamplingSettings' own rule."""
 
     def parse(text: str) -> float:
-        value = float(text)
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
         try:
             SamplingSettings(**{name: value})
         except ValueError as error:
@@ -68,17 +74,14 @@ def add_generation_arguments(parser: argparse.ArgumentParser, tokens_help: str, 
 def open_model(args: argparse.Namespace) -> tuple[GenerationModel, SamplingSettings]:
     """The checkpoint the arguments name, verified and loaded, and the sampling settings; the
     header line (what is sampled, where, at which seed) goes to stderr."""
-    from engine.generation.loading import checkpoint_directory, load_for_generation, refuse_outside_tokenizer
+    from engine.generation.loading import checkpoint_directory, open_for_generation, refuse_outside_tokenizer
     from engine.training.trainer import resolve_device
 
-    directory = checkpoint_directory(args.host_settings.resolve_line(args.source))
-    refuse_outside_tokenizer(directory, args.data, args.tokenizer)
+    source = args.host_settings.resolve_line(args.source)
+    refuse_outside_tokenizer(checkpoint_directory(source), args.data, args.tokenizer)
     device = resolve_device(args.device, "--device")
-    loaded = load_for_generation(directory, device, average=args.ema, command=args.command)
+    loaded = open_for_generation(source, device, average=args.ema, command=args.command)
     seed = args.seed if args.seed is not None else secrets.randbelow(2**31)
     settings = SamplingSettings(temperature=args.temperature, top_p=args.top_p, seed=seed)
-    weights = "the parameters' moving average" if args.ema else "weights"
-    parameters = loaded.model.num_parameters()
-    print(f"{directory} ({loaded.preset}, {parameters:,} parameters, {weights}) on {loaded.where()}, seed {seed}",
-          file=sys.stderr)  # fmt: skip
+    print(f"{loaded.describe()}, seed {seed}", file=sys.stderr)
     return loaded, settings

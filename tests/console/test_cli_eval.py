@@ -19,6 +19,8 @@ import pytest
 import torch
 from helpers.lines import data_template_fixture, make_line, one_torch_thread
 
+from engine.checkpoints.format import code_version
+from engine.evaluation import harness
 from engine.evaluation.harness import HARNESS_NAME, CheckpointLM, open_checkpoint
 from engine.generation.loading import GenerationModel
 from engine.models.base import LanguageModel
@@ -122,15 +124,22 @@ def test_eval_runs_local_tasks_of_every_request_type(
     completed = subprocess.run(
         [sys.executable, "-m", "nsconsole", "eval", str(line), "--tasks", "nsc_choice,nsc_perplexity,nsc_generate",
          "--include-path", str(tasks), "--limit", str(LIMIT), "--device", "cpu", "--output", str(output)],
-        env=environment, capture_output=True, text=True, timeout=300,
+        env=environment, capture_output=True, text=True, timeout=300, cwd=tmp_path,  # outside a git checkout
     )  # fmt: skip
     assert completed.returncode == 0, completed.stderr
     latest = line / "checkpoints" / "u00000002"
     assert f"{latest} (transformer-tiny, " in completed.stderr
+    # The harness ran `git describe` where the user stood: `fatal: not a git repository` on the
+    # terminal, or another repository's hash in the results. This code's version is recorded.
+    assert "fatal:" not in completed.stderr
     for task in ("nsc_choice", "nsc_perplexity", "nsc_generate"):
         assert f"|{task}" in completed.stdout.replace(" ", "")  # a row of the results table
     results = json.loads(output.read_text())
     assert results["config"]["checkpoint"] == str(latest)
+    assert results["git_hash"] == code_version()
+    # What was run: the weights (not --ema's average), the device, the requests per forward.
+    assert {key: results["config"][key] for key in ("weights", "device", "batch_size")} == {
+        "weights": "model", "device": "cpu", "batch_size": 8}  # fmt: skip
     loaded = adapter.loaded
     separator = [loaded.separator]
 
@@ -214,3 +223,50 @@ def test_a_family_without_a_decoder_is_refused_in_one_line(
     assert captured.err.startswith(f"nsconsole: {line / 'checkpoints' / 'u00000002'}: transformer-tiny has no "
                                    "stepwise decoder yet")  # fmt: skip
     assert captured.err.count("\n") == 1
+
+
+def unloadable(*arguments: object, **options: object) -> None:
+    raise AssertionError("the checkpoint was loaded before the tasks were checked")
+
+
+@pytest.mark.slow  # the task index is read before the names are checked against it
+@pytest.mark.parametrize(
+    ("names", "include", "refusal"),
+    [
+        ("", "{tasks}", "--tasks names no task"),
+        ("nsc_choice", "{tasks}/nsc_choice.yaml", "{tasks}/nsc_choice.yaml: --include-path must be a directory of "
+                                                  "task YAML files"),
+        ("no_such_task", "{tasks}", "no task named no_such_task (neither the harness's nor a YAML file; task YAMLs "
+                                    "searched under {tasks}); `lm-eval ls tasks` lists the harness's tasks"),
+    ],
+)  # fmt: skip
+def test_tasks_that_cannot_run_are_refused_before_the_checkpoint_loads(
+    line: Path, tasks: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    names: str, include: str, refusal: str,
+) -> None:  # fmt: skip
+    # The checkpoint loaded first (minutes for a large one), its header printed as if it would run.
+    monkeypatch.setattr(harness, "open_checkpoint", unloadable)
+    status = main(["eval", str(line), "--tasks", names, "--include-path", include.format(tasks=tasks),
+                   "--device", "cpu"])  # fmt: skip
+    captured = capsys.readouterr()
+    assert (status, captured.out) == (2, "")
+    assert captured.err == f"nsconsole: {refusal.format(tasks=tasks)}\n"
+
+
+@pytest.mark.parametrize(
+    ("source", "refusal"),
+    [("{line}/nowhere", "{line}/nowhere: no such checkpoint or training line"),
+     ("{line}", "--device is 'cuda' but no CUDA device is available")],
+)  # fmt: skip
+def test_a_path_or_device_that_cannot_serve_is_refused_before_the_tasks_are_read(
+    line: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, source: str, refusal: str
+) -> None:
+    from engine.evaluation import run
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here")
+    monkeypatch.setattr(run, "task_manager", unloadable)
+    monkeypatch.setattr(harness, "open_checkpoint", unloadable)
+    status = main(["eval", source.format(line=line), "--tasks", "nsc_choice", "--device", "cuda"])
+    captured = capsys.readouterr()
+    assert (status, captured.out, captured.err) == (2, "", f"nsconsole: {refusal.format(line=line)}\n")

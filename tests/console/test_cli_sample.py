@@ -8,6 +8,7 @@ it printed.
 from __future__ import annotations
 
 import io
+import json
 import os
 import shutil
 import subprocess
@@ -229,3 +230,244 @@ def test_ema_before_the_average_started_is_refused_naming_the_command(
     assert status == 2 and err.count("\n") == 1 and err.rstrip().endswith("sample without --ema")
     with pytest.raises(CheckpointError, match=r"; eval without --ema$"):
         load_for_generation(first, torch.device("cpu"), average=True, command="eval")
+
+
+# Found walking through "using a trained model" (tests below): each failed before its fix.
+
+
+def test_a_tiny_temperature_takes_the_most_likely_token(line: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # --temperature 1e-310 divided the logits into inf and the draw failed in torch with a traceback.
+    arguments = ("--prompt", "the model", "--tokens", "20", "--seed", "1")
+    status, tiny, err = sample(capsys, str(line), *arguments, "--temperature", "1e-310")
+    assert status == 0, err
+    assert tiny == sample(capsys, str(line), *arguments, "--temperature", "0")[1]
+
+
+def test_sample_stops_where_the_model_ends_the_document(line: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # The separator was printed as `<|endoftext|>` and another document followed, unrelated to the prompt.
+    loaded = load_for_generation(line / "checkpoints" / "u00000006", torch.device("cpu"))
+    for seed in range(20):  # a seed whose draws end the document within 60 tokens
+        session = loaded.session(SamplingSettings(seed=seed))
+        session.feed(loaded.prompt_ids("the model"))
+        drawn = list(session.generate(60, stop=loaded.separator))
+        if drawn[-1] == loaded.separator:
+            break
+    else:
+        pytest.fail("no seed of 20 ended the document")
+    status, out, err = sample(capsys, str(line), "--prompt", "the model", "--tokens", "60", "--seed", str(seed))
+    assert status == 0, err
+    assert out == "the model" + loaded.tokenizer.decode(drawn[:-1]) + "\n"
+    report = err.splitlines()[-1]
+    assert report.split("; ")[1].startswith(f"{len(drawn) - 1} tokens in ")
+    assert report.endswith("; the model ended the document (drew the document separator)")
+
+
+def test_ctrl_c_ends_the_text_on_its_line_and_says_so(
+    line: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Ctrl-C left the text without its line end (the shell's prompt followed it) and no report.
+    from engine.generation import session
+
+    draws = []
+
+    def interrupted_at_the_fourth(*arguments: object) -> int:
+        draws.append(1)
+        if len(draws) == 4:
+            raise KeyboardInterrupt
+        return 5  # a token that is not the separator
+
+    monkeypatch.setattr(session, "choose_token", interrupted_at_the_fourth)
+    status, out, err = sample(capsys, str(line), "--prompt", "the model", "--tokens", "50", "--seed", "1")
+    assert status == 130
+    assert out.startswith("the model") and out.endswith("\n") and out.count("\n") == 1
+    assert "; 3 tokens in " in err and err.endswith("; interrupted (Ctrl-C)\n") and "Traceback" not in err
+
+
+def test_a_prompt_file_or_stdin_is_the_prompt(
+    line: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # A prompt longer than a command line takes (`Argument list too long`) had no way in.
+    text = "the model trains on tokens\u00e9 " * 300
+    (tmp_path / "prompt.txt").write_text(text, encoding="utf-8")
+    arguments = ("--tokens", "10", "--seed", "4")
+    expected = sample(capsys, str(line), "--prompt", text, *arguments)[1]
+    assert sample(capsys, str(line), "--prompt-file", str(tmp_path / "prompt.txt"), *arguments)[1] == expected
+    monkeypatch.setattr(sys, "stdin", io.StringIO(text))
+    assert sample(capsys, str(line), "--prompt-file", "-", *arguments)[1] == expected
+
+
+def test_a_prompt_file_that_cannot_be_read_is_refused_before_the_checkpoint_loads(
+    line: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    (tmp_path / "binary").write_bytes(b"\xff\xfe\x00")
+    refusals = {
+        tmp_path / "gone.txt": "--prompt-file cannot be read (No such file or directory)",
+        tmp_path: "--prompt-file cannot be read (Is a directory)",
+        tmp_path / "binary": "--prompt-file is not UTF-8 text (invalid start byte at byte 0)",
+    }
+    for path, refusal in refusals.items():
+        status, out, err = sample(capsys, str(line), "--prompt-file", str(path))
+        assert (status, out, err) == (2, "", f"nsconsole: {path}: {refusal}\n")
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "problem"),
+    [("--tokens", "abc", "not a whole number: 'abc'"), ("--tokens", "1e3", "not a whole number: '1e3'"),
+     ("--temperature", "warm", "not a number: 'warm'"), ("--top-p", "x", "not a number: 'x'")],
+)  # fmt: skip
+def test_an_option_that_is_not_a_number_is_named_plainly(
+    line: Path, capsys: pytest.CaptureFixture[str], option: str, value: str, problem: str
+) -> None:
+    # argparse named the parsing function: `invalid _positive_int value`, `invalid parse value`.
+    with pytest.raises(SystemExit) as ended:
+        main(["sample", str(line), option, value])
+    assert ended.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == f"nsconsole sample: error: argument {option}: {problem}"
+
+
+def test_a_line_whose_trainer_replaces_the_checkpoint_being_read_samples_its_new_latest(
+    line: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Sampling a running line: its retention removed the checkpoint `latest` had named while it was
+    # read, and the command ended in a FileNotFoundError traceback. Here the trainer's step is made
+    # at the first read: a newer checkpoint, `latest` moved, the old one removed.
+    from engine.checkpoints.format import write_latest
+    from engine.generation import loading
+
+    copy = tmp_path / "line"
+    shutil.copytree(line / "checkpoints", copy / "checkpoints")
+    checkpoints = copy / "checkpoints"
+    original = loading.load_checkpoint
+    reads: list[Path] = []
+
+    def trainer_moves_on(directory: Path):  # noqa: ANN202 - load_checkpoint's own result
+        reads.append(directory)
+        if len(reads) == 1:
+            shutil.copytree(checkpoints / "u00000006", checkpoints / "u00000007")
+            write_latest(checkpoints, "u00000007")
+            shutil.rmtree(checkpoints / "u00000006")
+        return original(directory)
+
+    monkeypatch.setattr(loading, "load_checkpoint", trainer_moves_on)
+    status, out, err = sample(capsys, str(copy), "--tokens", "5", "--seed", "1")
+    assert status == 0, err
+    assert reads == [checkpoints / "u00000006", checkpoints / "u00000007"]
+    assert err.startswith(f"{checkpoints / 'u00000007'} (transformer-tiny, ")
+
+    # A checkpoint named by its directory is not swapped for another: one line says what happened.
+    shutil.move(checkpoints / "u00000007", checkpoints / "u00000006")
+    write_latest(checkpoints, "u00000006")
+    reads.clear()
+    status, out, err = sample(capsys, str(checkpoints / "u00000006"), "--tokens", "5")
+    assert (status, out, reads) == (2, "", [checkpoints / "u00000006"])
+    assert err == (f"nsconsole: {checkpoints / 'u00000006'}: removed while it was read (its line's trainer keeps "
+                   "only some checkpoints: name the line for its latest, or a checkpoint it keeps)\n")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("damage", "refusal"),
+    [
+        ("latest u00000099", "{c}/latest: names u00000099, which is not there (the line has u00000000, u00000006)"),
+        ("latest ", "{c}/latest: empty, so it names no checkpoint; name one of the line's checkpoints instead "
+                    "(u00000000, u00000006)"),
+        ("no latest", "{c}/latest: missing; name one of the line's checkpoints instead (u00000000, u00000006)"),
+        ("no checkpoint", "{l}: no checkpoint yet (a line writes its first when it starts training: nsconsole run {l})"),
+        ("the checkpoints directory", "{c}: a line's checkpoints directory; name the line ({l}) or one of its "
+                                      "checkpoints ({c}/uNNNNNNNN)"),
+    ],
+)  # fmt: skip
+def test_a_line_without_a_latest_checkpoint_says_why_and_what_it_has(
+    line: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path, damage: str, refusal: str
+) -> None:
+    # `latest` naming a checkpoint retention removed read "u00000099/meta.json: missing (an incomplete
+    # checkpoint)"; a fresh line, an empty or missing `latest` were all "missing or unreadable".
+    copy = tmp_path / "line"
+    checkpoints = copy / "checkpoints"
+    shutil.copytree(line / "checkpoints", checkpoints, ignore=shutil.ignore_patterns("u00000005"))
+    shutil.copy(line / "run.json", copy / "run.json")
+    source = copy
+    if damage.startswith("latest "):
+        (checkpoints / "latest").write_text(damage.removeprefix("latest ") + "\n")
+    elif damage == "no latest":
+        (checkpoints / "latest").unlink()
+    elif damage == "no checkpoint":
+        shutil.rmtree(checkpoints)
+    else:
+        source = checkpoints
+    status, out, err = sample(capsys, str(source), "--tokens", "5")
+    assert (status, out) == (2, "")
+    assert err == "nsconsole: " + refusal.format(c=checkpoints, l=copy) + "\n"
+
+
+def controlling_terminal() -> None:
+    """In the child, a session leader: its stdin's terminal becomes its controlling one, so that
+    Ctrl-C typed there is a SIGINT to it, as in a shell."""
+    import fcntl
+    import termios
+
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+def chat_in_a_terminal(line: Path, keys: list[bytes]) -> tuple[int, str]:
+    """`nsconsole chat LINE` on a pseudo-terminal, as a user runs it: each of `keys` typed once the
+    "> " prompt shows; its exit status and everything it wrote to the terminal."""
+    import pty
+
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1"}
+    main_fd, terminal = pty.openpty()
+    chat = subprocess.Popen([sys.executable, "-m", "nsconsole", "chat", str(line), "--seed", "1", "--tokens", "8",
+                             "--device", "cpu"], stdin=terminal, stdout=terminal, stderr=terminal, env=environment,
+                            start_new_session=True, preexec_fn=controlling_terminal)  # fmt: skip
+    os.close(terminal)
+    screen = b""
+    try:
+        for key in keys:
+            while not screen.endswith(b"> "):
+                screen += os.read(main_fd, 4096)
+            os.write(main_fd, key)
+            screen += os.read(main_fd, 4096)
+        status = chat.wait(timeout=60)
+        while True:
+            try:
+                piece = os.read(main_fd, 4096)
+            except OSError:  # the terminal's other side closed with the command
+                break
+            if not piece:
+                break
+            screen += piece
+    finally:
+        chat.kill()
+        os.close(main_fd)
+    return status, screen.decode("utf-8", "replace")
+
+
+def test_chat_in_a_terminal_ends_its_line_at_ctrl_d_and_ctrl_c(line: Path) -> None:
+    # Ctrl-D and Ctrl-C at the "> " prompt left the shell's prompt on the chat's last line.
+    status, screen = chat_in_a_terminal(line, [b"the model trains\n", b"\x04"])
+    assert status == 0 and screen.endswith("> \r\n") and "Traceback" not in screen
+    status, screen = chat_in_a_terminal(line, [b"\x03"])
+    assert status == 130 and screen.endswith("> ^C\r\n") and "Traceback" not in screen
+
+
+def test_a_checkpoint_whose_weights_are_not_finite_is_refused_naming_the_tensor(
+    line: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # A NaN weight (its hashes intact: the checkpoint was written so) ended in torch's `invalid
+    # multinomial distribution` traceback at the first draw.
+    from safetensors.torch import save_file
+
+    from engine.checkpoints.format import blake2b_of
+
+    checkpoint = tmp_path / "u00000006"
+    shutil.copytree(line / "checkpoints" / "u00000006", checkpoint)
+    weights = load_checkpoint(checkpoint).weights
+    name = sorted(weights)[0]
+    weights[name].view(-1)[0] = float("nan")
+    save_file(weights, checkpoint / "model.safetensors")
+    meta = json.loads((checkpoint / "meta.json").read_text())
+    meta["files"]["model.safetensors"] = {"blake2b": blake2b_of(checkpoint / "model.safetensors"),
+                                          "bytes": (checkpoint / "model.safetensors").stat().st_size}  # fmt: skip
+    (checkpoint / "meta.json").write_text(json.dumps(meta))
+    status, out, err = sample(capsys, str(checkpoint), "--tokens", "5")
+    assert (status, out) == (2, "")
+    assert err == f"nsconsole: {checkpoint / 'model.safetensors'}: {name} holds non-finite values (NaN or inf)\n"

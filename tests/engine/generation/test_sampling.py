@@ -44,3 +44,8 @@ def test_the_same_seed_draws_the_same_tokens_and_another_seed_others() -> None:
 def test_settings_out_of_range_are_refused(changes: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         SamplingSettings(**changes)
+
+
+def test_a_tiny_temperature_takes_the_most_likely_token() -> None:
+    # Dividing the raw logits by 1e-310 overflowed to inf: the softmax was NaN and the draw failed.
+    assert set(_draws(SamplingSettings(temperature=1e-310, top_p=1.0, seed=2), 20)) == {1}
