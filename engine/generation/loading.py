@@ -197,7 +197,7 @@ def load_for_generation(
 ) -> GenerationModel:
     """Verify and load a checkpoint's model (its parameters' moving average with `average`; a
     refusal then names `command`, the one to run without --ema)."""
-    checkpoint = _read_checkpoint(directory)
+    checkpoint = _read_checkpoint(directory, average)
     run_json = directory / RUN_JSON_FILE
     try:
         text = checkpoint.run_json.decode("utf-8")
@@ -229,11 +229,12 @@ def load_for_generation(
     return loaded
 
 
-def _read_checkpoint(directory: Path) -> Checkpoint:
-    """`load_checkpoint` (every file checked against meta.json first) with a file that vanished
-    while it was read said in one line: a running line's retention removes old checkpoints."""
+def _read_checkpoint(directory: Path, average: bool) -> Checkpoint:
+    """`load_checkpoint` (every file checked against meta.json first; of the optimizer's tensors
+    only the parameters' average, and that with `average`) with a file that vanished while it was
+    read said in one line: a running line's retention removes old checkpoints."""
     try:
-        return load_checkpoint(directory)
+        return load_checkpoint(directory, optimizer_keys=("ema",) if average else ())
     except (CheckpointError, OSError) as error:
         if not directory.is_dir():
             raise CheckpointError(

@@ -340,13 +340,14 @@ def test_a_line_whose_trainer_replaces_the_checkpoint_being_read_samples_its_new
     original = loading.load_checkpoint
     reads: list[Path] = []
 
-    def trainer_moves_on(directory: Path):  # noqa: ANN202 - load_checkpoint's own result
+    def trainer_moves_on(directory: Path, optimizer_keys: tuple[str, ...]):  # noqa: ANN202 - load_checkpoint's
         reads.append(directory)
+        assert optimizer_keys == ()  # sampling reads no AdamW moments
         if len(reads) == 1:
             shutil.copytree(checkpoints / "u00000006", checkpoints / "u00000007")
             write_latest(checkpoints, "u00000007")
             shutil.rmtree(checkpoints / "u00000006")
-        return original(directory)
+        return original(directory, optimizer_keys)
 
     monkeypatch.setattr(loading, "load_checkpoint", trainer_moves_on)
     status, out, err = sample(capsys, str(copy), "--tokens", "5", "--seed", "1")
