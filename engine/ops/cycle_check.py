@@ -23,6 +23,8 @@ from engine.ops.lines import open_line, resolve_data_path
 
 Finding = tuple[bool, str]
 """(passed, one line): a `CheckResult`'s fields."""
+NOT_PREPARED = " not prepared yet (the preparer makes it)"
+"""How `current_cycle_finding` ends for a cycle whose manifest is not written yet."""
 
 
 def current_cycle_finding(layout: LineLayout, config: RunConfig, *, preparer_rebuilds: bool) -> Finding:
@@ -45,7 +47,7 @@ def current_cycle_finding(layout: LineLayout, config: RunConfig, *, preparer_reb
     if last is not None and index > last:
         return (True, f"current data cycle: none, the data line ended with cycle {last}")
     if not (directory / MANIFEST_NAME).is_file():
-        return (True, f"current data cycle: {index} not prepared yet (the preparer makes it)")
+        return (True, f"current data cycle: {index}{NOT_PREPARED}")
     try:
         manifest, manifest_sha = load_manifest(directory)
     except (DataLineError, OSError) as error:
@@ -93,3 +95,23 @@ def refuse_a_cycle_nobody_rebuilds(root: Path | str) -> None:
     passed, message = current_cycle_finding(layout, config, preparer_rebuilds=False)
     if not passed:
         raise LineError(f"{layout.root}: not started (no supervisor, and no data preparer runs on {data}): {message}")
+
+
+def unserved_wait(root: Path | str) -> str | None:
+    """A warning (one line) when a line started without a supervisor will wait for a cycle that no
+    preparer makes: the cycle it trains next is not prepared and no data preparer runs on its data
+    line. Not a refusal: a preparer started by hand after the trainer serves the wait."""
+    from datalines.service import preparer_running
+
+    layout = open_line(root)
+    config = RunConfig.load(layout.run_json)
+    data = resolve_data_path(layout, config.data.line)
+    if preparer_running(data):
+        return None
+    _, message = current_cycle_finding(layout, config, preparer_rebuilds=False)
+    if not message.endswith(NOT_PREPARED):
+        return None
+    cycle = message.removesuffix(NOT_PREPARED).removeprefix("current data cycle: ")
+    return (f"{layout.root}: data cycle {cycle} is not prepared yet and no data preparer runs on {data}: the "
+            f"trainer waits until one makes it (`nsconsole data run-preparer --work {data}`; a line run under its "
+            f"supervisor, `nsconsole run {layout.root}`, has one)")  # fmt: skip

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
 from engine.config.host import HostSettings
@@ -112,10 +113,13 @@ def train_without_supervisor(line: Path, *, stop_at: int | None, engine: str) ->
 
     hold = hold_line(open_line(line))
     try:
-        from engine.ops.cycle_check import refuse_a_cycle_nobody_rebuilds
+        from engine.ops.cycle_check import refuse_a_cycle_nobody_rebuilds, unserved_wait
         from engine.training.trainer import Trainer
 
         refuse_a_cycle_nobody_rebuilds(line)
+        warning = unserved_wait(line)
+        if warning is not None:
+            print(f"nsconsole: warning: {warning}", file=sys.stderr)
         return Trainer(line, stop_at=stop_at, engine=engine, owns_process=True).run()
     finally:
         os.close(hold)
