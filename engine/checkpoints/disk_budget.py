@@ -21,8 +21,8 @@ from pathlib import Path
 from engine.checkpoints.format import CHECKPOINT_DISK_MARGIN, list_checkpoints, read_latest
 from engine.config.run import RunConfig
 from engine.errors import DiskFull
+from engine.models import presets
 from engine.models.memory_budget import saved_buffer_bytes
-from engine.models.presets import family_of, preset_config
 from engine.units import GIB
 
 FP32_BYTES = 4
@@ -63,7 +63,7 @@ def next_checkpoint_size(
     per_parameter = FP32_BYTES * (4 if config.ema is not None else 3)
     tensors = "fp32 weights, two AdamW moments" + (" and the average" if config.ema is not None else "")
     preset = config.model.preset
-    buffers = saved_buffer_bytes(family_of(preset), preset_config(preset, config.model.overrides))
+    buffers = saved_buffer_bytes(presets.family_of(preset), presets.preset_config(preset, config.model.overrides))
     return CheckpointSize(
         parameters * per_parameter + buffers + tokenizer_bytes,
         f"estimated: {parameters:,} parameters x {per_parameter} bytes ({tensors})"

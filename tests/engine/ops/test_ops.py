@@ -64,6 +64,7 @@ def environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # entry points stand in, so these tests hold the line operations alone.
     monkeypatch.setattr(presets, "preset_names", lambda: ["tiny-test"])
     monkeypatch.setattr(presets, "preset_config", fake_preset_config)
+    monkeypatch.setattr(presets, "family_of", lambda name: "tiny-test-family")  # holds no model buffers
     DATA_VOCAB["vocab"] = 512
     monkeypatch.setattr(
         datalines, "open_data_line", lambda path: FakeDataLine(DATA_VOCAB["vocab"], 0), raising=False
