@@ -439,7 +439,8 @@ class ConsoleApp(App[None]):
         line.add_event(self.clock(), "request", "resume: starting its supervisor")
         # Imported here, when a line is resumed: the supervisor's module is not needed to start the console.
         from engine.supervisor.lost import lost_line
-        from engine.supervisor.supervisor import SupervisorSettings, SupervisorSilent, start_detached
+        from engine.supervisor.settings import SupervisorSettings
+        from engine.supervisor.start import SupervisorSilent, start_detached
 
         # A line whose supervisor was lost (a reboot, a kill) goes on with the --engine and --stop-at it ran with.
         lost = lost_line(line.path)

@@ -1,19 +1,19 @@
 """The supervisor: keeps one training line running unattended.
 
 `python -m engine.supervisor.supervisor LINE [--foreground] [--stop-at N]` (what `nsconsole run LINE` runs):
-without `--foreground` it starts itself detached (`engine/supervisor/detach.py`: its own session, output to
-`<line>/supervisor.out`), after refusing where systemd-logind would end it at logout, and
-returns once the detached supervisor answers.
+without `--foreground` it starts itself detached (`engine/supervisor/start.py`; `engine/supervisor/detach.py`:
+its own session, output to `<line>/supervisor.out`), after refusing where systemd-logind would end
+it at logout, and returns once the detached supervisor answers.
 
 The supervisor (one per line: an exclusive flock on the line directory):
 
 - starts nothing on a line that has finished, decided once it holds that flock (`nsconsole run`
   looked seconds before, and a trainer started without a supervisor may have finished it since);
-- launches the trainer (`engine/training/main.py`) with run.log as its output, after taking
-  the GPU lease (`engine/gpu/devices.py`: the first free one of the GPUs run.json's `device` names,
-  `engine/gpu/placement.py`) and handing it to the trainer, which sees that GPU alone, by its UUID,
-  as cuda:0; the trainer gets SIGTERM, and
-  so stops at its next update with a checkpoint, if the supervisor dies;
+- launches the trainer (`engine/training/main.py`; `engine/supervisor/launch.py`) with run.log as
+  its output, after taking the GPU lease (`engine/supervisor/leasing.py`; `engine/gpu/devices.py`:
+  the first free one of the GPUs run.json's `device` names, `engine/gpu/placement.py`) and handing
+  it to the trainer, which sees that GPU alone, by its UUID, as cuda:0; the trainer gets SIGTERM,
+  and so stops at its next update with a checkpoint, if the supervisor dies;
 - watches its heartbeat: none for `guards.watchdog_minutes` -> kill -9 and relaunch
   (`watchdog_restart`); a trainer that does not exit even then -> `stuck`, the supervisor stops;
 - judges each exit by the recovery table (`engine/supervisor/verdict.py`, a pure function): a
@@ -44,15 +44,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -64,14 +62,14 @@ from engine.checkpoints.format import branched_from
 from engine.config.host import HostSettings, load_and_apply
 from engine.config.run import RunConfig
 from engine.errors import LineError
-from engine.gpu.devices import GpuLease, lease_holder, take_free_leases
+from engine.gpu.devices import GpuLease
 from engine.gpu.placement import PhysicalGpu, PlacementError, child_environment
 from engine.layout import LineLayout
-from engine.logrotate import RotatingLog, rotate_if_needed
+from engine.logrotate import RotatingLog
 from engine.ops import lines as ops
 from engine.ops.line_end import finished_line_error, line_end
 from engine.ops.rollback_records import rollback_times
-from engine.process_start import is_recorded_process, started_since_boot
+from engine.process_start import started_since_boot
 from engine.protocol.facts import (
     ENGINE_CHOICES,
     FINAL_LINE_STATES,
@@ -79,16 +77,15 @@ from engine.protocol.facts import (
     Engine,
     EventKind,
     LineState,
-    Stage,
-    StopReason,
     SupervisorExitCode,
 )
 from engine.protocol.wire import PROTOCOL_VERSION, RequestLog
 from engine.supervisor import registry
-from engine.supervisor.child import clear_exits, group_exit
-from engine.supervisor.detach import foreground_argv, gather_logind_facts, logind_refusal, spawn_detached
+from engine.supervisor.branch_supervisors import BranchSupervisors
 from engine.supervisor.forks import ForkQueue, QueuedFork
-from engine.supervisor.gpu_watch import line_gpus, memory_of_others_on_gpu, processes_on_gpu
+from engine.supervisor.gpu_watch import line_gpus
+from engine.supervisor.launch import TrainerLaunching
+from engine.supervisor.leasing import GpuLeasing, release_all
 from engine.supervisor.notify import DEFAULT_TIMEOUT_S as NOTIFY_TIMEOUT_S
 from engine.supervisor.notify import make_event, notify_in_background
 from engine.supervisor.preparer import PreparerKeeper
@@ -103,7 +100,6 @@ from engine.supervisor.reads import (
     pending_stop,
     pending_stop_now,
     read_json,
-    reload_config,
     supervisor_config,
 )
 from engine.supervisor.reserve import RESERVE_NAME, DiskReserve, is_disk_full
@@ -111,8 +107,11 @@ from engine.supervisor.rows_digest import is_validation_row
 from engine.supervisor.rows_tail import RowsTail
 from engine.supervisor.rpc import LineHandler, PausedWork
 from engine.supervisor.server import SupervisorServer
+from engine.supervisor.settings import SupervisorSettings
+from engine.supervisor.start import start_detached
+from engine.supervisor.state import SupervisorState
 from engine.supervisor.verdict import ExitContext, TrainerExit, judge_exit
-from engine.training.line_lock import hold_line, refuse_a_held_line
+from engine.training.line_lock import hold_line
 
 if TYPE_CHECKING:
     from engine.ops.branch import BranchResult
@@ -122,105 +121,13 @@ MAX_RELAUNCH_DELAY_S = 300.0
 ROWS_INDEX_EVERY = 4096
 """Rows between two saves of the index of rows.jsonl (`RowsTail.save`): at ns-2b's 2 s an update,
 about every 2 h, so a start after a crash or a reboot reads at most this many rows of the file."""
-INDEX_BYTES_PER_S = 25 * 2**20
-"""The pace a start is allowed for indexing rows.jsonl before it answers: it read 3 GB in 43 s
-(about 70 MB/s) on the 2-core development machine; a slower disk or a busy host reads slower."""
 ANSWER_WAIT_S = 5.0
 """How long an ending supervisor waits for a refused rollback or tune to be answered."""
 
 
-@dataclass
-class SupervisorSettings:
-    """The supervisor's timings and limits (run.json's guards give the watchdog interval)."""
-
-    poll_seconds: float = 1.0
-    """How often it looks at the trainer, its heartbeat, rows.jsonl and stop requests."""
-    max_failures: int = 5
-    """Crashes in a row without a newer checkpoint after which the line stops (`failed`)."""
-    relaunch_delay_seconds: float = 5.0
-    """Pause before relaunching the trainer after a crash (or restarting the data preparer after a
-    failure); doubles with each one in a row (up to 5 min)."""
-    kill_wait_seconds: float = 120.0
-    """How long a trainer killed with SIGKILL may take to exit before it is reported `stuck`."""
-    stop_wait_seconds: float = 1800.0
-    """How long a trainer asked to stop (SIGTERM: checkpoint first) may take before SIGKILL."""
-    watchdog_seconds: float | None = None
-    """Overrides run.json's guards.watchdog_minutes (None: use it)."""
-    engine: str = Engine.AUTO
-    """The trainer's step engine (an `Engine`)."""
-    stop_at: int | None = None
-    """Passed to the trainer: stop cleanly at this update."""
-    echo: bool = False
-    """Print run.log as it grows (the foreground supervisor in a terminal)."""
-    run_preparer: bool = True
-    """Keep the data line's preparer running beside the trainer (`engine/supervisor/preparer.py`)."""
-    preparer_command: list[str] | None = None
-    """The preparer program before its `--work DATA` (None: `nsconsole data run-preparer`)."""
-    trainer_command: list[str] | None = None
-    """The program launched as the trainer, before its arguments (None: this Python running
-    `engine.training.main`); tests give a scripted stand-in."""
-
-
-@dataclass
-class SupervisorState:
-    """supervisor.json: what the supervisor is doing and what has happened (rewritten atomically)."""
-
-    pid: int
-    """The supervisor's pid."""
-    started: float
-    """When it started (Unix time)."""
-    boot_start: float | None = None
-    """When it started, in seconds since boot: with `pid`, this process, whatever the wall clock did
-    since (engine.process_start)."""
-    state: str = LineState.STARTING
-    """What it is doing: a `LineState`."""
-    trainer_pid: int | None = None
-    """The running trainer's pid."""
-    launches: int = 0
-    """Trainer launches by this supervisor."""
-    trainer_launched: float | None = None
-    """When the running trainer was launched (Unix time; None while none runs): the console judges
-    its throughput only past its first updates (compilation, warm-up)."""
-    crashes: int = 0
-    """Trainer exits nobody asked for (`Verdict.crashed`), and supervisors that died with the line
-    running, over every life of this line's supervisor (carried over from the supervisor.json before)."""
-    failures_in_a_row: int = 0
-    """Crashes since the last one that left a newer checkpoint."""
-    crashes_beside_others: int = 0
-    """Crashes in a row without progress while other processes were on the GPU (not failures)."""
-    gpu_index: int | None = None
-    """The GPU of the line's lease, NVML's index: held by its trainer, or its last one between two
-    launches (None: on the CPU, or waiting for a lease)."""
-    gpu_uuid: str | None = None
-    """That GPU's UUID: the trainer's CUDA_VISIBLE_DEVICES (`engine/gpu/placement.py`)."""
-    trainer_children: list[int] = field(default_factory=list)
-    """At parallel.degree above 1, the trainer's processes under `trainer_pid` (torchrun's ranks and
-    what they start), so that a reader can sum the line's CPU, memory and GPU memory; empty at
-    degree 1, where the trainer is one process."""
-    gpu_indices: list[int] = field(default_factory=list)
-    """Every GPU of the line's leases, rank 0's first (`gpu_index` alone at parallel.degree 1;
-    empty with it None). Each is watched for other processes as the line's own."""
-    gpu_candidates: list[int] | None = None
-    """The GPUs run.json's `device` lets the line lease, in the order it tries them (None: the CPU)."""
-    gpu_holders: list[dict[str, Any]] = field(default_factory=list)
-    """While it waits for a lease: who holds each candidate's (`gpu`, `uuid`, `line`, `pid`)."""
-    last_exit: dict[str, Any] | None = None
-    """The trainer's last exit: code, signal, seconds it ran, newest checkpoint."""
-    last_event: dict[str, Any] | None = None
-    """The last event (as notified)."""
-    requests: list[dict[str, Any]] = field(default_factory=list)
-    """Mutations already applied, by request_id (a retry is answered from here)."""
-    queued_forks: list[dict[str, Any]] = field(default_factory=list)
-    """Branches waiting for the end of their trunk cycle (`engine.supervisor.forks.QueuedFork`)."""
-    engine: str = Engine.AUTO
-    """The step engine it launches trainers with (`run --engine`): a lost supervisor's line is
-    resumed with it (`engine.supervisor.lost`)."""
-    stop_at: int | None = None
-    """The update its trainers stop at (`run --stop-at`; None: none): kept by a resume too."""
-
-
-class Supervisor:
-    """One line's supervisor (see the module docstring)."""
+class Supervisor(GpuLeasing, TrainerLaunching):
+    """One line's supervisor (see the module docstring): its loop, its state and what it tells; its GPU
+    leases are `GpuLeasing`'s, its trainer's launch and watch `TrainerLaunching`'s."""
 
     def __init__(self, line: Path | str, settings: SupervisorSettings | None = None) -> None:
         self.layout: LineLayout = ops.open_line(line)
@@ -251,7 +158,7 @@ class Supervisor:
         self._paused_work: PausedWork | None = None  # a rollback or tune waiting for the trainer to stop
         self._closing = False  # the supervisor is ending: no more paused work is taken
         self._parent: str | None = None  # the line this one was branched from
-        self._branch_supervisors: list[int] = []  # started by this one: reaped when they exit (guarded by _lock)
+        self._branches = BranchSupervisors(self.settings.engine)  # the supervisors of branches it started
         self.forks = ForkQueue(
             self.layout, on_forked=self._on_forked, on_failed=self._on_fork_failed, on_change=self._save,
         )
@@ -483,281 +390,6 @@ class Supervisor:
             if not self._pause_before_relaunch():
                 return self._end_without_trainer()
 
-    # ---- one launch -----------------------------------------------------------------------------
-
-    def _take_gpus(self, gpus: list[PhysicalGpu], count: int) -> list[GpuLease] | None:
-        """The leases of the first `count` free GPUs of `gpus` (one per rank of `parallel.degree`),
-        waited for as long as other lines hold too many of them (none is held meanwhile:
-        `take_free_leases`); None if a stop comes first. The GPUs trained on before are tried first,
-        and after a launch that left its GPU to other processes, the GPUs with none on them are (an
-        `auto` line moves rather than waits); no line has priority over another."""
-        waited_since = time.monotonic()
-        told = False
-        said: list[tuple[int, str]] | None = None
-        while True:
-            order = self._lease_order(gpus)
-            taken = take_free_leases([GpuLease(gpu.index, self.layout.root, gpu.uuid) for gpu in order], count)
-            if taken is not None:
-                by_index = {gpu.index: gpu for gpu in gpus}
-                self._placed = [by_index[lease.index] for lease in taken]
-                self._set(gpu_index=taken[0].index, gpu_uuid=taken[0].uuid,
-                          gpu_indices=[lease.index for lease in taken], gpu_holders=[])
-                return taken
-            # A lease freed since the try above is left out: the next try takes it.
-            holders = [(gpu, holder) for gpu in gpus if (holder := lease_holder(gpu.index)) is not None]
-            held_by = [(gpu.index, holder.line or f"pid {holder.pid}") for gpu, holder in holders]
-            records = [{"gpu": gpu.index, "uuid": gpu.uuid, "line": holder.line, "pid": holder.pid}
-                       for gpu, holder in holders]  # fmt: skip
-            what = f"GPU {gpus[0].index}" if len(gpus) == 1 else "a GPU" if count == 1 else f"{count} GPUs"
-            if self.state.state != LineState.WAITING_GPU or held_by != said:
-                # The reason in run.log first: whoever sees the state (supervisor.json, `status`) finds it there.
-                taken_by = ", ".join(f"GPU {index} by {line}" for index, line in held_by)
-                self._say(f"waiting for {what}: leases held ({taken_by})")
-                self._set(state=LineState.WAITING_GPU, gpu_index=None, gpu_uuid=None, gpu_indices=[],
-                          gpu_holders=records)
-                said = held_by
-            if not told and time.monotonic() - waited_since > self._watchdog_seconds():
-                self._event(EventKind.GPU_WAIT, f"waiting for {what} longer than the watchdog interval")
-                told = True
-            self._pump()
-            self._do_paused_work(gpu_ready=False)
-            if self._stopping or pending_stop_now(self.layout):
-                return None
-            time.sleep(self.settings.poll_seconds)
-
-    def _lease_order(self, gpus: list[PhysicalGpu]) -> list[PhysicalGpu]:
-        """`gpus` in the order to try their leases (see `_take_gpus`)."""
-        def rank(gpu: PhysicalGpu) -> tuple[bool, bool]:
-            busy = self._need_free_gpu and bool(processes_on_gpu(gpu.index, exclude=()))
-            return busy, gpu not in self._placed
-
-        return sorted(gpus, key=rank) if len(gpus) > 1 else gpus
-
-    def _wait_for_free_gpu(self, index: int) -> bool:
-        """Wait (holding the lease) until no process is on the GPU -- or, where the trainer left
-        beside others after training on (`_others_may_stay`), until they hold no more than
-        guards.share_reserve_gb (it then starts beside them with the shared shapes); False if a stop
-        comes first."""
-        waited_since = time.monotonic()
-        told = False
-        while (others := processes_on_gpu(index, exclude=())) and not self._others_fit_the_reserve(index):
-            if self.state.state != LineState.WAITING_GPU:
-                self._say(f"waiting for GPU {index} to be free (other processes on it: {others})")
-                self._set(state=LineState.WAITING_GPU)
-            if not told and time.monotonic() - waited_since > self._watchdog_seconds():
-                message = f"waiting for GPU {index} to be free longer than the watchdog interval"
-                self._event(EventKind.GPU_WAIT, message)
-                told = True
-            self._pump()
-            self._do_paused_work(gpu_ready=False)
-            if self._stopping or pending_stop_now(self.layout):
-                return False
-            time.sleep(self.settings.poll_seconds)
-        return True
-
-    def _others_fit_the_reserve(self, index: int) -> bool:
-        if not self._others_may_stay:
-            return False
-        config = self._config or reload_config(self.layout, None)
-        reserve = None if config is None else config.guards.share_reserve_bytes
-        held = memory_of_others_on_gpu(index)
-        return reserve is not None and held is not None and held <= reserve
-
-    def _run_trainer(self, leases: list[GpuLease]) -> TrainerExit:
-        self._wait_for_an_earlier_trainer()
-        self._config = reload_config(self.layout, self._config)
-        rotate_if_needed(self.layout.run_log)
-        checkpoint_before = latest_update(self.layout)
-        argv = self._trainer_argv()
-        clear_exits(self.layout.root)
-        output = os.open(self.layout.run_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            trainer = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
-                pass_fds=tuple(lease.fileno() for lease in leases), close_fds=True,
-                env=self.placed_environment(),
-            )
-        finally:
-            os.close(output)
-        for lease in leases:
-            lease.record_holder(trainer.pid)
-            lease.release()  # the trainer (torchrun and its ranks) holds it now, for exactly its life
-        launched = time.time()
-        self._set(state=LineState.TRAINING, trainer_pid=trainer.pid, launches=self.state.launches + 1,
-                  trainer_launched=launched)
-        self._say(f"trainer launched (pid {trainer.pid}, launch {self.state.launches})")
-        self._publish_event(EventKind.LAUNCHED, f"trainer launched (pid {trainer.pid})")
-        outcome = self._watch(trainer, launched)
-        if self._degree() > 1 and outcome.code not in (0, None) and not outcome.killed_by_watchdog:
-            # torchrun exits 1 whatever its ranks said: the verdict reads the status they left.
-            recorded = group_exit(self.layout.root)
-            outcome.code = outcome.code if recorded is None else recorded
-        outcome.progressed = (latest_update(self.layout) or -1) > (checkpoint_before or -1)
-        self._pump()
-        exit_record = {"code": outcome.code, "ran_seconds": round(outcome.ran_seconds, 3),
-                       "latest_checkpoint": latest_update(self.layout), "time": time.time()}
-        self._set(trainer_pid=None, trainer_children=[], trainer_launched=None, last_exit=exit_record)
-        return outcome
-
-    def _degree(self) -> int:
-        """The line's `parallel.degree` as last read (1 before run.json is)."""
-        return self._config.parallel.degree if self._config is not None else 1
-
-    def _trainer_argv(self) -> list[str]:
-        """The trainer's command line. At `parallel.degree` N > 1, torchrun starting N ranks of it
-        (`--max-restarts=0`: the supervisor relaunches, from the newest checkpoint, by its verdict;
-        `--shutdown-timeout`: ranks asked to stop may take as long to checkpoint as a trainer
-        alone), exec'd through engine.supervisor.child so that it gets SIGTERM if the supervisor
-        dies; torchrun forwards it to the ranks."""
-        program = self.settings.trainer_command or [sys.executable, "-m", "engine.training.main"]
-        argv = [*program, str(self.layout.root), "--parent", str(os.getpid())]
-        argv += ["--engine", self.settings.engine]
-        if self.settings.stop_at is not None:
-            argv += ["--stop-at", str(self.settings.stop_at)]
-        degree = self._degree()
-        if degree == 1:
-            return argv
-        torchrun = [
-            sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={degree}",
-            "--max-restarts=0", f"--shutdown-timeout={math.ceil(self.settings.stop_wait_seconds)}", "--no-python",
-        ]  # fmt: skip
-        return [sys.executable, "-m", "engine.supervisor.child", str(os.getpid()), "--", *torchrun, *argv]
-
-    def _group_of(self, trainer: subprocess.Popen[bytes]) -> tuple[int, ...]:
-        """The trainer's pid and, at a degree above 1, its ranks' (torchrun's descendants)."""
-        if self._degree() == 1:
-            return (trainer.pid,)
-        try:
-            return (trainer.pid, *(child.pid for child in psutil.Process(trainer.pid).children(recursive=True)))
-        except psutil.Error:
-            return (trainer.pid,)
-
-    def _watch(self, trainer: subprocess.Popen[bytes], launched: float) -> TrainerExit:
-        stopped_by_us = False
-        paused = False  # stopped for paused work (a rollback, a tune): relaunched after it
-        stop_file_seen = False  # a clean exit after a STOP request is a stop, not the line's end
-        asked_to_stop_at = 0.0
-        data_wait_since: float | None = None  # when the trainer began waiting for a data cycle
-        told_data_wait = False
-        others: list[int] = []
-        launch_pids: set[int] = set()
-        # Silence is timed on this process's monotonic clock from when a new beat was seen: a beat's
-        # own time is the wall clock's, which an NTP step or a resumed VM moves by hours (forward,
-        # a healthy trainer would be killed; back, a hung one kept).
-        beat_stamp: float | None = None  # the newest beat's own time, only to tell a new beat
-        beat_seen_at = time.monotonic()
-        while True:
-            stop_file_seen = stop_file_seen or pending_stop(self.layout) is not None
-            code = trainer.poll()
-            group = self._group_of(trainer)
-            if sorted(group[1:]) != self.state.trainer_children:
-                self._set(trainer_children=sorted(group[1:]))
-            if self.state.gpu_indices:  # every rank's GPU is the line's to watch
-                now_on_gpu = sorted({pid for index in self.state.gpu_indices
-                                     for pid in processes_on_gpu(index, exclude=group)})  # fmt: skip
-                # At the exit, what was there at the last look before it counts too.
-                others = sorted(set(others) | set(now_on_gpu)) if code is not None else now_on_gpu
-            if code is not None:
-                ran = time.time() - launched
-                heartbeat = read_json(self.layout.heartbeat) or {}
-                stop_served = (heartbeat.get("stage") == Stage.STOPPED and heartbeat.get("reason") == StopReason.STOP_FILE
-                               and heartbeat.get("pid") in launch_pids | set(group))  # this launch's beat
-                return TrainerExit(
-                    code, ran, stopped_by_us=stopped_by_us, stop_requested=stop_file_seen, stop_served=stop_served,
-                    others_on_gpu=others, paused_for_work=paused,
-                )
-            self._pump()
-            if self._stopping and not stopped_by_us:
-                self._set(state=LineState.STOPPING)
-                self._say("stopping the trainer (SIGTERM: it checkpoints first)")
-                trainer.send_signal(signal.SIGTERM)
-                stopped_by_us, asked_to_stop_at = True, time.monotonic()
-            work = self._paused_work
-            if work is not None and not (paused or stopped_by_us):
-                self._set(state=LineState.PAUSING)
-                self._say(f"stopping the trainer for the {work.name} (SIGTERM: it checkpoints first)")
-                trainer.send_signal(signal.SIGTERM)
-                paused, asked_to_stop_at = True, time.monotonic()
-            asked = stopped_by_us or paused
-            if asked and time.monotonic() - asked_to_stop_at > self.settings.stop_wait_seconds:
-                self._say(f"the trainer did not stop in {self.settings.stop_wait_seconds:g} s: killing it")
-                outcome = self._kill(trainer, launched, watchdog=False, stopped_by_us=stopped_by_us)
-                outcome.paused_for_work = paused
-                return outcome
-            heartbeat = read_json(self.layout.heartbeat)
-            silence_allowed = self._watchdog_seconds()
-            # Every pid of this launch seen so far: rank 0 may have left (its heartbeat says so) while
-            # torchrun tears the group down, and its beat is still this launch's, not a stale one.
-            launch_pids.update(self._group_of(trainer))
-            if heartbeat is not None and heartbeat.get("pid") in launch_pids:  # rank 0's in a group
-                if (stamp := beat_time(heartbeat)) != beat_stamp:
-                    beat_stamp, beat_seen_at = stamp, time.monotonic()
-                if heartbeat.get("stage") == Stage.STOPPED:
-                    # It has checkpointed and is leaving (W&B's bounded close, a group's last barrier):
-                    # a stopping trainer's allowance bounds that, not the watchdog's silence.
-                    silence_allowed = max(silence_allowed, self.settings.stop_wait_seconds)
-                if heartbeat.get("stage") != Stage.WAITING_DATA:
-                    data_wait_since, told_data_wait = None, False
-                elif data_wait_since is None:
-                    data_wait_since = beat_seen_at
-                elif not told_data_wait and time.monotonic() - data_wait_since > self._watchdog_seconds():
-                    cycle = heartbeat.get("cycle")
-                    self._event(EventKind.DATA_WAIT, f"the trainer has waited for data cycle {cycle} longer than the "
-                                "watchdog interval")
-                    told_data_wait = True
-            if not asked and time.monotonic() - beat_seen_at > silence_allowed:
-                return self._kill(trainer, launched, watchdog=True, stopped_by_us=False)
-            time.sleep(self.settings.poll_seconds)
-
-    def _kill(
-        self, trainer: subprocess.Popen[bytes], launched: float, watchdog: bool, stopped_by_us: bool
-    ) -> TrainerExit:
-        if watchdog:
-            silence = self._watchdog_seconds()
-            self._say(f"no heartbeat for {silence:g} s: killing the trainer (pid {trainer.pid})")
-        # A group's ranks run in sessions of their own, and one stopped or stuck in a collective
-        # answers no SIGTERM torchrun forwards: each is killed, as torchrun is.
-        ranks = [psutil.Process(pid) for pid in self._group_of(trainer)[1:] if psutil.pid_exists(pid)]
-        trainer.kill()
-        for rank in ranks:
-            with contextlib.suppress(psutil.Error):
-                rank.kill()
-        try:
-            code: int | None = trainer.wait(timeout=self.settings.kill_wait_seconds)
-        except subprocess.TimeoutExpired:
-            code = None
-        _gone, alive = psutil.wait_procs(ranks, timeout=self.settings.kill_wait_seconds)
-        if alive:
-            code = None  # a rank that SIGKILL does not end: the GPU may hang
-        ran = time.time() - launched
-        return TrainerExit(code, ran, killed_by_watchdog=watchdog, stopped_by_us=stopped_by_us)
-
-    def _wait_for_an_earlier_trainer(self) -> None:
-        """A trainer of this line still alive (its supervisor died; it is checkpointing) must end first."""
-        heartbeat = read_json(self.layout.heartbeat)
-        if heartbeat is None or heartbeat.get("stage") == Stage.STOPPED:
-            return
-        pid = heartbeat.get("pid")
-        try:
-            process = psutil.Process(int(pid))
-            if not is_recorded_process(process, heartbeat.get("pid_boot_start"), beat_time(heartbeat)):
-                return  # the pid now belongs to another process
-        except (psutil.Error, TypeError, ValueError):
-            return
-        self._say(f"an earlier trainer of this line (pid {pid}) is still running: waiting for it to exit")
-        deadline = time.monotonic() + self.settings.stop_wait_seconds
-        try:
-            process.terminate()  # its supervisor is gone: it must checkpoint and go
-            while process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
-                if time.monotonic() > deadline:
-                    process.kill()
-                    process.wait(self.settings.kill_wait_seconds)
-                    return
-                self._pump()
-                time.sleep(self.settings.poll_seconds)
-        except (psutil.NoSuchProcess, psutil.TimeoutExpired):
-            pass  # gone (or, past the kill, stuck: the launch then fails and is counted)
-
     # ---- after an exit --------------------------------------------------------------------------
 
     def _judge(self, outcome: TrainerExit) -> int | None:
@@ -844,7 +476,7 @@ class Supervisor:
 
     def _on_forked(self, fork: QueuedFork, result: BranchResult) -> None:
         """A branch was forked (on a fork worker thread, or at the line's end): start it, then tell."""
-        failure = self._start_branch(result.line)
+        failure = self._branches.start(result.line)
         message = f"branched {result.line} at the end of cycle {fork.at_cycle} (update {result.fork_update})"
         message += "; its supervisor started" if failure is None else "; its supervisor did not start"
         self._say(message)
@@ -855,36 +487,6 @@ class Supervisor:
         if failure is not None:
             self._say(f"branch_start_failed: {failure}")
             self._publish_event(EventKind.BRANCH_START_FAILED, failure, path=str(result.line), at_cycle=fork.at_cycle)
-
-    def _start_branch(self, branch: Path) -> str | None:
-        """Start the branch's own supervisor detached (this one's engine, no `--stop-at`); None when
-        it started, else why not (the branch stays: `nsconsole run` it by hand)."""
-        try:
-            pid = start_detached(branch, SupervisorSettings(engine=self.settings.engine))
-        except LineError as error:
-            return str(error)
-        except Exception as error:  # the trunk goes on; the operator is told
-            return f"internal error: {type(error).__name__}: {error}"
-        with self._lock:
-            self._branch_supervisors.append(pid)
-        return None
-
-    def _reap_branch_supervisors(self) -> None:
-        # A started branch supervisor is this process's child: once it exits, collect its status, or
-        # it stays a zombie for as long as the trunk runs.
-        with self._lock:
-            started = list(self._branch_supervisors)
-        ended = set()
-        for pid in started:
-            try:
-                finished, _status = os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                finished = pid  # collected already
-            if finished:
-                ended.add(pid)
-        if ended:
-            with self._lock:
-                self._branch_supervisors = [pid for pid in self._branch_supervisors if pid not in ended]
 
     def _on_fork_failed(self, fork: QueuedFork, reason: str) -> None:
         message = f"the branch into {fork.path} at the end of cycle {fork.at_cycle} failed: {reason}"
@@ -950,7 +552,7 @@ class Supervisor:
             if heartbeat is not None and self._server is not None:
                 self._server.publish("heartbeat", heartbeat)
         self.forks.poll()
-        self._reap_branch_supervisors()
+        self._branches.reap()
         if self.settings.echo:
             self._echo_run_log()
 
@@ -1027,68 +629,12 @@ class Supervisor:
         minutes = self._config.guards.watchdog_minutes if self._config is not None else 30.0
         return max(minutes, 0.0) * 60.0
 
-
-def release_all(leases: list[GpuLease]) -> None:
-    """Let go of leases this process holds (one handed to a trainer already is the trainer's)."""
-    for lease in leases:
-        lease.release()
+    def _degree(self) -> int:
+        """The line's `parallel.degree` as last read (1 before run.json is)."""
+        return self._config.parallel.degree if self._config is not None else 1
 
 
 # ---- the command --------------------------------------------------------------------------------
-
-
-class SupervisorSilent(LineError):
-    """`start_detached` started a supervisor that has not answered in time. It may still come up,
-    and it is the caller's child: `pid` lets a caller that lives on (the console) reap it."""
-
-    def __init__(self, message: str, pid: int) -> None:
-        super().__init__(message)
-        self.pid = pid
-
-
-def start_detached(line: Path, settings: SupervisorSettings, answer_timeout: float = 60.0) -> int:
-    """Start the line's supervisor in the background and wait until it answers; its pid.
-
-    `SupervisorSilent` (with the pid) when it runs but has not answered within answer_timeout."""
-    layout = ops.open_line(line)
-    RunConfig.load(layout.run_json)  # a broken run.json is reported here, in the terminal
-    running = registry.find_supervisor(layout.root)
-    if running is not None:
-        raise LineError(f"{layout.root}: a supervisor already runs this line (pid {running.pid})")
-    refuse_a_held_line(layout)  # refused here, not in supervisor.out, while another holds the line
-    options = ["--engine", settings.engine]
-    if settings.stop_at is not None:
-        options += ["--stop-at", str(settings.stop_at)]
-    refusal = logind_refusal(gather_logind_facts(), layout.root, [*foreground_argv(layout.root), *options])
-    if refusal is not None:
-        raise LineError(refusal)
-    rotate_if_needed(layout.supervisor_out)
-    started_at = file_size(layout.supervisor_out)
-    argv = [sys.executable, "-m", "engine.supervisor.supervisor", str(layout.root), "--detached-child", *options]
-    pid = spawn_detached(argv, layout.supervisor_out)
-    answer_timeout = answer_wait(layout, answer_timeout)
-    deadline = time.monotonic() + answer_timeout
-    while time.monotonic() < deadline:
-        entry = registry.find_supervisor(layout.root)
-        if entry is not None and entry.pid == pid:
-            return pid
-        finished, status = os.waitpid(pid, os.WNOHANG)
-        if finished:
-            output = layout.supervisor_out.read_bytes()[started_at:].decode("utf-8", errors="replace").strip()
-            last = output.splitlines()[-1].removeprefix("nsconsole: ") if output else \
-                f"exit status {os.waitstatus_to_exitcode(status)}"
-            raise LineError(f"{layout.supervisor_out}: the supervisor did not start: {last}")
-        time.sleep(0.1)
-    raise SupervisorSilent(f"{layout.supervisor_out}: the supervisor (pid {pid}) has not answered within "
-                           f"{answer_timeout:.0f} s; see that file", pid)
-
-
-def answer_wait(layout: LineLayout, base: float) -> float:
-    """How long a start waits for its supervisor to answer: `base`, and the time its start takes to
-    index what of rows.jsonl the saved index does not cover (`INDEX_BYTES_PER_S`): the first start
-    on a line of months reads gigabytes before it serves, and would be reported silent meanwhile."""
-    unindexed = file_size(layout.rows_jsonl) - RowsTail.indexed_bytes(layout.rows_index)
-    return base + max(0, unindexed) / INDEX_BYTES_PER_S
 
 
 def run_line(

@@ -244,9 +244,9 @@ def test_a_supervisor_started_with_r_is_reaped_when_it_exits(tmp_path: Path) -> 
 def test_a_supervisor_that_has_not_answered_in_time_is_still_reaped(tmp_path: Path, monkeypatch) -> None:
     """`R` whose supervisor has not answered within the wait: the console says resume failed, and
     still collects that child when it exits (it came up later here, and was stopped)."""
-    from engine.supervisor import supervisor
+    from engine.supervisor import start
 
-    monkeypatch.setattr(supervisor, "start_detached", functools.partial(supervisor.start_detached, answer_timeout=0.0))
+    monkeypatch.setattr(start, "start_detached", functools.partial(start.start_detached, answer_timeout=0.0))
 
     async def after_yes(pilot: Any, line: LineView, line_path: Path) -> None:
         refused = await until(pilot, lambda: next(
