@@ -19,7 +19,8 @@ rollback, a branch) is sent again from it, in order, so the W&B curve has no hol
   either, and finishing the run held the trainer's exit for the whole close limit); the run is left
   as a crash leaves it, and the next start continues it and re-sends what it lacks.
 - The client's local files of cleanly finished runs are removed at the next start (offline
-  runs once `wandb sync` has marked them synced: before that they are the only copy).
+  runs once `wandb sync` has marked them synced after their last write, finished or crashed:
+  before that they are the only copy; or at once when their log holds no record).
 
 The trainer uses:
 
@@ -55,7 +56,15 @@ from engine.wandb.backend import RealWandbBackend, WandbBackend
 from engine.wandb.replay import ReplayWindow, describe
 from engine.wandb.rows import read_rows, row_update, row_values
 from engine.wandb.start import StartContext, mark_superseded_runs, start_run
-from engine.wandb.state import Gap, PendingStart, ReplayMismatch, WandbRunState, WandbStateError
+from engine.wandb.state import (
+    Gap,
+    LocalRunFiles,
+    PendingStart,
+    ReplayMismatch,
+    WandbRunState,
+    WandbStateError,
+)
+from engine.wandb.txlog import FILE_HEADER, transaction_log_of
 
 logger = logging.getLogger("nsconsole.wandb")
 
@@ -64,6 +73,9 @@ CLOSE_CONNECT_ATTEMPTS = 3
 the close (not installed, an offline host, a run id still held by a killed trainer) would otherwise
 hold every stop and relaunch of the line for the close's whole limit; the next start re-sends what
 was not handed over, from rows.jsonl."""
+CLOSE_CONNECT_PAUSE_S = 1.0
+"""The longest wait between those connections: not the outage's backoff, grown to minutes by then,
+which held the stop for the close's whole limit all the same."""
 
 
 @dataclass(frozen=True)
@@ -139,6 +151,8 @@ class WandbMirror:
         self._run_config = run_config or {}
         self._new_run_id = new_run_id or _generate_run_id
         self._report = report or logger.warning
+        self._save_failed = False
+        """The last save of wandb_run.json failed (reported once, until a save succeeds again)."""
         self._state = WandbRunState()
         self._lock = threading.Lock()
         self._wakeup = threading.Condition(self._lock)
@@ -250,6 +264,7 @@ class WandbMirror:
 
     def _work(self) -> None:
         try:
+            adopt_untracked_local_files(self._state, self.layout.wandb_dir)
             remove_finished_local_files(self._state)
             self._save_state()
             if self._backend is None:
@@ -271,7 +286,8 @@ class WandbMirror:
                 elif self._is_closing() and (failed_while_closing := failed_while_closing + 1) >= CLOSE_CONNECT_ATTEMPTS:
                     break
                 else:
-                    self._wait(self._delay)
+                    closing = self._is_closing()
+                    self._wait(min(self._delay, CLOSE_CONNECT_PAUSE_S) if closing else self._delay)
                     self._delay = min(self._delay * 2, self.options.retry.max_delay_s)
                 continue
             if self._gap is not None and not self._attempt(self._catch_up):
@@ -350,17 +366,25 @@ class WandbMirror:
             with self._lock:
                 self._connected = False
                 self._last_error = f"{type(error).__name__}: {error}"
-                if self._outage_since is None:
+                began = self._outage_since is None
+                if began:
                     self._outage_since = now
-                    logger.warning("W&B failed (%s); retrying in the background", self._last_error)
                 if now - self._outage_since >= self.options.retry.give_up_after_s:
                     self._give_up_queued_rows()
+            if began:
+                # One line per outage, not per retry: a weeks-long line's run.log stays readable.
+                self._say(
+                    f"W&B failed ({self._last_error}); retrying in the background, and every row "
+                    f"stays in {self.layout.rows_jsonl.name} to be sent once W&B answers"
+                )
             self._discard_run()
             self._save_state()
             return False
         with self._lock:
-            self._outage_since = None
+            since, self._outage_since = self._outage_since, None
             self._last_error = None
+        if since is not None:
+            self._say(f"W&B answers again after {time.monotonic() - since:.0f} s of failures")
         self._delay = self.options.retry.first_delay_s
         return True
 
@@ -420,8 +444,8 @@ class WandbMirror:
             return
         if self._gap is None:
             self._gap = Gap(from_update=updates[0], to_update=updates[-1])
-            first = updates[0]
-            logger.warning("W&B: gave up rows from update %d; they will be re-sent from rows.jsonl", first)
+            first, rows_name = updates[0], self.layout.rows_jsonl.name
+            self._say(f"W&B: gave up holding rows from update {first}; they are re-sent from {rows_name}")
         else:
             self._gap.to_update = max(self._gap.to_update, updates[-1])
         self._state.gap = self._gap
@@ -517,7 +541,7 @@ class WandbMirror:
             # backfilled from rows.jsonl, so the W&B record stays complete.
             aside = path.with_name(f"{path.name}.bad-{time.strftime('%Y%m%d-%H%M%S')}")
             path.rename(aside)
-            logger.warning("%s; set aside as %s, starting a new W&B run", error, aside.name)
+            self._say(f"W&B: {error}; set aside as {aside.name}, starting a new W&B run with every row")
             self._state = WandbRunState()
         # A gap left by an earlier session needs nothing of its own: the start re-sends every
         # row after the acknowledged step, which lies before the gap.
@@ -532,7 +556,19 @@ class WandbMirror:
         try:
             snapshot.save(self.layout.wandb_run_json)
         except OSError as error:  # a full disk must not stop training; the trainer notices it
-            logger.warning("could not save %s: %s", self.layout.wandb_run_json.name, error)
+            if not self._save_failed:
+                self._say(f"W&B: could not save {self.layout.wandb_run_json}: {error.strerror or error}")
+            self._save_failed = True
+        else:
+            self._save_failed = False
+
+    def _say(self, message: str) -> None:
+        """One line for the operator (run.log); a log that cannot be written (a full disk) must not
+        stop the mirror, so the line then goes to the logger."""
+        try:
+            self._report(message)
+        except OSError:
+            logger.warning("%s", message)
 
 
 def _generate_run_id() -> str:
@@ -542,18 +578,59 @@ def _generate_run_id() -> str:
 
 
 def remove_finished_local_files(state: WandbRunState) -> None:
-    """Remove the client's directories of cleanly finished runs (offline: only once synced)."""
+    """Remove the client's directories of earlier sessions that nothing needs any more: online, of
+    cleanly finished runs; offline, once `wandb sync` uploaded all their log holds, crashed sessions'
+    included (a line that restarts hundreds of times would keep every one of those otherwise)."""
     kept = []
     for entry in state.local_files:
         directory = Path(entry.path)
         if not directory.exists():
             continue
-        synced = any(directory.glob("*.wandb.synced"))
-        if entry.finished and (not entry.offline or synced):
+        if (synced_after_last_write(directory) or log_is_empty(directory)) if entry.offline else entry.finished:
             shutil.rmtree(directory, ignore_errors=True)
             continue
         kept.append(entry)
     state.local_files = kept
+
+
+def adopt_untracked_local_files(state: WandbRunState, wandb_dir: Path) -> None:
+    """List the client's directories of this line's runs that wandb_run.json lacks: a trainer
+    killed while `wandb.init` ran (seconds, at each start) left one before the mirror recorded it,
+    and a directory never listed is never removed."""
+    run_ids = {state.run_id, *(entry.run_id for entry in state.superseded)}
+    if state.pending is not None:
+        run_ids.add(state.pending.new_run_id)
+    listed = {Path(entry.path).resolve() for entry in state.local_files}
+    # The client names them `run-<time>-<id>` (online) and `offline-run-<time>-<id>`.
+    for directory in sorted(wandb_dir.glob("*run-*-*")):
+        run_id = directory.name.rsplit("-", 1)[1]
+        if directory.is_symlink() or not directory.is_dir() or run_id not in run_ids:
+            continue
+        if directory.resolve() not in listed:
+            offline = directory.name.startswith("offline-")
+            state.local_files.append(LocalRunFiles(str(directory), run_id, offline=offline))
+
+
+def log_is_empty(directory: Path) -> bool:
+    """Whether the directory's log holds no record (its session ended before it logged any)."""
+    log = transaction_log_of(directory)
+    return log is None or log.stat().st_size <= len(FILE_HEADER)
+
+
+def synced_after_last_write(directory: Path) -> bool:
+    """Whether `wandb sync` marked the directory's log synced after the log's last write.
+
+    A sync of a log still being written (a cron job beside a running line) marks it synced all the
+    same; the rows written after that are only in the directory, so it must stay.
+    """
+    for marker in directory.glob("*.wandb.synced"):
+        log = marker.with_suffix("")  # run-<id>.wandb.synced -> run-<id>.wandb
+        try:
+            written = log.stat().st_mtime_ns
+        except FileNotFoundError:
+            return True  # no log: nothing in it to lose
+        return marker.stat().st_mtime_ns >= written
+    return False
 
 
 def plan_rollback(line_dir: Path | str, to_update: int) -> None:

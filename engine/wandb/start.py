@@ -53,7 +53,13 @@ class StartContext:
     holds. The trainer's replayed updates up to it are compared with the server's, not sent."""
 
     def save(self) -> None:
-        self.state.save(self.layout.wandb_run_json)
+        # The attempt goes no further than its state is saved (a retry must find it), so a failure
+        # here is the attempt's failure; its message names the file (ENOSPC alone does not).
+        path = self.layout.wandb_run_json
+        try:
+            self.state.save(path)
+        except OSError as error:
+            raise OSError(error.errno, f"could not save {path}: {error.strerror or error}") from error
 
 
 def start_run(context: StartContext) -> int | None:

@@ -45,6 +45,7 @@ from engine.wandb.mirror import (
 )
 from engine.wandb.rows import read_rows
 from engine.wandb.state import LocalRunFiles, RunPoint, WandbRunState, WandbStateError
+from engine.wandb.txlog import FILE_HEADER
 
 # Start and resume.
 
@@ -409,6 +410,8 @@ def test_local_files_of_cleanly_finished_runs_are_removed(tmp_path: Path) -> Non
     for directory in directories.values():
         directory.mkdir()
     (directories["offline_synced"] / "run-c.wandb.synced").touch()
+    # Not synced, and its log holds records (a directory whose log holds none is removed at once).
+    (directories["offline_done"] / "run-b.wandb").write_bytes(FILE_HEADER + b"records")
     state = WandbRunState(local_files=[
         LocalRunFiles(str(directories["online_done"]), "a", offline=False, finished=True),
         LocalRunFiles(str(directories["offline_done"]), "b", offline=True, finished=True),
