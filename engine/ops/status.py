@@ -65,7 +65,9 @@ class LineStatus:
     last_validation: dict[str, Any] | None = None
     """The newest row of a validating update (None: no validation in rows.jsonl yet)."""
     wandb: WandbRunState | None = None
-    """The line's W&B run (wandb_run.json; None when there is none yet)."""
+    """The line's W&B run (wandb_run.json; None when there is none yet, or it is unreadable)."""
+    wandb_unreadable: bool = False
+    """wandb_run.json is there and cannot be read (its problem is among `problems`)."""
     gpu: str | None = None
     """The GPU the line's supervisor leased, or the leases it waits for (supervisor.json; None: no
     supervisor has run it, or it trains on the CPU)."""
@@ -119,6 +121,7 @@ def line_status(root: Path | str, rows: int = 5, now: float | None = None) -> Li
         try:
             status.wandb = WandbRunState.load(layout.wandb_run_json)
         except LineError as error:
+            status.wandb_unreadable = True
             status.problems.append(str(error))
     return status
 

@@ -63,6 +63,7 @@ from engine.wandb.state import (
     ReplayMismatch,
     WandbRunState,
     WandbStateError,
+    synced_after_last_write,
 )
 from engine.wandb.txlog import FILE_HEADER, transaction_log_of
 
@@ -615,22 +616,6 @@ def log_is_empty(directory: Path) -> bool:
     """Whether the directory's log holds no record (its session ended before it logged any)."""
     log = transaction_log_of(directory)
     return log is None or log.stat().st_size <= len(FILE_HEADER)
-
-
-def synced_after_last_write(directory: Path) -> bool:
-    """Whether `wandb sync` marked the directory's log synced after the log's last write.
-
-    A sync of a log still being written (a cron job beside a running line) marks it synced all the
-    same; the rows written after that are only in the directory, so it must stay.
-    """
-    for marker in directory.glob("*.wandb.synced"):
-        log = marker.with_suffix("")  # run-<id>.wandb.synced -> run-<id>.wandb
-        try:
-            written = log.stat().st_mtime_ns
-        except FileNotFoundError:
-            return True  # no log: nothing in it to lose
-        return marker.stat().st_mtime_ns >= written
-    return False
 
 
 def plan_rollback(line_dir: Path | str, to_update: int) -> None:

@@ -259,3 +259,19 @@ class _Reader:
         return [
             self.record({key: item}, key, kind, label=f"{key}[{index}]") for index, item in enumerate(values)
         ]
+
+
+def synced_after_last_write(directory: Path) -> bool:
+    """Whether `wandb sync` marked the directory's log synced after the log's last write.
+
+    A sync of a log still being written (a cron job beside a running line) marks it synced all the
+    same; the rows written after that are only in the directory, so it must stay.
+    """
+    for marker in directory.glob("*.wandb.synced"):
+        log = marker.with_suffix("")  # run-<id>.wandb.synced -> run-<id>.wandb
+        try:
+            written = log.stat().st_mtime_ns
+        except FileNotFoundError:
+            return True  # no log: nothing in it to lose
+        return marker.stat().st_mtime_ns >= written
+    return False

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.protocol.facts import FINAL_LINE_STATES, LineState
@@ -146,6 +147,9 @@ def _wandb_line(status: LineStatus) -> str:
     state = status.wandb
     if status.config is not None and status.config.wandb.mode == "disabled":
         return "W&B: disabled (run.json wandb.mode)"
+    if status.wandb_unreadable:
+        return ("W&B: wandb_run.json unreadable (below); the next start sets it aside and starts a new run "
+                "with every row")
     if state is None:
         return "W&B: no run yet"
     if state.run_id is None:
@@ -157,6 +161,15 @@ def _wandb_line(status: LineStatus) -> str:
         text += f"; next start: {state.pending.kind} at update {state.pending.at_update}"
     if state.gap is not None:
         text += f"; rows {state.gap.from_update}..{state.gap.to_update} not sent yet"
+    from engine.layout import LineLayout
+    from engine.wandb.state import synced_after_last_write
+
+    # Offline, the rows reach W&B only through `wandb sync`: say how many directories still wait.
+    waiting = [entry for entry in state.local_files if entry.offline and Path(entry.path).is_dir()
+               and not synced_after_last_write(Path(entry.path))]  # fmt: skip
+    if waiting:
+        count = f"{len(waiting)} offline director{'y' if len(waiting) == 1 else 'ies'}"
+        text += f"; {count} not uploaded (wandb sync {LineLayout(status.root).wandb_dir}/offline-run-*)"
     return text
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from engine.ops import status as status_module
 from engine.ops.status import line_status, read_last_validation
-from engine.wandb.state import PendingStart, WandbRunState
+from engine.wandb.state import LocalRunFiles, PendingStart, WandbRunState
 from nsconsole.commands.status import format_status
 
 
@@ -70,5 +70,23 @@ def test_status_without_validation_or_wandb(tmp_path: Path) -> None:
     (line / "wandb_run.json").write_text("{not json")
     status = line_status(line)
     text = "\n".join(format_status(status))
-    assert "validation: none yet" in text and "W&B: no run yet" in text
+    assert "validation: none yet" in text
+    # Not "no run yet": the run's record is damaged, and the next start replaces it.
+    assert "W&B: wandb_run.json unreadable (below); the next start sets it aside and starts a new run" in text
     assert any("wandb_run.json" in problem for problem in status.problems)
+
+
+def test_status_counts_the_offline_directories_wandb_sync_has_not_uploaded(tmp_path: Path) -> None:
+    line = tmp_path / "line"
+    (line / "wandb").mkdir(parents=True)
+    (line / "run.json").write_text(json.dumps({"model": {"preset": "transformer-tiny"}, "data": {"line": "d"}}))
+    state = WandbRunState(run_id="abc123", start="resume", acknowledged_step=2)
+    for name in ("offline-run-1-abc123", "offline-run-2-abc123", "offline-run-3-abc123"):
+        directory = line / "wandb" / name
+        directory.mkdir()
+        (directory / "run-abc123.wandb").write_bytes(b"log")
+        state.local_files.append(LocalRunFiles(str(directory), "abc123", offline=True))
+    (line / "wandb" / "offline-run-1-abc123" / "run-abc123.wandb.synced").write_bytes(b"")  # uploaded
+    state.save(line / "wandb_run.json")
+    text = "\n".join(format_status(line_status(line)))
+    assert f"; 2 offline directories not uploaded (wandb sync {line / 'wandb'}/offline-run-*)" in text
