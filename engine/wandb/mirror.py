@@ -74,6 +74,10 @@ CLOSE_CONNECT_ATTEMPTS = 3
 the close (not installed, an offline host, a run id still held by a killed trainer) would otherwise
 hold every stop and relaunch of the line for the close's whole limit; the next start re-sends what
 was not handed over, from rows.jsonl."""
+CRASHED_ONLINE_KEPT = 2
+"""Directories of crashed online sessions kept (the newest), for their debug logs. Nothing else needs
+them: the server holds what their client uploaded, and the next start re-sends from rows.jsonl what
+it lacks; each holds its session's rows again, so a line killed hundreds of times kept GiBs."""
 CLOSE_CONNECT_PAUSE_S = 1.0
 """The longest wait between those connections: not the outage's backoff, grown to minutes by then,
 which held the stop for the close's whole limit all the same."""
@@ -580,14 +584,21 @@ def _generate_run_id() -> str:
 
 def remove_finished_local_files(state: WandbRunState) -> None:
     """Remove the client's directories of earlier sessions that nothing needs any more: online, of
-    cleanly finished runs; offline, once `wandb sync` uploaded all their log holds, crashed sessions'
-    included (a line that restarts hundreds of times would keep every one of those otherwise)."""
+    cleanly finished runs, and of crashed ones but the newest `CRASHED_ONLINE_KEPT`; offline, once
+    `wandb sync` uploaded all their log holds, crashed sessions' included (a line that restarts
+    hundreds of times would keep every one of those otherwise)."""
+    crashed_online = [entry for entry in state.local_files if not entry.offline and not entry.finished]
+    kept_crashed = {id(entry) for entry in crashed_online[len(crashed_online) - CRASHED_ONLINE_KEPT:]}
     kept = []
     for entry in state.local_files:
         directory = Path(entry.path)
         if not directory.exists():
             continue
-        if (synced_after_last_write(directory) or log_is_empty(directory)) if entry.offline else entry.finished:
+        if entry.offline:
+            needless = synced_after_last_write(directory) or log_is_empty(directory)
+        else:
+            needless = entry.finished or id(entry) not in kept_crashed
+        if needless:
             shutil.rmtree(directory, ignore_errors=True)
             continue
         kept.append(entry)

@@ -1,13 +1,14 @@
-"""The client's offline directories over a line's many restarts: removed once `wandb sync` uploaded
-everything their log holds (or at once when it holds nothing), kept while anything in them is not
-uploaded yet; and listed even when a trainer killed during `wandb.init` could not list them."""
+"""The client's directories over a line's many restarts: offline ones removed once `wandb sync`
+uploaded everything their log holds (or at once when it holds nothing), kept while anything in them
+is not uploaded yet, and listed even when a trainer killed during `wandb.init` could not list them;
+online ones of crashed sessions kept only for the newest few."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from engine.wandb.mirror import adopt_untracked_local_files, remove_finished_local_files
+from engine.wandb.mirror import CRASHED_ONLINE_KEPT, adopt_untracked_local_files, remove_finished_local_files
 from engine.wandb.state import LocalRunFiles, WandbRunState
 from engine.wandb.txlog import FILE_HEADER
 
@@ -72,3 +73,26 @@ def test_directories_a_killed_start_left_unlisted_are_listed_and_an_empty_one_re
     remove_finished_local_files(state)
     assert not empty.exists() and logged.exists() and other.exists()  # another run's: not this line's
     assert [entry.path for entry in state.local_files] == [str(logged)]
+
+
+def test_online_directories_of_crashed_sessions_are_kept_only_for_the_newest(tmp_path: Path) -> None:
+    # Online, the server is the record and rows.jsonl re-sends what it lacks: a crashed session's
+    # directory (its rows again) is kept only for the debug logs of the newest few.
+    directories = []
+    for index in range(5):
+        directory = tmp_path / f"run-{index}-a"
+        directory.mkdir()
+        directories.append(directory)
+    finished = tmp_path / "run-5-a"
+    finished.mkdir()
+    unsynced = offline_directory(tmp_path, "offline-run-6-a", "a", log_written=300, synced=None)
+    state = WandbRunState(local_files=[
+        *(LocalRunFiles(str(directory), "a", offline=False) for directory in directories),
+        LocalRunFiles(str(finished), "a", offline=False, finished=True),
+        LocalRunFiles(str(unsynced), "a", offline=True),
+    ])
+    remove_finished_local_files(state)
+    assert [entry.path for entry in state.local_files] == [*(str(d) for d in directories[-CRASHED_ONLINE_KEPT:]),
+                                                           str(unsynced)]  # fmt: skip
+    assert [directory.exists() for directory in directories] == [False, False, False, True, True]
+    assert not finished.exists()
