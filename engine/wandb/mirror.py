@@ -305,7 +305,8 @@ class WandbMirror:
         self._shutdown()
 
     def _connect(self) -> None:
-        context = StartContext(self._backend, self.layout, self._state, self._run_config, self._new_run_id)
+        context = StartContext(self._backend, self.layout, self._state, self._run_config, self._new_run_id,
+                               say=self._say)
         sent_through = start_run(context)
         with self._lock:
             self._sent_through = sent_through
@@ -480,7 +481,8 @@ class WandbMirror:
         self._save_state()
 
     def _mark_superseded(self) -> None:
-        context = StartContext(self._backend, self.layout, self._state, self._run_config, self._new_run_id)
+        context = StartContext(self._backend, self.layout, self._state, self._run_config, self._new_run_id,
+                               say=self._say)
         mark_superseded_runs(context)
 
     def _shutdown(self) -> None:

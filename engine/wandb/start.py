@@ -51,6 +51,9 @@ class StartContext:
     server_through: int | None = None
     """Set when the attempt continued an existing run online: the last step the server said it
     holds. The trainer's replayed updates up to it are compared with the server's, not sent."""
+    say: Callable[[str], None] = logger.warning
+    """One line for the operator: the mirror's run.log writer (a refused fork or rewind changes
+    what the line's W&B record looks like, so the user must see it where they look)."""
 
     def save(self) -> None:
         # The attempt goes no further than its state is saved (a retry must find it), so a failure
@@ -128,9 +131,7 @@ def _rewind(context: StartContext, pending: PendingStart) -> int | None:
     new_run_id = pending.new_run_id
     _init(context, new_run_id, resume=True)
     if native_error is not None:
-        logger.warning(
-            "W&B refused to rewind run %s (%s); the rollback starts a new run", old_run_id, native_error
-        )
+        context.say(f"W&B refused to rewind run {old_run_id} ({native_error}); the rollback starts a new run")
         state.rewind_unsupported = True
     if not any(entry.run_id == old_run_id for entry in state.superseded):
         state.superseded.append(SupersededRun(run_id=old_run_id, by_run_id=new_run_id, at_update=target))
@@ -173,7 +174,7 @@ def _fork(context: StartContext, pending: PendingStart) -> int | None:
     _init(context, new_run_id, resume=True)
     if native_error is not None:
         parent = pending.parent_run_id
-        logger.warning("W&B refused to fork run %s (%s); the branch starts a new run", parent, native_error)
+        context.say(f"W&B refused to fork run {parent} ({native_error}); the branch starts a new run")
         state.fork_unsupported = True
     state.run_id, state.start, state.method = new_run_id, "fork", "backfill"
     state.parent = RunPoint(pending.parent_run_id, pending.at_update) if pending.parent_run_id else None
@@ -250,7 +251,7 @@ def mark_superseded_runs(context: StartContext) -> None:
         try:
             started = context.backend.mark_superseded(entry.run_id, entry.by_run_id, entry.at_update)
         except Exception as error:  # W&B may be down: the mark waits for a later start
-            logger.warning("could not mark W&B run %s superseded (%s); will retry", entry.run_id, error)
+            context.say(f"W&B: could not mark run {entry.run_id} superseded ({error}); the next start tries again")
             return
         entry.marked = True
         if started.local_dir is not None:

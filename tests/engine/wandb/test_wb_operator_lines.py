@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from helpers.wandb_fakes import ONLINE, RecordingBackend, SimulatedServer, run_ids, wait_for, write_rows
 
-from engine.wandb.mirror import MirrorOptions, RetryPolicy, WandbMirror
+from engine.wandb.mirror import MirrorOptions, RetryPolicy, WandbMirror, plan_rollback
 from engine.wandb.state import WandbRunState
 
 QUICK = MirrorOptions(retry=RetryPolicy(first_delay_s=0.01, max_delay_s=0.02), acknowledge_every_s=0.01)
@@ -126,3 +126,18 @@ def test_a_start_that_cannot_save_its_state_waits_and_its_line_names_the_file(
     wait_for(lambda: mirror.status().sent_through == 3)
     assert mirror.close(timeout_s=10.0)
     assert server.steps("run1") == [1, 2, 3]
+
+
+def test_a_refused_rewind_is_a_line_in_run_log(tmp_path: Path) -> None:
+    # A server without W&B's rewind: the rollback's W&B record becomes a new run, which the user
+    # must read where they look (it went to the logger only).
+    server = SimulatedServer(history={"runA": [(u, {"loss": 1.0}) for u in range(1, 9)]}, refuses_rewind=True)
+    write_rows(tmp_path, range(1, 6))
+    state = WandbRunState(run_id="runA", start="new", acknowledged_step=8)
+    state.save(tmp_path / "wandb_run.json")
+    plan_rollback(tmp_path, 5)
+    mirror, lines = reporting_mirror(tmp_path, server)
+    wait_for(lambda: mirror.status().sent_through == 5)
+    assert mirror.close(timeout_s=10.0)
+    assert [line for line in lines if line.startswith("W&B refused to rewind run runA (")], lines
+    assert any(line.endswith("the rollback starts a new run") for line in lines)
