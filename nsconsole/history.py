@@ -14,7 +14,6 @@ Lines that never ran under a supervisor (no supervisor.json) are not listed.
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +28,7 @@ from engine.protocol.facts import FINAL_LINE_STATES
 from engine.supervisor.reads import latest_update, read_json, running_supervisor_pid, running_trainer_pid
 from engine.supervisor.registry import remembered_lines
 from engine.supervisor.rows_tail import RowsTail
+from nsconsole.row_fetch import series_stride
 from nsconsole.state import FULL_ROWS, joined_rows
 
 Signature = tuple[tuple[int, int], ...]
@@ -103,9 +103,10 @@ def read_at_rest(line: str | Path) -> RestingLine | None:
     return RestingLine(str(layout.root), status, heartbeat, rows, signature)
 
 
-def resting_series(line: str | Path, name: str, buckets: int) -> list[list[Any]] | None:
-    """Reading `name` over the whole of a line at rest, as a supervisor's `series` gives it: in
-    `buckets` buckets of rows, each as its lowest and highest value (`RowsTail.series`); None when
+def resting_series(line: str | Path, name: str) -> list[list[Any]] | None:
+    """Reading `name` over the whole of a line at rest, as the console asks a supervisor's `series`
+    for it (`nsconsole.row_fetch.reading_points`): buckets of rows, each as its lowest and highest
+    value (`RowsTail.series`); None when
     the line is not at rest (as `read_at_rest`). A pinned gradient norm of a line of months that
     ended is drawn from its first update, not only from its newest rows."""
     layout = LineLayout(line)
@@ -114,7 +115,7 @@ def resting_series(line: str | Path, name: str, buckets: int) -> list[list[Any]]
         return None
     tail = RowsTail.load(layout.rows_jsonl, layout.rows_index)
     tail.catch_up()
-    stride = max(1, math.ceil(tail.count / buckets))
+    stride = series_stride(tail.count)
     points: list[list[Any]] = []
     since = 0
     while since < tail.count:

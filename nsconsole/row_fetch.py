@@ -79,7 +79,7 @@ async def reading_points(call: Call, name: str, total_rows: int) -> list[list[An
     """Reading `name` over the whole line as `[index, update, tokens, time, value]` points, about
     `SERIES_POINTS` buckets of rows each as its lowest and highest value (`series`: the supervisor
     reads rows.jsonl once, where fetching a line of months row by row took tens of thousands of calls)."""
-    stride = max(1, math.ceil(total_rows / SERIES_POINTS))
+    stride = series_stride(total_rows)
     points: list[list[Any]] = []
     since = 0
     while True:
@@ -89,3 +89,8 @@ async def reading_points(call: Call, name: str, total_rows: int) -> list[list[An
         if next_index <= since or next_index >= int(reply.get("total", next_index)):
             return points
         since = next_index
+
+
+def series_stride(total_rows: int) -> int:
+    """Rows a `series` bucket takes so that a line of `total_rows` comes in about `SERIES_POINTS`."""
+    return max(1, math.ceil(total_rows / SERIES_POINTS))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from engine.config.json_fields import show
 from engine.errors import ConfigError
@@ -42,6 +42,8 @@ class RunConfigChecks:
     def __init__(self, config: RunConfig, source: str) -> None:
         self.config = config
         self.source = source
+        self.model: Any = None
+        """The preset's config with the overrides, once `check_preset` has built and validated it."""
 
     def fail(self, key: str, problem: str) -> NoReturn:
         raise ConfigError(f"{self.source}: {key} {problem}")
@@ -94,6 +96,7 @@ class RunConfigChecks:
         try:
             model = presets.preset_config(self.config.model.preset, self.config.model.overrides)
             validate_model_config(model)
+            self.model = model  # check_dreaming's bounds are the model's
         except ConfigError as error:
             raise ConfigError(f"{self.source}: {error}") from None
         except (TypeError, ValueError) as error:
@@ -131,7 +134,7 @@ class RunConfigChecks:
         # A dream draws from the cache of mem_capacity chunks and from as many memory values, and a
         # dreamt sequence stands for one chunk: past these it rehearses nothing more, only longer
         # (tokens are dreamt one at a time), while training waits.
-        model = presets.preset_config(preset, self.config.model.overrides)
+        model = self.model
         for name, bound, why in (("sequences", "mem_capacity", "the chunks and memory values a dream draws from"),
                                  ("length", "chunk_len", "a dreamt sequence stands for one chunk")):  # fmt: skip
             value, limit = getattr(dreaming, name), getattr(model, bound)

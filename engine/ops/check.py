@@ -45,7 +45,7 @@ from engine.ops.lines import (
 )
 from engine.ops.rollback import rows_remedy
 from engine.rows import rows_problem
-from engine.training.optim import flat_layout
+from engine.training.optim import flat_layout, segment_layout
 from engine.units import GIB
 
 
@@ -202,7 +202,7 @@ def _check_model_against_checkpoint(layout: LineLayout, config: RunConfig, model
         return CheckResult(True, "model: no checkpoint to resume yet")
     where = layout.checkpoints / str(latest)
     now = f"{config.model.preset} {json.dumps(config.model.overrides, sort_keys=True)}"
-    if state.get("layout") != [[segment.name, segment.offset, list(segment.shape)] for segment in flat_layout(model)[0]]:
+    if state.get("layout") != segment_layout(flat_layout(model)[0]):
         saved = f"{state.get('preset')} {json.dumps(state.get('overrides'), sort_keys=True)}"
         return CheckResult(False, f"model: {where}: its parameter layout differs from the model run.json builds "
                                   f"({now}; the checkpoint's model: {saved})")  # fmt: skip
@@ -211,8 +211,8 @@ def _check_model_against_checkpoint(layout: LineLayout, config: RunConfig, model
             saved_config = checked_config(str(state.get("preset")), state["overrides"])
         except ConfigError:  # a preset this code no longer has: the layout above matched all the same
             return CheckResult(True, f"model: {now} loads {latest}")
-        problem = changed_state_setting({name: getattr(saved_config, name) for name in STATE_SHAPING},
-                                        checked_config(config.model.preset, config.model.overrides))  # fmt: skip
+        saved_settings = {name: getattr(saved_config, name) for name in STATE_SHAPING}
+        problem = changed_state_setting(saved_settings, model.config)  # the meta model's PSSAConfig
         if problem is not None:
             return CheckResult(False, f"model: {where}: {problem}")
     return CheckResult(True, f"model: {now} loads {latest}")

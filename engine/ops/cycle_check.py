@@ -80,27 +80,13 @@ def current_cycle_finding(layout: LineLayout, config: RunConfig, *, preparer_reb
     return (True, f"current data cycle: {index}, every shard matches its manifest")
 
 
-def refuse_a_cycle_nobody_rebuilds(root: Path | str) -> None:
-    """`LineError` (one line) when the line starts without a supervisor (`nsconsole run
-    --no-supervisor`), no data preparer runs on its data line, and the cycle it trains next fails
-    `current_cycle_finding`: its trainer would wait for a rebuild nobody makes. A preparer running
-    on the data line (started by hand) rebuilds what the cycle lacks while the trainer waits."""
-    from datalines.service import preparer_running
-
-    layout = open_line(root)
-    config = RunConfig.load(layout.run_json)
-    data = resolve_data_path(layout, config.data.line)
-    if preparer_running(data):
-        return
-    passed, message = current_cycle_finding(layout, config, preparer_rebuilds=False)
-    if not passed:
-        raise LineError(f"{layout.root}: not started (no supervisor, and no data preparer runs on {data}): {message}")
-
-
-def unserved_wait(root: Path | str) -> str | None:
-    """A warning (one line) when a line started without a supervisor will wait for a cycle that no
-    preparer makes: the cycle it trains next is not prepared and no data preparer runs on its data
-    line. Not a refusal: a preparer started by hand after the trainer serves the wait."""
+def start_without_preparer(root: Path | str) -> str | None:
+    """For a line started without a supervisor (`nsconsole run --no-supervisor`) while no data
+    preparer runs on its data line: `LineError` (one line) when the cycle it trains next fails
+    `current_cycle_finding` (its trainer would wait for a rebuild nobody makes); a warning (one
+    line) when that cycle is not prepared yet (it waits for a cycle nobody makes; not a refusal, a
+    preparer started by hand after the trainer serves the wait); else None. A preparer running on
+    the data line makes or rebuilds what the cycle lacks while the trainer waits."""
     from datalines.service import preparer_running
 
     layout = open_line(root)
@@ -108,7 +94,9 @@ def unserved_wait(root: Path | str) -> str | None:
     data = resolve_data_path(layout, config.data.line)
     if preparer_running(data):
         return None
-    _, message = current_cycle_finding(layout, config, preparer_rebuilds=False)
+    passed, message = current_cycle_finding(layout, config, preparer_rebuilds=False)
+    if not passed:
+        raise LineError(f"{layout.root}: not started (no supervisor, and no data preparer runs on {data}): {message}")
     if not message.endswith(NOT_PREPARED):
         return None
     cycle = message.removesuffix(NOT_PREPARED).removeprefix("current data cycle: ")

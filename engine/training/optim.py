@@ -92,6 +92,11 @@ class UpdateStats:
         return math.isfinite(self.grad_norm)
 
 
+def segment_layout(segments: list[Segment]) -> list[list]:
+    """[name, offset, shape] of each segment, as a checkpoint's state.json records the flat layout."""
+    return [[segment.name, segment.offset, list(segment.shape)] for segment in segments]
+
+
 def flat_layout(model: LanguageModel) -> tuple[list[Segment], list[GroupSlice], list[nn.Parameter]]:
     """Every parameter's place in the flat buffers, group after group in `param_groups()` order,
     and the parameters in that order (each parameter's whole shape: a DTensor's is the global one)."""
@@ -246,7 +251,7 @@ class FlatAdamW:
 
     def layout(self) -> list[list]:
         """[name, offset, shape] of every segment: a checkpoint's flat state is only valid for it."""
-        return [[segment.name, segment.offset, list(segment.shape)] for segment in self.segments]
+        return segment_layout(self.segments)
 
     def weights_by_name(self, flat_params: torch.Tensor) -> dict[str, torch.Tensor]:
         """Views of a (host copy of the) param buffer, one per parameter name."""

@@ -113,11 +113,10 @@ def train_without_supervisor(line: Path, *, stop_at: int | None, engine: str) ->
 
     hold = hold_line(open_line(line))
     try:
-        from engine.ops.cycle_check import refuse_a_cycle_nobody_rebuilds, unserved_wait
+        from engine.ops.cycle_check import start_without_preparer
         from engine.training.trainer import Trainer
 
-        refuse_a_cycle_nobody_rebuilds(line)
-        warning = unserved_wait(line)
+        warning = start_without_preparer(line)
         if warning is not None:
             print(f"nsconsole: warning: {warning}", file=sys.stderr)
         return Trainer(line, stop_at=stop_at, engine=engine, owns_process=True).run()

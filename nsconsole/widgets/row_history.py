@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from engine.supervisor.rows_digest import COMPACT_KEYS
 from nsconsole.history import read_at_rest, resting_series
-from nsconsole.row_fetch import SERIES_POINTS, line_rows, reading_points
+from nsconsole.row_fetch import line_rows, reading_points
 from nsconsole.state import LineBook, LineView
 
 
@@ -67,6 +67,22 @@ class History:
         self.time.append(_number(when))
         self.values.setdefault(self.names[0], []).append(_number(value))
 
+    def add_points_until(self, points: Iterable[list[Any]], until_update: float) -> History:
+        """`add_point` each point up to `until_update`; this history."""
+        for point in points:
+            if _number(point[1]) > until_update:
+                break
+            self.add_point(point)
+        return self
+
+    def add_rows_until(self, rows: Iterable[dict[str, Any]], until_update: float) -> History:
+        """`add` each row up to `until_update`; this history."""
+        for row in rows:
+            if _number(row.get("update")) > until_update:
+                break
+            self.add(row)
+        return self
+
     def extend(self, rows: Iterable[dict[str, Any]]) -> None:
         """Rows newer than the last one held (a row at or before it is already in)."""
         last = self.update[-1] if self.update else -math.inf
@@ -98,39 +114,21 @@ async def fetch_history(
     line = find_line(book, path)
     if line is not None and line.connected and live is not None:
         return await _ask(live, line.key, names, until_update)
-    history = History(names)
     if len(names) == 1 and names[0] not in COMPACT_KEYS:
-        points = await asyncio.to_thread(resting_series, path, names[0], SERIES_POINTS)
+        points = await asyncio.to_thread(resting_series, path, names[0])
         if points is None:
             raise HistoryUnavailable(f"{path}: being written and its supervisor is not attached")
-        for point in points:
-            if _number(point[1]) > until_update:
-                break
-            history.add_point(point)
-        return history
+        return History(names).add_points_until(points, until_update)
     resting = await asyncio.to_thread(read_at_rest, path)
     if resting is None:
         raise HistoryUnavailable(f"{path}: being written and its supervisor is not attached")
-    for row in resting.rows:
-        if _number(row.get("update")) > until_update:
-            break
-        history.add(row)
-    return history
+    return History(names).add_rows_until(resting.rows, until_update)
 
 
 async def _ask(live: RowsCaller, key: str, names: tuple[str, ...], until_update: float) -> History:
-    history = History(names)
     methods = live.methods(key)
     call = functools.partial(live.call, key)
     if len(names) == 1 and names[0] not in COMPACT_KEYS and "series" in methods:
         total = int((await call("status")).get("rows") or 0)
-        for point in await reading_points(call, names[0], total):
-            if _number(point[1]) > until_update:
-                break
-            history.add_point(point)
-        return history
-    for row in await line_rows(call, methods):
-        if _number(row.get("update")) > until_update:
-            break
-        history.add(row)
-    return history
+        return History(names).add_points_until(await reading_points(call, names[0], total), until_update)
+    return History(names).add_rows_until(await line_rows(call, methods), until_update)

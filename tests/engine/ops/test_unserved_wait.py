@@ -16,7 +16,7 @@ from helpers import REPOSITORY
 from helpers.lines import make_data_line, make_line
 
 from datalines.service import LOCK_NAME
-from engine.ops.cycle_check import unserved_wait
+from engine.ops.cycle_check import start_without_preparer
 
 
 def test_a_run_without_supervisor_or_preparer_says_its_cycle_is_not_coming(tmp_path: Path) -> None:
@@ -24,7 +24,7 @@ def test_a_run_without_supervisor_or_preparer_says_its_cycle_is_not_coming(tmp_p
     line = make_line(tmp_path, data)
     expected = (f"{line}: data cycle 0 is not prepared yet and no data preparer runs on {data}: the trainer waits "
                 f"until one makes it (`nsconsole data run-preparer --work {data}`")  # fmt: skip
-    assert (unserved_wait(line) or "").startswith(expected)
+    assert (start_without_preparer(line) or "").startswith(expected)
     environment = dict(os.environ, PYTHONPATH=str(REPOSITORY), OMP_NUM_THREADS="1")
     process = subprocess.Popen([sys.executable, "-m", "nsconsole", "run", str(line), "--no-supervisor"],
                                cwd=REPOSITORY, env=environment, stderr=subprocess.PIPE, text=True)  # fmt: skip
@@ -40,6 +40,6 @@ def test_a_run_without_supervisor_or_preparer_says_its_cycle_is_not_coming(tmp_p
 
     with open(data / LOCK_NAME, "a+") as held:  # a preparer holds its data line's lock for its life
         fcntl.flock(held, fcntl.LOCK_EX)
-        assert unserved_wait(line) is None
+        assert start_without_preparer(line) is None
     prepared = make_data_line(tmp_path / "prepared", prepare=1)
-    assert unserved_wait(make_line(tmp_path / "prepared", prepared)) is None
+    assert start_without_preparer(make_line(tmp_path / "prepared", prepared)) is None
