@@ -36,15 +36,20 @@ class Conversation:
             self.session.feed(self.loaded.prompt_ids(turn))
         stream = TextStream(tokenizer)
         separator = self.loaded.separator
-        for token in self.session.generate(self.reply_tokens, stop=separator):
-            if token == separator:
-                break  # the model ended the document: the next turn starts the next one
-            piece = stream.push(token)
-            if piece:
-                yield piece
-            if "\n" in stream.text.lstrip():
-                break
-        rest = stream.flush()
-        if rest:
-            yield rest
-        self._at_line_start = stream.text.endswith("\n") or self.session.tokens[-1] == separator
+        try:
+            for token in self.session.generate(self.reply_tokens, stop=separator):
+                if token == separator:
+                    break  # the model ended the document: the next turn starts the next one
+                piece = stream.push(token)
+                if piece:
+                    yield piece
+                if "\n" in stream.text.lstrip():
+                    break
+            rest = stream.flush()
+            if rest:
+                yield rest
+        finally:
+            # Also when the reply is cut short (Ctrl-C closes this generator): the next turn
+            # starts on a line of its own after whatever the state has seen.
+            stream.flush()
+            self._at_line_start = stream.text.endswith("\n") or self.session.tokens[-1] == separator

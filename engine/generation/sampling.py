@@ -9,12 +9,24 @@ from __future__ import annotations
 
 import torch
 
+from engine.errors import LineError
 from engine.generation.settings import SamplingSettings
 
 
+class NonFiniteLogits(LineError):
+    """The model's next-token logits hold NaN or inf: no token can be drawn from them. Finite
+    weights can still get there (activations that overflow in a diverged model); the draw would
+    otherwise be a torch error (multinomial) or, at temperature 0, a silent argmax of NaN."""
+
+
 def choose_token(logits: torch.Tensor, settings: SamplingSettings, generator: torch.Generator) -> int:
-    """One token id from (V,) next-token logits."""
+    """One token id from (V,) next-token logits; NonFiniteLogits when any is NaN or inf."""
     scores = logits.detach().to("cpu", torch.float64)
+    finite = torch.isfinite(scores)
+    if not bool(finite.all()):
+        raise NonFiniteLogits(
+            f"the model's next-token logits hold {int((~finite).sum()):,} NaN or infinite values of {scores.numel():,}"
+        )
     if settings.temperature == 0.0:
         return int(scores.argmax())
     # Relative to the best score first: divided by a tiny temperature (1e-310) the raw scores

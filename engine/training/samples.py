@@ -1,7 +1,8 @@
 """Samples at validation: a short generation from the model as it stands, on held-out prompts.
 
 At every validation the trainer adds to the row `samples`: a list of `{"source", "prompt",
-"text"}`, the prompt and what the model wrote after it, decoded with the held-out data line's
+"text"}`, the prompt and what the model wrote after it (and `stopped`, why it stopped early, when
+the model's logits held NaN or inf), decoded with the held-out data line's
 tokenizer (the one the rows were encoded with), so a user sees what the model writes as it trains
 (the console's samples tab). run.json `validation.samples` sets how many, how long and how drawn.
 
@@ -31,6 +32,7 @@ import torch
 from datalines import DataLine
 from datalines.tokenizer import PlainTextTokenizer
 from engine.config.run import SAMPLES_KEY, SamplesConfig
+from engine.generation.sampling import NonFiniteLogits
 from engine.generation.session import DecodeSession, generation_precision
 from engine.generation.settings import SamplingSettings
 from engine.models.base import LanguageModel
@@ -109,7 +111,12 @@ class ValidationSampler:
                 draws = SamplingSettings(settings.temperature, settings.top_p, sample_seed(self.seed, update, index))
                 session = DecodeSession(self.model, self.device, draws)
                 session.feed(prompt)
-                generated = list(session.generate(settings.new_tokens, stop=self.heldout.eos_id))
-                prompt_text, text = continuation_text(tokenizer, prompt, generated)
-                samples.append({"source": source, "prompt": prompt_text, "text": text})
+                generated: list[int] = []
+                sample: dict[str, Any] = {"source": source}
+                try:
+                    generated.extend(session.generate(settings.new_tokens, stop=self.heldout.eos_id))
+                except NonFiniteLogits as error:  # a diverged model: its rows say so, training goes on
+                    sample["stopped"] = f"{error} after {len(generated)} tokens"
+                sample["prompt"], sample["text"] = continuation_text(tokenizer, prompt, generated)
+                samples.append(sample)
         return {SAMPLES_KEY: samples}

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from nsconsole.commands.generating import add_generation_arguments, open_model
 from nsconsole.commands.parser import add_command
-from nsconsole.commands.sample import INTERRUPTED
+from nsconsole.commands.sample import INTERRUPTED, cannot_generate
 
 if TYPE_CHECKING:
     from engine.generation.settings import SamplingSettings
@@ -23,8 +23,9 @@ it). Each line you type is fed after everything said so far, and the model's rep
 writes next, up to the end of its first non-empty line, the document separator, or --tokens
 tokens. The decoding state runs on between turns (the recurrent state for PSSA and NS, the KV
 cache for the transformer), so a turn costs only its own tokens. These are pre-trained models,
-not instruction-tuned ones: they continue text. /reset starts a new conversation; an empty line,
-end of input (Ctrl-D) or Ctrl-C (exit status 130) ends.
+not instruction-tuned ones: they continue text. /reset starts a new conversation. Ctrl-C during a
+reply ends that reply (what it wrote stays said); an empty line, end of input (Ctrl-D) or Ctrl-C
+at the prompt (exit status 130) ends the conversation.
 """
 EXAMPLES = """\
 examples:
@@ -33,6 +34,8 @@ examples:
 """
 
 RESET = "/reset"
+INTERRUPTED_REPLY = " (interrupted)"
+"""Written after a reply Ctrl-C stopped (the model never sees it)."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -42,6 +45,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from engine.generation.sampling import NonFiniteLogits
     from engine.generation.session import generation_precision
 
     loaded, settings = open_model(args)
@@ -49,6 +53,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         with generation_precision(loaded.device):
             converse(loaded, settings, args.tokens, interactive)
+    except NonFiniteLogits as error:
+        sys.stdout.write("\n")
+        raise cannot_generate(loaded, error, "in a reply") from None
     except KeyboardInterrupt:
         # Ctrl-C ends the conversation as Ctrl-D does, on a line of its own (the shell's prompt
         # would follow the "> " or the reply's last piece), with a shell's status for SIGINT.
@@ -79,9 +86,15 @@ def converse(
             print("(a new conversation)")
             continue
         reply = ""
-        for piece in conversation.reply(text):
-            reply += piece
-            sys.stdout.write(piece)
-            sys.stdout.flush()
+        pieces = conversation.reply(text)
+        try:
+            for piece in pieces:
+                reply += piece
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+        except KeyboardInterrupt:  # ends this reply only; what it wrote stays in the conversation
+            pieces.close()
+            reply += INTERRUPTED_REPLY
+            sys.stdout.write(INTERRUPTED_REPLY)
         if not reply.endswith("\n"):
             sys.stdout.write("\n")

@@ -72,6 +72,7 @@ def prompt_text(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from engine.generation.sampling import NonFiniteLogits
     from engine.generation.text import TextStream
 
     text = prompt_text(args)
@@ -79,15 +80,30 @@ def run(args: argparse.Namespace) -> int:
     stream = TextStream(loaded.tokenizer)
     report = Report(time.perf_counter())
     status = 0
+    failure: NonFiniteLogits | None = None
     try:
         generate(loaded, settings, text, args.tokens, stream, report)
     except KeyboardInterrupt:  # the text so far ends its line, and the report says why it stopped
         report.ending = "; interrupted (Ctrl-C)"
         status = INTERRUPTED
+    except NonFiniteLogits as error:
+        failure = error
     sys.stdout.write(stream.flush() + "\n")
     sys.stdout.flush()
+    if failure is not None:
+        raise cannot_generate(loaded, failure, f"after {report.generated:,} generated tokens")
     print(report.line(), file=sys.stderr)
     return status
+
+
+def cannot_generate(loaded: GenerationModel, error: Exception, when: str) -> LineError:
+    """The one line for logits that hold NaN or inf (`when`: where in the generation): the weights
+    passed the load's check, so the model's activations overflow; the text made until then has been
+    written."""
+    return LineError(
+        f"{loaded.directory}: {error} {when} (the weights are finite, so the activations overflow): "
+        f"this checkpoint cannot generate; an earlier one may"
+    )
 
 
 @dataclass

@@ -37,13 +37,14 @@ def visible(text: str) -> str:
     return text.translate(_VISIBLE)
 
 
-def row_samples(row: dict[str, Any]) -> list[tuple[str, str, str]]:
-    """A validation row's samples as (source, prompt, text); malformed entries are left out."""
+def row_samples(row: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """A validation row's samples as (source, prompt, text, why it stopped early or '');
+    malformed entries are left out."""
     samples = row.get(SAMPLES_KEY)
     if not isinstance(samples, list):
         return []
     return [
-        (str(sample.get("source", "")), sample["prompt"], sample["text"])
+        (str(sample.get("source", "")), sample["prompt"], sample["text"], str(sample.get("stopped", "")))
         for sample in samples
         if isinstance(sample, dict) and isinstance(sample.get("prompt"), str) and isinstance(sample.get("text"), str)
     ]
@@ -62,10 +63,12 @@ def samples_text(line: LineView, shown: int = SHOWN_VALIDATIONS) -> Text:
     for row, samples in with_samples[:shown]:
         text.append(f"update {row.get('update')}", style="bold")
         text.append(f"  val {fmt.number(validation_loss(row))}\n", style="dim")
-        for source, prompt, generated in samples:
+        for source, prompt, generated, stopped in samples:
             text.append(f"{source} ▸ ", style="bold dim")
             text.append(visible(prompt), style="dim")
             text.append(visible(generated))
+            if stopped:
+                text.append(f" [stopped: {visible(stopped)}]", style="bold")
             text.append("\n")
         text.append("\n")
     left_out = len(with_samples) - shown

@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -450,11 +451,9 @@ def test_chat_in_a_terminal_ends_its_line_at_ctrl_d_and_ctrl_c(line: Path) -> No
     assert status == 130 and screen.endswith("> ^C\r\n") and "Traceback" not in screen
 
 
-def test_a_checkpoint_whose_weights_are_not_finite_is_refused_naming_the_tensor(
-    line: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
-) -> None:
-    # A NaN weight (its hashes intact: the checkpoint was written so) ended in torch's `invalid
-    # multinomial distribution` traceback at the first draw.
+def rewritten_checkpoint(line: Path, tmp_path: Path, change: Callable[[dict[str, torch.Tensor]], None]) -> Path:
+    """A copy of the line's checkpoint u00000006 whose weights `change` altered, written with its
+    hashes intact (as a trainer would have written such weights)."""
     from safetensors.torch import save_file
 
     from engine.checkpoints.format import blake2b_of
@@ -462,13 +461,84 @@ def test_a_checkpoint_whose_weights_are_not_finite_is_refused_naming_the_tensor(
     checkpoint = tmp_path / "u00000006"
     shutil.copytree(line / "checkpoints" / "u00000006", checkpoint)
     weights = load_checkpoint(checkpoint).weights
-    name = sorted(weights)[0]
-    weights[name].view(-1)[0] = float("nan")
+    change(weights)
     save_file(weights, checkpoint / "model.safetensors")
     meta = json.loads((checkpoint / "meta.json").read_text())
     meta["files"]["model.safetensors"] = {"blake2b": blake2b_of(checkpoint / "model.safetensors"),
                                           "bytes": (checkpoint / "model.safetensors").stat().st_size}  # fmt: skip
     (checkpoint / "meta.json").write_text(json.dumps(meta))
+    return checkpoint
+
+
+def test_a_checkpoint_whose_weights_are_not_finite_is_refused_naming_the_tensor(
+    line: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # A NaN weight ended in torch's `invalid multinomial distribution` traceback at the first draw.
+    def one_nan(weights: dict[str, torch.Tensor]) -> None:
+        weights[sorted(weights)[0]].view(-1)[0] = float("nan")
+
+    checkpoint = rewritten_checkpoint(line, tmp_path, one_nan)
+    name = sorted(load_checkpoint(line / "checkpoints" / "u00000006").weights)[0]
     status, out, err = sample(capsys, str(checkpoint), "--tokens", "5")
     assert (status, out) == (2, "")
     assert err == f"nsconsole: {checkpoint / 'model.safetensors'}: {name} holds non-finite values (NaN or inf)\n"
+
+
+def test_logits_that_overflow_from_finite_weights_end_in_one_line(
+    line: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # Finite weights whose logits overflow (a diverged model) passed the load's check and ended in
+    # torch's `invalid multinomial distribution` traceback at the first draw.
+    def huge(weights: dict[str, torch.Tensor]) -> None:
+        for name in ("embed.weight", "head.weight"):  # hidden states of 1e38, a head of 1e38: fp32 ends at 3.4e38
+            weights[name] = weights[name] * 1e38 / weights[name].abs().max()
+        assert all(bool(torch.isfinite(tensor).all()) for tensor in weights.values())
+
+    checkpoint = rewritten_checkpoint(line, tmp_path, huge)
+    status, out, err = sample(capsys, str(checkpoint), "--prompt", "the model", "--tokens", "5")
+    assert (status, out) == (2, "the model\n")
+    _described, refusal = err.splitlines()  # what was loaded, then the one line of the refusal
+    assert refusal.startswith(f"nsconsole: {checkpoint}: the model's next-token logits hold ")
+    assert refusal.endswith(" after 0 generated tokens (the weights are finite, so the activations overflow): "
+                            "this checkpoint cannot generate; an earlier one may")  # fmt: skip
+
+
+def test_ctrl_c_during_a_reply_ends_that_reply_and_the_conversation_goes_on(
+    line: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Ctrl-C during a reply ended the whole chat; a user stopping a rambling reply lost the conversation.
+    from engine.generation import chat as conversations
+    from engine.generation import session
+    from nsconsole.commands import chat
+
+    drawn: list[int] = []
+    real_choose_token = session.choose_token
+
+    def interrupted_at_the_third(*arguments: object) -> int:
+        if len(drawn) == 2:
+            drawn.append(-1)
+            raise KeyboardInterrupt
+        drawn.append(real_choose_token(*arguments))
+        return drawn[-1]
+
+    held: list[Conversation] = []
+
+    class HeldConversation(Conversation):
+        def __init__(self, *arguments: object) -> None:
+            super().__init__(*arguments)
+            held.append(self)
+
+    monkeypatch.setattr(session, "choose_token", interrupted_at_the_third)
+    monkeypatch.setattr(conversations, "Conversation", HeldConversation)
+    monkeypatch.setattr(sys, "stdin", io.StringIO("the model trains\nand then\n\n"))
+    out = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", out)
+    loaded = load_for_generation(line / "checkpoints" / read_latest(line / "checkpoints"), torch.device("cpu"))
+    chat.converse(loaded, SamplingSettings(temperature=1.0, seed=1), 8, interactive=False)
+    first, second = out.getvalue().splitlines()
+    assert first.endswith(chat.INTERRUPTED_REPLY) and second and len(drawn) > 3
+
+    # What the interrupted reply drew stays said; the next turn is fed after it, on a line of its own.
+    [conversation] = held
+    turn = loaded.tokenizer.encode_documents(["\nand then\n"])[0].tolist()
+    assert conversation.session.tokens[: -(len(drawn) - 3)] == loaded.prompt_ids("the model trains\n") + drawn[:2] + turn

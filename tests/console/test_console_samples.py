@@ -89,3 +89,13 @@ def test_the_tab_keeps_to_the_newest_validations_and_skips_malformed_samples() -
 def test_control_characters_become_visible_but_line_breaks_and_tabs_stay() -> None:
     assert visible("a\x00b\rc\x7f\x9b\n\td") == "a␀b␍c␡\ufffd\n\td"
 
+
+
+def test_a_sample_the_models_logits_stopped_says_why_after_its_text() -> None:
+    line = LineView("id", "/srv/runs/diverged")
+    row = validation_with_samples(7, [" fine", " cut"])
+    row["samples"][1]["stopped"] = "the model's next-token logits hold 3 NaN or infinite values of 300 after 2 tokens"
+    line.apply_rows([row], 0)
+    plain = samples_text(line).plain
+    assert f"source0 ▸ {PROMPT} fine\n" in plain
+    assert f"source1 ▸ {PROMPT} cut [stopped: the model's next-token logits hold 3 NaN" in plain

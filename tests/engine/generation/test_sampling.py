@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.generation.sampling import choose_token
+from engine.generation.sampling import NonFiniteLogits, choose_token
 from engine.generation.settings import SamplingSettings
 
 PROBABILITIES = torch.tensor([0.05, 0.5, 0.15, 0.3])
@@ -49,3 +49,14 @@ def test_settings_out_of_range_are_refused(changes: dict[str, float]) -> None:
 def test_a_tiny_temperature_takes_the_most_likely_token() -> None:
     # Dividing the raw logits by 1e-310 overflowed to inf: the softmax was NaN and the draw failed.
     assert set(_draws(SamplingSettings(temperature=1e-310, top_p=1.0, seed=2), 20)) == {1}
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_logits_holding_nan_or_inf_are_refused_by_name(temperature: float, bad: float) -> None:
+    # A diverged model's logits: multinomial raised torch's 'invalid multinomial distribution'
+    # and at temperature 0 argmax silently took the NaN's index.
+    logits = PROBABILITIES.log()
+    logits[2] = bad
+    with pytest.raises(NonFiniteLogits, match=r"^the model's next-token logits hold 1 NaN or infinite values of 4$"):
+        choose_token(logits, SamplingSettings(temperature=temperature), torch.Generator().manual_seed(0))

@@ -156,3 +156,29 @@ def test_samples_default_on_and_zero_prompts_turn_them_off() -> None:
 def test_w_and_b_gets_no_samples() -> None:
     row = {"update": 4, "loss": 3.5, "val_32/mix": 3.6, SAMPLES_KEY: [{"source": "text", "prompt": "a", "text": "b"}]}
     assert row_values(row) == {"loss": 3.5, "val_32/mix": 3.6}
+
+
+def test_logits_that_go_non_finite_stop_a_sample_and_training_goes_on(
+    tmp_path: Path, data_template: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A diverged model's NaN logits raised torch's multinomial error out of the validation: the
+    # trainer died at every validation, and the supervisor restarted it into the same one.
+    from engine.generation import sampling, session
+
+    draws = []
+
+    def nan_at_the_third_draw(logits: torch.Tensor, *arguments: object) -> int:
+        draws.append(1)
+        if len(draws) == 3:
+            logits = logits.clone()
+            logits[0] = float("nan")
+        return sampling.choose_token(logits, *arguments)
+
+    monkeypatch.setattr(session, "choose_token", nan_at_the_third_draw)
+    settings = {"prompts": 2, "prompt_tokens": 5, "new_tokens": 4, "temperature": 1.0, "top_p": 1.0}
+    line = pssa_line(tmp_path, data_template, **{"validation.samples": settings})
+    assert Trainer(line, stop_at=4, echo=None).run() == 0
+    first, second = [row[SAMPLES_KEY] for row in rows(line) if SAMPLES_KEY in row]
+    assert first[0]["stopped"] == "the model's next-token logits hold 1 NaN or infinite values of 300 after 2 tokens"
+    assert first[0]["text"] and "stopped" not in first[1] and first[1]["text"]
+    assert all("stopped" not in sample for sample in second)
