@@ -24,6 +24,12 @@ class DiskFull(LineError):
     """Free disk fell below `guards.min_free_disk_gb`: the line stopped for the operator."""
 
 
+class NonFiniteLogits(LineError):
+    """A model's next-token logits hold NaN or inf: no token can be drawn from them. Finite
+    weights can still get there (activations that overflow in a diverged model); the draw would
+    otherwise be a torch error (multinomial) or, at temperature 0, a silent argmax of NaN."""
+
+
 def is_out_of_memory(error: BaseException) -> bool:
     """A device allocation failed (torch.OutOfMemoryError, or a RuntimeError that says so: a
     failed allocation inside a graph capture or a compiled kernel arrives as one)."""

@@ -9,14 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from engine.errors import LineError
+from engine.errors import NonFiniteLogits
 from engine.generation.settings import SamplingSettings
-
-
-class NonFiniteLogits(LineError):
-    """The model's next-token logits hold NaN or inf: no token can be drawn from them. Finite
-    weights can still get there (activations that overflow in a diverged model); the draw would
-    otherwise be a torch error (multinomial) or, at temperature 0, a silent argmax of NaN."""
 
 
 def choose_token(logits: torch.Tensor, settings: SamplingSettings, generator: torch.Generator) -> int:

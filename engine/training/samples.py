@@ -32,7 +32,7 @@ import torch
 from datalines import DataLine
 from datalines.tokenizer import PlainTextTokenizer
 from engine.config.run import SAMPLES_KEY, SamplesConfig
-from engine.generation.sampling import NonFiniteLogits
+from engine.errors import NonFiniteLogits
 from engine.generation.session import DecodeSession, generation_precision
 from engine.generation.settings import SamplingSettings
 from engine.models.base import LanguageModel

@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
+from engine.errors import NonFiniteLogits
 from nsconsole.commands.generating import add_generation_arguments, open_model
 from nsconsole.commands.parser import add_command
 from nsconsole.commands.sample import INTERRUPTED, cannot_generate
@@ -45,7 +46,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.generation.sampling import NonFiniteLogits
     from engine.generation.session import generation_precision
 
     loaded, settings = open_model(args)

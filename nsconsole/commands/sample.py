@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engine.errors import LineError
+from engine.errors import LineError, NonFiniteLogits
 from nsconsole.commands.generating import add_generation_arguments, open_model
 from nsconsole.commands.parser import add_command
 
@@ -72,7 +72,6 @@ def prompt_text(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.generation.sampling import NonFiniteLogits
     from engine.generation.text import TextStream
 
     text = prompt_text(args)

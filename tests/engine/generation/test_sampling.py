@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.generation.sampling import NonFiniteLogits, choose_token
+from engine.errors import NonFiniteLogits
+from engine.generation.sampling import choose_token
 from engine.generation.settings import SamplingSettings
 
 PROBABILITIES = torch.tensor([0.05, 0.5, 0.15, 0.3])
