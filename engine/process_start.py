@@ -9,8 +9,6 @@ supervisor's registry entry, supervisor.json and the heartbeat record to tell th
 
 from __future__ import annotations
 
-import os
-
 import psutil
 
 SAME_START_TOLERANCE_S = 0.05
@@ -56,12 +54,4 @@ def recorded_process_alive(pid: object, boot_start: object, started_by: object) 
 
 def pid_alive(pid: object) -> bool:
     """Whether a process with this pid exists on this host."""
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 and psutil.pid_exists(pid)

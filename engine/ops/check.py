@@ -74,7 +74,8 @@ def check_line(root: Path | str, *, verify_checkpoints: bool = True) -> tuple[Ru
     results += _check_data(layout, config)
     results += _check_consumption(layout, config)
     # The checks of the default start, `nsconsole run`: under the supervisor, whose preparer rebuilds shards.
-    results.append(CheckResult(*current_cycle_finding(layout, config, preparer_rebuilds=True)))
+    cycle = current_cycle_finding(layout, config, preparer_rebuilds=True)
+    results.append(CheckResult(cycle.passed, cycle.message))
     model = _meta_model(config)
     results.append(_check_heldout_rows(layout, config, model))
     results += _check_lifelong(layout, config)

@@ -9,6 +9,7 @@ start only of a line that no preparer serves (`nsconsole run --no-supervisor`)."
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +22,16 @@ from engine.errors import LineError
 from engine.layout import LineLayout
 from engine.ops.lines import open_line, resolve_data_path
 
-Finding = tuple[bool, str]
-"""(passed, one line): a `CheckResult`'s fields."""
-NOT_PREPARED = " not prepared yet (the preparer makes it)"
-"""How `current_cycle_finding` ends for a cycle whose manifest is not written yet."""
+
+@dataclass(frozen=True)
+class Finding:
+    """What `current_cycle_finding` found: a `CheckResult`'s fields, and the cycle not prepared yet."""
+
+    passed: bool
+    message: str
+    """One line, `current data cycle: ...`."""
+    unprepared: int | None = None
+    """The cycle the line trains next when its manifest is not written yet (the preparer makes it)."""
 
 
 def current_cycle_finding(layout: LineLayout, config: RunConfig, *, preparer_rebuilds: bool) -> Finding:
@@ -35,49 +42,49 @@ def current_cycle_finding(layout: LineLayout, config: RunConfig, *, preparer_reb
         data = open_data_line(resolve_data_path(layout, config.data.line))
     except (LineError, DataLineError) as error:
         # The data line's own check fails on this already: one failure, said once.
-        return (True, f"current data cycle: not checked, the data line does not open ({error})")
+        return Finding(True, f"current data cycle: not checked, the data line does not open ({error})")
     latest = read_latest(layout.checkpoints)
     state = (None if latest is None else read_checkpoint_state(layout.checkpoints / latest)) or {}
     position: dict[str, Any] = state.get("position") if isinstance(state.get("position"), dict) else {}
     index = position.get("cycle", 0)
     if not isinstance(index, int) or isinstance(index, bool) or index < 0:
-        return (True, "current data cycle: the newest checkpoint names none (the trainer decides)")
+        return Finding(True, "current data cycle: the newest checkpoint names none (the trainer decides)")
     directory = data.cycle_dir(index)
     last = data.last_cycle()
     if last is not None and index > last:
-        return (True, f"current data cycle: none, the data line ended with cycle {last}")
+        return Finding(True, f"current data cycle: none, the data line ended with cycle {last}")
     if not (directory / MANIFEST_NAME).is_file():
-        return (True, f"current data cycle: {index}{NOT_PREPARED}")
+        return Finding(True, f"current data cycle: {index} not prepared yet (the preparer makes it)", unprepared=index)
     try:
         manifest, manifest_sha = load_manifest(directory)
     except (DataLineError, OSError) as error:
-        return (False, f"current data cycle: {error}; the trainer refuses to read it")
+        return Finding(False, f"current data cycle: {error}; the trainer refuses to read it")
     data_state = state.get("data") if isinstance(state.get("data"), dict) else {}
     trained_on = data_state.get("manifest_sha256") if position.get("sample") else None
     if isinstance(trained_on, str) and trained_on != manifest_sha:
-        return (
+        return Finding(
             False,
             f"current data cycle: {directory / MANIFEST_NAME} sha256 is {manifest_sha[:16]}..., the checkpoint "
             f"{latest} trained on {trained_on[:16]}... (the data line changed); the trainer refuses to resume",
         )
     if data.is_consumed(index):
-        return (True, f"current data cycle: {index} ended (its end checkpoint moves the line on)")
+        return Finding(True, f"current data cycle: {index} ended (its end checkpoint moves the line on)")
     problem = data.cycle_problem(index)
     missing = [entry["name"] for entry in shard_files(manifest) if not (directory / entry["name"]).is_file()]
     if problem is not None and missing and preparer_rebuilds:
-        return (
+        return Finding(
             True,
             f"current data cycle: {index}'s shards are missing ({', '.join(missing)}); the line's data preparer "
             "rebuilds them from the manifest, byte for byte, and the trainer waits for them (a start without a "
             f"preparer must rebuild them first: `nsconsole data rebuild --work {data.path} --cycle {index}`)",
         )
     if problem is not None:
-        return (
+        return Finding(
             False,
             f"current data cycle: {problem}; no update can train on it until it is rebuilt from its manifest "
             f"(`nsconsole data rebuild --work {data.path} --cycle {index}`; a running line's preparer does it)",
         )
-    return (True, f"current data cycle: {index}, every shard matches its manifest")
+    return Finding(True, f"current data cycle: {index}, every shard matches its manifest")
 
 
 def start_without_preparer(root: Path | str) -> str | None:
@@ -94,12 +101,13 @@ def start_without_preparer(root: Path | str) -> str | None:
     data = resolve_data_path(layout, config.data.line)
     if preparer_running(data):
         return None
-    passed, message = current_cycle_finding(layout, config, preparer_rebuilds=False)
-    if not passed:
-        raise LineError(f"{layout.root}: not started (no supervisor, and no data preparer runs on {data}): {message}")
-    if not message.endswith(NOT_PREPARED):
+    finding = current_cycle_finding(layout, config, preparer_rebuilds=False)
+    if not finding.passed:
+        raise LineError(
+            f"{layout.root}: not started (no supervisor, and no data preparer runs on {data}): {finding.message}"
+        )
+    if finding.unprepared is None:
         return None
-    cycle = message.removesuffix(NOT_PREPARED).removeprefix("current data cycle: ")
-    return (f"{layout.root}: data cycle {cycle} is not prepared yet and no data preparer runs on {data}: the "
+    return (f"{layout.root}: data cycle {finding.unprepared} is not prepared yet and no data preparer runs on {data}: the "
             f"trainer waits until one makes it (`nsconsole data run-preparer --work {data}`; a line run under its "
             f"supervisor, `nsconsole run {layout.root}`, has one)")  # fmt: skip
