@@ -25,6 +25,7 @@ from engine.ops.stop import StopRequest, read_stop
 from engine.protocol.facts import FINAL_LINE_STATES, LineState
 from engine.supervisor.forks import QueuedFork
 from engine.supervisor.reads import running_supervisor_pid, running_trainer_pid
+from engine.wandb.recovery import RecordedRun, recorded_run
 from engine.wandb.state import WandbRunState
 
 TAIL_BLOCK_BYTES = 64 * 1024
@@ -68,6 +69,9 @@ class LineStatus:
     """The line's W&B run (wandb_run.json; None when there is none yet, or it is unreadable)."""
     wandb_unreadable: bool = False
     """wandb_run.json is there and cannot be read (its problem is among `problems`)."""
+    wandb_recovery: RecordedRun | None = None
+    """The run the next start continues, as a checkpoint records it, where wandb_run.json is
+    unreadable or missing (engine.wandb.recovery; said among `problems`); None otherwise."""
     gpu: str | None = None
     """The GPU the line's supervisor leased, or the leases it waits for (supervisor.json; None: no
     supervisor has run it, or it trains on the CPU)."""
@@ -117,13 +121,29 @@ def line_status(root: Path | str, rows: int = 5, now: float | None = None) -> Li
     _read_branches(layout, supervisor, status)
     status.disk_bytes = directory_bytes(layout.root)
     status.last_validation = read_last_validation(layout.rows_jsonl)
+    _read_wandb(layout, status)
+    return status
+
+
+def _read_wandb(layout: LineLayout, status: LineStatus) -> None:
+    """wandb_run.json; where it is unreadable, or missing while a checkpoint records the line's run,
+    the run the next start continues (the mirror's own `recorded_run`)."""
+    problem: str | None = None
     if layout.wandb_run_json.exists():
         try:
             status.wandb = WandbRunState.load(layout.wandb_run_json)
+            return
         except LineError as error:
             status.wandb_unreadable = True
-            status.problems.append(str(error))
-    return status
+            problem = str(error)
+    if status.config is None or status.config.wandb.mode != "disabled":
+        status.wandb_recovery = recorded_run(layout)
+    if status.wandb_recovery is not None:
+        problem = problem or f"{layout.wandb_run_json.name}: missing"
+        aside = "sets it aside and " if status.wandb_unreadable else ""
+        problem += f"; the next start {aside}continues {status.wandb_recovery.describe()}"
+    if problem is not None:
+        status.problems.append(problem)
 
 
 def read_supervisor_json(layout: LineLayout, status: LineStatus) -> dict[str, Any]:

@@ -7,7 +7,9 @@ rollback, a branch) is sent again from it, in order, so the W&B curve has no hol
 
 - Start: continue the line's run (`wandb_run.json` keeps its id) and re-send every row after the
   last step the server acknowledged; carry out a rewind or fork planned by `plan_rollback` /
-  `plan_branch` (see engine.wandb.start for what each sends).
+  `plan_branch` (see engine.wandb.start for what each sends). A damaged or lost wandb_run.json
+  does not start a new run beside the line's: the run its newest checkpoint records continues
+  (engine.wandb.recovery).
 - Replayed updates: online, the rows of updates the trainer trains again after a resume (the
   server got them before the crash) are compared with the server's copy instead of being sent
   again; a difference is recorded in wandb_run.json and reported (run.log), one line per update.
@@ -53,6 +55,7 @@ from engine.config.run import WandbConfig
 from engine.errors import LineError
 from engine.layout import LineLayout
 from engine.wandb.backend import RealWandbBackend, WandbBackend
+from engine.wandb.recovery import load_or_recover
 from engine.wandb.replay import ReplayWindow, describe
 from engine.wandb.rows import read_rows, row_update, row_values
 from engine.wandb.start import StartContext, mark_superseded_runs, start_run
@@ -62,7 +65,6 @@ from engine.wandb.state import (
     PendingStart,
     ReplayMismatch,
     WandbRunState,
-    WandbStateError,
     synced_after_last_write,
 )
 from engine.wandb.txlog import FILE_HEADER, transaction_log_of
@@ -540,16 +542,9 @@ class WandbMirror:
             self._wakeup.wait(seconds)
 
     def _load_state(self) -> None:
-        path = self.layout.wandb_run_json
-        try:
-            self._state = WandbRunState.load(path)
-        except WandbStateError as error:
-            # Keep the damaged file for the user; the line goes on with a new run that is
-            # backfilled from rows.jsonl, so the W&B record stays complete.
-            aside = path.with_name(f"{path.name}.bad-{time.strftime('%Y%m%d-%H%M%S')}")
-            path.rename(aside)
-            self._say(f"W&B: {error}; set aside as {aside.name}, starting a new W&B run with every row")
-            self._state = WandbRunState()
+        # A damaged or lost wandb_run.json: the run a checkpoint records continues (the damaged
+        # file is set aside first); where none records one, a new run backfilled from rows.jsonl.
+        self._state = load_or_recover(self.layout, self._say, online=self.settings.mode == "online")
         # A gap left by an earlier session needs nothing of its own: the start re-sends every
         # row after the acknowledged step, which lies before the gap.
         self._gap = None
