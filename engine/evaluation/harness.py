@@ -19,6 +19,7 @@ in the training rows: after the document separator (see `GenerationModel.prompt_
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.utils import normalize_gen_kwargs
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window, simple_parse_args_string
 
-from engine.errors import LineError
+from engine.errors import LineError, NonFiniteLogits
 from engine.generation.loading import GenerationModel, open_for_generation
 from engine.generation.session import generation_precision
 from engine.generation.settings import SamplingSettings
@@ -143,6 +144,11 @@ class CheckpointLM(LM):
                 wanted = torch.tensor(targets, dtype=torch.long, device=device)
                 picked = torch.log_softmax(scored, dim=-1).gather(1, wanted[:, None])
                 total = float(picked.to("cpu", torch.float64).sum())
+                if not math.isfinite(total):  # a diverged model: no score, not NaN in the results
+                    raise self.loaded.overflowed(
+                        "the log-probability of a continuation is not finite (the logits hold NaN or inf)",
+                        "be evaluated",
+                    )
                 results[index] = (total, bool((scored.argmax(dim=-1) == wanted).all()))
         return results
 
@@ -196,13 +202,16 @@ class CheckpointLM(LM):
         text = ""
         with generation_precision(self.loaded.device):
             session.feed(self.loaded.prompt_ids(context))
-            for token in session.generate(kwargs["max_gen_toks"], stop=separator):
-                if token == separator:
-                    break
-                generated.append(token)
-                text = self.loaded.tokenizer.decode(generated)
-                if any(stop in text for stop in stops):
-                    break
+            try:
+                for token in session.generate(kwargs["max_gen_toks"], stop=separator):
+                    if token == separator:
+                        break
+                    generated.append(token)
+                    text = self.loaded.tokenizer.decode(generated)
+                    if any(stop in text for stop in stops):
+                        break
+            except NonFiniteLogits as error:
+                raise self.loaded.overflowed(f"{error} in a generate_until request", "be evaluated") from None
         return cut_at_first_stop(text, stops)
 
 

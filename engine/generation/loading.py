@@ -33,7 +33,7 @@ from engine.checkpoints.format import (
 from engine.checkpoints.tensors import Checkpoint, load_checkpoint
 from engine.config.json_fields import parse_json_text
 from engine.config.run import RunConfig
-from engine.errors import CheckpointError, LineError
+from engine.errors import CheckpointError, LineError, NonFiniteLogits
 from engine.generation.session import DecodeSession
 from engine.generation.settings import SamplingSettings
 from engine.layout import LineLayout
@@ -81,6 +81,15 @@ class GenerationModel:
         weights = "the parameters' moving average" if self.average else "weights"
         parameters = self.model.num_parameters()
         return f"{self.directory} ({self.preset}, {parameters:,} parameters, {weights}) on {self.where()}"
+
+    def overflowed(self, problem: str, doing: str) -> NonFiniteLogits:
+        """The one line for a model whose logits hold NaN or inf (`problem`: what and where): the
+        weights passed the load's check, so its activations overflow, and this checkpoint cannot
+        `doing` ("generate", "be evaluated"); an earlier one of the line may."""
+        return NonFiniteLogits(
+            f"{self.directory}: {problem} (the weights are finite, so the activations overflow): this checkpoint "
+            f"cannot {doing}; an earlier one may"
+        )
 
     def session(self, settings: SamplingSettings) -> DecodeSession:
         """A decoding session on the model that takes its share of the cores between steps."""

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from engine.errors import NonFiniteLogits
 from nsconsole.commands.generating import add_generation_arguments, open_model
 from nsconsole.commands.parser import add_command
-from nsconsole.commands.sample import INTERRUPTED, cannot_generate
+from nsconsole.commands.sample import INTERRUPTED
 
 if TYPE_CHECKING:
     from engine.generation.settings import SamplingSettings
@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
             converse(loaded, settings, args.tokens, interactive)
     except NonFiniteLogits as error:
         sys.stdout.write("\n")
-        raise cannot_generate(loaded, error, "in a reply") from None
+        raise loaded.overflowed(f"{error} in a reply", "generate") from None
     except KeyboardInterrupt:
         # Ctrl-C ends the conversation as Ctrl-D does, on a line of its own (the shell's prompt
         # would follow the "> " or the reply's last piece), with a shell's status for SIGINT.

@@ -90,19 +90,9 @@ def run(args: argparse.Namespace) -> int:
     sys.stdout.write(stream.flush() + "\n")
     sys.stdout.flush()
     if failure is not None:
-        raise cannot_generate(loaded, failure, f"after {report.generated:,} generated tokens")
+        raise loaded.overflowed(f"{failure} after {report.generated:,} generated tokens", "generate")
     print(report.line(), file=sys.stderr)
     return status
-
-
-def cannot_generate(loaded: GenerationModel, error: Exception, when: str) -> LineError:
-    """The one line for logits that hold NaN or inf (`when`: where in the generation): the weights
-    passed the load's check, so the model's activations overflow; the text made until then has been
-    written."""
-    return LineError(
-        f"{loaded.directory}: {error} {when} (the weights are finite, so the activations overflow): "
-        f"this checkpoint cannot generate; an earlier one may"
-    )
 
 
 @dataclass

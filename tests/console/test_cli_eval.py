@@ -17,9 +17,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.checkpoints import overflowing, rewritten_checkpoint
 from helpers.lines import data_template_fixture, make_line, one_torch_thread
 
 from engine.checkpoints.format import code_version
+from engine.errors import NonFiniteLogits
 from engine.evaluation import harness
 from engine.evaluation.harness import HARNESS_NAME, CheckpointLM, open_checkpoint
 from engine.generation.loading import GenerationModel
@@ -270,3 +272,22 @@ def test_a_path_or_device_that_cannot_serve_is_refused_before_the_tasks_are_read
     status = main(["eval", source.format(line=line), "--tasks", "nsc_choice", "--device", "cuda"])
     captured = capsys.readouterr()
     assert (status, captured.out, captured.err) == (2, "", f"nsconsole: {refusal.format(line=line)}\n")
+
+
+def test_a_model_whose_logits_overflow_is_refused_naming_the_checkpoint(line: Path, tmp_path: Path) -> None:
+    # A diverged checkpoint (finite weights, logits of NaN or inf) was scored NaN and its accuracy
+    # reported as if it were a measurement; its generate_until requests ended in torch's traceback.
+    from lm_eval.api.instance import Instance
+
+    checkpoint = rewritten_checkpoint(line / "checkpoints" / "u00000002", tmp_path, overflowing)
+    adapter = open_checkpoint(str(checkpoint), device="cpu")
+    refusal = (" (the weights are finite, so the activations overflow): this checkpoint cannot be evaluated; "
+               "an earlier one may")  # fmt: skip
+    with pytest.raises(NonFiniteLogits) as scoring:
+        adapter.loglikelihood([Instance("loglikelihood", {}, ("the model trains on", " tokens"), 0)])
+    assert str(scoring.value) == (f"{checkpoint}: the log-probability of a continuation is not finite (the logits "
+                                  f"hold NaN or inf){refusal}")  # fmt: skip
+    with pytest.raises(NonFiniteLogits) as generating:
+        greedy_text(adapter, PROMPTS[0])
+    assert str(generating.value).startswith(f"{checkpoint}: the model's next-token logits hold ")
+    assert str(generating.value).endswith(f" in a generate_until request{refusal}")

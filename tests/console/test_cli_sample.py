@@ -8,16 +8,15 @@ it printed.
 from __future__ import annotations
 
 import io
-import json
 import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
+from helpers.checkpoints import overflowing, rewritten_checkpoint
 from helpers.lines import copy_data_line, data_template_fixture, make_line, one_torch_thread
 
 from engine.checkpoints.format import read_latest
@@ -451,25 +450,6 @@ def test_chat_in_a_terminal_ends_its_line_at_ctrl_d_and_ctrl_c(line: Path) -> No
     assert status == 130 and screen.endswith("> ^C\r\n") and "Traceback" not in screen
 
 
-def rewritten_checkpoint(line: Path, tmp_path: Path, change: Callable[[dict[str, torch.Tensor]], None]) -> Path:
-    """A copy of the line's checkpoint u00000006 whose weights `change` altered, written with its
-    hashes intact (as a trainer would have written such weights)."""
-    from safetensors.torch import save_file
-
-    from engine.checkpoints.format import blake2b_of
-
-    checkpoint = tmp_path / "u00000006"
-    shutil.copytree(line / "checkpoints" / "u00000006", checkpoint)
-    weights = load_checkpoint(checkpoint).weights
-    change(weights)
-    save_file(weights, checkpoint / "model.safetensors")
-    meta = json.loads((checkpoint / "meta.json").read_text())
-    meta["files"]["model.safetensors"] = {"blake2b": blake2b_of(checkpoint / "model.safetensors"),
-                                          "bytes": (checkpoint / "model.safetensors").stat().st_size}  # fmt: skip
-    (checkpoint / "meta.json").write_text(json.dumps(meta))
-    return checkpoint
-
-
 def test_a_checkpoint_whose_weights_are_not_finite_is_refused_naming_the_tensor(
     line: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
@@ -477,7 +457,7 @@ def test_a_checkpoint_whose_weights_are_not_finite_is_refused_naming_the_tensor(
     def one_nan(weights: dict[str, torch.Tensor]) -> None:
         weights[sorted(weights)[0]].view(-1)[0] = float("nan")
 
-    checkpoint = rewritten_checkpoint(line, tmp_path, one_nan)
+    checkpoint = rewritten_checkpoint(line / "checkpoints" / "u00000006", tmp_path, one_nan)
     name = sorted(load_checkpoint(line / "checkpoints" / "u00000006").weights)[0]
     status, out, err = sample(capsys, str(checkpoint), "--tokens", "5")
     assert (status, out) == (2, "")
@@ -489,12 +469,7 @@ def test_logits_that_overflow_from_finite_weights_end_in_one_line(
 ) -> None:
     # Finite weights whose logits overflow (a diverged model) passed the load's check and ended in
     # torch's `invalid multinomial distribution` traceback at the first draw.
-    def huge(weights: dict[str, torch.Tensor]) -> None:
-        for name in ("embed.weight", "head.weight"):  # hidden states of 1e38, a head of 1e38: fp32 ends at 3.4e38
-            weights[name] = weights[name] * 1e38 / weights[name].abs().max()
-        assert all(bool(torch.isfinite(tensor).all()) for tensor in weights.values())
-
-    checkpoint = rewritten_checkpoint(line, tmp_path, huge)
+    checkpoint = rewritten_checkpoint(line / "checkpoints" / "u00000006", tmp_path, overflowing)
     status, out, err = sample(capsys, str(checkpoint), "--prompt", "the model", "--tokens", "5")
     assert (status, out) == (2, "the model\n")
     _described, refusal = err.splitlines()  # what was loaded, then the one line of the refusal
