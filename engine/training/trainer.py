@@ -35,22 +35,24 @@ engine.training.engines's.
 Every row is appended to rows.jsonl, then handed to the line's W&B mirror (engine.wandb.mirror), which sends
 it from a background thread: training never waits on W&B and never fails because of it, and
 whatever W&B missed (a crash, an outage, a rollback) is re-sent from rows.jsonl by a later start.
+
+The trainer's components, mixed into `Trainer` and sharing its state (each module's docstring says
+what it uses and what it sets): the stops it answers (engine.training.stop_requests), its data
+cycles (engine.training.data_cycles), one update and its row (engine.training.one_update), its
+checkpoints and disk guard (engine.training.checkpointing) and its watch of the GPU
+(engine.training.gpu_guard). This module holds the start, the loop and the exit.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 import os
-import shutil
 import signal
 import sys
 import threading
-import time
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 import torch
 
@@ -58,65 +60,43 @@ from datalines import open_data_line
 from datalines.consumption import claim_cycle, claim_data_line
 from datalines.cycle import Cycle
 from datalines.errors import ShardChanged
-from engine.checkpoints.disk_budget import (
-    CheckpointSize,
-    gib_text,
-    next_checkpoint_size,
-    refuse_a_start_without_room,
-)
-from engine.checkpoints.format import (
-    CHECKPOINT_DISK_MARGIN,
-    LINE_START_KEPT,
-    cycle_end_kept,
-    discard_partial_writes,
-    stage_end_kept,
-)
-from engine.checkpoints.tensors import Checkpoint, CheckpointSnapshot, CheckpointWriter, find_resume_point
+from engine.checkpoints.disk_budget import refuse_a_start_without_room
+from engine.checkpoints.format import LINE_START_KEPT, discard_partial_writes
+from engine.checkpoints.tensors import CheckpointWriter, find_resume_point
 from engine.config.run import RunConfig, WandbConfig
-from engine.errors import CheckpointError, ConfigError, DiskFull, LineError, is_out_of_memory
+from engine.errors import ConfigError, LineError
 from engine.gpu.placement import placed_device
-from engine.gpu.sharing import Action, GpuBusy, GpuMode, GpuReading, GpuWatch, refuse_unshareable_lengths
+from engine.gpu.sharing import GpuWatch, refuse_unshareable_lengths
 from engine.layout import LineLayout
 from engine.metrics import METRICS_VERSION, metrics_mismatch
 from engine.models.build import build_model, refuse_unfit_memory
 from engine.ops import lines as ops
 from engine.ops.rollback import rows_remedy
-from engine.ops.stop import read_stop
 from engine.protocol.facts import SIGNAL_EXIT_BASE, Engine, Stage, StopReason, TrainerExitCode
-from engine.rows import Heartbeat, RowsFile, RunLog, format_row
+from engine.rows import Heartbeat, RowsFile, RunLog
 from engine.supervisor.child import rank_file
+from engine.training.checkpointing import Checkpointing
 from engine.training.cpu_heap import keep_freed_memory
 from engine.training.cpu_share import CpuSeat
+from engine.training.data_cycles import DataCycles
 from engine.training.distributed import FullyShardedModel, Ranks, refuse_written_state
-from engine.training.dreaming import Dreamer, format_dream
+from engine.training.dreaming import Dreamer
 from engine.training.engines import ArenaNotReleased, StepEngines
+from engine.training.gpu_guard import GpuGuard
 from engine.training.line_lock import hold_trainer_lock
+from engine.training.one_update import OneUpdate
 from engine.training.optim import AdamWSettings, FlatAdamW, ParameterAverage
 from engine.training.phase_beat import PhaseBeats
 from engine.training.position import Position
 from engine.training.samples import ValidationSampler
-from engine.training.schedule import learning_rate, tokens_per_update, update_weight_decay
 from engine.training.sharded_optim import ShardedFlatAdamW
-from engine.training.startup import CompileCaches, StartupClock, TimedPhases, append_startup_record
-from engine.training.step import EagerEngine, UpdateResult
-from engine.training.validation import Validator, format_probe_rows, format_validation
-from engine.units import GIB
+from engine.training.startup import CompileCaches, StartupClock, TimedPhases
+from engine.training.stop_requests import StopRequests
+from engine.training.validation import Validator
 from engine.wandb.mirror import WandbMirror
-
-WAIT_POLL_SECONDS = 1.0
-
-# Stop codes agreed across a group's ranks (the largest wins): a signal's is this base + its number.
-STOP_AT_CODE, STOP_FILE_CODE, SIGNAL_STOP_CODE = 1, 2, 1000
-# Rank 0's reading of the data line, shared with the group (`_cycle_state`, `_end_of_cycle`, where
-# DATA_ENDED meets STOP_FILE_CODE: the codes differ).
-CYCLE_READY, DATA_ENDED = 1, 3
-"""How often a trainer waiting for the next data cycle looks again (and at STOP)."""
 
 WANDB_CLOSE_SECONDS = 30.0
 """How long an exiting trainer lets W&B take what is queued; the next start re-sends the rest."""
-
-
-
 
 
 def resolve_device(setting: str, source: str = "run.json: device") -> torch.device:
@@ -141,8 +121,10 @@ def resolve_device(setting: str, source: str = "run.json: device") -> torch.devi
     return device
 
 
-class Trainer:
-    """One line's training loop (see the module docstring)."""
+class Trainer(StopRequests, DataCycles, OneUpdate, Checkpointing, GpuGuard):
+    """One line's training loop (see the module docstring): its start, its loop and its exit; its stops
+    are `StopRequests`'s, its data cycles `DataCycles`'s, an update and its row `OneUpdate`'s, its
+    checkpoints and disk guard `Checkpointing`'s, its watch of the GPU `GpuGuard`'s."""
 
     def __init__(
         self,
@@ -170,7 +152,7 @@ class Trainer:
         self.engine_choice = engine
         self._signal: int | None = None
         self._cycles: dict[int, Cycle] = {}
-        self._digests: dict[tuple[int, int], str] = {}
+        self._digests: dict[tuple[int, int, tuple[tuple[int, int], ...]], str] = {}
         self._last_checkpoint_update: int | None = None
         self._make_gpu_watch = gpu_watch
         self.cpu_seat: CpuSeat | None = None
@@ -179,10 +161,11 @@ class Trainer:
         self.ranks = Ranks.from_environment()
         """This process's rank in a torchrun group (engine.training.distributed), or alone."""
 
-    # -----------------------------------------------------------------------------------------
-    # start
-
     def _start(self) -> None:
+        """Everything the loop trains with: run.json and its checks, the model, the optimizer,
+        validation and the step engines, then the resume from the newest good checkpoint (or the
+        line's first one); the data line becomes this line's only once the checks have passed. Each
+        step is timed for the start-up's breakdown (engine.training.startup)."""
         layout = self.layout
         self.config = config = RunConfig.load(layout.run_json)
         if config.metrics != METRICS_VERSION:
@@ -345,522 +328,10 @@ class Trainer:
             tensors.append(self.average.average)
         self.ranks.broadcast_(*tensors)
 
-    def _restore(self, checkpoint: Checkpoint) -> None:
-        state = checkpoint.state
-        where = checkpoint.directory
-        if state.get("layout") != self.optimizer.layout():
-            raise CheckpointError(f"{where}: its parameter layout differs from the model run.json builds")
-        model_extra = {k[len("model/") :]: v for k, v in checkpoint.extra.items() if k.startswith("model/")}
-        try:
-            self.optimizer.load(checkpoint.weights, checkpoint.optimizer)
-            # The model's own state (PSSA's banks) can differ where the layout does not.
-            self.model.load_extra_state_dict({k: v.to(self.device) for k, v in model_extra.items()})
-        except ValueError as error:
-            raise CheckpointError(f"{where}: {error}") from None
-        torch.set_rng_state(checkpoint.extra["rng/cpu"])
-        if self.device.type == "cuda" and "rng/cuda" in checkpoint.extra:
-            torch.cuda.set_rng_state(checkpoint.extra["rng/cuda"], self.device)
-        self.optimizer.nonfinite_in_a_row = int(state["nonfinite_in_a_row"])
-        if self.average is not None:
-            self.average.started = bool(state.get("ema_started", False))
-            if "ema" in checkpoint.optimizer:
-                self.average.average.copy_(checkpoint.optimizer["ema"])
-        self.position = Position(**state["position"])
-        self._check_data_position(state["data"], where)
-        self._last_checkpoint_update = checkpoint.update
-
-    def _check_data_position(self, data: dict[str, Any], where: Path) -> None:
-        """Refuse a resume whose cycle manifest or sample order differs from the checkpoint's."""
-        position = self.position
-        if (position.sample == 0 and not position.earlier) or data.get("manifest_sha256") is None:
-            if position.cycle > 0 and not self.data_line.is_consumed(position.cycle - 1):
-                # The cycle-end checkpoint was durable but the consumed mark was not written.
-                self.data_line.mark_consumed(position.cycle - 1, by=self.layout.root)
-            return
-        # The manifest only: damaged shards are the preparer's to rebuild while the loop waits for them.
-        cycle = self.data_line.cycle(position.cycle, verify=False)
-        if cycle.manifest_sha256 != data["manifest_sha256"]:
-            raise CheckpointError(
-                f"{where}: cycle {position.cycle}'s manifest sha256 is {cycle.manifest_sha256[:16]}..., "
-                f"the checkpoint trained on {data['manifest_sha256'][:16]}... (the data line changed)"
-            )
-        digest = cycle.order_digest(data["seq_len"], self.config.seeds.data, position.reads())
-        if digest != data["order_digest"]:
-            raise CheckpointError(
-                f"{where}: cycle {position.cycle}'s sample order digest differs from the checkpoint's "
-                f"(seeds.data or the data line changed); resuming would train other samples"
-            )
-
-    # -----------------------------------------------------------------------------------------
-    # data
-
-    def _cycle(self, index: int) -> Cycle:
-        if index not in self._cycles:
-            with self.startup.segment("data cycle"):  # the first one's shards are hashed in the start-up
-                self._cycles = {index: self.data_line.cycle(index)}  # one open cycle at a time
-        return self._cycles[index]
-
-    def _order_digest(self, cycle: int, seq_len: int) -> str:
-        reads = self.position.reads()
-        key = (cycle, seq_len, reads)
-        if key not in self._digests:
-            self._digests[key] = self._cycle(cycle).order_digest(seq_len, self.config.seeds.data, reads)
-        return self._digests[key]
-
-    def _seq_len(self) -> int:
-        return self.config.plan[self.position.stage].seq_len
-
-    def _where(self) -> str:
-        p = self.position
-        stage = self.config.plan[p.stage].name if p.stage < len(self.config.plan) else "done"
-        tokens = f"{p.tokens_trained:,} tokens"
-        return f"update {p.update}, {tokens}, stage {stage}, cycle {p.cycle}, sample {p.sample}"
-
-    # -----------------------------------------------------------------------------------------
-    # checkpoints
-
-    def _snapshot(self, kept: str | None, host_state: tuple[torch.Tensor, dict[str, torch.Tensor]]) -> CheckpointSnapshot:
-        """The checkpoint of the line as it stands; `host_state`: the optimizer's whole weights and state
-        on the host (`FlatAdamW.host_state`)."""
-        assert self.rows is not None, "rank 0 alone snapshots the line"
-        optimizer = self.optimizer
-        position = self.position
-        params, optimizer_state = host_state
-        if self.average is not None:
-            optimizer_state["ema"] = self.average.average.to("cpu", copy=True)
-        extra = {
-            f"model/{key}": value.detach().to("cpu", copy=True)
-            for key, value in self.model.extra_state_dict().items()
-        }
-        extra["rng/cpu"] = torch.get_rng_state()
-        if self.device.type == "cuda":
-            extra["rng/cuda"] = torch.cuda.get_rng_state(self.device)
-        data: dict[str, Any] = {"manifest_sha256": None, "order_digest": None, "seq_len": None}
-        if (position.sample > 0 or position.earlier) and position.stage < len(self.config.plan):
-            seq_len = self._seq_len()
-            data = {
-                "manifest_sha256": self._cycle(position.cycle).manifest_sha256,
-                "order_digest": self._order_digest(position.cycle, seq_len),
-                "seq_len": seq_len,
-            }
-        state = {
-            "position": asdict(position),
-            "data": data,
-            "kept": kept,
-            "nonfinite_in_a_row": optimizer.nonfinite_in_a_row,
-            "ema_started": self.average.started if self.average is not None else False,
-            "rows": self.rows.rows,
-            "rows_bytes": self.rows.bytes,
-            "layout": optimizer.layout(),
-            "degree": self.ranks.size,
-            "preset": self.config.model.preset,
-            "overrides": self.config.model.overrides,
-            "wandb": self.mirror.checkpoint_record(),
-        }
-        return CheckpointSnapshot(
-            update=position.update,
-            weights=optimizer.weights_by_name(params),
-            optimizer=optimizer_state,
-            extra=extra,
-            state=state,
-            run_json=self.run_json_bytes,
-            tokenizer_json=self.data_line.tokenizer_json.encode("utf-8"),
-        )
-
-    def _checkpoint(self, kept: str | None = None, wait: bool = False) -> None:
-        self.writer.wait()  # the write before this one has taken its space
-        free, size = shutil.disk_usage(self.layout.checkpoints).free, self._checkpoint_bytes()
-        (short,) = self.ranks.from_writer([int(free < CHECKPOINT_DISK_MARGIN * size)])  # every rank stops, or none
-        if short:
-            # Whatever the guard's threshold, a write that cannot fit would fail half-way.
-            last = self._last_checkpoint_update
-            newest = f"the newest is update {last}" if last is not None else "none written yet"
-            # The start refusal's words (disk_budget): the size to its precision, and the margin.
-            self._stop_for_disk(free, f"too little for the next checkpoint (about {gib_text(size)}; "
-                                f"{CHECKPOINT_DISK_MARGIN:g}x needed); {newest}")
-        # Rank 0 writes the checkpoint: every rank holds the same state, or, sharded, every rank
-        # takes part in gathering it to rank 0.
-        if self.rows is not None or self.sharded is not None:
-            with self.beats.phase(Stage.CHECKPOINTING, self.position.update):
-                host_state = self.optimizer.host_state()
-                if self.rows is not None and host_state is not None:
-                    self.writer.save(self._snapshot(kept, host_state), before_latest=self.rows.sync)
-                    if wait:
-                        self.writer.wait()
-        self._last_checkpoint_update = self.position.update
-
-    # -----------------------------------------------------------------------------------------
-    # the loop
-
-    def _out_of_memory(self, doing: str, error: BaseException) -> None:
-        """If `error` is the GPU running out of memory before an update (a capture, its probe rows)
-        or inside one (a forward or backward: the weights, the moments and the position are as they
-        were): beside other processes -- seen now, or at the last check -- checkpoint and leave
-        (`GpuBusy`; the supervisor relaunches once they fit or the GPU is free). Otherwise, or
-        alone, it returns and the caller raises: alone, the shapes do not fit this GPU, and that is
-        the line's error."""
-        if not is_out_of_memory(error):
-            return
-        reading = self.gpu_watch.reader() if self.gpu_watch.enabled else self.gpu_watch.last_reading
-        others = max(reading.others, self.gpu_watch.last_reading.others)
-        if others == 0 and self.engines.gpu_mode == GpuMode.OWN:
-            return
-        first_line = (str(error).splitlines() or [type(error).__name__])[0][:160]
-        self._leave_gpu(f"out of memory {doing} beside {reading.others} other process(es) "
-                        f"holding {reading.others_bytes / GIB:.2f} GiB ({first_line})")  # fmt: skip
-
-    def _probe_rows_before_capture(self, seq_len: int) -> None:
-        """One row of each validation probe at `seq_len` (engine.training.validation), printed to run.log.
-
-        Run before every capture (the spec): a probe that fails, or does not fit beside the
-        arena, stops the line now rather than at its first validation, hours in.
-        """
-        with self.beats.phase(Stage.PROBING, self.position.update, seq_len=seq_len), self.engines.from_the_arena():
-            readings = self.validator.probe_rows(seq_len)
-        self.log.write(format_probe_rows(seq_len, readings))
-
-    def _watch_gpu(self) -> None:
-        """At a check (engine.gpu.sharing): share, take the GPU back, or checkpoint and leave."""
-        update = self.position.update
-        if not self.gpu_watch.due(update):
-            return
-        action, reading = self.gpu_watch.check(update)
-        others = f"{reading.others} other process(es) holding {reading.others_bytes / GIB:.2f} GiB"
-        # A group leaves together: one rank's GPU taken past the reserve checkpoints the whole line.
-        (leave,) = self.ranks.agree_max([int(action == Action.LEAVE)])
-        if leave and action != Action.LEAVE:
-            self._leave_gpu("another rank's GPU is taken by other processes")
-        if action == Action.SHARE:
-            self._switch_shapes(GpuMode.SHARED, f"{others} on the GPU")
-        elif action == Action.OWN:
-            self._switch_shapes(GpuMode.OWN, "the other processes have left the GPU")
-        elif action == Action.LEAVE:
-            reserve_gb = self.config.guards.share_reserve_gb
-            limit = ("guards.share_reserve_gb is not set" if reserve_gb is None
-                     else f"more than guards.share_reserve_gb = {reserve_gb:g}")  # fmt: skip
-            self._leave_gpu(f"{others} on the GPU, {limit}")
-        elif self.engines.gpu_mode == GpuMode.SHARED:
-            self._hold_past_the_reserve(reading)
-
-    def _share_cpu(self) -> None:
-        """On a CPU: this process's threads, the host's cores shared among its CPU training lines."""
-        if self.cpu_seat is not None and (change := self.cpu_seat.share()) is not None:
-            self.log.write(change)
-
-    def _hold_past_the_reserve(self, reading: GpuReading) -> None:
-        """Sharing, at a check: the memory free past what the others may still take (the reserve
-        less what they use) is held again, so that they cannot grow past their reserve. The free
-        memory is read between two readings of theirs; if they differ, they were allocating or
-        freeing, and the next check decides."""
-        if self.engines.arena is None:
-            return  # nothing captured yet (or eager): the next capture's arena is sized then
-        free = self.engines.free_bytes()
-        if self.gpu_watch.reader() != reading:
-            return
-        room = self.gpu_watch.room_for_others()
-        held = self.engines.hold_past(room, free)
-        if held:
-            self.log.write(f"gpu: held {held / GIB:.2f} GiB more, leaving {room / GIB:.2f} GiB free: the reserve "
-                           f"less the {reading.others_bytes / GIB:.2f} GiB the other processes hold")  # fmt: skip
-
-    def _switch_shapes(self, mode: str, why: str) -> None:
-        """Drop the step engines (and the arena) and train on with the lengths' `mode` shapes.
-
-        Where the arena's memory does not come back (something of this process still holds a
-        block of its pool), the new shapes could not get theirs, and others could not take theirs:
-        the trainer checkpoints and leaves instead, and the supervisor relaunches it beside them.
-        """
-        try:
-            self.engines.switch(mode)
-        except ArenaNotReleased as error:
-            self._leave_gpu(f"{error} for the switch to the {mode} shapes ({why})")
-        shapes = "shared" if mode == GpuMode.SHARED else "own"
-        self.log.write(f"gpu: {why}; training with the lengths' {shapes} shapes from update {self.position.update}")
-
-    def _leave_gpu(self, why: str) -> None:
-        """Checkpoint and stop: the supervisor relaunches the line once the GPU is free (or they fit).
-
-        The engines and the arena go as soon as the snapshot is on the host, before the write ends:
-        the others get that memory now, not after tens of seconds of a large line's write."""
-        if self._last_checkpoint_update != self.position.update:
-            self._checkpoint()
-        with contextlib.suppress(ArenaNotReleased):
-            self.engines.drop()
-        self.writer.wait()
-        message = (
-            f"{self.layout.run_json}: {why}; checkpointed update "
-            f"{self.position.update} and stopped until the GPU is free"
-        )
-        self.heartbeat.beat(self.position.update, Stage.STOPPED, reason=StopReason.GPU_BUSY)
-        self.log.write(message)
-        raise GpuBusy(message)
-
-    def _stop_requested(self) -> str | None:
-        """A stop at this update boundary: a signal, --stop-at, STOP (now, or a cycle end passed).
-
-        In a group every rank stops at the same boundary: any rank's signal stops them all (and
-        each then exits as if it had received it), the STOP file is rank 0's to read."""
-        code = 0
-        if self._signal is not None:
-            code = SIGNAL_STOP_CODE + self._signal
-        elif self.stop_at is not None and self.position.update >= self.stop_at:
-            code = STOP_AT_CODE
-        elif self.ranks.writes:
-            request = read_stop(self.layout)
-            # A cycle end already behind the line (or the one it stands at) stops it now.
-            if request is not None and (request.at_cycle_end is None or request.at_cycle_end < self.position.cycle):
-                code = STOP_FILE_CODE
-        (code,) = self.ranks.agree_max([code])
-        if code >= SIGNAL_STOP_CODE:
-            self._signal = code - SIGNAL_STOP_CODE
-            return f"signal {signal.Signals(self._signal).name}"
-        return {STOP_AT_CODE: StopReason.STOP_AT, STOP_FILE_CODE: StopReason.STOP_FILE}.get(code)
-
-    def _cycle_state(self, index: int) -> int:
-        """Rank 0's reading of cycle `index`, shared with every rank: CYCLE_READY, DATA_ENDED
-        (past the data line's last cycle) or 0 (not prepared yet)."""
-        state = 0
-        if self.ranks.writes:
-            last = self.data_line.last_cycle()
-            if self.data_line.cycle_ready(index):
-                state = CYCLE_READY
-            elif last is not None and index > last:
-                state = DATA_ENDED
-        return self.ranks.from_writer([state])[0]
-
-    def _check_shards(self, cycle: Cycle) -> None:
-        """`ShardChanged` when a shard of `cycle` is no longer the manifest's (rewritten in place
-        while open): rank 0 checks for the group, which reads one line directory's files."""
-        problem = ""
-        if self.ranks.writes:
-            try:
-                cycle.verify_unchanged()
-            except ShardChanged as error:
-                problem = str(error)
-        if self.ranks.from_writer([int(bool(problem))])[0]:
-            raise ShardChanged(problem or f"{cycle.directory}: a shard changed under rank 0")
-
-    def _wait_for_cycle(self, index: int) -> str | None:
-        """Block until cycle `index` is ready; returns a stop reason if one arrives meanwhile."""
-        announced = False
-        while (state := self._cycle_state(index)) != CYCLE_READY:
-            if state == DATA_ENDED:
-                return StopReason.DATA_END
-            if not announced:
-                # A cycle another line consumed meanwhile never comes back: refuse it, don't wait.
-                claim_cycle(self.data_line, index, self.layout.root, writes=False)
-                problem = self.data_line.cycle_problem(index) if self.ranks.writes else None
-                self.log.write(f"waiting for data cycle {index}" + (f" ({problem})" if problem else ""))
-                announced = True
-            self.heartbeat.beat(self.position.update, Stage.WAITING_DATA, cycle=index)
-            reason = self._stop_requested()
-            if reason is not None:
-                return reason
-            time.sleep(WAIT_POLL_SECONDS)
-        return None
-
-    def _update_rows(self, cycle: Cycle, seq_len: int) -> int:
-        """Rows of the next update: the ramp's batch, cut at the cycle's and the stage's end."""
-        position = self.position
-        data_tokens = position.data_tokens(self.data_line, seq_len)
-        wanted = max(1, tokens_per_update(self.config, data_tokens) // seq_len)
-        left_in_cycle = cycle.num_samples(seq_len, self.config.seeds.data, position.reads()) - position.sample
-        stage_budget = self.config.plan[position.stage].tokens
-        if stage_budget is not None:
-            left_in_stage = math.ceil((stage_budget - position.stage_tokens) / seq_len)
-            return max(0, min(wanted, left_in_cycle, left_in_stage))
-        return max(0, min(wanted, left_in_cycle))
-
-    def _one_update(self, cycle: Cycle, seq_len: int, rows: int) -> tuple[bool, bool]:
-        """Train one update of `rows` rows; whether it ended the stage and the cycle (`_stage_and_cycle_done`)."""
-        config = self.config
-        position = self.position
-        started = time.perf_counter()
-        windows = torch.from_numpy(cycle.samples(seq_len, position.sample, rows, config.seeds.data, position.reads()))
-        self._check_shards(cycle)  # before anything of the update happens: a ShardChanged leaves no trace
-        update_tokens = rows * seq_len
-        lr = learning_rate(config, position.tokens_trained)
-        weight_decay = update_weight_decay(config, update_tokens)
-        if hasattr(self.model, "recompute"):  # the length's activation recomputation (nsconsole tune)
-            self.model.recompute = self.engines.shape(seq_len)[1]
-        self.model.on_update(position.update)
-        first_update = not self.engines.made(seq_len)
-        try:
-            engine = self.engines.for_length(seq_len)
-        except RuntimeError as error:
-            self._out_of_memory(f"capturing seq_len {seq_len}", error)
-            raise
-        # A length's first eager update on CUDA builds its compiled kernels (minutes at 1-2B).
-        compiling = first_update and self.device.type == "cuda" and engine.name == EagerEngine.name
-        try:
-            with self.beats.phase(Stage.COMPILING, position.update, seq_len=seq_len) if compiling else contextlib.nullcontext():
-                result = engine.run_update(windows, lr, weight_decay)
-        except RuntimeError as error:
-            self._out_of_memory(f"in update {self.position.update + 1}", error)
-            raise
-        elapsed = time.perf_counter() - started
-
-        position.update += 1
-        position.sample += rows
-        position.stage_tokens += update_tokens
-        if result.stats.finite:
-            position.tokens_trained += update_tokens
-        if self.average is not None:
-            self.average.after_update(position.tokens_trained, update_tokens, result.stats.finite)
-        row = self._row(result, seq_len, update_tokens, lr, weight_decay, elapsed)
-        dreamt: dict[str, float] = {}
-        if self.dreamer is not None and self.dreamer.due(position.update):
-            with self.beats.phase(Stage.DREAMING, position.update), self.engines.from_the_arena():
-                dreamt = self.dreamer.run(windows, position.update)
-            row.update(dreamt)
-        stage_done, cycle_done = self._stage_and_cycle_done(cycle, seq_len)
-        validating = position.update % config.validation.every_updates == 0 or self._ends_the_line(stage_done, cycle_done)
-        if validating:
-            with self.beats.phase(Stage.VALIDATING, position.update):
-                row.update(self._validate(seq_len))
-        if self.rows is not None:  # rank 0's record (every rank computed the same row)
-            self.rows.append(row)
-            self.mirror.log(row)  # after rows.jsonl has it: W&B mirrors the line's record, never leads it
-            # The row of an update that validated is printed whatever print_every.
-            if validating or position.update % max(1, config.print_every) == 0 or not result.stats.finite:
-                self.log.write(format_row(row))
-            if dreamt:
-                self.log.write(format_dream(position.update, dreamt))
-            if validating:
-                self.log.write(format_validation(position.update, row))
-        self.heartbeat.beat(position.update, Stage.TRAINING)
-        if not self.startup.done:
-            self._end_of_startup()
-        return stage_done, cycle_done
-
-    def _stage_and_cycle_done(self, cycle: Cycle, seq_len: int) -> tuple[bool, bool]:
-        """Whether the updates so far end the current stage (its tokens trained) and the current
-        cycle (its windows at `seq_len` all read)."""
-        position = self.position
-        stage = self.config.plan[position.stage]
-        stage_done = stage.tokens is not None and position.stage_tokens >= stage.tokens
-        cycle_done = position.sample >= cycle.num_samples(seq_len, self.config.seeds.data, position.reads())
-        return stage_done, cycle_done
-
-    def _ends_the_line(self, stage_done: bool, cycle_done: bool) -> bool:
-        """The update just done is the line's last: it ends the plan's last stage or the data line's
-        last cycle. That update validates whatever `validation.every_updates` says, so a finished
-        line's result is on record (in its row, status and the console), not only its last multiple."""
-        position = self.position
-        if stage_done and position.stage + 1 >= len(self.config.plan):
-            return True
-        if not cycle_done:
-            return False
-        # The cycle ends (every rank knows it alike); rank 0 reads whether the data line ends with it.
-        last = self.data_line.last_cycle() if self.ranks.writes else None
-        (ends,) = self.ranks.from_writer([int(last is not None and position.cycle >= last)])
-        return bool(ends)
-
-    def _end_of_startup(self) -> None:
-        """The first update of this launch is done: where the start-up's seconds went, to run.log and
-        (rank 0) startup.jsonl (engine.training.startup)."""
-        breakdown = self.startup.finish()
-        caches = self.compile_caches
-        assert caches is not None, "the start opened the compile caches"
-        size = caches.size()
-        update = self.position.update
-        self.log.write(breakdown.line(update, caches.directory, size))
-        if self.ranks.writes:
-            record = breakdown.record(update, str(self.device), caches.directory, size)
-            append_startup_record(self.layout.startup_jsonl, record)
-
-    def _validate(self, seq_len: int) -> dict[str, Any]:
-        """The validation metrics after the update just done (engine.training.validation), then its
-        samples (engine.training.samples); the next update's rate and weight decay size the optimizer's
-        next step, the data position the recipe mix."""
-        position = self.position
-        data_tokens = position.data_tokens(self.data_line, seq_len)
-        next_lr = learning_rate(self.config, position.tokens_trained)
-        next_weight_decay = update_weight_decay(self.config, tokens_per_update(self.config, data_tokens))
-        whole = self.sharded.whole_weights() if self.sharded is not None else contextlib.nullcontext()
-        with self.engines.from_the_arena(), whole:  # sharded: rank 0's probes and samples run alone
-            readings: dict[str, Any] = self.validator.run(seq_len, data_tokens, next_lr, next_weight_decay)
-            if self.ranks.writes:  # texts of rank 0's row
-                readings.update(self.sampler.run(seq_len, position.update))
-            return readings
-
-    def _row(
-        self,
-        result: UpdateResult,
-        seq_len: int,
-        update_tokens: int,
-        lr: float,
-        weight_decay: float,
-        elapsed: float,
-    ) -> dict[str, Any]:
-        position = self.position
-        stats = result.stats
-        row: dict[str, Any] = {
-            "update": position.update,
-            "tokens": position.tokens_trained,
-            "data_tokens": position.data_tokens(self.data_line, seq_len),
-            "cycle": position.cycle,
-            "stage": self.config.plan[position.stage].name,
-            "seq_len": seq_len,
-            "loss": result.loss,
-            "lr": lr,
-            "weight_decay": weight_decay,
-            "tokens_per_update": update_tokens,
-            "grad_norm": stats.grad_norm,
-            "skipped": not stats.finite,
-            "tokens_per_s": update_tokens / max(elapsed, 1e-9),
-            "gpu_mode": self.engines.gpu_mode,
-            "time": time.time(),
-        }
-        row.update({f"train/grad_norm/{name}": value for name, value in stats.group_norms.items()})
-        row.update({f"train/grad_norm/{name}": value for name, value in stats.layer_norms.items()})
-        return row
-
-    def _end_of_cycle(self) -> str | None:
-        """The update just done ended its cycle: kept checkpoint, consumed mark, next cycle."""
-        position = self.position
-        finished = position.cycle
-        self.model.on_cycle_end(finished)
-        position.next_cycle()
-        self._checkpoint(kept=cycle_end_kept(finished), wait=True)
-        self.log.write(f"cycle {finished} done at update {position.update}")
-        reason = 0  # rank 0 marks the cycle and reads STOP and the data line; the group follows it
-        if self.ranks.writes:
-            self.data_line.mark_consumed(finished, by=self.layout.root)
-            request = read_stop(self.layout)
-            last = self.data_line.last_cycle()
-            if request is not None and request.at_cycle_end is not None and request.at_cycle_end <= finished:
-                reason = STOP_FILE_CODE
-            elif last is not None and finished >= last:
-                reason = DATA_ENDED
-        (reason,) = self.ranks.from_writer([reason])
-        return {STOP_FILE_CODE: StopReason.STOP_FILE, DATA_ENDED: StopReason.DATA_END}.get(reason)
-
-    def _end_of_stage(self, cycle_done: bool) -> str | None:
-        """The update just done ended its stage: kept checkpoint, next stage's length (and, inside a
-        cycle the update did not end, the relay of the cycle's rest at that length)."""
-        position = self.position
-        finished = self.config.plan[position.stage]
-        position.stage += 1
-        position.stage_tokens = 0
-        # The next length reads the targets the cycle has left, laid out anew (datalines.relay).
-        relaid = position.stage < len(self.config.plan) and position.change_length(finished.seq_len, self._seq_len())
-        self._checkpoint(kept=stage_end_kept(finished.name), wait=True)
-        self.log.write(f"stage {finished.name} done at update {position.update}")
-        if relaid and not cycle_done:  # (a read to the cycle's end leaves an empty relay, not worth a line)
-            self.log.write(self._relay_report())
-        return StopReason.PLAN_END if position.stage >= len(self.config.plan) else None
-
-    def _relay_report(self) -> str:
-        """run.log's line on the rest of a cycle re-laid at a new length: what it trains, what it cannot."""
-        position, seq_len, seed = self.position, self._seq_len(), self.config.seeds.data
-        cycle = self._cycle(position.cycle)
-        windows = cycle.num_samples(seq_len, seed, position.reads())
-        unread = cycle.unread_targets(seq_len, seed, position.reads())
-        return (f"cycle {position.cycle}: its untrained targets re-laid at seq_len {seq_len}, {windows} windows; "
-                f"{unread} targets left out (a stream tail shorter than a window per source, share rounding)")
-
     def _loop(self) -> str:
+        """Update until a stop; its reason. At each update boundary: a stop asked, the disk, the
+        cycle's readiness, the GPU and the host's CPUs; after each update: a stage's or a cycle's
+        end, or a rolling checkpoint."""
         config = self.config
         if self.position.stage >= len(config.plan):
             return StopReason.PLAN_END
@@ -914,55 +385,10 @@ class Trainer:
                 # (A stage end wrote this update's checkpoint, kept: a rolling one would replace it.)
                 self._checkpoint()
 
-    def _check_disk(self) -> None:
-        """Below `guards.min_free_disk_gb`: checkpoint while there is room, then stop for the operator.
-
-        A statvfs per update costs microseconds. The checkpoint is written only when the free space
-        holds the newest checkpoint's size with a margin, so a full disk never leaves a half-written
-        one behind (and `latest` only ever names a complete one in any case).
-        """
-        free = shutil.disk_usage(self.layout.checkpoints).free
-        minimum = self.config.guards.min_free_disk_bytes
-        # Rank 0's disk decides for the group (the same disk: one line directory).
-        low = free < minimum
-        room = low and free > CHECKPOINT_DISK_MARGIN * self._checkpoint_bytes()
-        low, room = self.ranks.from_writer([int(low), int(room)])
-        if not low:
-            return
-        update = self.position.update
-        if self._last_checkpoint_update == update:
-            saved = f"update {update} is checkpointed"
-        elif room:
-            self._checkpoint(wait=True)
-            saved = f"checkpointed update {update}"
-        else:
-            saved = f"no room for another checkpoint: the newest is update {self._last_checkpoint_update}"
-        self._stop_for_disk(free, f"below guards.min_free_disk_gb = {self.config.guards.min_free_disk_gb:g}; {saved}")
-
-    def _stop_for_disk(self, free: int, why: str) -> None:
-        """Stop for the operator (DiskFull: the supervisor does not relaunch); what is saved stays."""
-        update = self.position.update
-        message = (
-            f"{self.layout.root}: {gib_text(free)} free on its disk, {why}; "
-            "free some space and run the line again"
-        )
-        self.heartbeat.beat(update, Stage.STOPPED, reason=StopReason.DISK_FULL)
-        self.log.write(message)
-        raise DiskFull(message)
-
-    def _checkpoint_bytes(self) -> int:
-        return self._checkpoint_size().bytes
-
-    def _checkpoint_size(self) -> CheckpointSize:
-        tokenizer_bytes = len(self.data_line.tokenizer_json.encode("utf-8"))
-        return next_checkpoint_size(self.layout.checkpoints, self.config, self.model.num_parameters(), tokenizer_bytes)
-
-    def _rolling_checkpoint_due(self) -> bool:
-        every = self.config.checkpoints.every_updates
-        return every > 0 and self.position.update % every == 0
-
-    def _on_signal(self, number: int, _frame: Any) -> None:
-        self._signal = number
+    def _share_cpu(self) -> None:
+        """On a CPU: this process's threads, the host's cores shared among its CPU training lines."""
+        if self.cpu_seat is not None and (change := self.cpu_seat.share()) is not None:
+            self.log.write(change)
 
     def _close_mirror(self, faulted: bool) -> None:
         """Let W&B take what is queued, for a bounded time (W&B never holds the line up for long).

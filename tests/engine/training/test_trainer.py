@@ -26,6 +26,7 @@ from engine.checkpoints.tensors import load_checkpoint
 from engine.config.run import RunConfig
 from engine.errors import CheckpointError, ConfigError, LineError
 from engine.ops.stop import request_stop
+from engine.training import data_cycles as data_cycles_module
 from engine.training import trainer as trainer_module
 from engine.training.schedule import learning_rate, tokens_per_update, update_weight_decay
 from engine.training.trainer import Trainer
@@ -220,7 +221,7 @@ def test_nonfinite_updates_are_skipped_then_stop_the_line(
 
 
 def test_waits_for_the_next_cycle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(trainer_module, "WAIT_POLL_SECONDS", 0.05)
+    monkeypatch.setattr(data_cycles_module, "WAIT_POLL_SECONDS", 0.05)
     data = make_data_line(tmp_path, prepare=1)
     line = make_line(tmp_path, data)
     trainer = Trainer(line, echo=None)

@@ -21,7 +21,7 @@ from engine.checkpoints import tensors as ckpt_module
 from engine.checkpoints.format import read_latest, verify_line_checkpoints
 from engine.config.run import RunConfig
 from engine.errors import DiskFull
-from engine.training import trainer as trainer_module
+from engine.training import checkpointing as checkpointing_module
 from engine.training.trainer import Trainer
 from engine.units import GIB
 
@@ -73,7 +73,7 @@ def test_no_room_for_a_checkpoint_writes_none(
             return real_usage(path)
         return DiskUsage(total=10**12, used=10**12 - 1000, free=1000)
 
-    monkeypatch.setattr(trainer_module.shutil, "disk_usage", usage_after_one_update)
+    monkeypatch.setattr(checkpointing_module.shutil, "disk_usage", usage_after_one_update)
     with pytest.raises(DiskFull, match="no room for another checkpoint: the newest is update 2"):
         trainer.run()
     assert 3 in updates_seen
@@ -107,7 +107,7 @@ def test_a_checkpoint_larger_than_the_free_disk_is_not_started(
             return real_usage(path)
         return DiskUsage(10**12, 10**12 - size, size * 6 // 5)
 
-    monkeypatch.setattr(trainer_module.shutil, "disk_usage", usage)
+    monkeypatch.setattr(checkpointing_module.shutil, "disk_usage", usage)
     with pytest.raises(DiskFull, match=r"too little for the next checkpoint .*; the newest is update 2") as stop:
         trainer.run()  # the rolling checkpoint at 5
     assert "not started" not in str(stop.value)  # stopped before the write, not at the start
@@ -143,7 +143,7 @@ def test_a_write_that_fills_the_disk_is_removed_and_stops_the_line(
         return DiskUsage(10**12, 10**12 - 1000, 1000) if filled else real_usage(path)
 
     monkeypatch.setattr(ckpt_module, "save_file", save_then_fill)
-    monkeypatch.setattr(trainer_module.shutil, "disk_usage", usage)
+    monkeypatch.setattr(checkpointing_module.shutil, "disk_usage", usage)
     with pytest.raises(
         DiskFull,
         match=r"the disk filled while checkpoint u00000005 was written .* newest complete one is u00000002",
@@ -161,7 +161,7 @@ def test_a_new_line_without_room_for_its_first_checkpoint_writes_nothing(
     line = make_line(tmp_path, copy_data_line(data_template, tmp_path))
     _set_disk_floor(line, 0.0)
     full = shutil.disk_usage(line)._replace(free=1000)
-    monkeypatch.setattr(trainer_module.shutil, "disk_usage", lambda path: full)
+    monkeypatch.setattr(checkpointing_module.shutil, "disk_usage", lambda path: full)
     with pytest.raises(DiskFull, match=r"too little for the next checkpoint .*; none written yet"):
         Trainer(line, stop_at=10, echo=None).run()
     assert read_latest(line / "checkpoints") is None

@@ -29,6 +29,7 @@ from engine.errors import DiskFull
 from engine.layout import LineLayout
 from engine.ops.branch import BranchRequest, branch_line
 from engine.ops.rollback import rollback_line
+from engine.training import checkpointing as checkpointing_module
 from engine.training import trainer as trainer_module
 from engine.training.trainer import Trainer
 from engine.wandb import mirror as wb_module
@@ -227,7 +228,7 @@ def test_a_disk_full_stop_does_not_wait_on_wandb_and_the_next_start_resends_what
             freed.wait(60)  # the client's writes do not complete until the disk has room
         return real_finish(backend)
 
-    monkeypatch.setattr(trainer_module.shutil, "disk_usage", usage)
+    monkeypatch.setattr(checkpointing_module.shutil, "disk_usage", usage)
     monkeypatch.setattr(RealWandbBackend, "finish", finish_on_a_full_disk)
     trainer = Trainer(line, stop_at=2 * UPDATES, echo=None)
     with pytest.raises(DiskFull, match="no room for another checkpoint"):
