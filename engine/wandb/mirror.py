@@ -65,6 +65,7 @@ from engine.wandb.state import (
     PendingStart,
     ReplayMismatch,
     WandbRunState,
+    WandbStateError,
     synced_after_last_write,
 )
 from engine.wandb.txlog import FILE_HEADER, transaction_log_of
@@ -634,7 +635,15 @@ def plan_rollback(line_dir: Path | str, to_update: int) -> None:
     up to `to_update` and the old run is marked superseded.
     """
     layout = LineLayout(line_dir)
-    state = WandbRunState.load(layout.wandb_run_json)
+    try:
+        state = WandbRunState.load(layout.wandb_run_json)
+    except WandbStateError as error:
+        # Refused, the file left as it is: a rollback is the user's act, so the user decides; the
+        # start that follows a move recovers the run (engine.wandb.recovery).
+        raise WandbStateError(
+            f"{error}; the rollback changed nothing: move the file aside and roll back again (the next start "
+            "continues the W&B run the line's checkpoints record)"
+        ) from None
     if state.pending is not None and state.pending.kind == "fork":
         if to_update < state.pending.at_update:
             raise LineError(

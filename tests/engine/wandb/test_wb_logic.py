@@ -399,8 +399,10 @@ def test_state_file_errors_name_the_file_and_the_key(tmp_path: Path, content: st
     with pytest.raises(WandbStateError) as raised:
         WandbRunState.load(tmp_path / "wandb_run.json")
     assert str(raised.value).startswith(message)
-    with pytest.raises(LineError):  # rollback refuses, leaving the file as it is
+    with pytest.raises(LineError) as refused:  # rollback refuses, leaving the file as it is
         plan_rollback(tmp_path, 3)
+    assert str(refused.value) == (f"{raised.value}; the rollback changed nothing: move the file aside and roll back "
+                                  "again (the next start continues the W&B run the line's checkpoints record)")  # fmt: skip
     assert (tmp_path / "wandb_run.json").read_bytes() == content.encode("utf-8", "surrogateescape")
 
 
