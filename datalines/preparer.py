@@ -72,14 +72,20 @@ def _pid_alive(pid: int) -> bool:
 
 
 def remove_stale_partials(line: DataLine) -> None:
-    """Remove partial cycle directories left by processes that are gone (a kill -9 mid-cycle)."""
+    """Remove partial cycle directories left by processes that are gone (a kill -9 mid-cycle), and
+    the temporary files of their atomic writes beside the line's own files and plans
+    (`.tmp-<pid>-<name>`, `datalines.files.temporary_name`: preparer.json is rewritten all along a
+    cycle, so a kill mid-cycle often leaves one)."""
     cycles = line.path / "cycles"
-    if not cycles.is_dir():
-        return
-    for partial in cycles.glob(".tmp-c*"):
+    for partial in cycles.glob(".tmp-c*") if cycles.is_dir() else ():
         pid_text = partial.name.rsplit("-", 1)[-1]
         if not pid_text.isdigit() or not _pid_alive(int(pid_text)):
             shutil.rmtree(partial, ignore_errors=True)
+    for directory in (line.path, line.path / "plans"):
+        for temporary in directory.glob(".tmp-*"):
+            pid_text = temporary.name.split("-", 2)[1]
+            if temporary.is_file() and (not pid_text.isdigit() or not _pid_alive(int(pid_text))):
+                temporary.unlink(missing_ok=True)
 
 
 class _FileCache:

@@ -50,8 +50,3 @@ def recorded_process_alive(pid: object, boot_start: object, started_by: object) 
         return False
     except psutil.AccessDenied:
         return True
-
-
-def pid_alive(pid: object) -> bool:
-    """Whether a process with this pid exists on this host."""
-    return isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 and psutil.pid_exists(pid)

@@ -164,7 +164,9 @@ class TrainerLaunching:
                     data_wait_since, told_data_wait = None, False
                 elif data_wait_since is None:
                     data_wait_since = beat_seen_at
-                elif not told_data_wait and time.monotonic() - data_wait_since > self._watchdog_seconds():
+                # The wait is timed to the newest beat that said so: a trainer that stopped beating while
+                # it waited is hung, the watchdog's to tell, not a data line's delay.
+                elif not told_data_wait and beat_seen_at - data_wait_since > self._watchdog_seconds():
                     cycle = heartbeat.get("cycle")
                     self._event(EventKind.DATA_WAIT, f"the trainer has waited for data cycle {cycle} longer than the "
                                 "watchdog interval")

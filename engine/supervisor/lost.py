@@ -9,18 +9,36 @@ they had saved: the trainer's next start resumes from the newest whole checkpoin
 crash. `nsconsole resume` starts each such line again, with the `--engine` and `--stop-at` its lost
 supervisor ran it with (supervisor.json records them); the console's `R` does the same for one.
 
-A line lost while `stopping` was asked to stop: it is reported, not resumed (the stop may not have
-been served; `nsconsole run LINE` starts it if that is what is wanted).
+A line whose trainer finished it (its plan complete, or every cycle of its data line trained) before
+its supervisor could write `finished` has nothing left to start, and a start is refused:
+`record_finished` writes the end that supervisor would have written, and tells the operator.
+
+A line lost while `stopping`, or with a stop at the next update still pending in its STOP file (asked
+just before the host went down, or of the orphan trainer finishing its checkpoint), was asked to stop:
+it is reported, not resumed (the stop may not have been served; `nsconsole run LINE` starts it if that
+is what is wanted, and its supervisor discards that stop).
 """
 
 from __future__ import annotations
 
+import json
+import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.atomic import write_text_atomic
 from engine.layout import LineLayout
-from engine.protocol.facts import ENGINE_CHOICES, FINAL_LINE_STATES, Engine, LineState
-from engine.supervisor.reads import read_json, running_supervisor_pid, running_trainer_pid
+from engine.protocol.facts import ENGINE_CHOICES, FINAL_LINE_STATES, Engine, EventKind, LineState
+from engine.supervisor.notify import NotifyResult, make_event, notify
+from engine.supervisor.reads import (
+    latest_update,
+    pending_stop,
+    read_json,
+    running_supervisor_pid,
+    running_trainer_pid,
+)
+from engine.training.line_lock import hold_line
 
 
 @dataclass(frozen=True)
@@ -37,11 +55,14 @@ class LostLine:
     """The step engine it launched trainers with (`auto` where an older supervisor.json names none)."""
     stop_at: int | None
     """The update its trainers were to stop at (None: none)."""
+    stop_requested: str | None = None
+    """When the stop at the next update pending in its STOP file was asked (None: none pending)."""
 
     @property
     def asked_to_stop(self) -> bool:
-        """It was lost while its trainer stopped on request: not resumed by `nsconsole resume`."""
-        return self.state == LineState.STOPPING
+        """It was lost while its trainer stopped on request, or with a stop pending: not resumed by
+        `nsconsole resume`."""
+        return self.state == LineState.STOPPING or self.stop_requested is not None
 
 
 def lost_line(line: Path | str) -> LostLine | None:
@@ -59,10 +80,38 @@ def lost_line(line: Path | str) -> LostLine | None:
         return None
     engine = supervisor.get("engine")
     stop_at = supervisor.get("stop_at")
+    stop = pending_stop(layout)
     return LostLine(
         path=layout.root,
         state=state,
         supervisor_pid=supervisor.get("pid"),
         engine=engine if engine in ENGINE_CHOICES else Engine.AUTO.value,
         stop_at=stop_at if isinstance(stop_at, int) and not isinstance(stop_at, bool) and stop_at > 0 else None,
+        stop_requested=stop.requested if stop is not None and stop.at_cycle_end is None else None,
     )
+
+
+def record_finished(
+    line: LostLine, ended: str, notify_command: str | Sequence[str] | None
+) -> NotifyResult | None:
+    """Record in supervisor.json the end a lost supervisor's line had reached (`ended`: what
+    `engine.ops.line_end.line_end` says), as that supervisor would have: state `finished` and its
+    `finished` event, notified (the result; None when the line is no longer lost).
+
+    Else `nsconsole resume` failed on it at every boot (a finished line starts no supervisor) and
+    it read as lost for good. The line is held as a supervisor holds it: `LineError` naming the
+    holder when another process does."""
+    layout = LineLayout(line.path)
+    hold = hold_line(layout)
+    try:
+        if lost_line(layout.root) is None:
+            return None
+        record = read_json(layout.supervisor_json) or {}
+        message = (f"the line has finished ({ended}); its supervisor (pid {line.supervisor_pid}) was lost "
+                   "before it said so")
+        event = make_event(EventKind.FINISHED, str(layout.root), message, update=latest_update(layout))
+        record.update(state=LineState.FINISHED, trainer_pid=None, trainer_launched=None, last_event=event)
+        write_text_atomic(layout.supervisor_json, json.dumps(record, indent=1, default=str) + "\n")
+    finally:
+        os.close(hold)
+    return notify(notify_command, event)

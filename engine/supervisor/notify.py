@@ -18,7 +18,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,10 +99,22 @@ def _run_notify(command: str | Sequence[str] | None, event: dict[str, Any], time
 
 
 def notify_in_background(
-    command: str | Sequence[str] | None, event: dict[str, Any], timeout: float = DEFAULT_TIMEOUT_S
+    command: str | Sequence[str] | None,
+    event: dict[str, Any],
+    timeout: float = DEFAULT_TIMEOUT_S,
+    on_failure: Callable[[str], None] | None = None,
 ) -> threading.Thread:
-    """`notify` in a daemon thread, for callers that must not wait even `timeout` seconds."""
-    thread = threading.Thread(target=notify, args=(command, event, timeout), name="notify", daemon=True)
+    """`notify` in a daemon thread, for callers that must not wait even `timeout` seconds.
+
+    `on_failure` gets why a notification did not go through (the supervisor writes it in run.log:
+    an operator who hears nothing looks there, not in the detached supervisor's own output)."""
+
+    def deliver() -> None:
+        result = notify(command, event, timeout)
+        if not result.delivered and on_failure is not None:
+            on_failure(result.detail)
+
+    thread = threading.Thread(target=deliver, name="notify", daemon=True)
     thread.start()
     return thread
 

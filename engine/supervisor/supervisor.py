@@ -23,7 +23,8 @@ The supervisor (one per line: an exclusive flock on the line directory):
   `failed`; a crash beside other GPU processes is not counted, and after 3 such in a row the line
   waits for a free GPU);
 - keeps the data line's preparer running beside the trainer (`engine/supervisor/preparer.py`);
-- on SIGTERM, SIGINT or SIGHUP (or a `stop` call) stops the trainer with a checkpoint and exits;
+- on SIGTERM, SIGINT or SIGHUP (or a `stop` call) stops the trainer with a checkpoint and exits; a
+  stop at the next update left pending from before it started (nothing served it) it discards;
 - serves the line's socket (`engine/supervisor/server.py`, `engine/supervisor/rpc.py`), registers for
   discovery and remembers the line in the history (`engine/supervisor/registry.py`), pushes
   heartbeats, rows and events to subscribers, tells the operator through host.json's `notify`
@@ -263,6 +264,7 @@ class Supervisor(GpuLeasing, TrainerLaunching):
             self._index_rows()
             with contextlib.suppress(FileNotFoundError):
                 self._heartbeat_seen = self.layout.heartbeat.read_bytes()
+            self._discard_a_stop_from_before()  # before it registers: `nsconsole stop` finds it from then on
             handler = LineHandler(self)
             self._server = SupervisorServer(
                 self.layout.supervisor_sock, handler, identity={"line": str(self.layout.root)}
@@ -297,12 +299,12 @@ class Supervisor(GpuLeasing, TrainerLaunching):
                 self._server.close()
                 self._save()
                 self._save_rows_index()
+                deadline = time.monotonic() + NOTIFY_TIMEOUT_S  # a failed notification is said in run.log
+                for thread in self._notifying:
+                    thread.join(timeout=max(0.0, deadline - time.monotonic()))
                 self._log.close()
                 if self.settings.echo:
                     self._echo_run_log()
-                deadline = time.monotonic() + NOTIFY_TIMEOUT_S
-                for thread in self._notifying:
-                    thread.join(timeout=max(0.0, deadline - time.monotonic()))
         finally:
             os.close(line_lock)
 
@@ -343,6 +345,21 @@ class Supervisor(GpuLeasing, TrainerLaunching):
             return
         if ended is not None:
             raise finished_line_error(self.layout.root, ended)
+
+    def _discard_a_stop_from_before(self) -> None:
+        """Discard a stop at the next update still pending from before this supervisor started.
+
+        Nothing served it: it was asked of an orphan trainer finishing its checkpoint after its
+        supervisor died, or just before the host went down. Kept, it ended this start at once, and
+        `nsconsole run` said the supervisor "did not start: exit status 0". This start is the newer
+        request (`nsconsole resume` leaves such a line alone, `engine.supervisor.lost`). A stop at a
+        cycle end stays: the trainer serves it when that cycle ends."""
+        stop = pending_stop(self.layout)
+        if stop is None or stop.at_cycle_end is not None:
+            return
+        discard_served_stop(self.layout)
+        self._say(f"a stop requested {stop.requested} was pending from before this start, with nothing "
+                  "to serve it: discarded (`nsconsole stop` asks again)")
 
     def _crashes_before(self, previous: dict[str, Any]) -> int:
         """The crash count of the supervisors before this one, plus one when the last of them died
@@ -597,7 +614,10 @@ class Supervisor(GpuLeasing, TrainerLaunching):
             self._server.publish("event", event)
         self._set(last_event=event)
         if self._notify_command:
-            self._notifying.append(notify_in_background(self._notify_command, event))
+            self._notifying.append(notify_in_background(
+                self._notify_command, event,
+                on_failure=lambda detail: self._say(f"notify {kind} failed: {detail}"),
+            ))
 
     def _set(self, **changes: Any) -> None:
         with self._lock:

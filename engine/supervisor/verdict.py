@@ -136,11 +136,15 @@ def judge_exit(outcome: TrainerExit, context: ExitContext) -> Verdict:
         return Verdict(None, said=("the trainer stopped for the work asked of the line",), **keep)
     if code == 0:
         reason = context.heartbeat_reason or "stopped"
-        if context.stopping or outcome.stop_requested or context.stop_asked or reason == StopReason.STOP_FILE:
+        # The line's end is its end, whatever stop came as it ended: finished (told, its branches queued
+        # at that end forked), and the stop is moot.
+        ended = reason in (StopReason.DATA_END, StopReason.PLAN_END)
+        asked = context.stopping or outcome.stop_requested or context.stop_asked or reason == StopReason.STOP_FILE
+        if asked and not ended:
             return _stopped(f"the line stopped: {reason}", keep)
         notice = Notice(EventKind.FINISHED, f"the line stopped: {reason}", True)
         return Verdict(SupervisorExitCode.OK, LineState.FINISHED, (notice,), fork_at_end=reason != StopReason.STOP_AT,
-                       **keep)
+                       discard_stop=ended, **keep)
     if outcome.stopped_by_us or (context.stopping and code in signal_codes(context.stop_signal)):
         return _stopped("the line stopped on request", keep)
     if outcome.stop_served:  # a relaunch would train on against the request (its STOP file is gone)

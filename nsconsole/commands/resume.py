@@ -18,9 +18,12 @@ down, or it was killed. Such a line's supervisor.json is left in a state that is
 (training, waiting-gpu, relaunching, ...) and names a process that runs no more. Each is started
 as `nsconsole run LINE` starts it (the same refusals and start checks), with the --engine and
 --stop-at its lost supervisor ran it with; its trainer resumes from the newest whole checkpoint.
-A line lost while it was stopping on request is named and left alone. Lines are looked for where
-the console looks: host.json's work_root, the demo's root and every line a supervisor has run on
-this host. Exit status 1 when a line could not be started.
+A line lost while it was stopping on request, or with a stop still pending (its STOP file), is
+named and left alone. A line its trainer finished (its plan complete, or its data line trained to
+the end) before its supervisor could say so is recorded as finished (supervisor.json, and host.json's
+notify told), not started. Lines are looked for where the console looks: host.json's work_root, the
+demo's root and every line a supervisor has run on this host. Exit status 1 when a line could not be
+started.
 
 Run it at boot to keep lines training through a reboot, e.g. in `crontab -e`:
   @reboot sleep 60 && /path/to/python -m nsconsole resume >> ~/.nsconsole/resume.log 2>&1
@@ -42,38 +45,82 @@ def run(args: argparse.Namespace) -> int:
     from datalines.errors import DataLineError
     from engine.errors import LineError
     from engine.supervisor.lost import lost_line
+    from engine.supervisor.registry import list_supervisors
     from nsconsole.history import line_candidates
 
+    list_supervisors()  # drops the registry entries the lost supervisors left (pid gone)
     candidates = line_candidates(args.host_settings)
     lost = [line for line in map(lost_line, candidates) if line is not None]
     if not lost:
         print(f"no line's supervisor was lost ({len(candidates)} line(s) looked at)")
         return 0
-    refused = 0
+    started = refused = 0
     for line in lost:
         if line.asked_to_stop:
-            print(f"{line.path}: left alone, it was stopping on request when its supervisor (pid "
-                  f"{line.supervisor_pid}) was lost; `nsconsole run {line.path}` starts it")
+            print(f"{line.path}: left alone, {_stop_words(line)} when its supervisor (pid {line.supervisor_pid}) "
+                  f"was lost; `nsconsole run {line.path}` starts it")
+            continue
+        ended = _line_end(line)
+        if ended is not None:
+            _finished(line, ended, args.host_settings.notify, dry_run=args.dry_run)
             continue
         if args.dry_run:
             print(f"would resume {line.path} ({_lost_words(line)})")
             continue
         print(f"resuming {line.path} ({_lost_words(line)})", flush=True)
+        started += 1
         try:
             _resume(line)
         except (LineError, DataLineError, OSError) as error:
             print(f"nsconsole: {error}", file=sys.stderr, flush=True)
             refused += 1
-    started = sum(1 for line in lost if not line.asked_to_stop)
-    if not args.dry_run and started:
+    if started:
         print(f"{started - refused} of {started} lost line(s) resumed")
     return 1 if refused else 0
+
+
+def _stop_words(line: LostLine) -> str:
+    if line.stop_requested is not None:
+        return f"a stop was pending (requested {line.stop_requested})"
+    return "it was stopping on request"
 
 
 def _lost_words(line: LostLine) -> str:
     options = "".join([f"; --engine {line.engine}" if line.engine != "auto" else "",
                        f"; --stop-at {line.stop_at}" if line.stop_at is not None else ""])
     return f"it was {line.state} when its supervisor (pid {line.supervisor_pid}) was lost{options}"
+
+
+def _line_end(line: LostLine) -> str | None:
+    """Why the line has nothing left to train (`engine.ops.line_end`); None when it has, or when that
+    cannot be read (its start then says what is wrong)."""
+    from datalines.errors import DataLineError
+    from engine.errors import LineError
+    from engine.ops.line_end import line_end
+
+    try:
+        return line_end(line.path)
+    except (LineError, DataLineError, OSError):
+        return None
+
+
+def _finished(line: LostLine, ended: str, notify_command: str | None, dry_run: bool) -> None:
+    """A line its trainer finished before its supervisor was lost: recorded as `finished`, not started."""
+    from engine.errors import LineError
+    from engine.supervisor.lost import record_finished
+
+    words = f"it had finished ({ended}) when its supervisor (pid {line.supervisor_pid}) was lost"
+    if dry_run:
+        print(f"would record {line.path} as finished ({words})")
+        return
+    try:
+        result = record_finished(line, ended, notify_command)
+    except LineError as error:  # another process holds it now: it is that one's
+        print(f"{line.path}: left alone: {error}")
+        return
+    print(f"{line.path}: recorded as finished ({words}); nothing to resume")
+    if notify_command and result is not None and not result.delivered:
+        print(f"nsconsole: notify failed: {result.detail}", file=sys.stderr)
 
 
 def _resume(line: LostLine) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +17,8 @@ if TYPE_CHECKING:
 HELP = "LINE: state, configuration, newest rows, heartbeat, checkpoints, pending stop and disk use of a line"
 DESCRIPTION = """\
 Show a line's state from its files: its supervisor's state (supervisor.json: training, stopped,
-finished, failed, disk-full, ...; whether that supervisor runs now), the branches forked from it
+finished, failed, disk-full, ...; whether that supervisor runs now) and, for a line not ended, its
+last event and how long ago (a preparer failing, a long wait for data, ...), the branches forked from it
 and queued on it, the line it was branched from, the configuration in brief, the newest rows of rows.jsonl, the
 trainer's heartbeat and its age, the checkpoints present, a pending STOP and the disk the line
 uses. Exit status 1 when run.json is invalid (the report names its problem and shows the rest).
@@ -59,6 +61,9 @@ EXIT_INVALID = 1
 def format_status(status: LineStatus) -> list[str]:
     """The lines `nsconsole status` prints."""
     lines = [f"line: {status.root}", state_line(status)]
+    event = last_event_line(status)
+    if event is not None:
+        lines.append(event)
     if status.parent is not None:
         lines.append(f"branch of: {status.parent}")
     if status.branches:
@@ -131,6 +136,20 @@ def state_line(status: LineStatus) -> str:
     return f"state: {state}" + (f" ({'; '.join(details)})" if details else "")
 
 
+def last_event_line(status: LineStatus) -> str | None:
+    """The last event of a line not ended (running, or its supervisor lost), with its age: why it waits or
+    was restarted (its preparer failing, a long wait for data, the watchdog's kill), which the state
+    alone does not say. An ended line's state line says what matters of its end."""
+    event = status.last_event
+    if status.state in FINAL_LINE_STATES or event is None or not isinstance(event.get("message"), str):
+        return None
+    when = event.get("time")
+    age = ""
+    if isinstance(when, (int, float)) and not isinstance(when, bool):
+        age = f" {_format_age(max(0.0, time.time() - when))} ago"
+    return f"last event: {event.get('event')}{age}: {event['message']}"
+
+
 def _validation_lines(row: dict[str, Any] | None) -> list[str]:
     """The last validation's losses: every `/mix` and `/mean` (training length, long rows, EMA)."""
     if row is None:
@@ -179,10 +198,12 @@ def _heartbeat_line(status: LineStatus) -> str:
     heartbeat = status.heartbeat
     if heartbeat is None or status.heartbeat_age_s is None:
         return "heartbeat: none"
-    from engine.process_start import pid_alive
+    from engine.process_start import recorded_process_alive
 
     pid = heartbeat.get("pid")
-    alive = "alive" if pid_alive(pid) else "not running"
+    # The very process that beat, not a younger one that reused its pid (after a reboot) or its zombie.
+    running = recorded_process_alive(pid, heartbeat.get("pid_boot_start"), heartbeat.get("time"))
+    alive = "alive" if running else "not running"
     return (
         f"heartbeat: {_format_age(status.heartbeat_age_s)} ago, update {heartbeat.get('update')}, "
         f"stage {heartbeat.get('stage')}, pid {pid} ({alive})"

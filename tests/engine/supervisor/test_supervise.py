@@ -89,6 +89,12 @@ if action == "wait-data":
     for _ in range(40):
         beat("waiting-data", cycle=3)
         time.sleep(0.05)
+if action == "hang-waiting-data":  # waits for a cycle, then hangs there, deaf to SIGTERM: no more beats
+    for _ in range(4):
+        beat("waiting-data", cycle=3)
+        time.sleep(0.05)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    time.sleep(600)
 if action in ("clock-behind", "hang-clock-ahead"):
     # The supervisor's wall clock stepped two hours forward (an NTP step after a paused VM) or back
     # between the trainer's beats: its beats carry times two hours behind or ahead of its clock.

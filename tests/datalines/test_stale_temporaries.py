@@ -1,0 +1,34 @@
+"""A preparer killed mid-cycle (a reboot, the supervisor's process group SIGKILLed) leaves, beside
+its partial cycle directory, the temporary files of atomic writes it had under way: preparer.json is
+rewritten all along a cycle. The next preparer removed the directory and left the files for good
+(found in a walkthrough of unattended lines)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from helpers.lines import make_data_line
+
+from datalines import open_data_line
+from datalines.preparer import prepare_cycle
+
+
+def dead_pid() -> int:
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    return int(finished.stdout)
+
+
+def test_a_killed_preparer_s_temporary_files_are_removed_by_the_next(tmp_path: Path) -> None:
+    line = open_data_line(make_data_line(tmp_path, files=1, prepare=0, validation=()))
+    dead = dead_pid()
+    (line.path / "plans").mkdir(exist_ok=True)
+    left = [line.path / f".tmp-{dead}-preparer.json", line.path / "plans" / f".tmp-{dead}-c0000.json"]
+    live = line.path / f".tmp-{os.getpid()}-preparer.json"  # a writer still at work: not touched
+    for path in (*left, live):
+        path.write_text("{")
+    prepare_cycle(line, 0)
+    assert [path for path in left if path.exists()] == []
+    assert live.exists() and line.cycle_ready(0)
