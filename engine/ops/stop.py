@@ -54,6 +54,7 @@ def request_stop(root: Path | str, at_cycle_end: int | None = None) -> StopReque
     supervisor's `stop` call and a stop queued before a start (tests) come here directly."""
     layout = open_line(root)
     _check_cycle_index(at_cycle_end)
+    _refuse_a_cycle_behind(layout, at_cycle_end)
     request = StopRequest(
         requested=datetime.fromtimestamp(time.time(), tz=timezone.utc).isoformat(timespec="seconds"),
         at_cycle_end=at_cycle_end,
@@ -61,6 +62,21 @@ def request_stop(root: Path | str, at_cycle_end: int | None = None) -> StopReque
     document = {"requested": request.requested, "at_cycle_end": request.at_cycle_end}
     write_text_atomic(layout.stop, json.dumps(document, sort_keys=True) + "\n")
     return request
+
+
+def _refuse_a_cycle_behind(layout: LineLayout, at_cycle_end: int | None) -> None:
+    """A stop at the end of a cycle the line has left behind (its trainer's heartbeat names the cycle
+    it trains) is refused: the trainer would take it as a stop at the next update, mid-cycle, which
+    is not what was asked."""
+    from engine.supervisor.reads import read_json  # which imports this module: imported when called
+
+    cycle = (read_json(layout.heartbeat) or {}).get("cycle")
+    if at_cycle_end is None or not isinstance(cycle, int) or isinstance(cycle, bool) or at_cycle_end >= cycle:
+        return
+    raise LineError(
+        f"{layout.root}: cycle {at_cycle_end} has ended (the line trains cycle {cycle}); no STOP written: "
+        f"`--at-cycle-end {cycle}` stops at the end of the cycle it trains, no --at-cycle-end at the next update"
+    )
 
 
 def _check_cycle_index(at_cycle_end: int | None) -> None:

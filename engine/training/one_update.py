@@ -92,7 +92,8 @@ class OneUpdate:
                 self.log.write(format_dream(position.update, dreamt))
             if validating:
                 self.log.write(format_validation(position.update, row))
-        self.heartbeat.beat(position.update, Stage.TRAINING)
+        # The cycle it trains: a stop at the end of a cycle already behind it is refused (engine.ops.stop).
+        self.heartbeat.beat(position.update, Stage.TRAINING, cycle=position.cycle)
         if not self.startup.done:
             self._end_of_startup()
         return stage_done, cycle_done
