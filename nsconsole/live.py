@@ -118,6 +118,9 @@ class _Attachment:
         self.task: asyncio.Task[None] | None = None
         self._poll: asyncio.Task[None] | None = None
         self.reconnected = asyncio.Event()
+        self._rolling_back = asyncio.Lock()
+        """Held while a `rolled_back` event's rows are fetched again: a status reply meanwhile (which
+        records the rollback too) waits, so no screen shows the rollback with the rows it set aside."""
 
     def start(self) -> None:
         self.task = asyncio.create_task(self.link.run(), name=f"link {self.state.name}")
@@ -156,8 +159,9 @@ class _Attachment:
                 # rollback waiting for the update in flight) times out: ask again at the next poll.
                 # A lost connection sets `closed` and ends the loop.
                 continue
-            self.state.apply_status(status)
-            self.owner.changed(self.state)
+            async with self._rolling_back:
+                self.state.apply_status(status)
+                self.owner.changed(self.state)
 
     async def _on_notification(self, notification: Notification) -> None:
         client = self.link.client
@@ -165,11 +169,16 @@ class _Attachment:
         if "omitted" in data and notification.kind in ("row", "validation") and client is not None:
             # Read whole before the next notification is handled: the rows stay in order.
             data = await whole_row(client.call, client.server.get("methods") or (), data)
-        self.state.apply_notification(notification.kind, data, self.owner.clock())
         if notification.kind == "event" and notification.data.get("event") == EventKind.ROLLED_BACK and client:
             # rows.jsonl was cut back to the checkpoint's rows, and no row may come to say so (a
-            # stopped line): the rows and validations set aside must leave the screen now.
-            await self._fetch_rows(client)
+            # stopped line): the rows and validations set aside leave the screen with the event, in
+            # one change (the rows fetched first, the event then; no status reply in between).
+            async with self._rolling_back:
+                await self._fetch_rows(client)
+                self.state.apply_notification(notification.kind, data, self.owner.clock())
+                self.owner.changed(self.state)
+            return
+        self.state.apply_notification(notification.kind, data, self.owner.clock())
         self.owner.changed(self.state)
 
     async def _on_disconnected(self, reason: str) -> None:
