@@ -28,8 +28,10 @@ class SlowTuneLine:
     def tune(self, shared: bool) -> dict[str, Any]:
         self.tuning.set()
         time.sleep(1.5)  # three status timeouts of 0.5 s
-        self.tuned = True
+        # Done tuning before it says tuned: a status reply between the two must not read tuned and
+        # still tuning (the test ends at the first reply that says tuned).
         self.tuning.clear()
+        self.tuned = True
         return {"lengths": []}
 
 
