@@ -67,8 +67,8 @@ def recorded_run(layout: LineLayout) -> RecordedRun | None:
     """
     directories = list_checkpoints(layout.checkpoints)
     latest = read_latest(layout.checkpoints)
-    if latest is not None:
-        bound = int(latest[1:])
+    bound = None if latest is None else update_of(Path(latest))
+    if bound is not None:
         directories = [directory for directory in directories if (update_of(directory) or 0) <= bound]
     for directory in reversed(directories):
         record = (read_checkpoint_state(directory) or {}).get("wandb")
