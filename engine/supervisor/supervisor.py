@@ -8,7 +8,8 @@ it at logout, and returns once the detached supervisor answers.
 The supervisor (one per line: an exclusive flock on the line directory):
 
 - starts nothing on a line that has finished, decided once it holds that flock (`nsconsole run`
-  looked seconds before, and a trainer started without a supervisor may have finished it since);
+  looked seconds before, and a trainer started without a supervisor may have finished it since;
+  `engine/supervisor/startup_checks.py`);
 - launches the trainer (`engine/training/main.py`; `engine/supervisor/launch.py`) with run.log as
   its output, after taking the GPU lease (`engine/supervisor/leasing.py`; `engine/gpu/devices.py`:
   the first free one of the GPUs run.json's `device` names, `engine/gpu/placement.py`) and handing
@@ -16,20 +17,21 @@ The supervisor (one per line: an exclusive flock on the line directory):
   and so stops at its next update with a checkpoint, if the supervisor dies;
 - watches its heartbeat: none for `guards.watchdog_minutes` -> kill -9 and relaunch
   (`watchdog_restart`); a trainer that does not exit even then -> `stuck`, the supervisor stops;
-- judges each exit by the recovery table (`engine/supervisor/verdict.py`, a pure function): a
-  clean end, a stop, a line error (`failed`), a full disk (`disk-full`), a GPU left to other
-  processes (relaunch once it is free), a SIGTERM it did not send (`signal_restart`), or a crash
-  (resume from the newest checkpoint; after `max_failures` in a row without a newer checkpoint,
-  `failed`; a crash beside other GPU processes is not counted, and after 3 such in a row the line
-  waits for a free GPU);
+- judges each exit by the recovery table (`engine/supervisor/verdict.py`, a pure function, applied
+  by `engine/supervisor/after_exit.py`): a clean end, a stop, a line error (`failed`), a full disk
+  (`disk-full`), a GPU left to other processes (relaunch once it is free), a SIGTERM it did not
+  send (`signal_restart`), or a crash (resume from the newest checkpoint; after `max_failures` in a
+  row without a newer checkpoint, `failed`; a crash beside other GPU processes is not counted, and
+  after 3 such in a row the line waits for a free GPU);
 - keeps the data line's preparer running beside the trainer (`engine/supervisor/preparer.py`);
 - on SIGTERM, SIGINT or SIGHUP (or a `stop` call) stops the trainer with a checkpoint and exits; a
   stop at the next update left pending from before it started (nothing served it) it discards;
 - serves the line's socket (`engine/supervisor/server.py`, `engine/supervisor/rpc.py`), registers for
   discovery and remembers the line in the history (`engine/supervisor/registry.py`), pushes
-  heartbeats, rows and events to subscribers, tells the operator through host.json's `notify`
-  (`engine/supervisor/notify.py`), and keeps its state in `supervisor.json` (its crash count
-  carried over from the supervisor before);
+  heartbeats, rows (`engine/supervisor/publishing.py`) and events to subscribers, tells the operator
+  through host.json's `notify` (`engine/supervisor/notify.py`), and keeps its state in
+  `supervisor.json` (`engine/supervisor/telling.py`; its crash count carried over from the
+  supervisor before);
 - forks the branches asked of it at the end of their trunk cycle (`engine/supervisor/forks.py`:
   at once when it has ended, else queued in supervisor.json until the cycle-end checkpoint appears),
   and starts each branch's own supervisor, detached, with this one's engine and no `--stop-at`
@@ -37,14 +39,14 @@ The supervisor (one per line: an exclusive flock on the line directory):
   stays, to be run by hand). A branch on a GPU then waits for the GPU lease like any other line;
 - does the work that needs the trainer stopped (a rollback, a tune) between two launches: the
   trainer is stopped with SIGTERM (it checkpoints at its next update), the work runs (a tune with
-  the GPU lease held and no other process on the GPU), the trainer is relaunched.
+  the GPU lease held and no other process on the GPU), the trainer is relaunched
+  (`engine/supervisor/between_launches.py`).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import signal
 import sys
@@ -57,8 +59,6 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from datalines.errors import DataLineError
-from engine.atomic import write_text_atomic
 from engine.checkpoints.format import branched_from
 from engine.config.host import HostSettings, load_and_apply
 from engine.config.run import RunConfig
@@ -68,67 +68,55 @@ from engine.gpu.placement import PhysicalGpu, PlacementError, child_environment
 from engine.layout import LineLayout
 from engine.logrotate import RotatingLog
 from engine.ops import lines as ops
-from engine.ops.line_end import finished_line_error, line_end
 from engine.ops.rollback_records import rollback_times
 from engine.process_start import started_since_boot
-from engine.protocol.facts import (
-    ENGINE_CHOICES,
-    FINAL_LINE_STATES,
-    NOTIFIED_EVENTS,
-    Engine,
-    EventKind,
-    LineState,
-    SupervisorExitCode,
-)
+from engine.protocol.facts import ENGINE_CHOICES, Engine, EventKind, LineState, SupervisorExitCode
 from engine.protocol.wire import PROTOCOL_VERSION, RequestLog
 from engine.supervisor import registry
+from engine.supervisor.after_exit import AfterExit
+from engine.supervisor.between_launches import BetweenLaunches
 from engine.supervisor.branch_supervisors import BranchSupervisors
 from engine.supervisor.forks import ForkQueue, QueuedFork
 from engine.supervisor.gpu_watch import line_gpus
 from engine.supervisor.launch import TrainerLaunching
 from engine.supervisor.leasing import GpuLeasing, release_all
 from engine.supervisor.notify import DEFAULT_TIMEOUT_S as NOTIFY_TIMEOUT_S
-from engine.supervisor.notify import make_event, notify_in_background
 from engine.supervisor.preparer import PreparerKeeper
+from engine.supervisor.publishing import Publishing
 from engine.supervisor.reads import (
     beat_time,
-    discard_served_stop,
     file_size,
-    heartbeat_update,
-    last_error_line,
     latest_update,
-    parse_json,
     pending_stop,
     pending_stop_now,
     read_json,
     supervisor_config,
 )
-from engine.supervisor.reserve import RESERVE_NAME, DiskReserve, is_disk_full
-from engine.supervisor.rows_digest import is_validation_row
+from engine.supervisor.reserve import RESERVE_NAME, DiskReserve
 from engine.supervisor.rows_tail import RowsTail
 from engine.supervisor.rpc import LineHandler, PausedWork
 from engine.supervisor.server import SupervisorServer
 from engine.supervisor.settings import SupervisorSettings
 from engine.supervisor.start import start_detached
+from engine.supervisor.startup_checks import StartupChecks
 from engine.supervisor.state import SupervisorState
-from engine.supervisor.verdict import ExitContext, TrainerExit, judge_exit
+from engine.supervisor.telling import Telling
 from engine.training.line_lock import hold_line
 
 if TYPE_CHECKING:
     from engine.ops.branch import BranchResult
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-MAX_RELAUNCH_DELAY_S = 300.0
-ROWS_INDEX_EVERY = 4096
-"""Rows between two saves of the index of rows.jsonl (`RowsTail.save`): at ns-2b's 2 s an update,
-about every 2 h, so a start after a crash or a reboot reads at most this many rows of the file."""
-ANSWER_WAIT_S = 5.0
-"""How long an ending supervisor waits for a refused rollback or tune to be answered."""
 
 
-class Supervisor(GpuLeasing, TrainerLaunching):
-    """One line's supervisor (see the module docstring): its loop, its state and what it tells; its GPU
-    leases are `GpuLeasing`'s, its trainer's launch and watch `TrainerLaunching`'s."""
+class Supervisor(
+    StartupChecks, GpuLeasing, TrainerLaunching, BetweenLaunches, AfterExit, Publishing, Telling,
+):
+    """One line's supervisor (see the module docstring): its loop and its state. Its mixins hold the
+    rest: `StartupChecks` (what its start finds), `GpuLeasing` (its GPU leases), `TrainerLaunching`
+    (its trainer's launch and watch), `BetweenLaunches` (the work done with the trainer stopped),
+    `AfterExit` (what follows an exit), `Publishing` (the rows and beats it pushes) and `Telling`
+    (run.log, events, supervisor.json)."""
 
     def __init__(self, line: Path | str, settings: SupervisorSettings | None = None) -> None:
         self.layout: LineLayout = ops.open_line(line)
@@ -201,25 +189,6 @@ class Supervisor(GpuLeasing, TrainerLaunching):
     def save_requests(self) -> None:
         """Write supervisor.json now: a mutation's request_id is there before its reply is sent."""
         self._save()
-
-    def between_launches(self, work: PausedWork) -> dict[str, Any]:
-        """Do `work` with the trainer stopped and relaunch it after; its result (blocks until done).
-
-        Called from the RPC thread: the supervisor's loop stops the trainer (SIGTERM: a checkpoint
-        at its next update), waits for its exit, runs the work and launches the trainer again.
-        """
-        with self._lock:
-            if self._closing:
-                raise LineError(f"{self.layout.root}: the supervisor is ending; {work.name} refused")
-            if self._paused_work is not None:
-                under_way = self._paused_work.name
-                raise LineError(f"{self.layout.root}: a {under_way} is under way; try once it is done")
-            self._paused_work = work
-        self._say(f"{work.name} requested: the trainer stops with a checkpoint first")
-        try:
-            return work.outcome.result()
-        finally:
-            work.answered.set()
 
     def placed_environment(self) -> dict[str, str] | None:
         """The environment of a process that works on the line's device (the trainer, a tune): only
@@ -308,71 +277,6 @@ class Supervisor(GpuLeasing, TrainerLaunching):
         finally:
             os.close(line_lock)
 
-    def _index_rows(self) -> None:
-        """Index rows.jsonl from where the saved index left off (`RowsTail.load`): a line of months
-        is read through only once, not at every start (a minute for 3 GB)."""
-        self.rows_tail = RowsTail.load(self.layout.rows_jsonl, self.layout.rows_index)
-        restored = self.rows_tail.count
-        self.rows_tail.catch_up()
-        read = self.rows_tail.rows_read
-        if restored or read >= ROWS_INDEX_EVERY:
-            self._say(f"rows.jsonl: {self.rows_tail.count} rows, {read} read from the file "
-                      f"({'the rest from rows.index.json' if restored else 'no saved index'})")
-        if read >= ROWS_INDEX_EVERY:
-            self._save_rows_index()
-
-    def _save_rows_index(self) -> None:
-        """Save the index of rows.jsonl (a cache: a full disk or another failure only costs a longer start)."""
-        try:
-            self.rows_tail.save(self.layout.rows_index)
-        except OSError as error:
-            self._say(f"{self.layout.rows_index}: not saved ({error}); the next start reads rows.jsonl through")
-        self._rows_indexed_at = self.rows_tail.count
-
-    def _refuse_a_finished_line(self) -> None:
-        """`LineError` when the line has nothing left to train, decided here, under the line's lock.
-
-        Whoever started this supervisor looked before it (`nsconsole run` seconds before: its start
-        checks load torch), and a trainer started without a supervisor may have finished the line
-        since and let go of it: a trainer launched now would stop at once, and the line would read as
-        finished by this supervisor. Nothing is written before this (no supervisor.json, no entry, no
-        run.log line): the line stays as the trainer that finished it left it. A line whose end
-        cannot be read (a broken run.json, a data line gone) starts as before: its trainer's start
-        says what is wrong, and the supervisor records that."""
-        try:
-            ended = line_end(self.layout.root)
-        except (LineError, DataLineError, OSError):
-            return
-        if ended is not None:
-            raise finished_line_error(self.layout.root, ended)
-
-    def _discard_a_stop_from_before(self) -> None:
-        """Discard a stop at the next update still pending from before this supervisor started.
-
-        Nothing served it: it was asked of an orphan trainer finishing its checkpoint after its
-        supervisor died, or just before the host went down. Kept, it ended this start at once, and
-        `nsconsole run` said the supervisor "did not start: exit status 0". This start is the newer
-        request (`nsconsole resume` leaves such a line alone, `engine.supervisor.lost`). A stop at a
-        cycle end stays: the trainer serves it when that cycle ends."""
-        stop = pending_stop(self.layout)
-        if stop is None or stop.at_cycle_end is not None:
-            return
-        discard_served_stop(self.layout)
-        self._say(f"a stop requested {stop.requested} was pending from before this start, with nothing "
-                  "to serve it: discarded (`nsconsole stop` asks again)")
-
-    def _crashes_before(self, previous: dict[str, Any]) -> int:
-        """The crash count of the supervisors before this one, plus one when the last of them died
-        with the line running (killed, or the host went down): it ended in a state that is not final."""
-        crashes = previous.get("crashes")
-        count = crashes if isinstance(crashes, int) and not isinstance(crashes, bool) and crashes > 0 else 0
-        state = previous.get("state")
-        if state is not None and state not in FINAL_LINE_STATES:
-            self._say(f"the previous supervisor (pid {previous.get('pid')}) ended in state {state} without "
-                      "ending the line: counted as a crash")
-            count += 1
-        return count
-
     def _on_signal(self, number: int, _frame: Any) -> None:
         self._stop_signal = number
 
@@ -407,89 +311,7 @@ class Supervisor(GpuLeasing, TrainerLaunching):
             if not self._pause_before_relaunch():
                 return self._end_without_trainer()
 
-    # ---- after an exit --------------------------------------------------------------------------
-
-    def _judge(self, outcome: TrainerExit) -> int | None:
-        """Apply the verdict on the trainer's exit (`engine.supervisor.verdict`): the supervisor's
-        exit status when the line is over; None to relaunch."""
-        context = ExitContext(
-            heartbeat_reason=(read_json(self.layout.heartbeat) or {}).get("reason"),
-            stop_signal=self._stop_signal,
-            stop_asked=self._stop_asked,
-            stop_pending_now=pending_stop_now(self.layout),
-            failures_in_a_row=self.state.failures_in_a_row,
-            crashes_beside_others=self.state.crashes_beside_others,
-            max_failures=self.settings.max_failures,
-            gpu_indices=tuple(self.state.gpu_indices),
-            watchdog_seconds=self._watchdog_seconds(),
-            last_error=last_error_line(self.layout.run_log),
-        )
-        verdict = judge_exit(outcome, context)
-        for line in verdict.said:
-            self._say(line)
-        if verdict.discard_stop:
-            discard_served_stop(self.layout)
-        if verdict.fork_at_end is not None:
-            self.forks.finish_line(line_ended=verdict.fork_at_end)
-        if verdict.wait_for_free_gpu:
-            self._need_free_gpu = True
-            self._others_may_stay = verdict.others_may_stay
-        changes: dict[str, Any] = {"failures_in_a_row": verdict.failures_in_a_row,
-                                   "crashes_beside_others": verdict.crashes_beside_others}
-        if verdict.crashed:
-            changes["crashes"] = self.state.crashes + 1
-        if verdict.state is not None:
-            changes["state"] = verdict.state  # before the events: a client told of the end sees it
-        self._set(**changes)
-        for notice in verdict.notices:
-            if notice.notified:
-                self._event(notice.kind, notice.message)
-            else:
-                self._publish_event(notice.kind, notice.message)
-        return verdict.exit_status
-
-    def _do_paused_work(self, gpu_ready: bool) -> None:
-        """Run the rollback or tune asked for, if any, now that no trainer runs (see `between_launches`)."""
-        work = self._paused_work
-        if work is None or (work.needs_gpu and self._gpus is not None and not gpu_ready):
-            return
-        state_before = self.state.state
-        self._set(state=work.state)
-        self._say(f"{work.name}: started")
-        try:
-            result = work.work()
-        except (LineError, DataLineError) as error:
-            self._say(f"{work.name} refused: {error}")
-            self._publish_event(work.failed_event, str(error))
-            work.outcome.set_exception(error)
-        except Exception as error:
-            message = f"{work.name} failed: {type(error).__name__}: {error}"
-            self._say(message)
-            self._publish_event(work.failed_event, message)
-            work.outcome.set_exception(error)
-        else:
-            where = f"; the line continues from update {result['to_update']}" if "to_update" in result else ""
-            self._say(f"{work.name}: done{where}")
-            self._publish_rows()  # a rollback cut rows.jsonl: the tail walks back before the event tells of it
-            self._publish_event(work.done_event, f"{work.name} done{where}", result=result)
-            work.outcome.set_result(result)
-        finally:
-            with self._lock:
-                self._paused_work = None
-            self._set(state=state_before)
-
-    def _refuse_paused_work(self) -> None:
-        """The supervisor ends: work still waiting is answered (nothing of it was done)."""
-        with self._lock:
-            self._closing = True
-            work, self._paused_work = self._paused_work, None
-        if work is not None and not work.outcome.done():
-            work.outcome.set_exception(LineError(
-                f"{self.layout.root}: the supervisor ended (state {self.state.state}) before the {work.name} "
-                "ran; nothing was changed"
-            ))
-            # The server closes its connections soon: let the RPC thread hand the refusal over first.
-            work.answered.wait(timeout=ANSWER_WAIT_S)
+    # ---- its branches ---------------------------------------------------------------------------
 
     def _on_forked(self, fork: QueuedFork, result: BranchResult) -> None:
         """A branch was forked (on a fork worker thread, or at the line's end): start it, then tell."""
@@ -509,139 +331,7 @@ class Supervisor(GpuLeasing, TrainerLaunching):
         message = f"the branch into {fork.path} at the end of cycle {fork.at_cycle} failed: {reason}"
         self._event(EventKind.BRANCH_FAILED, message, path=fork.path, at_cycle=fork.at_cycle, reason=reason)
 
-    def _pause_before_relaunch(self) -> bool:
-        """Wait out the backoff after failures before the next launch; False when a stop arrives meanwhile.
-
-        run.log tells only the wait: what follows it may be no launch yet (work asked for, a wait
-        for the GPU or its lease, a stop), and a launch tells itself ("trainer launched"). A
-        "relaunching in 0 s" here preceded a tune, a wait for the GPU or a stop: a promise the
-        supervisor then did not keep.
-        """
-        failures = self.state.failures_in_a_row
-        delay = 0.0 if failures == 0 else min(
-            self.settings.relaunch_delay_seconds * 2 ** (failures - 1), MAX_RELAUNCH_DELAY_S
-        )
-        self._set(state=LineState.RELAUNCHING)
-        if delay > 0:
-            self._say(f"waiting {delay:g} s before relaunching (failures in a row: {failures})")
-        deadline = time.monotonic() + delay
-        while time.monotonic() < deadline:
-            self._pump()
-            self._do_paused_work(gpu_ready=False)
-            if self._stopping or pending_stop_now(self.layout):
-                return False
-            time.sleep(min(self.settings.poll_seconds, max(0.0, deadline - time.monotonic())))
-        return True
-
-    def _end_without_trainer(self) -> int:
-        """A stop arrived while no trainer ran: the line is already at a checkpoint."""
-        discard_served_stop(self.layout)
-        self._set(state=LineState.STOPPED)
-        self._say("stopped (no trainer was running)")
-        self._publish_event(EventKind.STOPPED, "the line stopped on request")
-        return SupervisorExitCode.OK
-
-    # ---- what the world sees --------------------------------------------------------------------
-
-    def _publish_rows(self) -> None:
-        """Push the rows appended to rows.jsonl since the last look to subscribers; save the index
-        every `ROWS_INDEX_EVERY` rows (a supervisor killed with the host reads only what came after)."""
-        server = self._server
-        for index, row in self.rows_tail.poll_indexed():
-            if server is not None:
-                server.publish("validation" if is_validation_row(row) else "row", row, index=index)
-        if abs(self.rows_tail.count - self._rows_indexed_at) >= ROWS_INDEX_EVERY:
-            self._save_rows_index()
-
-    def _pump(self) -> None:
-        """Push new rows and a changed heartbeat to subscribers; echo run.log in a terminal; keep
-        the data preparer running."""
-        if self._preparer is not None:
-            self._preparer.tick()
-        self._publish_rows()
-        try:
-            raw = self.layout.heartbeat.read_bytes()
-        except FileNotFoundError:
-            raw = None
-        if raw is not None and raw != self._heartbeat_seen:
-            self._heartbeat_seen = raw
-            heartbeat = parse_json(raw)
-            if heartbeat is not None and self._server is not None:
-                self._server.publish("heartbeat", heartbeat)
-        self.forks.poll()
-        self._branches.reap()
-        if self.settings.echo:
-            self._echo_run_log()
-
-    def _echo_run_log(self) -> None:
-        size = file_size(self.layout.run_log)
-        if size < self._echo_offset:
-            self._echo_offset = 0  # rotated
-        if size == self._echo_offset:
-            return
-        with open(self.layout.run_log, "rb") as handle:
-            handle.seek(self._echo_offset)
-            data = handle.read(size - self._echo_offset)
-        whole = data[: data.rfind(b"\n") + 1]
-        self._echo_offset += len(whole)
-        sys.stdout.write(whole.decode("utf-8", errors="replace"))
-        sys.stdout.flush()
-
-    def _say(self, message: str) -> None:
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
-        line = f"{stamp} supervisor: {message}\n"
-        try:
-            self._log.write(line)
-        except OSError as error:
-            if not (is_disk_full(error) and self._reserve.release()):
-                return  # a full disk loses this line; the supervisor goes on
-            with contextlib.suppress(OSError):
-                self._log.write(line)
-
-    def _publish_event(self, kind: str, message: str, **details: Any) -> dict[str, Any]:
-        event = {"event": kind, "line": str(self.layout.root), "message": message, "time": time.time()}
-        event.update(details)
-        if self._server is not None:
-            self._server.publish("event", event)
-        return event
-
-    def _event(self, kind: str, message: str, **details: Any) -> None:
-        """An event the operator is told about: run.log, subscribers, supervisor.json, notify."""
-        assert kind in NOTIFIED_EVENTS
-        self._say(f"{kind}: {message}")
-        event = make_event(kind, str(self.layout.root), message, update=heartbeat_update(self.layout), **details)
-        if self._server is not None:
-            self._server.publish("event", event)
-        self._set(last_event=event)
-        if self._notify_command:
-            self._notifying.append(notify_in_background(
-                self._notify_command, event,
-                on_failure=lambda detail: self._say(f"notify {kind} failed: {detail}"),
-            ))
-
-    def _set(self, **changes: Any) -> None:
-        with self._lock:
-            for name, value in changes.items():
-                setattr(self.state, name, value)
-        self._save()
-
-    def _save(self) -> None:
-        # RPC and fork threads save too: the lock orders the writes, so the newest state lands last.
-        with self._save_lock:
-            queued_forks = self.forks.export()
-            with self._lock:
-                self.state.requests = self.request_log.export()
-                self.state.queued_forks = queued_forks
-                document = asdict(self.state)
-            text = json.dumps(document, indent=1, default=str) + "\n"
-            try:
-                write_text_atomic(self.layout.supervisor_json, text)
-            except OSError as error:
-                if not is_disk_full(error):
-                    raise
-                # The state must reach the file (`disk-full`, above all): the reserve makes room.
-                if self._reserve.release():
-                    write_text_atomic(self.layout.supervisor_json, text)
+    # ---- run.json as last read ------------------------------------------------------------------
 
     def _watchdog_seconds(self) -> float:
         if self.settings.watchdog_seconds is not None:

@@ -16,10 +16,10 @@ from helpers.lines import make_data_line, make_line
 from helpers.supervise import ROWS_TRAINER, RUNNER, end_line_processes
 
 from engine.layout import LineLayout
+from engine.supervisor.publishing import ROWS_INDEX_EVERY
 from engine.supervisor.rows_digest import compact_row
 from engine.supervisor.rows_tail import SPARSE_STRIDE, RowsTail
 from engine.supervisor.start import INDEX_BYTES_PER_S, answer_wait
-from engine.supervisor.supervisor import ROWS_INDEX_EVERY
 
 pytestmark = pytest.mark.usefixtures("private_host")  # conftest: an empty host.json, a private runtime dir
 

@@ -1,0 +1,100 @@
+"""The server's notifications: the ring of the last ones, the fan-out to subscribers, the replay.
+
+A mixin of `engine.supervisor.server.SupervisorServer`, sharing its state: `publish` (from any
+thread) numbers each notification (`_last_seq`, under `_ring_lock`) within this server's life
+(`epoch`), keeps it in `_ring` and hands it to the loop (`_loop`), which pushes it to every
+subscribed connection of `_connections`; a `subscribe` is answered from the ring
+(`_subscribe_result`), which is replayed before the connection goes live (`_replay_then_go_live`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from engine.protocol import wire
+from engine.protocol.wire import ProtocolError
+
+if TYPE_CHECKING:
+    from engine.supervisor.server_connections import Connection
+
+logger = logging.getLogger("nsconsole.server")
+
+SUBSCRIBER_BUFFER_LIMIT = 4 * 1024 * 1024
+"""A live subscriber that lets this much go unread is dropped (it reconnects and catches up from the ring)."""
+REPLAY_CHUNK_BYTES = 256 * 1024
+"""A replay of the ring waits for the client to read past this much buffered."""
+
+
+class Subscriptions:
+    """The server's notifications (mixed into `SupervisorServer`: its ring, its loop, its connections)."""
+
+    def publish(self, kind: str, data: dict[str, Any], index: int | None = None) -> int:
+        """Push a notification to every subscriber and keep it in the ring; returns its seq. `index`:
+        the row's in rows.jsonl, named in its place when it is too large for one line."""
+        if kind not in wire.NOTIFICATION_KINDS:
+            raise ValueError(f"unknown notification kind {kind!r}")
+        with self._ring_lock:
+            self._last_seq += 1
+            seq = self._last_seq
+            now = time.time()
+            try:
+                line = wire.encode(wire.make_notification(kind, seq, self.epoch, now, data))
+            except ProtocolError:
+                # Too large for one line: say so, so the subscriber can fetch it with a call.
+                omitted = {"omitted": f"{kind} larger than {wire.MAX_LINE_BYTES} bytes",
+                           **({} if index is None else {"index": index})}
+                line = wire.encode(wire.make_notification(kind, seq, self.epoch, now, omitted))
+            self._ring.append((seq, line))
+        loop = self._loop
+        if loop is not None and loop.is_running():
+            loop.call_soon_threadsafe(self._fan_out, seq, line)
+        return seq
+
+    @property
+    def last_seq(self) -> int:
+        return self._last_seq
+
+    def _fan_out(self, seq: int, line: bytes) -> None:
+        for connection in list(self._connections):
+            if connection.subscribed and seq > connection.last_sent_seq:
+                self._push(connection, seq, line)
+
+    def _push(self, connection: Connection, seq: int, line: bytes) -> None:
+        """One live notification (a subscriber that stopped reading is dropped)."""
+        connection.send(line)
+        connection.last_sent_seq = seq
+        transport = connection.writer.transport
+        if transport.get_write_buffer_size() > SUBSCRIBER_BUFFER_LIMIT:
+            logger.warning("dropping a subscriber that stopped reading")
+            transport.abort()
+
+    def _subscribe_result(self, since_seq: int | None) -> dict[str, Any]:
+        """The reply to `subscribe`: the newest seq, this life's epoch, how many were missed."""
+        with self._ring_lock:
+            oldest = self._ring[0][0] if self._ring else self._last_seq + 1
+            last = self._last_seq
+            missed = 0 if since_seq is None else sum(1 for seq, _ in self._ring if seq > since_seq)
+        gap = since_seq is not None and since_seq < last and oldest > since_seq + 1
+        return {"seq": last, "epoch": self.epoch, "replayed": missed, "gap": gap, "oldest_seq": oldest}
+
+    async def _replay_then_go_live(self, connection: Connection, after_seq: int) -> None:
+        """Send the ring after `after_seq` (waiting for the client to read it), then fan out live.
+
+        Whatever is published meanwhile lands in the ring and is sent by the next round; the
+        switch to live happens with no await after the last check, so nothing is lost or repeated.
+        """
+        connection.last_sent_seq = after_seq
+        while True:
+            with self._ring_lock:
+                pending = [(seq, line) for seq, line in self._ring if seq > connection.last_sent_seq]
+            if not pending:
+                connection.subscribed = True
+                return
+            for seq, line in pending:
+                connection.send(line)
+                connection.last_sent_seq = seq
+                if connection.writer.transport.get_write_buffer_size() > REPLAY_CHUNK_BYTES:
+                    await connection.writer.drain()
+            await connection.writer.drain()
