@@ -3,8 +3,11 @@
 `nsconsole` alone opens the console; `nsconsole --run [LINE]` starts a line's supervisor
 headless; every other command is a module in `nsconsole/commands/` that registers its own
 subparser. User errors (`LineError`, `DataLineError`) print one line and exit with status 2. A
-reader of stdout that closes early (`nsconsole status LINE | head -2`) ends the command quietly
-with status 141, as a command killed by SIGPIPE ends in a shell (128 + 13).
+command that reports also says by its exit status what it found, each in its --help: 1 for a
+failed check, a damaged data cycle or an invalid run.json (`check`, `data status`, `status`), and
+`status` 3 for a line that needs its operator (engine.protocol.facts.StatusExitCode). A reader of
+stdout that closes early (`nsconsole status LINE | head -2`) ends the command quietly with status
+141, as a command killed by SIGPIPE ends in a shell (128 + 13).
 
 Nothing heavy loads before a command runs: `--help`, `status`, `stop` and the console start in a
 fraction of a second without torch (or numpy); a command imports what it needs when it runs.

@@ -22,7 +22,7 @@ from engine.layout import LineLayout, checkpoint_update
 from engine.ops.branch_records import live_branches
 from engine.ops.lines import open_line
 from engine.ops.stop import StopRequest, read_stop
-from engine.protocol.facts import FINAL_LINE_STATES, LineState
+from engine.protocol.facts import FAULT_LINE_STATES, FINAL_LINE_STATES, LineState
 from engine.supervisor.forks import QueuedFork
 from engine.supervisor.reads import running_supervisor_pid, running_trainer_pid
 from engine.wandb.recovery import RecordedRun, recorded_run
@@ -94,6 +94,23 @@ class LineStatus:
     lone_trainer_pid: int | None = None
     """The pid of a trainer that trains the line with no supervisor running (`run --no-supervisor`,
     or one whose supervisor died, checkpointing before it goes); None otherwise."""
+
+    @property
+    def lost(self) -> bool:
+        """Its supervisor died without saving a final state (killed, the host rebooted) and no trainer
+        of the line runs: nothing runs it, and nothing will start it again by itself."""
+        nothing_runs = self.supervisor_pid is None and self.lone_trainer_pid is None
+        return self.state is not None and self.state not in FINAL_LINE_STATES and nothing_runs
+
+    @property
+    def needs_operator(self) -> bool:
+        """The line stopped without being asked to and will not go on by itself: it failed, got stuck
+        or filled the disk, or it is `lost`. A line that runs does not, nor one that ended as asked;
+        a trainer running it without a supervisor (`run --no-supervisor`, or an orphan finishing its
+        checkpoint) counts as running, whatever state supervisor.json holds: the report says it trains."""
+        if self.lone_trainer_pid is not None:
+            return False
+        return self.state in FAULT_LINE_STATES or self.lost
 
 
 def line_status(root: Path | str, rows: int = 5, now: float | None = None) -> LineStatus:

@@ -61,6 +61,11 @@ FINAL_LINE_STATES = frozenset(
 )
 """The states a supervisor exits in."""
 
+FAULT_LINE_STATES = frozenset({LineState.FAILED, LineState.STUCK, LineState.DISK_FULL})
+"""The final states of a line that ended without being asked to: it waits for its operator
+(`nsconsole status` exits `StatusExitCode.NEEDS_OPERATOR`; its supervisor exited
+`SupervisorExitCode.FAILED`). The other final states, `finished` and `stopped`, are ends as asked."""
+
 
 class Stage(_Fact):
     """What the trainer is doing (`<line>/heartbeat` `stage`)."""
@@ -182,6 +187,29 @@ class SupervisorExitCode(IntEnum):
     """The line failed, got stuck or filled the disk."""
     USER_ERROR = 2
     """The command was refused (a one-line error on stderr)."""
+
+
+class StatusExitCode(IntEnum):
+    """`nsconsole status LINE`'s exit status: whether the line needs its operator, for a script or a
+    cron job that reads no report (as `systemctl status` exits 0 for a unit running, 3 for one not).
+
+    Read from the line's files, as the report is: the state its supervisor saved, and whether that
+    supervisor (or a trainer of its own) still runs."""
+
+    OK = 0
+    """Nothing to do: a supervisor, or a trainer run without one, runs the line (whatever it does or
+    waits for: the GPU, data, a relaunch after a crash), or the line rests where it was left:
+    finished, stopped on request, never run under a supervisor."""
+    INVALID_RUN_JSON = 1
+    """run.json is invalid, whatever the line's state: it would not start again (the report names the
+    problem and shows the rest). 1, as `check` fails a check and `data status` reports damage."""
+    USER_ERROR = SupervisorExitCode.USER_ERROR
+    """The command was refused, as every command's user error (LINE is not a training line: one line
+    on stderr)."""
+    NEEDS_OPERATOR = 3
+    """The line stopped without being asked to and will not go on by itself: it failed, got stuck or
+    filled the disk (`FAULT_LINE_STATES`), or its supervisor is gone without saving a final state
+    (killed, the host rebooted; `nsconsole resume` starts it again). 3, as systemctl's "not running"."""
 
 
 class Engine(_Fact):

@@ -93,7 +93,7 @@ class OneUpdate:
             if validating:
                 self.log.write(format_validation(position.update, row))
         # The cycle it trains: a stop at the end of a cycle already behind it is refused (engine.ops.stop).
-        self.heartbeat.beat(position.update, Stage.TRAINING, cycle=position.cycle)
+        self.heartbeat.beat(position.update, Stage.TRAINING, cycle=self._beaten_cycle())
         if not self.startup.done:
             self._end_of_startup()
         return stage_done, cycle_done

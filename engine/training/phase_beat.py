@@ -10,13 +10,17 @@ rows run inside a capture): the innermost one is beaten, and the enclosing one, 
 trainer's `training`) once the outermost ends, is beaten at once, so no stage word outlives its
 phase by an update. A phase that outlasts `limit_s` is taken as hung: its beats stop, and the
 watchdog ends it.
+
+Every beat names the trainer's cycle, read when it beats, as each update's own beat does: a beat of
+a validation or a checkpoint is the line's last for minutes, and `nsconsole stop --at-cycle-end`
+reads the cycle there to refuse a cycle the line has left behind (engine.ops.stop).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -35,9 +39,6 @@ class _Phase:
     details: dict[str, object]
     began: float = field(default_factory=time.time)
 
-    def beat(self, heartbeat: Heartbeat) -> None:
-        heartbeat.beat(self.update, self.stage, phase_began=self.began, **self.details)
-
 
 class PhaseBeats:
     """Beats `heartbeat` with the running phase's stage (see the module docstring)."""
@@ -46,12 +47,15 @@ class PhaseBeats:
         self,
         heartbeat: Heartbeat,
         between: str,
+        cycle: Callable[[], int],
         interval_s: float = PHASE_BEAT_INTERVAL_S,
         limit_s: float = PHASE_BEAT_LIMIT_S,
     ) -> None:
         self.heartbeat = heartbeat
         self.between = between
         """The stage beaten when the outermost phase ends (what the trainer does between phases)."""
+        self.cycle = cycle
+        """The cycle each beat names, asked when it beats (the trainer's `_beaten_cycle`)."""
         self.interval_s = interval_s
         self.limit_s = limit_s
         self._running: list[_Phase] = []
@@ -63,7 +67,7 @@ class PhaseBeats:
         current = _Phase(stage, update, details)
         with self._lock:
             self._running.append(current)
-            current.beat(self.heartbeat)
+            self._beat(current)
         done = threading.Event()
 
         def keep_beating() -> None:
@@ -71,7 +75,7 @@ class PhaseBeats:
             while not done.wait(self.interval_s) and time.monotonic() < deadline:
                 with self._lock:
                     if self._running and self._running[-1] is current and not done.is_set():
-                        current.beat(self.heartbeat)
+                        self._beat(current)
 
         beater = threading.Thread(target=keep_beating, name=f"heartbeat-{stage}", daemon=True)
         beater.start()
@@ -83,6 +87,10 @@ class PhaseBeats:
             with self._lock:
                 self._running.remove(current)
                 if self._running:  # back in the enclosing phase: say so at once
-                    self._running[-1].beat(self.heartbeat)
+                    self._beat(self._running[-1])
                 else:
-                    self.heartbeat.beat(update, self.between)
+                    self.heartbeat.beat(update, self.between, cycle=self.cycle())
+
+    def _beat(self, phase: _Phase) -> None:
+        cycle = self.cycle()
+        self.heartbeat.beat(phase.update, phase.stage, phase_began=phase.began, cycle=cycle, **phase.details)

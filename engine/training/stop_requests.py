@@ -3,7 +3,8 @@
 A mixin of `engine.training.trainer.Trainer`, sharing its state: it uses the line's layout (STOP is
 read from it), `stop_at`, the position and the ranks, and sets `_signal` (the signal received, which
 `Trainer.run` turns into the exit status). In a group the ranks agree on one stop code, the largest:
-a stop asked on any rank stops every rank at the same update.
+a stop asked on any rank stops every rank at the same update. The cycle the trainer's beats name,
+which `nsconsole stop --at-cycle-end` is checked against before it writes STOP, is here too.
 """
 
 from __future__ import annotations
@@ -44,3 +45,15 @@ class StopRequests:
             self._signal = code - SIGNAL_STOP_CODE
             return f"signal {signal.Signals(self._signal).name}"
         return {STOP_AT_CODE: StopReason.STOP_AT, STOP_FILE_CODE: StopReason.STOP_FILE}.get(code)
+
+    def _beaten_cycle(self) -> int:
+        """The cycle the trainer's beats name (the heartbeat's `cycle`, but waiting for data's): the
+        cycle its last update read from. That is the one in progress, but at a cycle's very start,
+        none of it read yet, the one that ended there: a stop at that cycle's end still stops the
+        line exactly there (`_stop_requested`, or the cycle's end itself, which reads STOP after its
+        checkpoint), so `nsconsole stop --at-cycle-end` refuses only the cycles before this one
+        (engine.ops.stop)."""
+        position = self.position
+        # (A stage's change of length inside the cycle keeps what it read at the old one in `earlier`.)
+        started = position.sample > 0 or bool(position.earlier)
+        return position.cycle if started or position.cycle == 0 else position.cycle - 1

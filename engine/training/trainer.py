@@ -275,7 +275,7 @@ class Trainer(StopRequests, DataCycles, OneUpdate, Checkpointing, GpuGuard):
         self._share_rank_zero_state()
         self.rows = RowsFile(layout.rows_jsonl) if writes else None
         self.heartbeat = Heartbeat(layout.heartbeat if writes else rank_file(layout.root, ranks.rank, "heartbeat"))
-        self.beats = TimedPhases(PhaseBeats(self.heartbeat, between=Stage.TRAINING), self.startup)
+        self.beats = TimedPhases(PhaseBeats(self.heartbeat, Stage.TRAINING, self._beaten_cycle), self.startup)
         self.writer = CheckpointWriter(
             layout.checkpoints, config.checkpoints.keep_last, abandoned_after, config.checkpoints.keep_cycle_ends
         )

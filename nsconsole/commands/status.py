@@ -8,20 +8,30 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from engine.protocol.facts import FINAL_LINE_STATES, LineState
+from engine.protocol.facts import FAULT_LINE_STATES, FINAL_LINE_STATES, LineState, StatusExitCode
 from nsconsole.commands.parser import add_command
 
 if TYPE_CHECKING:
     from engine.ops.status import LineStatus
 
 HELP = "LINE: state, configuration, newest rows, heartbeat, checkpoints, pending stop and disk use of a line"
-DESCRIPTION = """\
+DESCRIPTION = f"""\
 Show a line's state from its files: its supervisor's state (supervisor.json: training, stopped,
 finished, failed, disk-full, ...; whether that supervisor runs now) and, for a line not ended, its
 last event and how long ago (a preparer failing, a long wait for data, ...), the branches forked from it
 and queued on it, the line it was branched from, the configuration in brief, the newest rows of rows.jsonl, the
 trainer's heartbeat and its age, the checkpoints present, a pending STOP and the disk the line
-uses. Exit status 1 when run.json is invalid (the report names its problem and shows the rest).
+uses.
+
+exit status, for a script or a cron job that reads no report:
+  {StatusExitCode.OK:d}  nothing to do: a supervisor (or a trainer run without one) runs the line, whatever it does
+     or waits for, or the line rests where it was left: finished, stopped on request, never run
+  {StatusExitCode.INVALID_RUN_JSON:d}  run.json is invalid, whatever the state: the line would not start again (the report
+     names the problem and shows the rest)
+  {StatusExitCode.USER_ERROR:d}  the command was refused: LINE is not a training line (one line on stderr)
+  {StatusExitCode.NEEDS_OPERATOR:d}  the line needs you (as `systemctl status` exits 3 for a unit not running): it failed,
+     got stuck or filled the disk, or its supervisor is gone without saving a final state (killed,
+     the host rebooted: `nsconsole resume` starts it again)
 """
 EXAMPLES = """\
 examples:
@@ -50,12 +60,15 @@ def run(args: argparse.Namespace) -> int:
     status = line_status(args.host_settings.resolve_line(args.line), rows=max(0, args.rows))
     for line in format_status(status):
         print(line)
-    return EXIT_INVALID if status.config is None else 0
+    return exit_status(status)
 
 
-EXIT_INVALID = 1
-"""`status`'s exit status when the line's run.json is invalid (the report still shows the rest), as
-`data status` exits 1 when it reports damage: a script sees it without parsing the report."""
+def exit_status(status: LineStatus) -> StatusExitCode:
+    """What the report says for a script: an invalid run.json first (a line that would not start
+    again needs fixing whatever its state), then whether the line needs its operator."""
+    if status.config is None:
+        return StatusExitCode.INVALID_RUN_JSON
+    return StatusExitCode.NEEDS_OPERATOR if status.needs_operator else StatusExitCode.OK
 
 
 def format_status(status: LineStatus) -> list[str]:
@@ -124,14 +137,13 @@ def state_line(status: LineStatus) -> str:
         return "state: no supervisor has run this line (no supervisor.json)"
     if status.supervisor_pid is not None:
         return f"state: {state} (supervisor pid {status.supervisor_pid})"
-    if state not in FINAL_LINE_STATES:
-        # It died without saving a final state (killed, the host rebooted): nothing runs the line.
+    if status.lost:
         return f"state: supervisor lost (it was {state}; its process runs no more)"
     details = []
     if state == LineState.FAILED and status.failures_in_a_row:
         details.append(f"{status.failures_in_a_row} failures in a row")
     message = (status.last_event or {}).get("message")
-    if state in (LineState.FAILED, LineState.STUCK, LineState.DISK_FULL) and isinstance(message, str):
+    if state in FAULT_LINE_STATES and isinstance(message, str):
         details.append(f"last: {message}")
     return f"state: {state}" + (f" ({'; '.join(details)})" if details else "")
 

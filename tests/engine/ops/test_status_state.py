@@ -15,6 +15,7 @@ import pytest
 from engine.checkpoints.format import BRANCH_START_KEPT
 from engine.ops.status import line_status
 from engine.process_start import started_since_boot
+from engine.protocol.facts import StatusExitCode
 from nsconsole.cli import main
 from nsconsole.commands.status import format_status
 
@@ -123,6 +124,6 @@ def test_the_branches_forked_from_a_line_are_listed(line: Path, tmp_path: Path) 
 def test_the_command_prints_the_state_second(line: Path, capsys: pytest.CaptureFixture[str]) -> None:
     write_supervisor(line, state="failed", pid=dead_pid(), failures_in_a_row=5,
                      last_event={"event": "failed", "message": FAILED})  # fmt: skip
-    assert main(["status", str(line)]) == 0
+    assert main(["status", str(line)]) == StatusExitCode.NEEDS_OPERATOR  # a failed line (test_status_exit)
     out = capsys.readouterr().out.splitlines()
     assert out[0] == f"line: {line}" and out[1].startswith("state: failed (5 failures in a row; ")

@@ -1,44 +1,108 @@
 """`--at-cycle-end N` for a cycle the line has left behind is refused: the trainer took it as a stop
 at the next update, mid-cycle (found in a walkthrough of an unattended line). The trainer's beats
-name the cycle it trains, which the refusal reads."""
+name the cycle it trains, which the refusal reads: each update's beat and, since a validation or a
+checkpoint is the line's last beat for minutes, each phase's beat too."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.lines import copy_data_line, data_template_fixture, make_line
+from helpers.lines import copy_data_line, data_template_fixture, make_line, one_torch_thread
 
 from engine.errors import LineError
 from engine.ops.stop import request_stop
 from engine.protocol.facts import Stage
 from engine.rows import Heartbeat
+from engine.training.optim import FlatAdamW
 from engine.training.trainer import Trainer
-
-pytestmark = pytest.mark.usefixtures("one_thread")
+from engine.training.validation import Validator
 
 data_template = data_template_fixture(prepare=3)
 
 
-def test_the_trainers_beats_name_the_cycle_it_trains(
-    tmp_path: Path, data_template: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    beats: list[tuple[int, str, dict[str, Any]]] = []
-    real_beat = Heartbeat.beat
+@dataclass
+class TrainedLine:
+    """A line trained past two cycle ends, with every beat its trainer wrote and the stops tried
+    from inside its validations and checkpoints."""
+
+    root: Path
+    cycles: dict[int, int]
+    """Each update's cycle, as its row says; update 0 (the line's start, no row) in cycle 0."""
+    beats: list[tuple[int, str, dict[str, Any]]] = field(default_factory=list)
+    """(update, stage, details) of every beat."""
+    tried: list[tuple[str, int, int]] = field(default_factory=list)
+    """(stage, update, cycle) of the phase beat that was the line's last when stops were tried."""
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory, data_template: Path) -> Iterator[TrainedLine]:
+    root = tmp_path_factory.mktemp("trained")
+    line = make_line(root, copy_data_line(data_template, root), **{"validation.every_updates": 4})
+    trained = TrainedLine(line, {})
+
+    def try_stops() -> None:
+        """In the trainer's own thread, inside a phase: the phase's beat is the line's last."""
+        beat = json.loads((line / "heartbeat").read_text())
+        if beat["cycle"] >= 1:
+            with pytest.raises(LineError, match=f"cycle {beat['cycle'] - 1} has ended"):
+                request_stop(line, at_cycle_end=beat["cycle"] - 1)
+            assert not (line / "STOP").exists()
+        # The end of the cycle it names is ahead, or where it stands: taken (and taken back: it goes on).
+        assert request_stop(line, at_cycle_end=beat["cycle"]).at_cycle_end == beat["cycle"]
+        (line / "STOP").unlink()
+        trained.tried.append((beat["stage"], beat["update"], beat["cycle"]))
 
     def recorded(self: Heartbeat, update: int, stage: str, **details: Any) -> None:
-        beats.append((update, stage, details))
+        trained.beats.append((update, stage, details))
         real_beat(self, update, stage, **details)
 
-    monkeypatch.setattr(Heartbeat, "beat", recorded)
-    line = make_line(tmp_path, copy_data_line(data_template, tmp_path))
-    assert Trainer(line, stop_at=25, echo=None).run() == 0
-    rows = {row["update"]: row["cycle"] for row in map(json.loads, (line / "rows.jsonl").read_text().splitlines())}
-    # Each update's own beat names its cycle (a phase's end beats `training` again without one).
-    training = {update: details["cycle"] for update, stage, details in beats if stage == Stage.TRAINING and details}
-    assert training == rows and len(set(rows.values())) >= 2
+    def validating(self: Validator, *args: Any, **kwargs: Any) -> Any:
+        try_stops()
+        return validate(self, *args, **kwargs)
+
+    def checkpointing(self: FlatAdamW) -> Any:
+        try_stops()
+        return host_state(self)
+
+    real_beat, validate, host_state = Heartbeat.beat, Validator.run, FlatAdamW.host_state
+    with pytest.MonkeyPatch.context() as patch, one_torch_thread():
+        patch.setattr(Heartbeat, "beat", recorded)
+        patch.setattr(Validator, "run", validating)
+        patch.setattr(FlatAdamW, "host_state", checkpointing)
+        assert Trainer(line, stop_at=25, echo=None).run() == 0
+    rows = map(json.loads, (line / "rows.jsonl").read_text().splitlines())
+    trained.cycles = {0: 0} | {row["update"]: row["cycle"] for row in rows}
+    assert len(set(trained.cycles.values())) >= 3  # two cycle ends passed
+    yield trained
+
+
+def test_every_beat_names_the_cycle_of_its_update(trained: TrainedLine) -> None:
+    # Updates', phases' and the `training` beat after a phase alike; a wait for data names the cycle
+    # it waits for, and the last beat (stopped) none.
+    named = [(update, stage, details) for update, stage, details in trained.beats
+             if stage not in (Stage.WAITING_DATA, Stage.STOPPED)]  # fmt: skip
+    assert {stage for _, stage, _ in named} >= {Stage.TRAINING, Stage.VALIDATING, Stage.CHECKPOINTING}
+    assert [details["cycle"] for _, _, details in named] == [trained.cycles[update] for update, _, _ in named]
+    assert trained.beats[-1][1] == Stage.STOPPED and "cycle" not in trained.beats[-1][2]
+
+
+def test_a_stop_for_a_passed_cycle_is_refused_while_a_validation_or_a_checkpoint_beats(
+    trained: TrainedLine,
+) -> None:
+    # (try_stops, inside each phase: the cycle before the one the beat names refused, that one taken.)
+    past_the_first = {stage for stage, _, cycle in trained.tried if cycle >= 1}
+    assert past_the_first >= {Stage.VALIDATING, Stage.CHECKPOINTING}
+    # A cycle's end checkpoint, taken after the line moved to the next cycle, still names the cycle
+    # that ended: a stop at its end, asked now, stops the line exactly there and is not refused.
+    cycles = trained.cycles
+    ends = {update: cycle for update, cycle in cycles.items() if cycles.get(update + 1, cycle) > cycle}
+    assert len(ends) >= 2
+    assert all((Stage.CHECKPOINTING, update, cycle) in trained.tried for update, cycle in ends.items())
 
 
 def test_a_stop_at_the_end_of_a_cycle_behind_the_line_is_refused(tmp_path: Path, data_template: Path) -> None:
@@ -53,3 +117,6 @@ def test_a_stop_at_the_end_of_a_cycle_behind_the_line_is_refused(tmp_path: Path,
     assert not (line / "STOP").exists()
     assert request_stop(line, at_cycle_end=2).at_cycle_end == 2 and (line / "STOP").exists()
     assert request_stop(line).at_cycle_end is None
+    # A beat naming no cycle (an older trainer's, or one waiting with none yet) refuses nothing.
+    Heartbeat(line / "heartbeat").beat(21, Stage.VALIDATING, phase_began=0.0)
+    assert request_stop(line, at_cycle_end=0).at_cycle_end == 0

@@ -1,4 +1,5 @@
-"""Heartbeats through long phases: a slowed validation keeps beating `validating`, nested phases, the limit."""
+"""Heartbeats through long phases: a slowed validation keeps beating `validating`, nested phases, the
+limit, the cycle each beat names."""
 
 from __future__ import annotations
 
@@ -54,12 +55,15 @@ class HeartbeatWatch:
 
 
 def test_a_phase_beats_until_it_ends_and_nested_phases_beat_the_innermost(tmp_path: Path) -> None:
-    beats = PhaseBeats(Heartbeat(tmp_path / "heartbeat"), "training", interval_s=0.02)
+    cycle = [2]
+    beats = PhaseBeats(Heartbeat(tmp_path / "heartbeat"), "training", lambda: cycle[0], interval_s=0.02)
     with HeartbeatWatch(tmp_path / "heartbeat") as watch:
         with beats.phase("capturing", 7, seq_len=64):
             time.sleep(0.15)
             with beats.phase("probing", 7):
                 time.sleep(0.15)
+            time.sleep(0.1)
+            cycle[0] = 3  # (the trainer's position moved on under the phase)
             time.sleep(0.1)
         time.sleep(0.1)
     stages = watch.stages()
@@ -72,10 +76,13 @@ def test_a_phase_beats_until_it_ends_and_nested_phases_beat_the_innermost(tmp_pa
     assert all(beat["update"] == 7 for beat in watch.seen)
     assert len({beat["phase_began"] for beat in watch.seen if beat["stage"] == "capturing"}) == 1
     assert watch.seen[0]["seq_len"] == 64
+    # Every beat names the cycle as it is when it beats (`nsconsole stop --at-cycle-end` reads it).
+    cycles = [beat["cycle"] for beat in watch.seen]
+    assert cycles[0] == 2 and cycles[-1] == 3 and cycles == sorted(cycles)
 
 
 def test_a_phase_past_its_limit_stops_beating(tmp_path: Path) -> None:
-    beats = PhaseBeats(Heartbeat(tmp_path / "heartbeat"), "training", interval_s=0.02, limit_s=0.1)
+    beats = PhaseBeats(Heartbeat(tmp_path / "heartbeat"), "training", lambda: 0, interval_s=0.02, limit_s=0.1)
     with beats.phase("validating", 3):
         time.sleep(0.4)
         last = json.loads((tmp_path / "heartbeat").read_text())["time"]
