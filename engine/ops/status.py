@@ -25,7 +25,7 @@ from engine.ops.stop import StopRequest, read_stop
 from engine.protocol.facts import FAULT_LINE_STATES, FINAL_LINE_STATES, LineState
 from engine.supervisor.forks import QueuedFork
 from engine.supervisor.reads import running_supervisor_pid, running_trainer_pid
-from engine.wandb.recovery import RecordedRun, recorded_run
+from engine.wandb.recovery import Recovery, planned_recovery
 from engine.wandb.state import WandbRunState
 
 TAIL_BLOCK_BYTES = 64 * 1024
@@ -69,7 +69,7 @@ class LineStatus:
     """The line's W&B run (wandb_run.json; None when there is none yet, or it is unreadable)."""
     wandb_unreadable: bool = False
     """wandb_run.json is there and cannot be read (its problem is among `problems`)."""
-    wandb_recovery: RecordedRun | None = None
+    wandb_recovery: Recovery | None = None
     """The run the next start continues, as a checkpoint records it, where wandb_run.json is
     unreadable or missing (engine.wandb.recovery; said among `problems`); None otherwise."""
     gpu: str | None = None
@@ -144,7 +144,7 @@ def line_status(root: Path | str, rows: int = 5, now: float | None = None) -> Li
 
 def _read_wandb(layout: LineLayout, status: LineStatus) -> None:
     """wandb_run.json; where it is unreadable, or missing while a checkpoint records the line's run,
-    the run the next start continues (the mirror's own `recorded_run`)."""
+    what the next start does instead (continue, rewind or fork a run: the mirror's own `planned_recovery`)."""
     problem: str | None = None
     if layout.wandb_run_json.exists():
         try:
@@ -153,12 +153,13 @@ def _read_wandb(layout: LineLayout, status: LineStatus) -> None:
         except LineError as error:
             status.wandb_unreadable = True
             problem = str(error)
-    if status.config is None or status.config.wandb.mode != "disabled":
-        status.wandb_recovery = recorded_run(layout)
+    mode = None if status.config is None else status.config.wandb.mode
+    if mode != "disabled":
+        status.wandb_recovery = planned_recovery(layout, online=mode == "online")
     if status.wandb_recovery is not None:
         problem = problem or f"{layout.wandb_run_json.name}: missing"
         aside = "sets it aside and " if status.wandb_unreadable else ""
-        problem += f"; the next start {aside}continues {status.wandb_recovery.describe()}"
+        problem += f"; the next start {aside}{status.wandb_recovery.plan()}"
     if problem is not None:
         status.problems.append(problem)
 

@@ -142,6 +142,25 @@ class WandbRunState:
     replay_mismatch_count: int = 0
     """How many such differences were found over the line's life (the list keeps the latest ones)."""
 
+    def plan_rewind(self, to_update: int) -> bool:
+        """Plan the rewind a rollback to `to_update` asks of the next start; False: nothing to plan.
+
+        Nothing is planned for a branch whose fork has not begun (its fork starts it as planned;
+        the caller refuses a rollback before the fork point) or for a line without a run (its first
+        start sends the rows as they are then). Where a rewind planned earlier has not begun (W&B
+        out since), the run still holds the steps that rollback abandoned past its point: the earlier
+        point is kept, for a rewind to the later one would keep those steps.
+        """
+        if self.pending is not None and self.pending.kind == "fork":
+            return False
+        if self.run_id is None:
+            return False
+        if self.pending is not None and not self.pending.initialized:
+            to_update = min(to_update, self.pending.at_update)
+        self.pending = PendingStart(kind="rewind", at_update=to_update)
+        self.gap = None  # the rewound run is rebuilt from rows.jsonl up to the rollback point
+        return True
+
     def record_replay_mismatches(self, mismatches: list[ReplayMismatch]) -> None:
         self.replay_mismatch_count += len(mismatches)
         self.replay_mismatches = (self.replay_mismatches + mismatches)[-KEPT_REPLAY_MISMATCHES:]

@@ -178,7 +178,7 @@ def _wandb_line(status: LineStatus) -> str:
     state = status.wandb
     if status.config is not None and status.config.wandb.mode == "disabled":
         return "W&B: disabled (run.json wandb.mode)"
-    if status.wandb_recovery is not None:  # the problem below says which run the next start continues
+    if status.wandb_recovery is not None:  # the problem below says what the next start does with which run
         return f"W&B: wandb_run.json {'unreadable' if status.wandb_unreadable else 'missing'} (below)"
     if status.wandb_unreadable:
         return ("W&B: wandb_run.json unreadable (below); the next start sets it aside and starts a new run "

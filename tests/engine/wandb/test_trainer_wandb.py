@@ -32,7 +32,7 @@ from engine.ops.rollback import rollback_line
 from engine.training import checkpointing as checkpointing_module
 from engine.training import trainer as trainer_module
 from engine.training.trainer import Trainer
-from engine.wandb import mirror as wb_module
+from engine.wandb import mirror_thread
 from engine.wandb.backend import RealWandbBackend
 from engine.wandb.mirror import WandbMirror
 from engine.wandb.state import RunPoint, WandbRunState
@@ -180,7 +180,7 @@ class BrokenWandb:
 def test_a_failing_wandb_never_stops_training(
     tmp_path: Path, data_template: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(wb_module, "RealWandbBackend", BrokenWandb)
+    monkeypatch.setattr(mirror_thread, "RealWandbBackend", BrokenWandb)
     monkeypatch.setattr(trainer_module, "WANDB_CLOSE_SECONDS", 1.0)  # the outage lasts past the exit
     monkeypatch.setattr(BrokenWandb, "calls", 0)
     line = wandb_line(tmp_path, data_template, "offline")
@@ -267,9 +267,15 @@ def test_the_next_start_carries_out_a_planned_rollback_and_branch(tmp_path: Path
     # A rollback of the trunk to update 5: the next start rewinds the run there, then trains on.
     rollback_line(trunk, 5)
     train(trunk, stop_at=7)
-    rewound = WandbRunState.load(LineLayout(trunk).wandb_run_json)
+    assert_rewound(trunk, run_id, point=5, through=7)
+
+
+def assert_rewound(line: Path, run_id: str, point: int, through: int) -> None:
+    """The line's last start rewound its run natively to step `point`; its session holds the rows
+    after it, up to update `through`."""
+    rewound = WandbRunState.load(LineLayout(line).wandb_run_json)
     assert (rewound.run_id, rewound.start, rewound.method, rewound.pending) == (run_id, "rewind", "native", None)
-    assert rewound.parent == RunPoint(run_id, 5)
-    record, history = last_session(trunk)
-    assert (record.run_id, record.branch_point.run, record.branch_point.value) == (run_id, run_id, 5)
-    assert history == losses(trunk, range(6, 8))
+    assert rewound.parent == RunPoint(run_id, point)
+    record, history = last_session(line)
+    assert (record.run_id, record.branch_point.run, record.branch_point.value) == (run_id, run_id, point)
+    assert history == losses(line, range(point + 1, through + 1))

@@ -1,6 +1,7 @@
 """A damaged or lost wandb_run.json on real tiny lines, with the real wandb client in offline mode:
-the line's run continues as its newest checkpoint records it (engine.wandb.recovery), and a new
-run starts only where no checkpoint records one.
+the line's run continues as its newest checkpoint records it (engine.wandb.recovery), a rollback's
+rewind and a branch's fork are rebuilt from the checkpoints, and a new run starts only where no
+checkpoint records one.
 
 The first two sessions train updates 1..4 and 5..8: the second session's checkpoints (u5, u8)
 record the run with step 4 acknowledged (the step is read back every 30 s, and these sessions are
@@ -14,12 +15,22 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers.lines import data_template_fixture
-from test_trainer_wandb import last_session, line_rows, losses, train, wandb_history, wandb_line
+from helpers.lines import copy_data_line, data_template_fixture
+from test_trainer_wandb import (
+    assert_rewound,
+    last_session,
+    line_rows,
+    losses,
+    train,
+    wandb_history,
+    wandb_line,
+)
 
 from engine.config.run import RunConfig
 from engine.layout import LineLayout
-from engine.wandb.state import WandbRunState
+from engine.ops.branch import BranchRequest, branch_line
+from engine.ops.rollback import rollback_line
+from engine.wandb.state import RunPoint, WandbRunState
 
 pytestmark = pytest.mark.usefixtures("offline_wandb", "one_thread")  # conftest: a temporary, offline wandb home
 
@@ -133,3 +144,39 @@ def test_a_new_line_s_first_start_says_nothing_of_a_missing_state_file(tmp_path:
     state = WandbRunState.load(LineLayout(line).wandb_run_json)
     assert state.start == "new" and state.acknowledged_step == 2
     assert not run_log_lines(line, "wandb_run.json")
+
+
+def test_a_rollback_and_a_branch_whose_state_files_are_lost_are_rewound_and_forked_as_planned(
+    tmp_path: Path, data_template: Path
+) -> None:
+    trunk = wandb_line(tmp_path / "trunk", data_template, "offline")
+    train(trunk, stop_at=4)
+    train(trunk, stop_at=12)  # past cycle 0's end (update 10); its checkpoints record step 4 acknowledged
+    run_id = WandbRunState.load(LineLayout(trunk).wandb_run_json).run_id
+    assert run_id is not None
+
+    # A branch after cycle 0 loses its wandb_run.json before its first start: the fork is rebuilt from
+    # its first checkpoint (the parent, and the parent's checkpoint u10, which names the parent's run).
+    branch_data = copy_data_line(data_template, tmp_path / "branch_data")
+    fork = branch_line(BranchRequest(tmp_path / "b1", trunk, 0, "decay:1024", branch_data))
+    LineLayout(fork.line).wandb_run_json.unlink()
+    train(fork.line, stop_at=fork.fork_update + 2)
+    branch = WandbRunState.load(LineLayout(fork.line).wandb_run_json)
+    assert (branch.start, branch.method, branch.pending) == ("fork", "native", None)
+    assert branch.parent == RunPoint(run_id, 4) and branch.run_id != run_id
+    record, history = last_session(fork.line)
+    assert (record.run_id, record.branch_point.run, record.branch_point.value) == (branch.run_id, run_id, 4)
+    # The trunk's rows after the fork step up to the fork, then the branch's own.
+    after_fork = range(fork.fork_update + 1, fork.fork_update + 3)
+    assert history == losses(trunk, range(5, fork.fork_update + 1)) + losses(fork.line, after_fork)
+    [said] = run_log_lines(fork.line, "W&B: wandb_run.json")
+    assert f"forking run {run_id} at update {fork.fork_update} (the branch's first checkpoint records its parent" in said
+
+    # A rollback of the trunk to update 5, its wandb_run.json damaged before the next start: the run is
+    # rewound (to the step acknowledged, 4, and sent row 5 again), not resumed past the rollback.
+    rollback_line(trunk, 5)
+    LineLayout(trunk).wandb_run_json.write_bytes(GARBAGE)
+    train(trunk, stop_at=7)
+    assert_rewound(trunk, run_id, point=4, through=7)
+    aside, said = said_of_the_damaged_file(trunk)
+    assert f"set aside as {aside}; rewinding run {run_id} to update 5 (the line was rolled back to u00000005" in said

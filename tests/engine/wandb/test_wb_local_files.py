@@ -8,7 +8,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from engine.wandb.mirror import CRASHED_ONLINE_KEPT, adopt_untracked_local_files, remove_finished_local_files
+from engine.wandb.local_files import (
+    CRASHED_ONLINE_KEPT,
+    adopt_untracked_local_files,
+    remove_finished_local_files,
+)
 from engine.wandb.state import LocalRunFiles, WandbRunState
 from engine.wandb.txlog import FILE_HEADER
 

@@ -35,13 +35,13 @@ from helpers.wandb_fakes import (
 from engine.config.run import WandbConfig
 from engine.errors import LineError
 from engine.wandb.backend import StartedRun
+from engine.wandb.local_files import remove_finished_local_files
 from engine.wandb.mirror import (
     MirrorOptions,
     RetryPolicy,
     WandbMirror,
     plan_branch,
     plan_rollback,
-    remove_finished_local_files,
 )
 from engine.wandb.rows import read_rows
 from engine.wandb.state import LocalRunFiles, RunPoint, WandbRunState, WandbStateError
@@ -402,7 +402,7 @@ def test_state_file_errors_name_the_file_and_the_key(tmp_path: Path, content: st
     with pytest.raises(LineError) as refused:  # rollback refuses, leaving the file as it is
         plan_rollback(tmp_path, 3)
     assert str(refused.value) == (f"{raised.value}; the rollback changed nothing: move the file aside and roll back "
-                                  "again (the next start continues the W&B run the line's checkpoints record)")  # fmt: skip
+                                  "again (the next start rewinds the W&B run the line's checkpoints record)")  # fmt: skip
     assert (tmp_path / "wandb_run.json").read_bytes() == content.encode("utf-8", "surrogateescape")
 
 

