@@ -286,7 +286,9 @@ class Trainer(StopRequests, DataCycles, OneUpdate, Checkpointing, GpuGuard):
         # Made before the first checkpoint, which records the line's W&B run (`_snapshot`); the
         # line's W&B run is rank 0's to write.
         wandb_settings = config.wandb if writes else WandbConfig(mode="disabled")
-        self.mirror = WandbMirror(layout.root, wandb_settings, run_config=config.to_dict(), report=self.log.write)
+        # rows.jsonl holds the line's rows up to `resumed_from` (cut back above): what a rewind's start sends.
+        self.mirror = WandbMirror(layout.root, wandb_settings, run_config=config.to_dict(), report=self.log.write,
+                                  resumed_from=resumed_from)
         if resume.checkpoint is None:
             self._checkpoint(kept=LINE_START_KEPT, wait=True)
         # Only now, with rows.jsonl cut back to the state resumed, may the mirror read it to re-send

@@ -26,7 +26,8 @@ rollback, a branch) is sent again from it, in order, so the W&B curve has no hol
 
 The trainer uses:
 
-    mirror = WandbMirror(line_dir, config.wandb, run_config=config.to_dict(), report=run_log.write)
+    mirror = WandbMirror(line_dir, config.wandb, run_config=config.to_dict(), report=run_log.write,
+                         resumed_from=checkpoint_update)
     mirror.start()
     ...; append row to rows.jsonl; mirror.log(row)          # never blocks
     state["wandb"] = mirror.checkpoint_record()               # in each checkpoint
@@ -34,7 +35,9 @@ The trainer uses:
     mirror.abandon()                                          # at a fault: never waits
 
 Call `start()` once rows.jsonl is consistent with the state being resumed (the trainer has cut
-the rows past its checkpoint): the mirror reads it to re-send what W&B lacks.
+the rows past its checkpoint): the mirror reads it to re-send what W&B lacks. `resumed_from` (that
+checkpoint's update) says how far those rows go: a rewind that waited out a session which trained
+on (W&B out since the rollback) sends them all, not only those up to the rollback point.
 
 Here is the trainer's side; the background thread's work is `MirrorThread` (engine.wandb.mirror_thread),
 the replay check `ReplayCheck` (engine.wandb.mirror_replay), the client's local directories
@@ -109,8 +112,14 @@ class WandbMirror(MirrorThread, ReplayCheck):
         options: MirrorOptions | None = None,
         new_run_id: Callable[[], str] | None = None,
         report: Callable[[str], None] | None = None,
+        resumed_from: int | None = None,
     ) -> None:
-        """`report` writes a line for the operator (the trainer's run.log); default: a warning."""
+        """`report` writes a line for the operator (the trainer's run.log); default: a warning.
+
+        `resumed_from`: the update of the checkpoint the trainer resumed from, rows.jsonl cut back to
+        it before `start` (None: a new line, or a caller that does not say; a planned rewind then
+        sends rows.jsonl's rows only up to its rollback point, engine.wandb.start).
+        """
         self.layout = LineLayout(line_dir)
         self.settings = settings
         self.options = options or MirrorOptions()
@@ -119,6 +128,7 @@ class WandbMirror(MirrorThread, ReplayCheck):
         self._run_config = run_config or {}
         self._new_run_id = new_run_id or _generate_run_id
         self._report = report or logger.warning
+        self._resumed_from = resumed_from
         self._save_failed = False
         """The last save of wandb_run.json failed (reported once, until a save succeeds again)."""
         self._state = WandbRunState()

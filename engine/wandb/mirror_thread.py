@@ -4,8 +4,9 @@ now and then, and at the close hand over what is left and finish the run.
 
 A mixin of `engine.wandb.mirror.WandbMirror`, sharing its state: the layout, settings, options,
 backend, the lock and its condition, the queue, the closing flags and deadline, the connection,
-outage and gap records, the step sent through and the line's `WandbRunState`; it compares
-replayed rows through `ReplayCheck` and saves and reports through the mirror.
+outage and gap records, the step sent through, the update the trainer resumed from and the line's
+`WandbRunState`; it compares replayed rows through `ReplayCheck` and saves and reports through the
+mirror.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ class MirrorThread:
 
     def _connect(self) -> None:
         context = StartContext(self._backend, self.layout, self._state, self._run_config, self._new_run_id,
-                               say=self._say)
+                               say=self._say, resumed_from=self._resumed_from)
         sent_through = start_run(context)
         with self._lock:
             self._sent_through = sent_through

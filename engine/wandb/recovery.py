@@ -101,8 +101,8 @@ def _carrying_out(state: WandbRunState, why: str) -> Recovery:
         return _fork(state, why, unforked="the plan names no run of the parent")
     return Recovery(
         state, "rewind", f"run {state.run_id} to update {pending.at_update} ({why})",
-        f"the rows up to update {pending.at_update} that W&B lacks are sent from rows.jsonl (to a new run where "
-        "W&B cannot rewind)",
+        "the line's rows that W&B lacks, up to the checkpoint the line resumes from, are sent from rows.jsonl "
+        "(to a new run where W&B cannot rewind)",
     )  # fmt: skip
 
 

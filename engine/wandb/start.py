@@ -11,8 +11,10 @@ What each kind sends (rows from rows.jsonl, never anything invented):
 - resume: every row after the last step the server holds (online: what it reports at the
   resume; offline: the last step the local log acknowledged);
 - rewind to U (a rollback): natively `resume_from=RUN?_step=S` with S = min(U, acknowledged),
-  then the rows S < update <= U; without native rewind, a new run backfilled with the rows up
-  to U, and the old run marked superseded;
+  then the rows S < update <= R; without native rewind, a new run backfilled with the rows up
+  to R, and the old run marked superseded. R is the update of the checkpoint the trainer resumed
+  from: U at the start right after the rollback, later where the rewind waited out sessions that
+  trained on (W&B out); U where the caller does not say (`_rows_through`);
 - fork at N (a branch): natively `fork_from=PARENT?_step=S` with S = min(N, the parent's
   acknowledged step), then the parent's rows S < update <= N; without it, a new run backfilled
   from the parent's rows up to N. Then the branch's own rows after N.
@@ -54,6 +56,9 @@ class StartContext:
     say: Callable[[str], None] = logger.warning
     """One line for the operator: the mirror's run.log writer (a refused fork or rewind changes
     what the line's W&B record looks like, so the user must see it where they look)."""
+    resumed_from: int | None = None
+    """The update of the checkpoint the trainer resumed from, rows.jsonl cut back to it before the
+    mirror started; None: a new line, or a caller that does not say."""
 
     def save(self) -> None:
         # The attempt goes no further than its state is saved (a retry must find it), so a failure
@@ -76,8 +81,8 @@ def start_run(context: StartContext) -> int | None:
     if state.pending is not None and state.pending.kind == "fork":
         return _fork(context, state.pending)
     if state.pending is not None:
-        # A rollback of a line that never had a run: its first run simply holds the rows up to U.
-        through = state.pending.at_update
+        # A rollback of a line that never had a run: its first run simply holds the line's rows.
+        through = _rows_through(context, state.pending)
         state.pending = None
         return _new_or_resume(context, through=through)
     return _new_or_resume(context, through=None)
@@ -105,8 +110,8 @@ def _rewind(context: StartContext, pending: PendingStart) -> int | None:
     target = pending.at_update
     if pending.initialized:
         # The rewound (or replacing) run exists: continue it and finish handing over its rows.
-        # rows.jsonl was cut back to the rollback point before this run began, so every row in
-        # it now, up to or past that point, belongs to the line's present.
+        # rows.jsonl was cut back to the trainer's checkpoint before this run began, so every row
+        # in it now, up to or past the rollback point, belongs to the line's present.
         sent_through = _continue(context, old_run_id)
         rows = read_rows(context.layout.rows_jsonl, after=sent_through)
         return _finish_pending(context, rows, sent_through)
@@ -123,8 +128,8 @@ def _rewind(context: StartContext, pending: PendingStart) -> int | None:
             state.acknowledged_step = point.step
             pending.initialized = True
             context.save()
-            return _finish_pending(context, _own_rows(context, point.step, target), point.step)
-    # Without native rewind: a new run holding the rows up to the rollback point.
+            return _finish_pending(context, _own_rows(context, pending, point.step), point.step)
+    # Without native rewind: a new run holding the line's rows.
     if pending.new_run_id is None:
         pending.new_run_id = context.new_run_id()
         context.save()
@@ -141,7 +146,7 @@ def _rewind(context: StartContext, pending: PendingStart) -> int | None:
     # The pending record moves with the state: a retry now continues the new run.
     pending.initialized = True
     context.save()
-    return _finish_pending(context, _own_rows(context, None, target), None)
+    return _finish_pending(context, _own_rows(context, pending, None), None)
 
 
 def _fork(context: StartContext, pending: PendingStart) -> int | None:
@@ -184,13 +189,23 @@ def _fork(context: StartContext, pending: PendingStart) -> int | None:
     return _finish_pending(context, _branch_rows(context, pending, None), None)
 
 
-def _own_rows(context: StartContext, after: int | None, through: int) -> Iterator[dict[str, Any]]:
-    """A rolled-back line's rows up to the rollback point.
+def _own_rows(context: StartContext, pending: PendingStart, after: int | None) -> Iterator[dict[str, Any]]:
+    """A rolled-back line's rows after `after`, up to `_rows_through`."""
+    return read_rows(context.layout.rows_jsonl, after=after, through=_rows_through(context, pending))
 
-    Rows past it are not read at the rewind itself: should rows.jsonl still hold the abandoned
-    continuation, it must not reach W&B; the line's new rows come through the mirror's queue.
+
+def _rows_through(context: StartContext, pending: PendingStart) -> int:
+    """The last update a rollback's start sends from rows.jsonl; the rows after it come through the
+    mirror's queue as the trainer writes them.
+
+    The update the trainer resumed from: rows.jsonl holds the line's rows up to it and no further
+    (cut back there before the start). It lies past the rollback point where the rewind waited out
+    a session that trained on (W&B out all along, each checkpoint recording the rewind as
+    pending): the rows of that session are the line's, and W&B has none of them. Where the caller
+    does not say, the rollback point: past it, a rows.jsonl not cut back yet may still hold the
+    abandoned continuation, which must never reach W&B.
     """
-    return read_rows(context.layout.rows_jsonl, after=after, through=through)
+    return pending.at_update if context.resumed_from is None else context.resumed_from
 
 
 def _branch_rows(context: StartContext, pending: PendingStart, after: int | None) -> Iterator[dict[str, Any]]:

@@ -35,6 +35,7 @@ from engine.training.trainer import Trainer
 from engine.wandb import mirror_thread
 from engine.wandb.backend import RealWandbBackend
 from engine.wandb.mirror import WandbMirror
+from engine.wandb.rows import row_values
 from engine.wandb.state import RunPoint, WandbRunState
 from engine.wandb.txlog import TransactionLogReader, transaction_log_of
 
@@ -279,3 +280,39 @@ def assert_rewound(line: Path, run_id: str, point: int, through: int) -> None:
     record, history = last_session(line)
     assert (record.run_id, record.branch_point.run, record.branch_point.value) == (run_id, run_id, point)
     assert history == losses(line, range(point + 1, through + 1))
+
+
+def test_a_rewind_that_waited_out_a_session_without_wandb_sends_that_session_s_rows(
+    tmp_path: Path, data_template: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """W&B out from a rollback until the trainer's stop: the line trains on past the rollback point,
+    its checkpoints recording the rewind as still to do; the next start, W&B back, rewinds the run
+    and sends every row of the line after the point, the rows of the session without W&B included."""
+    line = wandb_line(tmp_path, data_template, "offline")
+    layout = LineLayout(line)
+    train(line, stop_at=8)
+    run_id = WandbRunState.load(layout.wandb_run_json).run_id
+    rollback_line(line, 5)
+    monkeypatch.setattr(mirror_thread, "RealWandbBackend", BrokenWandb)
+    monkeypatch.setattr(trainer_module, "WANDB_CLOSE_SECONDS", 1.0)
+    train(line, stop_at=12)
+    for update in (10, 12):
+        record = json.loads((layout.checkpoint(update) / "state.json").read_text())["wandb"]
+        assert (record["pending"]["kind"], record["pending"]["at_update"]) == ("rewind", 5), update
+    monkeypatch.setattr(mirror_thread, "RealWandbBackend", RealWandbBackend)
+    train(line, stop_at=15)
+    assert_rewound(line, run_id, point=5, through=15)
+    # The run is the first session's steps up to the point (the rewind drops the rest), then the last
+    # session's: every row of the line once, in order, with rows.jsonl's values -- the new
+    # continuation's, not the abandoned one's (rows.rolledback-*.jsonl), whose times differ.
+    history = wandb_history(line)
+    assert [step for _, step, _ in history] == list(range(1, 9)) + list(range(6, 16))
+    run = history[:5] + history[8:]
+    rows = line_rows(line)
+    assert [row["update"] for row in rows] == list(range(1, 16))
+    for row, (_, step, values) in zip(rows, run, strict=True):
+        expected = row_values(row)
+        assert step == row["update"] and {key: values[key] for key in expected} == expected, f"update {step}"
+    [abandoned] = line.glob("rows.rolledback-*.jsonl")
+    abandoned_rows = [json.loads(text) for text in abandoned.read_text().splitlines()]
+    assert [row["time"] for row in abandoned_rows[5:8]] != [row["time"] for row in rows[5:8]]

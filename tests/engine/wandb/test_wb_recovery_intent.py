@@ -32,7 +32,8 @@ from engine.wandb.state import PendingStart, RunPoint
 from nsconsole.commands.status import format_status
 
 RECORDED_REWIND_TAIL = (
-    "the rows up to update 5 that W&B lacks are sent from rows.jsonl (to a new run where W&B cannot rewind)"
+    "the line's rows that W&B lacks, up to the checkpoint the line resumes from, are sent from rows.jsonl "
+    "(to a new run where W&B cannot rewind)"
 )
 
 
