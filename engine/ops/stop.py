@@ -17,6 +17,7 @@ from engine.atomic import write_text_atomic
 from engine.errors import LineError
 from engine.layout import LineLayout
 from engine.ops.lines import open_line
+from engine.protocol.facts import Stage
 from engine.supervisor.registry import find_supervisor
 
 
@@ -67,11 +68,15 @@ def request_stop(root: Path | str, at_cycle_end: int | None = None) -> StopReque
 def _refuse_a_cycle_behind(layout: LineLayout, at_cycle_end: int | None) -> None:
     """A stop at the end of a cycle the line has left behind (its trainer's heartbeat names the cycle
     it trains) is refused: the trainer would take it as a stop at the next update, mid-cycle, which
-    is not what was asked."""
+    is not what was asked. A trainer waiting for data names the cycle it waits for, none of which it
+    has read: it stands at the end of the cycle before, where a stop at that end stops it exactly."""
     from engine.supervisor.reads import read_json  # which imports this module: imported when called
 
-    cycle = (read_json(layout.heartbeat) or {}).get("cycle")
-    if at_cycle_end is None or not isinstance(cycle, int) or isinstance(cycle, bool) or at_cycle_end >= cycle:
+    beat = read_json(layout.heartbeat) or {}
+    cycle = beat.get("cycle")
+    if at_cycle_end is None or not isinstance(cycle, int) or isinstance(cycle, bool):
+        return
+    if at_cycle_end >= cycle or (beat.get("stage") == Stage.WAITING_DATA and at_cycle_end == cycle - 1):
         return
     raise LineError(
         f"{layout.root}: cycle {at_cycle_end} has ended (the line trains cycle {cycle}); no STOP written: "

@@ -6,18 +6,23 @@ checkpoint is the line's last beat for minutes, each phase's beat too."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.lines import copy_data_line, data_template_fixture, make_line, one_torch_thread
+from helpers.lines import copy_data_line, data_template_fixture, make_data_line, make_line, one_torch_thread
 
+from engine.checkpoints.format import read_latest
 from engine.errors import LineError
 from engine.ops.stop import request_stop
 from engine.protocol.facts import Stage
 from engine.rows import Heartbeat
+from engine.supervisor.reads import read_json
+from engine.training import data_cycles
 from engine.training.optim import FlatAdamW
 from engine.training.trainer import Trainer
 from engine.training.validation import Validator
@@ -120,3 +125,28 @@ def test_a_stop_at_the_end_of_a_cycle_behind_the_line_is_refused(tmp_path: Path,
     # A beat naming no cycle (an older trainer's, or one waiting with none yet) refuses nothing.
     Heartbeat(line / "heartbeat").beat(21, Stage.VALIDATING, phase_began=0.0)
     assert request_stop(line, at_cycle_end=0).at_cycle_end == 0
+
+
+def test_a_line_waiting_for_the_next_cycle_stops_at_the_end_of_the_one_it_finished(tmp_path: Path) -> None:
+    """Waiting for cycle 1 (the beat names it), the line stands at cycle 0's end: `--at-cycle-end 0`
+    is taken, not refused, and stops it there, with nothing of cycle 1 trained."""
+    line = make_line(tmp_path, make_data_line(tmp_path, prepare=1))
+    outcome: list[int] = []
+    with pytest.MonkeyPatch.context() as patch, one_torch_thread():
+        patch.setattr(data_cycles, "WAIT_POLL_SECONDS", 0.05)
+        thread = threading.Thread(target=lambda: outcome.append(Trainer(line, echo=None).run()))
+        thread.start()
+        deadline = time.monotonic() + 120
+        while (beat := read_json(line / "heartbeat") or {}).get("stage") != Stage.WAITING_DATA:
+            assert time.monotonic() < deadline and thread.is_alive()
+            time.sleep(0.02)
+        assert beat["cycle"] == 1
+        with pytest.raises(LineError, match="cycle -1|must be a cycle index"):
+            request_stop(line, at_cycle_end=-1)
+        assert request_stop(line, at_cycle_end=0).at_cycle_end == 0
+        thread.join(timeout=60)
+    assert outcome == [0] and not (line / "STOP").exists()
+    rows = [json.loads(row) for row in (line / "rows.jsonl").read_text().splitlines()]
+    assert {row["cycle"] for row in rows} == {0}
+    assert read_latest(line / "checkpoints") == f"u{rows[-1]['update']:08d}"
+    assert "stopped" in (line / "run.log").read_text().splitlines()[-1]
