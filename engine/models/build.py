@@ -58,19 +58,31 @@ def state_shards(parallel: Any) -> int:
     return parallel.degree if parallel.shard == "fsdp" else 1
 
 
-def device_memory(device: torch.device) -> tuple[int, str]:
+def cpu_memory(degree: int = 1) -> tuple[int, str]:
+    """(bytes, name) of the CPU's available memory that one process of a line may use: all of it,
+    or at `parallel.degree` N an N-th (its N ranks run on this host, and each holds what the
+    estimate counts: the whole state under `shard: none`, its chunk and its own activations under
+    `fsdp`)."""
+    available = int(psutil.virtual_memory().available)
+    if degree <= 1:
+        return available, "the CPU (available memory)"
+    return available // degree, f"a rank's 1/{degree} of the CPU's available memory (the line's {degree} ranks share it)"
+
+
+def device_memory(device: torch.device, degree: int = 1) -> tuple[int, str]:
     """(bytes, name) of what the line may use: a GPU's total memory (other processes come and go:
-    engine.gpu.sharing handles them), the CPU's available memory."""
+    engine.gpu.sharing handles them; each rank has its own GPU), a rank's share of the CPU's
+    available memory (`cpu_memory`)."""
     if device.type == "cuda":
         _free, total = torch.cuda.mem_get_info(device)
         return int(total), f"{device} ({torch.cuda.get_device_name(device)})"
-    return int(psutil.virtual_memory().available), "the CPU (available memory)"
+    return cpu_memory(degree)
 
 
 def refuse_unfit_memory(run_config: Any, device: torch.device, where: str) -> MemoryEstimate:
     """Raise ConfigError (one line) when the line's training cannot fit `device`; the estimate otherwise."""
     estimate = line_memory_estimate(run_config, device.type)
-    available, name = device_memory(device)
+    available, name = device_memory(device, run_config.parallel.degree)
     problem = memory_problem(estimate, available, where, name)
     if problem is not None:
         raise ConfigError(problem)

@@ -11,7 +11,6 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
 import torch
 
 import datalines
@@ -31,7 +30,7 @@ from engine.gpu.placement import PlacementError, device_finding, gpu_candidates
 from engine.gpu.sharing import unshareable_lengths_problem
 from engine.layout import LineLayout, checkpoint_update
 from engine.metrics import METRICS_VERSION, metrics_mismatch
-from engine.models.build import build_model, checked_config, line_memory_estimate
+from engine.models.build import build_model, checked_config, cpu_memory, line_memory_estimate
 from engine.models.memory_budget import memory_problem
 from engine.models.presets import family_of
 from engine.models.pssa.config import STATE_SHAPING, changed_state_setting
@@ -82,6 +81,7 @@ def check_line(root: Path | str, *, verify_checkpoints: bool = True) -> tuple[Ru
     results.append(_check_model_against_checkpoint(layout, config, model))
     results.append(_check_metrics(config))
     results.append(CheckResult(*device_finding(config.device, gpu_snapshot(), degree=config.parallel.degree)))
+    results += _check_parallel(config)
     results += _check_sharing(config)
     results.append(_check_memory(config, model))
     results += disk_results(layout, config, model)
@@ -225,6 +225,35 @@ def _check_metrics(config: RunConfig) -> CheckResult:
     return CheckResult(False, metrics_mismatch("run.json", config.metrics))
 
 
+def _check_parallel(config: RunConfig) -> list[CheckResult]:
+    """At `parallel.degree` N > 1, whether every rank trains: an update's micro-batches are dealt to
+    the ranks (engine.training.distributed), so an update of fewer micro-batches than ranks leaves
+    ranks idle (they only join the sum), training at the speed of fewer ranks. A warning naming the
+    rows that deal every rank work (the trainer accepts such a line)."""
+    degree = config.parallel.degree
+    if degree == 1:
+        return []
+    for seq_len in sorted({stage.seq_len for stage in config.plan}):
+        try:
+            rows = config.length(seq_len).micro_batch_rows
+        except ConfigError:
+            continue  # run.json's validation names it
+        for piece in config.ramp():
+            update_rows = max(1, piece.tokens // seq_len)
+            batches = -(-update_rows // rows)
+            if batches < degree:
+                idle = degree - batches
+                return [CheckResult(True, (
+                    f"parallel: degree {degree}: at T{seq_len} an update of {update_rows} rows "
+                    f"({piece.tokens:,} tokens) makes {batches} micro-batch{'es' if batches > 1 else ''} of "
+                    f"{rows} rows, so {idle} of the {degree} ranks {'trains' if idle == 1 else 'train'} nothing; "
+                    f"set lengths[].micro_batch_rows at T{seq_len} to {-(-update_rows // degree)} or fewer "
+                    "(`nsconsole tune` measures them)"
+                ), warning=True)]  # fmt: skip
+    return [CheckResult(True, f"parallel: degree {degree}, shard {config.parallel.shard}: every update's "
+                              "micro-batches reach every rank")]  # fmt: skip
+
+
 def _check_memory(config: RunConfig, model: torch.nn.Module) -> CheckResult:
     """The training's memory estimate against the device's (the trainer refuses what cannot fit)."""
     snapshot = gpu_snapshot()
@@ -233,8 +262,8 @@ def _check_memory(config: RunConfig, model: torch.nn.Module) -> CheckResult:
     except PlacementError:
         gpus = None  # the device check above fails it; the CPU's figure still says something
     if gpus is None:
-        device_type, available = "cpu", int(psutil.virtual_memory().available)
-        name = "the CPU (available memory)"
+        device_type = "cpu"
+        available, name = cpu_memory(config.parallel.degree)
     else:
         totals = {device.index: device.memory_total for device in snapshot.devices}
         device_type, available = "cuda", min(totals[gpu.index] for gpu in gpus)

@@ -29,6 +29,15 @@ updates after a warm-up) and its peak memory measured:
   growth measured so far, continued, would not fit; and recomputation is tried only when no
   setting without it fits (on a CPU it only trades time for memory).
 
+At `parallel.degree` N > 1 the update's micro-batches are dealt to N ranks (engine.training.distributed:
+rank r trains the r-th of N contiguous runs of them), so what tune measures is a rank's work: the
+rows tried stop at a rank's share of the update (`rows_to_try`: a micro-batch past it leaves ranks
+with nothing to train), each setting is timed on the busiest rank's rows (`rank_rows`) while the
+tokens/s are the whole update's (the group's update takes that rank's time), and on a CPU, whose
+memory and cores the N ranks share, the budget is split among them and the measurement runs on a
+rank's share of the cores. The sum across ranks between updates is not measured: it costs the same
+at every setting.
+
 The fastest setting that fits is written into run.json's `lengths` (`shared` with --shared),
 atomically; nothing is written when some length has no setting that fits.
 """
@@ -117,11 +126,15 @@ class TuneResult:
     device: str
     """Where it measured."""
     budget_bytes: int
-    """The memory a setting's peak must stay within."""
+    """The memory a setting's peak must stay within (a rank's, at a degree above 1)."""
     lengths: list[LengthTuning]
     """Per length of the plan."""
     shared: bool
     """Written as the lengths' shared shapes."""
+    degree: int = 1
+    """The line's `parallel.degree`: the ranks an update is dealt to."""
+    threads: int | None = None
+    """On a CPU, the threads each setting was measured on (a rank's share of the cores); None on a GPU."""
 
 
 # -- memory ---------------------------------------------------------------------------------------
@@ -257,16 +270,29 @@ def partial_recompute(
     return rows, f"{kind}:{count}"
 
 
-def rows_to_try(update_rows: int, max_rows: int | None, current_rows: int | None) -> list[int]:
-    """1, 2, 4, ... up to the update's rows and `max_rows`, and the line's current rows even past
-    `max_rows`: the cap keeps the search small, and tune must not recommend fewer rows than the
-    line trains with only because it never measured them. Current rows past the update's are
-    measured as the update's, the micro-batch the line trains in effect."""
-    limit = update_rows if max_rows is None else min(update_rows, max_rows)
+def rows_to_try(
+    update_rows: int, max_rows: int | None, current_rows: int | None, degree: int = 1
+) -> list[int]:
+    """1, 2, 4, ... up to a rank's share of the update's rows (all of them at degree 1) and
+    `max_rows`, and the line's current rows even past `max_rows`: the cap keeps the search small,
+    and tune must not recommend fewer rows than the line trains with only because it never measured
+    them. Current rows past the update's are measured as the update's, the micro-batch the line
+    trains in effect. At `degree` N a micro-batch of more than an N-th of the update's rows makes
+    fewer micro-batches than ranks: a rank would train nothing."""
+    share = -(-update_rows // max(1, degree))
+    limit = share if max_rows is None else min(share, max_rows)
     rows = {2**power for power in range(max(0, limit).bit_length())}
     if current_rows is not None:
         rows.add(min(current_rows, update_rows))
     return sorted(rows)
+
+
+def rank_rows(update_rows: int, micro_batch_rows: int, degree: int) -> int:
+    """The rows of an update that its busiest rank trains at `degree`: the update's micro-batches
+    are dealt in contiguous runs, the first `batches % degree` ranks one more
+    (`engine.training.distributed.Ranks.rows_of`); the group's update takes that rank's time."""
+    batches = -(-update_rows // micro_batch_rows)
+    return min(update_rows, -(-batches // max(1, degree)) * micro_batch_rows)
 
 
 class Tuner:
@@ -276,6 +302,8 @@ class Tuner:
         self.config = config
         self.device = device
         self.budget = budget
+        self.degree = config.parallel.degree
+        """The ranks an update's micro-batches are dealt to: a setting is timed on the busiest one's rows."""
         self.cuda = device.type == "cuda"
         self.max_rows = max_rows if max_rows is not None else (None if self.cuda else CPU_MAX_ROWS)
         self.meter = None if self.cuda else CpuPeakMeter()
@@ -300,7 +328,7 @@ class Tuner:
         at this length, None: it has none) is among the rows tried."""
         update_rows = max(1, tokens_per_update(self.config, 0) // seq_len)
         tuning = LengthTuning(seq_len)
-        rows = rows_to_try(update_rows, self.max_rows, current_rows)
+        rows = rows_to_try(update_rows, self.max_rows, current_rows, self.degree)
         for recompute in recompute_choices(self.model):
             if not self.cuda and recompute != "none" and any(m.fits for m in tuning.measurements):
                 break  # on a CPU recomputation only trades time for memory
@@ -347,12 +375,14 @@ class Tuner:
         return self.static_bytes + activations * next_rows / rows <= self.budget
 
     def measure(self, seq_len: int, rows: int, recompute: str, update_rows: int) -> Measurement:
-        """Time `TIMED_UPDATES` updates of `update_rows` rows at this setting and read their peak memory."""
+        """Time `TIMED_UPDATES` updates of `update_rows` rows at this setting (at a degree above 1,
+        the busiest rank's rows of them) and read their peak memory."""
         measurement = Measurement(seq_len, rows, recompute)
         if hasattr(self.model, "recompute"):
             self.model.recompute = recompute
         generator = torch.Generator().manual_seed(seq_len)
         windows = torch.randint(0, self.vocab, (update_rows, seq_len + 1), generator=generator)
+        windows = windows[: rank_rows(update_rows, rows, self.degree)]
         engine = arena = None
         try:
             if self.cuda:
@@ -437,22 +467,39 @@ def tune_line(
     config = RunConfig.load(layout.run_json)
     reserve_bytes = config.guards.shared_tune_reserve_bytes(str(layout.run_json)) if shared else 0
     device = resolve_device(config.device)
+    degree = config.parallel.degree
     budget = memory_budget(device, budget_gb, reserve_bytes)
-    tuner = Tuner(config, device, budget, max_rows)
-    tunings = [
-        tuner.tune_length(seq_len, current_rows(config, seq_len, shared))
-        for seq_len in sorted({stage.seq_len for stage in config.plan})
-    ]
+    threads_before = torch.get_num_threads()
+    threads = None
+    if device.type == "cpu":
+        # The ranks of a CPU line share the host: each has its part of the memory and of the cores.
+        budget //= degree
+        threads = max(1, threads_before // degree)
+        torch.set_num_threads(threads)
+    try:
+        tuner = Tuner(config, device, budget, max_rows)
+        tunings = [
+            tuner.tune_length(seq_len, current_rows(config, seq_len, shared))
+            for seq_len in sorted({stage.seq_len for stage in config.plan})
+        ]
+    finally:
+        torch.set_num_threads(threads_before)
     missing = [tuning.seq_len for tuning in tunings if tuning.chosen is None]
     if missing:
         recomputing = " with recomputation" if len(recompute_choices(tuner.model)) > 1 else ""
+        per_rank = f" a rank ({degree} ranks share the CPU's memory)" if degree > 1 and threads is not None else ""
         raise LineError(
-            f"tune: no setting of length {missing[0]} fits {budget / GIB:.2f} GiB "
+            f"tune: no setting of length {missing[0]} fits {budget / GIB:.2f} GiB{per_rank} "
             f"(not even 1 row per micro-batch{recomputing})"
         )
     write_lengths(layout.run_json, tunings, shared)
     return TuneResult(
-        torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", budget, tunings, shared
+        torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        budget,
+        tunings,
+        shared,
+        degree,
+        threads,
     )
 
 
@@ -490,8 +537,13 @@ def write_lengths(run_json: Path, tunings: list[LengthTuning], shared: bool) -> 
 
 def format_table(result: TuneResult) -> list[str]:
     """The table `nsconsole tune` prints: every setting tried, the chosen one marked."""
-    lines = [f"device {result.device}, budget {result.budget_bytes / GIB:.2f} GiB"
-             + (" (shared shapes)" if result.shared else "")]  # fmt: skip
+    if result.degree == 1:
+        head = f"device {result.device}, budget {result.budget_bytes / GIB:.2f} GiB"
+    else:
+        cores = "" if result.threads is None else f" on {result.threads} thread(s)"
+        head = (f"device {result.device}, parallel.degree {result.degree}: each setting timed on the busiest "
+                f"rank's share of an update{cores}, budget {result.budget_bytes / GIB:.2f} GiB a rank")  # fmt: skip
+    lines = [head + (" (shared shapes)" if result.shared else "")]
     lines.append(f"{'seq_len':>8} {'rows':>5} {'recompute':>12} {'tokens/s':>12} {'peak GiB':>9}  note")
     for tuning in result.lengths:
         chosen = tuning.chosen

@@ -13,6 +13,12 @@ each rank, torchrun's child, calls `die_with_group(PID)`: SIGTERM when torchrun 
 
 torchrun exits 1 whatever status its ranks ended with, so each rank leaves its status in
 `<line>/ranks/rank<r>.exit` (`record_exit`), and the supervisor reads the group's (`group_exit`).
+
+torchrun also gives every rank `OMP_NUM_THREADS=1` where the environment names none (and prints a
+banner into run.log saying so): a CPU line's ranks would each train on one thread whatever the
+host's cores. The group's environment (`group_environment`) names the host's cores instead, and
+each CPU rank, holding a seat among the host's CPU trainers as any CPU trainer does
+(engine.training.cpu_share), runs its share of them; a GPU line's ranks keep torchrun's 1.
 """
 
 from __future__ import annotations
@@ -21,8 +27,10 @@ import ctypes
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+import psutil
 
 PR_SET_PDEATHSIG = 1
 
@@ -91,6 +99,26 @@ def group_exit(line: Path) -> int | None:
         except (OSError, ValueError):
             continue  # half-written by a rank killed meanwhile: not a status
     return recorded[min(recorded)] if recorded else None
+
+
+THREADS_VARIABLE = "OMP_NUM_THREADS"
+
+
+def host_cores() -> int:
+    """The cores this process may run on: the physical cores (the team torch takes in a process of
+    its own), no more than the CPUs of its affinity mask."""
+    allowed = len(os.sched_getaffinity(0))
+    return max(1, min(psutil.cpu_count(logical=False) or allowed, allowed))
+
+
+def group_environment(environ: Mapping[str, str] | None, on_cpu: bool) -> dict[str, str]:
+    """The environment of a line's torchrun group (`environ`, default this process's): where it sets
+    no OMP_NUM_THREADS, the host's cores on a CPU line (its ranks share them out through their
+    seats), 1 on a GPU line (torchrun's own default, without its banner in run.log)."""
+    child = dict(os.environ if environ is None else environ)
+    if THREADS_VARIABLE not in child:
+        child[THREADS_VARIABLE] = str(host_cores()) if on_cpu else "1"
+    return child
 
 
 def main(argv: Sequence[str] | None = None) -> int:

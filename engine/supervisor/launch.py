@@ -22,7 +22,7 @@ from engine.gpu.devices import GpuLease
 from engine.logrotate import rotate_if_needed
 from engine.process_start import is_recorded_process
 from engine.protocol.facts import EventKind, LineState, Stage, StopReason
-from engine.supervisor.child import clear_exits, group_exit
+from engine.supervisor.child import clear_exits, group_environment, group_exit
 from engine.supervisor.gpu_watch import processes_on_gpu
 from engine.supervisor.reads import beat_time, latest_update, pending_stop, read_json, reload_config
 from engine.supervisor.verdict import TrainerExit
@@ -37,13 +37,15 @@ class TrainerLaunching:
         rotate_if_needed(self.layout.run_log)
         checkpoint_before = latest_update(self.layout)
         argv = self._trainer_argv()
+        environment = self.placed_environment()
+        if self._degree() > 1:
+            environment = group_environment(environment, on_cpu=self._gpus is None)
         clear_exits(self.layout.root)
         output = os.open(self.layout.run_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
             trainer = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
-                pass_fds=tuple(lease.fileno() for lease in leases), close_fds=True,
-                env=self.placed_environment(),
+                pass_fds=tuple(lease.fileno() for lease in leases), close_fds=True, env=environment,
             )
         finally:
             os.close(output)
@@ -72,7 +74,8 @@ class TrainerLaunching:
         (`--max-restarts=0`: the supervisor relaunches, from the newest checkpoint, by its verdict;
         `--shutdown-timeout`: ranks asked to stop may take as long to checkpoint as a trainer
         alone), exec'd through engine.supervisor.child so that it gets SIGTERM if the supervisor
-        dies; torchrun forwards it to the ranks."""
+        dies; torchrun forwards it to the ranks. torchrun runs as engine.training.torchrun, which
+        ends it quietly on the signals that stop a line (no traceback in run.log)."""
         program = self.settings.trainer_command or [sys.executable, "-m", "engine.training.main"]
         argv = [*program, str(self.layout.root), "--parent", str(os.getpid())]
         argv += ["--engine", self.settings.engine]
@@ -82,7 +85,7 @@ class TrainerLaunching:
         if degree == 1:
             return argv
         torchrun = [
-            sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={degree}",
+            sys.executable, "-m", "engine.training.torchrun", "--standalone", f"--nproc-per-node={degree}",
             "--max-restarts=0", f"--shutdown-timeout={math.ceil(self.settings.stop_wait_seconds)}", "--no-python",
         ]  # fmt: skip
         return [sys.executable, "-m", "engine.supervisor.child", str(os.getpid()), "--", *torchrun, *argv]

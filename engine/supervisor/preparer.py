@@ -7,6 +7,11 @@ stops it (SIGTERM: its status then says `stopped`) when the line stops, then del
 of the cycles consumed since the preparer's last round. A preparer already
 running on the data line (another line's supervisor, or one started by hand) is left alone: the
 data line's lock allows one. Its output goes to `<data line>/preparer.log`, rotated like run.log.
+
+The preparer runs in a session of its own: a Ctrl-C in the terminal of `nsconsole run LINE
+--foreground` reaches the terminal's process group, and the supervisor, which stops the line (and
+its preparer) for it. In that group the preparer took the SIGINT itself and exited 130 as the line
+stopped, and the supervisor reported a failed preparer, "restarting in 5 s", that it never restarted.
 """
 
 from __future__ import annotations
@@ -82,6 +87,7 @@ class PreparerKeeper:
             self._process = subprocess.Popen(
                 [*self.command, "--work", str(self.data_path)],
                 stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT, close_fds=True,
+                start_new_session=True,  # no terminal's signal: the supervisor stops it (see the module docstring)
             )
         finally:
             os.close(output)

@@ -5,14 +5,23 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
+import psutil
 import pytest
 import torch
 from helpers.lines import copy_data_line, data_template_fixture, make_line
 from torch.distributed._tools.mem_tracker import MemTracker
 
+from engine.config.run import RunConfig
 from engine.errors import ConfigError
-from engine.models.build import build_model, checked_config, count_parameters
+from engine.models.build import (
+    build_model,
+    checked_config,
+    count_parameters,
+    line_memory_estimate,
+    refuse_unfit_memory,
+)
 from engine.models.memory_budget import (
     ACCURACY,
     buffer_bytes,
@@ -253,3 +262,26 @@ def test_fsdp_shards_the_state_and_not_the_activations() -> None:
     assert sharded.state_bytes == math.ceil(16 * parameters / 4) and sharded.activations == whole.activations
     assert "(1,544,704 parameters x 16 bytes over 4 ranks)" in sharded.describe()
     assert "over" not in whole.describe().split("+")[0]
+
+
+def test_the_ranks_of_a_cpu_line_share_the_host_s_memory(
+    tmp_path: Path, data_template: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every rank of a CPU line at parallel.degree 2 holds the whole state and its activations on the
+    same host: the check and each rank compared one rank's need with all the available memory, so a
+    line twice too big for the host passed and its ranks were killed for memory, launch after launch."""
+    line = make_line(tmp_path, copy_data_line(data_template, tmp_path))
+    config = RunConfig.load(line / "run.json")
+    need = line_memory_estimate(config, "cpu").lower_bytes
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: SimpleNamespace(available=int(need * 1.5)))
+    [alone] = [r for r in check_line(line, verify_checkpoints=False)[1] if r.message.startswith("memory: ")]
+    assert alone.ok and "the CPU (available memory) has" in alone.message
+    refuse_unfit_memory(config, torch.device("cpu"), "run.json")
+    config.parallel.degree = 2
+    config.save(line / "run.json")
+    [group] = [r for r in check_line(line, verify_checkpoints=False)[1] if r.message.startswith("memory: ")]
+    assert not group.ok
+    assert "a rank's 1/2 of the CPU's available memory (the line's 2 ranks share it)" in group.message
+    assert "cannot fit" in group.message
+    with pytest.raises(ConfigError, match=r"^run\.json: training needs .* a rank's 1/2 of the CPU's available memory"):
+        refuse_unfit_memory(config, torch.device("cpu"), "run.json")

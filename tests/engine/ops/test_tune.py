@@ -11,16 +11,20 @@ from helpers.lines import SEQ_LEN, make_data_line, make_line
 
 from engine.config.run import RunConfig
 from engine.errors import LineError
+from engine.ops import tune as tune_module
 from engine.ops.tune import (
     CpuPeakMeter,
     LengthTuning,
     Measurement,
     Tuner,
+    format_table,
     memory_budget,
     partial_recompute,
+    rank_rows,
     rows_to_try,
     tune_line,
 )
+from engine.training.distributed import Ranks
 from engine.units import GIB
 from nsconsole.cli import main as cli_main
 
@@ -136,6 +140,49 @@ def test_rows_tried_are_the_doublings_under_the_cap_and_the_current_rows() -> No
     assert rows_to_try(16, None, 4) == [1, 2, 4, 8, 16]  # no cap (a GPU): every doubling
     assert rows_to_try(16, 8, 32) == [1, 2, 4, 8, 16]  # past the update: the update, what it trains
     assert rows_to_try(16, 8, None) == [1, 2, 4, 8]  # --shared before any shared shape
+
+
+def test_at_a_degree_above_one_tune_measures_a_rank_s_share_of_the_update(
+    line: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A degree-2 line of 8 rows an update: tune measured the whole update in one process, tried 8
+    rows a micro-batch (the fastest there) and wrote it, and with one micro-batch an update rank 1
+    trained nothing while rank 0 did the degree-1 line's work."""
+    document = json.loads((line / "run.json").read_text())
+    document["parallel"]["degree"] = 2
+    document["tokens_per_update"] = 8 * SEQ_LEN
+    document["lengths"][0]["micro_batch_rows"] = 1
+    (line / "run.json").write_text(json.dumps(document))
+    timed_rows: dict[int, set[int]] = {}
+    real_engine = tune_module.EagerEngine
+
+    class RecordingEngine(real_engine):  # type: ignore[misc, valid-type]
+        def run_update(self, windows: torch.Tensor, lr: float, weight_decay: float):  # noqa: ANN202
+            timed_rows.setdefault(self.micro_batch_rows, set()).add(windows.shape[0])
+            return super().run_update(windows, lr, weight_decay)
+
+    monkeypatch.setattr(tune_module, "EagerEngine", RecordingEngine)
+    result = tune_line(line, budget_gb=4.0)
+    [tuning] = result.lengths
+    assert [m.micro_batch_rows for m in tuning.measurements] == [1, 2, 4]  # a rank's 4 rows at most
+    assert timed_rows == {1: {4}, 2: {4}, 4: {4}}  # each timed on a rank's rows, not the update's 8
+    assert all(m.tokens_per_s is not None for m in tuning.measurements)
+    assert result.budget_bytes == 2 * GIB  # --budget-gb 4 for the line: the two ranks share the CPU's memory
+    assert RunConfig.load(line / "run.json").length(SEQ_LEN).micro_batch_rows <= 4
+    assert "parallel.degree 2" in format_table(result)[0] and "a rank" in format_table(result)[0]
+
+
+def test_a_rank_s_rows_are_the_trainers_deal() -> None:
+    for update_rows in range(1, 18):
+        for micro_batch_rows in (1, 2, 3, 4, 8, 16):
+            for degree in (1, 2, 3, 4):
+                windows = torch.zeros(update_rows, 2)
+                busiest = max(Ranks(rank, degree, rank, launched=True).rows_of(windows, micro_batch_rows).shape[0]
+                              for rank in range(degree))  # fmt: skip
+                assert rank_rows(update_rows, micro_batch_rows, degree) == busiest
+    assert rows_to_try(8, 8, 1, degree=2) == [1, 2, 4]
+    assert rows_to_try(16, 8, 16, degree=2) == [1, 2, 4, 8, 16]  # the line's own rows, even past a rank's share
+    assert rows_to_try(6, None, None, degree=4) == [1, 2]  # 2 rows a rank at most: 3 micro-batches for 4 ranks
 
 
 def test_cpu_peak_meter_sees_an_allocation() -> None:

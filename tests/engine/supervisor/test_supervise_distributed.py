@@ -9,6 +9,7 @@ way the line's record has every update once, in order, and its checkpoint counts
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from helpers.supervise import RUNNER, gone
 
 from engine.checkpoints.format import read_latest, verify_line_checkpoints
 from engine.checkpoints.tensors import load_checkpoint
+from engine.supervisor.child import host_cores
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("private_host")]
 
@@ -123,7 +125,9 @@ def test_a_stopped_supervisor_stops_the_group_with_a_checkpoint(tmp_path: Path, 
     line = make_line(tmp_path, copy_data_line(data_template, tmp_path), **{"parallel.degree": 2})
     supervisor = supervise(tmp_path, line, stop_at=None)
     try:
-        rank_process(line, 1, supervisor)
+        # torchrun's default of one thread a rank (its banner in run.log), not the host's cores shared out.
+        threads = rank_process(line, 1, supervisor).environ()["OMP_NUM_THREADS"]
+        assert threads == os.environ.get("OMP_NUM_THREADS", str(host_cores()))
         wait_for_rows(line, 3, supervisor)
         supervisor.send_signal(signal.SIGTERM)
         assert supervisor.wait(timeout=600) == 0
@@ -133,6 +137,9 @@ def test_a_stopped_supervisor_stops_the_group_with_a_checkpoint(tmp_path: Path, 
     state = json.loads((line / "supervisor.json").read_text())
     assert state["state"] == "stopped" and state["crashes"] == 0
     assert state["last_exit"]["code"] == 128 + signal.SIGTERM  # the ranks' status, not torchrun's
-    assert "stopped: signal SIGTERM" in (line / "run.log").read_text()
+    log = (line / "run.log").read_text()
+    assert "stopped: signal SIGTERM" in log
+    assert "Traceback" not in log  # torchrun's SignalException, printed whole after every stop, read as a crash
+    assert "Setting OMP_NUM_THREADS" not in log
     assert "stopped: signal SIGTERM" in (line / "ranks" / "rank1.log").read_text()
     assert_one_unbroken_record(line)
