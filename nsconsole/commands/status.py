@@ -99,7 +99,9 @@ def format_status(status: LineStatus) -> list[str]:
         lines.append(f"model: {config.model.preset} {json.dumps(config.model.overrides, sort_keys=True)}")
         lines.append(f"data: {config.data.line}")
         lines.append(f"plan: {stages}")
-        lines.append(f"tokens per update: {ramp}; peak lr {config.lr.peak:g}; device {config.device}")
+        parallel = config.parallel
+        ranks = "" if parallel.degree == 1 else f"; {parallel.degree} ranks ({parallel.shard}; their logs in ranks/)"
+        lines.append(f"tokens per update: {ramp}; peak lr {config.lr.peak:g}; device {config.device}{ranks}")
     if status.gpu is not None:
         lines.append(f"gpu: {status.gpu}")
     lines.append(_heartbeat_line(status))

@@ -90,3 +90,15 @@ def test_status_counts_the_offline_directories_wandb_sync_has_not_uploaded(tmp_p
     state.save(line / "wandb_run.json")
     text = "\n".join(format_status(line_status(line)))
     assert f"; 2 offline directories not uploaded (wandb sync {line / 'wandb'}/offline-run-*)" in text
+
+
+def test_status_names_the_ranks_of_a_line_above_degree_one(tmp_path: Path) -> None:
+    line = tmp_path / "line"
+    line.mkdir()
+    document = {"model": {"preset": "transformer-tiny"}, "data": {"line": "d"}, "device": "cpu"}
+    (line / "run.json").write_text(json.dumps(document))
+    [config_line] = [text for text in format_status(line_status(line)) if text.startswith("tokens per update")]
+    assert config_line.endswith("; device cpu")
+    (line / "run.json").write_text(json.dumps(document | {"parallel": {"degree": 2}}))
+    [config_line] = [text for text in format_status(line_status(line)) if text.startswith("tokens per update")]
+    assert config_line.endswith("; device cpu; 2 ranks (none; their logs in ranks/)")
