@@ -149,7 +149,7 @@ def judge_exit(outcome: TrainerExit, context: ExitContext) -> Verdict:
         return _stopped("the line stopped on request", keep)
     if outcome.stop_served:  # a relaunch would train on against the request (its STOP file is gone)
         message = f"the line stopped on request (the trainer then exited with status {describe_code(code)})"
-        return replace(_stopped(message, keep), said=(message,))
+        return _stopped(message, keep)
     if code == TrainerExitCode.LINE_ERROR:
         notice = Notice(EventKind.FAILED, context.last_error or "the trainer refused to run the line", True)
         return Verdict(SupervisorExitCode.FAILED, LineState.FAILED, (notice,), **keep)
@@ -162,7 +162,7 @@ def judge_exit(outcome: TrainerExit, context: ExitContext) -> Verdict:
         # checkpoint only to stop at its first update boundary, where the line stands now.
         message = (f"the line stopped on request: the trainer exited with status {describe_code(code)} before "
                    "serving it, so its newest checkpoint stands")
-        return replace(_stopped(message, keep), said=(message,), crashed=True)
+        return replace(_stopped(message, keep), crashed=True)
     if code == TrainerExitCode.GPU_BUSY:
         said = f"the trainer left {gpus_label(context.gpu_indices)} to other processes: relaunching once it is free"
         notice = Notice(EventKind.GPU_BUSY, "the trainer checkpointed and left the GPU to other processes", False)
@@ -196,8 +196,10 @@ def judge_exit(outcome: TrainerExit, context: ExitContext) -> Verdict:
 
 
 def _stopped(message: str, keep: dict[str, Any]) -> Verdict:
+    # Not notified (the operator asked for it), but said in run.log, as a finished line's end is.
     notice = Notice(EventKind.STOPPED, message, False)
-    return Verdict(SupervisorExitCode.OK, LineState.STOPPED, (notice,), discard_stop=True, **keep)
+    return Verdict(SupervisorExitCode.OK, LineState.STOPPED, (notice,), (f"{EventKind.STOPPED}: {message}",),
+                   discard_stop=True, **keep)
 
 
 def _crash_beside_others(outcome: TrainerExit, context: ExitContext, keep: dict[str, Any]) -> Verdict:

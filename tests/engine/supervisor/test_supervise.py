@@ -402,6 +402,7 @@ def test_a_stop_over_the_socket_ends_the_line_with_no_stop_left(rig: Rig) -> Non
     assert rig.launches() == ["train-until-stop"]
     assert rig.state()["state"] == "stopped" and not (rig.line / "STOP").exists()
     assert rig.notified() == []  # a stop the operator asked for is not news to the operator
+    assert "supervisor: stopped: the line stopped" in (rig.line / "run.log").read_text()  # but run.log says it
     assert "retry-me" in {record["request_id"] for record in rig.state()["requests"]}
 
 

@@ -55,6 +55,7 @@ def test_a_clean_exit_after_a_stop_is_a_stop(how: str) -> None:
     verdict = judge_exit(outcome, context)
     assert (verdict.exit_status, verdict.state) == (SupervisorExitCode.OK, LineState.STOPPED)
     assert kinds(verdict) == [EventKind.STOPPED] and not verdict.notices[0].notified
+    assert verdict.said == (f"stopped: {verdict.notices[0].message}",)  # run.log says so, as a finished line's end
     assert verdict.discard_stop and verdict.fork_at_end is None
 
 
