@@ -17,7 +17,8 @@ from textual.widgets._footer import FooterKey
 from textual.widgets._toast import Toast, ToastRack
 
 from engine.errors import LineError
-from nsconsole.app import ConsoleApp, tune_choices
+from nsconsole.actions.steering import tune_choices
+from nsconsole.app import ConsoleApp
 from nsconsole.screens.branch_form import BranchForm
 from nsconsole.screens.confirm import ConfirmScreen
 from nsconsole.screens.help import HelpScreen

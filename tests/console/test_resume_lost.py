@@ -120,7 +120,7 @@ def test_resume_starts_a_lost_line_again_with_its_stop_at_and_engine(
         first.wait(timeout=30)
         latest_before = (line / "checkpoints" / "latest").read_text().strip()
 
-        assert main(["status", str(line)]) == 0
+        assert main(["status", str(line)]) == 3  # StatusExitCode.NEEDS_OPERATOR: nothing runs it
         assert "state: supervisor lost (it was training; its process runs no more)" in capsys.readouterr().out
         assert main(["resume", "--dry-run"]) == 0
         assert capsys.readouterr().out == (
