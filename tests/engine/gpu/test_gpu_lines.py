@@ -244,6 +244,8 @@ def test_under_cuda_visible_devices_cuda_1_is_physical_gpu_3_leased_watched_and_
     run_log = line / "run.log"
     wait_until("the wait for a free GPU 3", lambda: run_log.exists() and
                "waiting for GPU 3 to be free (other processes on it: [4242])" in run_log.read_text())  # fmt: skip
+    # run.log says why first, then supervisor.json's state follows (engine.supervisor.leasing).
+    wait_until("the state waiting-gpu", lambda: supervisor_json(line)["state"] == "waiting-gpu")
     state = supervisor_json(line)
     assert (state["state"], state["gpu_index"], state["gpu_candidates"]) == ("waiting-gpu", 3, [3])
     host.nvml.set_processes(3, [])
