@@ -35,6 +35,7 @@ from textual import work
 from textual.app import App
 from textual.binding import Binding
 from textual.css.query import NoMatches
+from textual.screen import ModalScreen
 from textual.theme import Theme
 
 from engine.supervisor.registry import SupervisorEntry, list_supervisors
@@ -160,14 +161,25 @@ class ConsoleApp(Navigation, KeySwitches, KeyLists, Steering, Resuming, App[None
             self.bell()
         if self.paused:
             return
-        screen = self.screen
-        if isinstance(screen, (LinesScreen, LineScreen)):
+        screen = self.watched_screen()
+        if screen is not None:
             try:
                 screen.refresh_view(now)
             except NoMatches:
                 # A tick landed while the screen is being composed or torn down (its widgets are
                 # not there): the next tick refreshes it.
                 return
+
+    def watched_screen(self) -> LinesScreen | LineScreen | None:
+        """The lines table or line screen in sight: the top screen, or the one under the dialogs
+        over it (help, a confirmation, a form, the command palette: modal screens, which leave it in
+        sight and must not freeze it while a question waits)."""
+        for screen in reversed(self.screen_stack):
+            if isinstance(screen, (LinesScreen, LineScreen)):
+                return screen
+            if not isinstance(screen, ModalScreen):
+                return None
+        return None
 
     @work(thread=True, exclusive=True, group="gpu")
     def read_gpus_now(self) -> None:
