@@ -74,12 +74,18 @@ def calibrate_source(source: Source, tokenizer: PlainTextTokenizer, seed: int) -
     return result
 
 
-def stratum_shares(source: Source, calibration: dict[str, Any]) -> dict[str, float]:
-    """Each stratum's share of the source's tokens: file bytes x its calibrated rates, normalised."""
+def stratum_tokens(source: Source, calibration: dict[str, Any]) -> dict[str, float]:
+    """Each stratum's estimated tokens of text: its files' bytes at its calibrated rates."""
     estimated: dict[str, float] = {}
     for file in source.files:
         rates = calibration[file.stratum]
         tokens = file.size * rates["text_bytes_per_file_byte"] * rates["tokens_per_text_byte"]
         estimated[file.stratum] = estimated.get(file.stratum, 0.0) + tokens
+    return estimated
+
+
+def stratum_shares(source: Source, calibration: dict[str, Any]) -> dict[str, float]:
+    """Each stratum's share of the source's tokens: file bytes x its calibrated rates, normalised."""
+    estimated = stratum_tokens(source, calibration)
     total = sum(estimated.values())
     return {stratum: tokens / total for stratum, tokens in sorted(estimated.items()) if tokens > 0}

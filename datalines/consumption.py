@@ -25,17 +25,15 @@ nsconsole holds the pid alone, and its line is unknown. The record holds `{"line
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from datalines.dataline import CONSUMED_MARK, TRAINING_LINE_RECORD, DataLine
 from datalines.errors import DataLineError
-from datalines.files import read_json, write_bytes_atomic
+from datalines.files import directory_lock, read_json, write_bytes_atomic
 
 LINE_CONFIG = "run.json"
 """A training line's configuration, in its directory: `data.line` names the data line it trains on."""
@@ -191,18 +189,6 @@ def other_training_line(data: Path, line: str | os.PathLike[str]) -> Path | None
     return owner
 
 
-@contextlib.contextmanager
-def _held(data: Path) -> Iterator[None]:
-    """An exclusive flock on the data line's directory for a read-then-write of its record (short:
-    two trainers starting at once take turns)."""
-    fd = os.open(data, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # closing the descriptor drops the lock
-
-
 def _record(line: Path) -> bytes:
     since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     return (json.dumps({"line": str(line), "pid": os.getpid(), "since": since}) + "\n").encode("utf-8")
@@ -217,7 +203,8 @@ def claim_data_line(data: Path, line: str | os.PathLike[str], *, writes: bool = 
     the directory's flock, so of two lines starting at once one is recorded and the other refused.
     `writes`: this process records the claim (rank 0 of a group); the other ranks only check."""
     line = Path(line).absolute()
-    with _held(data) if writes else contextlib.nullcontext():
+    # The data line directory's flock for the read-then-write (short: two trainers starting at once take turns).
+    with directory_lock(data) if writes else contextlib.nullcontext():
         owner = training_line_of(data)
         if owner is not None and _same_line(owner, line):
             return None

@@ -20,13 +20,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from datalines.calibration import calibrate_source
+from datalines.calibration import calibrate_source, stratum_tokens
 from datalines.corpus import file_documents
 from datalines.dataline import CONFIG_FORMAT, CONFIG_NAME, TOKENIZER_NAME, DataLine
 from datalines.errors import DataLineError
 from datalines.files import read_json, write_bytes_atomic, write_json_atomic
 from datalines.planning import ensure_plan
-from datalines.recipe import Recipe, check_schedule_on_cycles, parse_recipe
+from datalines.recipe import Recipe, check_schedule_on_cycles, parse_recipe, with_paths_from
 from datalines.sources import Source, open_source
 from datalines.sources.hub import DOWNLOADS_DIRECTORY
 from datalines.tokenizer import EMBEDDED_EOS_TOKEN, PlainTextTokenizer, load_tokenizer, train_byte_level_bpe
@@ -91,9 +91,11 @@ def _write_line(
     pins: dict[str, Any] = {}
     calibration: dict[str, Any] = {}
     reused: list[str] = []
+    opened_sources: dict[str, Source] = {}
     for spec in recipe.sources:
         tokenizer.marker_ids(spec.control_markers)
         source = (opened or {}).get(spec.name) or open_source(spec, work, None)
+        opened_sources[spec.name] = source
         pins[spec.name] = source.pins
         taken = _reusable_calibration(other, source, tokenizer) if other is not None else None
         if taken is not None:
@@ -101,6 +103,8 @@ def _write_line(
             reused.append(spec.name)
         else:
             calibration[spec.name] = calibrate_source(source, tokenizer, recipe.seed)
+    if recipe.at_corpus_end == "error":
+        _check_a_cycle_fits(recipe, cycle_tokens, opened_sources, calibration)
     config: dict[str, Any] = {
         "format": CONFIG_FORMAT,
         "eos_id": eos_id,
@@ -115,6 +119,30 @@ def _write_line(
     write_bytes_atomic(work / TOKENIZER_NAME, tokenizer.json_text.encode("utf-8"))
     write_json_atomic(work / CONFIG_NAME, config)
     return DataLine(work)
+
+
+CYCLE_FIT_MARGIN = 1.25
+"""A source is refused at init when even this many times its estimated tokens fall short of its
+share of one cycle (estimates are off by some percent: EOS tokens, strata measured on their first files)."""
+
+
+def _check_a_cycle_fits(
+    recipe: Recipe, cycle_tokens: int, sources: dict[str, Source], calibration: dict[str, Any]
+) -> None:
+    """In `at_corpus_end: error` mode, refuse a cycle size that a source cannot fill even once (a
+    local corpus under a cycle of 2e10): the preparer would wait for disk for shards of a cycle that
+    could never be planned, then stop with `SourceExhausted`."""
+    for name, share in recipe.shares_at(0).items():
+        spec = recipe.source(name)
+        tokens = sum(stratum_tokens(sources[name], calibration[name]).values()) * (1 - spec.heldout_fraction)
+        target = cycle_tokens * share
+        if share > 0 and tokens * CYCLE_FIT_MARGIN < target:
+            raise DataLineError(
+                f"--cycle-tokens {cycle_tokens:,}: source {name} holds about {tokens:,.0f} tokens to train on "
+                f"(its files' bytes at its calibrated rates), short of its share of one cycle ({target:,.0f} "
+                f"at {share:.3g}); choose a smaller --cycle-tokens, or `\"at_corpus_end\": \"last_cycle\"` in the "
+                f"recipe to end the line where its data ends"
+            )
 
 
 def _calibrated_line(path: Path) -> dict[str, Any]:
@@ -159,7 +187,7 @@ def init_data_line(
     tokenizer is `tokenizer_file`, else the recipe's, else `default_tokenizer` (the host's)."""
     _check_init_arguments(work, cycle_tokens)
     raw = read_json(recipe_file)
-    recipe = parse_recipe(raw, str(recipe_file))
+    recipe = with_paths_from(parse_recipe(raw, str(recipe_file)), recipe_file.parent)
     if tokenizer_file is None:
         named = raw.get("tokenizer")
         if isinstance(named, str):

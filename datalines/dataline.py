@@ -49,6 +49,7 @@ class DataLine:
     def __init__(self, path: Path) -> None:
         self.path = path
         config_path = path / CONFIG_NAME
+        self._config_stamp = _file_stamp(config_path)
         config = read_json(config_path)
         where = str(config_path)
         if not isinstance(config, dict) or config.get("format") != CONFIG_FORMAT:
@@ -82,6 +83,31 @@ class DataLine:
         self._damaged: dict[int, tuple[str, ShardStamps, str]] = {}
         """Cycle -> (manifest sha256, shard stamps, the problem) when they were last found wrong:
         a waiting process looks again every few seconds, and hashes again only what moved."""
+
+    def refresh_recipe(self) -> bool:
+        """Take up a schedule grown since this line was opened: `data schedule` appends a piece to
+        dataline.json while a preparer or a trainer runs for weeks on the line, and a cycle planned
+        after it must get the new shares. True when the recipe changed. A dataline.json changed in
+        anything but its schedule's end is refused (DataLineError), the line as it was kept."""
+        config_path = self.path / CONFIG_NAME
+        stamp = _file_stamp(config_path)
+        if stamp == self._config_stamp:
+            return False
+        config = read_json(config_path)
+        where = str(config_path)
+        if not isinstance(config, dict) or not isinstance(config.get("recipe"), dict):
+            raise DataLineError(f"{where}: not a data line config of format {CONFIG_FORMAT}")
+        recipe = parse_recipe(config["recipe"], where)
+        schedule, grown = self.config["recipe"]["schedule"], config["recipe"].get("schedule")
+        if (_without_schedule(config) != _without_schedule(self.config) or not isinstance(grown, list)
+                or grown[: len(schedule)] != schedule):
+            raise DataLineError(
+                f"{where}: changed in more than its schedule's end since {self.path} was opened "
+                f"(only `nsconsole data schedule` changes a data line's config; restore it)"
+            )
+        changed = recipe != self.recipe
+        self.config, self.recipe, self._config_stamp = config, recipe, stamp
+        return changed
 
     # --- inputs ---------------------------------------------------------------------------
     @property
@@ -262,8 +288,24 @@ class DataLine:
         return rows
 
     def validation_weights(self, at_tokens: float = 0.0) -> dict[str, float]:
-        """Recipe weights of the sources for val_<L>/mix (the shares in force at `at_tokens`)."""
+        """Recipe weights of the sources for val_<L>/mix (the shares in force at `at_tokens`, with
+        the schedule as `data schedule` left it: a trainer opens the line once for weeks)."""
+        self.refresh_recipe()
         return {name: share for name, share in self.shares(at_tokens).items() if share > 0}
+
+
+def _without_schedule(config: dict[str, Any]) -> dict[str, Any]:
+    recipe = {key: value for key, value in config["recipe"].items() if key != "schedule"}
+    return {**config, "recipe": recipe}
+
+
+def _file_stamp(path: Path) -> tuple[int, int, int] | None:
+    """What changes when a file is replaced or rewritten (inode, size, mtime); None when it is missing."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return (stat.st_ino, stat.st_size, stat.st_mtime_ns)
 
 
 def open_data_line(path: str | os.PathLike[str]) -> DataLine:

@@ -38,7 +38,9 @@ once (`plans/cNNNN.json`) and never changes, which is what lets `data rebuild` r
 
 from __future__ import annotations
 
+import contextlib
 import heapq
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -46,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 from datalines.calibration import stratum_shares as stratum_shares_of
 from datalines.corpus import DocumentLengths
 from datalines.errors import DataLineError, SourceExhausted
-from datalines.files import read_json, write_json_atomic
+from datalines.files import directory_lock, read_json, write_json_atomic
 
 if TYPE_CHECKING:
     from datalines.dataline import DataLine
@@ -82,17 +84,36 @@ def load_plan(line: DataLine, index: int) -> dict[str, Any] | None:
     return read_json(path) if path.exists() else None
 
 
+@contextlib.contextmanager
+def plans_lock(line: DataLine) -> Iterator[None]:
+    """An exclusive flock on the line's `plans` directory, held while a plan is written and while
+    `data schedule` checks that no cycle its piece covers is planned and writes the schedule: of
+    the two, the one that comes second sees what the first did (short: planning itself runs outside)."""
+    directory = line.path / "plans"
+    directory.mkdir(exist_ok=True)
+    with directory_lock(directory):
+        yield
+
+
 def ensure_plan(line: DataLine, index: int) -> dict[str, Any]:
-    """The plan of cycle `index`, planning it (and every earlier cycle) first if need be."""
+    """The plan of cycle `index`, planning it (and every earlier cycle) first if need be.
+
+    A plan takes the shares of the schedule as it is when the plan is written (`data schedule` may
+    have grown it since `line` was opened): a schedule grown while the cycle was being planned
+    gets it planned again."""
     existing = load_plan(line, index)
     if existing is not None:
         return existing
     previous = ensure_plan(line, index - 1) if index > 0 else None
     if previous is not None and previous["last"]:
         raise DataLineError(f"{line.path}: cycle {index} is past the line's last cycle {index - 1}")
-    plan = Planner(line).plan(index, previous)
-    write_json_atomic(plan_path(line, index), plan)
-    return plan
+    line.refresh_recipe()
+    while True:
+        plan = Planner(line).plan(index, previous)
+        with plans_lock(line):
+            if not line.refresh_recipe():
+                write_json_atomic(plan_path(line, index), plan)
+                return plan
 
 
 def plan_files(plan: dict[str, Any]) -> dict[str, set[int]]:

@@ -386,8 +386,10 @@ def rebuild_cycle(line: DataLine, index: int, progress: ProgressCallback | None 
     """Rebuild a cycle's shards from its permanent manifest and check them byte for byte.
 
     Raises DataLineError naming the shard whose bytes differ; on success the shards are back in
-    the cycle directory (and a consumed mark is cleared: the cycle is readable again), and the
-    downloads it made that no cycle still to be prepared reads are deleted.
+    the cycle directory, and the downloads it made that no cycle still to be prepared reads are
+    deleted. A consumed cycle stays consumed (its mark records the line that trained it; only a
+    rollback reopens a cycle): its shards, rebuilt to check or read them, go at the preparer's
+    next round, as every consumed cycle's.
     """
     progress = progress or _ignore_progress
     final = line.cycle_dir(index)
@@ -405,7 +407,6 @@ def rebuild_cycle(line: DataLine, index: int, progress: ProgressCallback | None 
                 )
         for entry in shard_files(rebuilt):
             os.replace(partial / entry["name"], final / entry["name"])
-        (final / CONSUMED_MARK).unlink(missing_ok=True)
         fsync_directory(final)
     finally:
         shutil.rmtree(partial, ignore_errors=True)

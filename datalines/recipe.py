@@ -24,7 +24,8 @@ starts at or after it, until the next piece.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from datalines.errors import DataLineError
@@ -48,7 +49,8 @@ class SourceSpec:
     kind: str
     """`hub` (a Hugging Face dataset repo), `local` (a directory) or `embedded` (Python's stdlib)."""
     location: str = ""
-    """The hub repo id (`org/name`) or the local directory; empty for `embedded`."""
+    """The hub repo id (`org/name`) or the local directory (a relative one is taken from the recipe
+    file's directory, as its `tokenizer`); empty for `embedded`."""
     revision: str = "main"
     """Hub only: the branch, tag or commit, pinned to its commit sha at init."""
     data_dir: str = ""
@@ -271,6 +273,18 @@ def _parse_schedule(raw: Any, where: str, names: list[str]) -> tuple[SharePiece,
             raise fields.fail(".shares", "must give at least one source a share of 1e-6 or more")
         pieces.append(SharePiece(from_tokens=start, weights=weights))
     return tuple(pieces)
+
+
+def with_paths_from(recipe: Recipe, directory: Path) -> Recipe:
+    """The recipe with each local source's relative `path` taken from `directory` (the recipe
+    file's, as its `tokenizer`), not from wherever the command runs."""
+    sources = tuple(
+        replace(spec, location=str((directory / spec.location).absolute()))
+        if spec.kind == "local" and not Path(spec.location).expanduser().is_absolute()
+        else spec
+        for spec in recipe.sources
+    )
+    return replace(recipe, sources=sources)
 
 
 def check_schedule_on_cycles(recipe: Recipe, cycle_tokens: int, where: str) -> None:

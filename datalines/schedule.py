@@ -12,11 +12,20 @@ from typing import Any
 from datalines.dataline import CONFIG_NAME, DataLine
 from datalines.errors import DataLineError
 from datalines.files import read_json, write_json_atomic
+from datalines.planning import plans_lock
 from datalines.recipe import parse_recipe
 
 
 def append_schedule_piece(line: DataLine, from_tokens: int, shares: dict[str, Any]) -> None:
+    """Append the piece under the plans' lock: a preparer planning a cycle meanwhile writes its plan
+    before this looks (and the piece is refused) or after (and plans it with the new shares)."""
+    with plans_lock(line):
+        _append(line, from_tokens, shares)
+
+
+def _append(line: DataLine, from_tokens: int, shares: dict[str, Any]) -> None:
     where = str(line.path / CONFIG_NAME)
+    line.refresh_recipe()
     config = read_json(line.path / CONFIG_NAME)
     last = line.recipe.schedule[-1].from_tokens
     if from_tokens <= last:
@@ -28,9 +37,11 @@ def append_schedule_piece(line: DataLine, from_tokens: int, shares: dict[str, An
     first_cycle = from_tokens // line.cycle_tokens
     planned = [index for index in line.known_cycles() if index >= first_cycle]
     if planned:
+        free = (planned[-1] + 1) * line.cycle_tokens
+        cycles = f"cycle {planned[0]} is" if len(planned) == 1 else f"cycles {planned[0]}..{planned[-1]} are"
         raise DataLineError(
-            f"{where}: cycle {planned[0]} (from token {planned[0] * line.cycle_tokens}) is planned already; "
-            f"a new piece must start after it"
+            f"{where}: {cycles} planned already (a planned cycle keeps its shares); a new piece must start "
+            f"at token {free:,} (cycle {planned[-1] + 1}) or later"
         )
     recipe = dict(config["recipe"])
     recipe["schedule"] = [*recipe["schedule"], {"from_tokens": from_tokens, "shares": shares}]

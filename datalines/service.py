@@ -114,13 +114,17 @@ def download_bytes(line: DataLine, index: int) -> int:
 
 
 def wanted_cycles(line: DataLine, ahead: int) -> list[int]:
-    """The first unconsumed cycle and the ones after it, `ahead` in all, not past the last cycle."""
-    first = 0
-    while line.is_consumed(first):
-        first += 1
+    """The first unconsumed cycle and the unconsumed ones after it, `ahead` in all, not past the last
+    cycle. A consumed cycle among them is skipped, never wanted: nothing makes it ready again (a
+    rollback reopens the cycles it trains again), and wanting it stalled the preparer on it."""
     last = line.last_cycle()
-    wanted = range(first, first + ahead)
-    return [index for index in wanted if last is None or index <= last]
+    wanted: list[int] = []
+    index = 0
+    while len(wanted) < ahead and (last is None or index <= last):
+        if not line.is_consumed(index):
+            wanted.append(index)
+        index += 1
+    return wanted
 
 
 class _StopRequested(BaseException):
@@ -251,11 +255,14 @@ def run_preparer(
                 publish(state="ready", cycle=None, progress=1.0, ready=ready, waiting_reason=None,
                         message=f"cycles {ready[0]}..{ready[-1]} ready")
                 if once:
+                    status.exited = True  # `data status` tells this exit from a crash
+                    write_status(line.path, status)
                     return status
                 sleep(POLL_SECONDS)
                 continue
             index = missing[0]
             try:
+                line.refresh_recipe()  # a schedule grown meanwhile (`data schedule`): its shares plan this cycle
                 need = disk_need(line, index, min_free_bytes)
                 free = shutil.disk_usage(line.path).free
                 if free < need.total:

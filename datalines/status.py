@@ -48,6 +48,9 @@ class PreparerStatus:
     prepared: int = 0
     """Cycles this preparer process has made (or rebuilt) since it started: a run that did work, as
     the supervisor's restart backoff counts it (a new process's first status proves nothing)."""
+    exited: bool = False
+    """The preparer ended on its own with this status (`--once`, its cycles ready): a running state
+    with it is no crash."""
     pid: int = field(default_factory=os.getpid)
     """The preparer's process id."""
     time: float = 0.0

@@ -1,7 +1,10 @@
-"""`data tokenizer --train`: a byte-level BPE trained on local directories or the embedded corpus.
+"""`data tokenizer --train`: a byte-level BPE trained on local directories, the embedded corpus or a
+recipe's sources.
 
-Held-out documents (1 % by text hash, as in every data line) are left out of the training
-text, so a tokenizer trained here never saw a document a line will validate on.
+Held-out documents (by text hash, as in every data line) are left out of the training text, so a
+tokenizer trained here never saw a document a line will validate on: 1 % of each `--source`
+directory's, or each recipe source's own `heldout_fraction` with `--recipe` (which also reads
+each source's `include` files and `text_field`, as `data init` will).
 """
 
 from __future__ import annotations
@@ -11,8 +14,8 @@ from pathlib import Path
 
 from datalines.corpus import file_documents
 from datalines.errors import DataLineError
-from datalines.files import write_bytes_atomic
-from datalines.recipe import SourceSpec
+from datalines.files import read_json, write_bytes_atomic
+from datalines.recipe import SourceSpec, parse_recipe, with_paths_from
 from datalines.sources import Source, open_source
 from datalines.tokenizer import PlainTextTokenizer, train_byte_level_bpe
 
@@ -27,15 +30,37 @@ def train_tokenizer_file(
     locations: Sequence[str], vocab_size: int, out: Path, text_field: str, special_tokens: Sequence[str]
 ) -> int:
     """Train on the sources (directories or `embedded`), write `out`; returns the vocab size."""
-    sources = []
+    specs = []
     for index, location in enumerate(locations):
         if location == "embedded":
-            spec = SourceSpec(name=f"source{index}", kind="embedded")
+            specs.append(SourceSpec(name=f"source{index}", kind="embedded"))
         else:
             if not Path(location).is_dir():
                 raise DataLineError(f"{location}: --source must be a directory or `embedded`")
-            spec = SourceSpec(name=f"source{index}", kind="local", location=location, text_field=text_field)
-        sources.append(open_source(spec, out.parent, None))
+            specs.append(SourceSpec(name=f"source{index}", kind="local", location=location, text_field=text_field))
+    return _train(specs, vocab_size, out, special_tokens)
+
+
+def train_tokenizer_from_recipe(
+    recipe_file: Path, vocab_size: int, out: Path, special_tokens: Sequence[str]
+) -> tuple[int, list[str]]:
+    """Train on a recipe's (local and embedded) sources, each read as `data init` reads it, without
+    its held-out documents; the sources' control markers join the special tokens (`data init`
+    needs them in the vocabulary). Returns the vocab size and the special tokens."""
+    recipe = with_paths_from(parse_recipe(read_json(recipe_file), str(recipe_file)), recipe_file.parent)
+    hub = [spec.name for spec in recipe.sources if spec.kind == "hub"]
+    if hub:
+        raise DataLineError(
+            f"{recipe_file}: data tokenizer --recipe reads local and embedded sources, and "
+            f"{', '.join(hub)} {'is a hub source' if len(hub) == 1 else 'are hub sources'}; "
+            f"train on local copies with --source"
+        )
+    specials = list(dict.fromkeys([*special_tokens, *(m for spec in recipe.sources for m in spec.control_markers)]))
+    return _train(list(recipe.sources), vocab_size, out, specials), specials
+
+
+def _train(specs: list[SourceSpec], vocab_size: int, out: Path, special_tokens: Sequence[str]) -> int:
+    sources = [open_source(spec, out.parent, None) for spec in specs]
     tokenizer_json = train_byte_level_bpe(_training_texts(sources), vocab_size, special_tokens)
     write_bytes_atomic(out, tokenizer_json.encode("utf-8"))
     return PlainTextTokenizer(tokenizer_json, str(out)).vocab_size

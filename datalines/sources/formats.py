@@ -1,9 +1,18 @@
-"""Documents of a file by its format: parquet (a text column), jsonl (a text field), text (one document)."""
+"""Documents of a file by its format: parquet (a text column), jsonl (a text field), text (one document).
+
+jsonl and text files may be compressed: `.gz`, `.bz2` or `.zst` after the format's suffix
+(`part-0.jsonl.gz`, `book.txt.zst`). A file read as text that holds a NUL byte is not text (a
+compressed or binary file under another name) and is refused: tokenized, its bytes would train.
+"""
 
 from __future__ import annotations
 
+import io
 import json
-from pathlib import Path
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path, PurePosixPath
+from typing import IO
 
 import pyarrow
 import pyarrow.parquet
@@ -11,16 +20,57 @@ import pyarrow.parquet
 from datalines.errors import DataLineError
 
 READABLE_SUFFIXES = (".parquet", ".jsonl", ".txt", ".py", ".md")
+COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd"}
+"""A compressed file's last suffix -> its codec (pyarrow's); the suffix before it is the format's."""
+FORMATS_TEXT = "a local source reads .parquet, .jsonl and text files (.jsonl and text also as .gz, .bz2 or .zst)"
+
+
+def file_format(name: str) -> tuple[str, str | None]:
+    """The format suffix of a file name (lower case) and its compression codec, if any."""
+    path = PurePosixPath(name)
+    codec = COMPRESSIONS.get(path.suffix.lower())
+    if codec is None:
+        return path.suffix.lower(), None
+    return PurePosixPath(path.stem).suffix.lower(), codec
+
+
+def is_readable(name: str) -> bool:
+    """A file a source reads when its recipe names no `include` patterns."""
+    suffix, codec = file_format(name)
+    return suffix in READABLE_SUFFIXES and not (codec and suffix == ".parquet")
 
 
 def read_documents(path: Path, text_field: str, label: str) -> list[str]:
     """Every document of the file in file order; a damaged file raises `DataLineError` naming it."""
-    suffix = path.suffix.lower()
+    suffix, codec = file_format(path.name)
     if suffix == ".parquet":
+        if codec is not None:
+            raise DataLineError(f"{path}: {label} is a compressed parquet file; parquet compresses "
+                                f"its own columns: decompress it")  # fmt: skip
         return _read_parquet(path, text_field, label)
-    if suffix == ".jsonl":
-        return _read_jsonl(path, text_field, label)
-    return [path.read_bytes().decode("utf-8", errors="replace")]
+    try:
+        with _opened(path, codec) as handle:
+            if suffix == ".jsonl":
+                return _read_jsonl(handle, path, text_field, label)
+            data = handle.read()
+    except (pyarrow.ArrowException, OSError) as error:
+        how = f" as {codec}" if codec else ""
+        raise DataLineError(f"{path}: {label} cannot be read{how} ({error})") from None
+    if b"\0" in data:
+        raise DataLineError(
+            f"{path}: {label} is not text (it holds NUL bytes: a binary or compressed file?); {FORMATS_TEXT}"
+        )
+    return [data.decode("utf-8", errors="replace")]
+
+
+@contextmanager
+def _opened(path: Path, codec: str | None) -> Iterator[IO[bytes]]:
+    if codec is None:
+        with open(path, "rb") as handle:
+            yield handle
+    else:
+        with pyarrow.input_stream(str(path), compression=codec) as stream:
+            yield stream  # type: ignore[misc]
 
 
 def _read_parquet(path: Path, text_field: str, label: str) -> list[str]:
@@ -38,20 +88,27 @@ def _read_parquet(path: Path, text_field: str, label: str) -> list[str]:
     return [text if text is not None else "" for text in column.to_pylist()]
 
 
-def _read_jsonl(path: Path, text_field: str, label: str) -> list[str]:
+def _read_jsonl(binary: IO[bytes], path: Path, text_field: str, label: str) -> list[str]:
     documents: list[str] = []
-    with open(path, encoding="utf-8", errors="replace") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-                text = record[text_field]
-            except (json.JSONDecodeError, KeyError, TypeError):
-                raise DataLineError(
-                    f"{path}: {label} line {number} is not a JSON object with a {text_field!r} field"
-                ) from None
-            if not isinstance(text, str):
-                raise DataLineError(f"{path}: {label} line {number} field {text_field!r} is not text")
-            documents.append(text)
+    # utf-8-sig: a byte-order mark (Windows tools write one) is no part of the first line's JSON.
+    handle = io.TextIOWrapper(binary, encoding="utf-8-sig", errors="replace")
+    for number, line in enumerate(handle, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            text = record[text_field]
+        except json.JSONDecodeError as error:
+            detail = error.msg.removesuffix(" at")
+            raise DataLineError(f"{path}: {label} line {number} is not JSON ({detail}, column {error.colno})") from None
+        except (KeyError, TypeError):
+            fields = f" (its fields: {', '.join(map(str, record))})" if isinstance(record, dict) else ""
+            raise DataLineError(
+                f"{path}: {label} line {number} is not a JSON object with a {text_field!r} field{fields}; "
+                f"the source's `text_field` names the field"
+            ) from None
+        if not isinstance(text, str):
+            raise DataLineError(f"{path}: {label} line {number} field {text_field!r} is not text")
+        documents.append(text)
+    handle.detach()  # the caller closes the file
     return documents

@@ -8,7 +8,7 @@ from typing import Any
 from datalines.errors import DataLineError
 from datalines.files import sha256_file
 from datalines.sources.base import Source, SourceFile, matches, stratum_of
-from datalines.sources.formats import READABLE_SUFFIXES
+from datalines.sources.formats import FORMATS_TEXT, is_readable
 
 
 class LocalSource(Source):
@@ -27,10 +27,13 @@ class LocalSource(Source):
             if self.spec.include:
                 wanted = matches(relative, self.spec.include)
             else:
-                wanted = path.suffix in READABLE_SUFFIXES
+                wanted = is_readable(path.name)
             if wanted:
                 stratum = stratum_of(relative, self.spec.strata)
                 files.append(SourceFile(relative, stratum, path.stat().st_size, sha256_file(path)))
+        if not files:
+            wanted = f"matches {list(self.spec.include)}" if self.spec.include else "is readable"
+            raise DataLineError(f"{root}: source {self.spec.name}: no file there {wanted}; {FORMATS_TEXT}")
         return {"root": str(root), "files": [file.to_json() for file in files]}
 
     def fetch(self, file: SourceFile) -> Path:

@@ -423,7 +423,8 @@ def test_a_source_whose_documents_are_all_held_out_is_named_so(serve: Callable, 
     from datalines.heldout import is_held_out
 
     rng = random.Random(5)
-    held_out = [text for text in (make_text(rng, 20) for _ in range(200)) if is_held_out(text, 0.5)][:3]
+    # Enough text that init finds the source able to fill its share of a cycle (were it trained on).
+    held_out = [text for text in (make_text(rng, 20) for _ in range(200)) if is_held_out(text, 0.5)][:30]
     write_parquet(tmp_path / "small.parquet", held_out)
     files = dict(corpus["files"], **{"small/part-000.parquet": (tmp_path / "small.parquet").read_bytes()})
     serve(DatasetRepo("org/tiny", files))

@@ -106,11 +106,19 @@ def write_recipe(path: Path, web: Path, chat: Path, tokenizer: Path, **overrides
     return path
 
 
-def make_web_chat_recipe(root: Path) -> Path:
-    """A web and a chat corpus, a tokenizer trained on both and a recipe mixing them, under `root`."""
+def web_chat_inputs(root: Path) -> dict[str, Path]:
+    """A web and a chat corpus, a tokenizer trained on both and a recipe mixing them, under `root`:
+    {"root", "web", "chat", "tokenizer", "recipe"}."""
     web = make_web_corpus(root / "web")
     chat = make_chat_corpus(root / "chat")
-    return write_recipe(root / "recipe.json", web, chat, make_tokenizer(root / "tokenizer.json", [web, chat]))
+    tokenizer = make_tokenizer(root / "tokenizer.json", [web, chat])
+    recipe = write_recipe(root / "recipe.json", web, chat, tokenizer)
+    return {"root": root, "web": web, "chat": chat, "tokenizer": tokenizer, "recipe": recipe}
+
+
+def make_web_chat_recipe(root: Path) -> Path:
+    """A web and a chat corpus, a tokenizer trained on both and a recipe mixing them, under `root`."""
+    return web_chat_inputs(root)["recipe"]
 
 
 def worst_run_deviation(order: np.ndarray, weights: list[int]) -> float:

@@ -104,12 +104,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     tokenizer.add_argument(
         "--source",
         action="append",
-        required=True,
         help="a directory of text/jsonl/parquet files, or `embedded`",
+    )
+    tokenizer.add_argument(
+        "--recipe", type=Path, help="train on this recipe's sources instead (as data init reads them)"
     )
     tokenizer.add_argument("--vocab", type=int, default=8192, help="vocabulary size")
     tokenizer.add_argument("--out", type=Path, required=True, help="the tokenizer JSON to write")
-    tokenizer.add_argument("--text-field", default="text", help="parquet column / jsonl field")
+    tokenizer.add_argument("--text-field", help="parquet column / jsonl field of every --source (default text)")
     tokenizer.add_argument(
         "--special", action="append", help="special tokens, ids 0, 1, ... (default: <|endoftext|>)"
     )

@@ -105,12 +105,15 @@ examples:
         "train a byte-level BPE tokenizer",
         """\
 Train a byte-level BPE tokenizer of --vocab tokens on every --source (a directory of text, jsonl
-or parquet files, or `embedded`: the Python standard library) and write it to --out as a
-tokenizers JSON. The special tokens get ids 0, 1, ... (default: <|endoftext|>).
+or parquet files, or `embedded`: the Python standard library), or on the sources of --recipe
+(each with its include, text_field and held-out fraction, as data init reads them; local and
+embedded sources), and write it to --out as a tokenizers JSON. Held-out documents are left out.
+The special tokens get ids 0, 1, ... (default: <|endoftext|>; a recipe's control markers follow).
 """,
         """\
 examples:
   nsconsole data tokenizer --train --source /data/chat --source /data/web --vocab 8192 --out tok.json
+  nsconsole data tokenizer --train --recipe recipe.json --vocab 8192 --out tok.json
   nsconsole data tokenizer --train --source embedded --vocab 2048 --out stdlib.json
 """,
     ),

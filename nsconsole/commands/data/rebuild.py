@@ -9,6 +9,7 @@ from nsconsole.commands.data.paths import data_line_path
 
 def run_rebuild(args: argparse.Namespace) -> int:
     from datalines import open_data_line
+    from datalines.consumption import consumer_of
     from datalines.errors import ManifestDamaged
     from datalines.manifest import MANIFEST_NAME, load_manifest
     from datalines.preparer import rebuild_cycle, restore_manifest
@@ -28,4 +29,9 @@ def run_rebuild(args: argparse.Namespace) -> int:
             return 0
         rebuild_cycle(line, args.cycle)
     print(f"cycle {args.cycle} rebuilt: every shard matches its manifest byte for byte")
+    consumer = consumer_of(line.path, args.cycle)
+    if consumer is not None:
+        by = f" by {consumer.line}" if consumer.line else ""
+        print(f"cycle {args.cycle} stays consumed{by}: the preparer deletes its shards again at its next round "
+              f"(a rollback to before it reopens it)")  # fmt: skip
     return 0

@@ -27,6 +27,10 @@ def run_status(args: argparse.Namespace) -> int:
     report = {
         "path": str(line.path),
         "sources": line.shares(0),
+        "schedule": [
+            {"from_tokens": piece.from_tokens, "shares": line.recipe.shares_at(piece.from_tokens)}
+            for piece in line.recipe.schedule
+        ],
         "cycle_tokens": line.cycle_tokens,
         "last_cycle": line.last_cycle(),
         "cycles": states,
@@ -43,6 +47,13 @@ def run_status(args: argparse.Namespace) -> int:
         return status
     shares = ", ".join(f"{name} {share:.3g}" for name, share in report["sources"].items())
     print(f"data line {line.path}: {shares}; {line.cycle_tokens:,} tokens per cycle")
+    if len(line.recipe.schedule) > 1:  # the header shows the first piece's shares
+        pieces = "; ".join(
+            f"from token {piece.from_tokens:,} (cycle {piece.from_tokens // line.cycle_tokens}): "
+            + ", ".join(f"{name} {share:.3g}" for name, share in line.recipe.shares_at(piece.from_tokens).items())
+            for piece in line.recipe.schedule
+        )
+        print(f"schedule: {pieces}")
     last = report["last_cycle"]
     print(f"last cycle: {last if last is not None else 'not known yet'}")
     for index, state in report["cycles"].items():
@@ -58,6 +69,8 @@ def run_status(args: argparse.Namespace) -> int:
             print(f"preparer: finished (pid {preparer['pid']}) when every cycle was consumed; reopened since: "
                   f"{cycles}, whose shards the next preparer rebuilds (the line's supervisor runs one, or "
                   f"`nsconsole data run-preparer --work {line.path}`)")  # fmt: skip
+        elif preparer["state"] in RUNNING_STATES and not report["preparer_running"] and preparer.get("exited"):
+            print(f"preparer: exited (--once, pid {preparer['pid']}): {preparer['message']}")
         elif preparer["state"] in RUNNING_STATES and not report["preparer_running"]:
             print(f"preparer: not running (its last status, pid {preparer['pid']}: {preparer['state']}: "
                   f"{preparer['message']}; it stopped without a word: killed or crashed)")  # fmt: skip
