@@ -7,6 +7,24 @@ anything is written, or after whatever was already saved is known to be intact.
 
 from __future__ import annotations
 
+import errno
+
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+"""No space left on the device (bytes or inodes), or the user's quota reached: the same to a line."""
+
+
+def disk_full_error(error: BaseException) -> OSError | None:
+    """The disk-full OSError `error` is or was raised from (a write in a `finally` may carry it as
+    its context), else None."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in DISK_FULL_ERRNOS:
+            return current
+        current = current.__cause__ or current.__context__
+    return None
+
 
 class LineError(Exception):
     """A problem with a training line's files or settings that the user can fix."""

@@ -5,7 +5,8 @@ Torch-free: the callers count the parameters (the trainer its model, `nsconsole 
 the model built on the meta device). A checkpoint's size is measured on the newest one when the
 line has one (the next is as large), else estimated: fp32 weights, the two AdamW moments and the
 average when one is kept, plus the tokenizer every checkpoint carries. What retention keeps
-(`engine.checkpoints.format.apply_retention`): the line's start, every stage end, the newest
+(`engine.checkpoints.format.apply_retention`): the line's start, every stage end (of the stages
+that end on their tokens: an open-ended one ends at the data line's last cycle end), the newest
 `keep_last` rolling ones, one more while a write is under way, and the cycle ends -- every one
 unless `checkpoints.keep_cycle_ends` bounds them, so an open-ended trunk grows by one checkpoint a
 cycle.
@@ -18,7 +19,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.checkpoints.format import CHECKPOINT_DISK_MARGIN, list_checkpoints, read_latest
+from engine.checkpoints.format import CHECKPOINT_DISK_MARGIN, list_checkpoints, resume_candidate
 from engine.config.run import RunConfig
 from engine.errors import DiskFull
 from engine.models import presets
@@ -54,12 +55,12 @@ def gib_text(nbytes: float) -> str:
 def next_checkpoint_size(
     checkpoints_dir: Path, config: RunConfig, parameters: int, tokenizer_bytes: int
 ) -> CheckpointSize:
-    """The newest checkpoint's size when the line has one, else the estimate from the parameters."""
-    name = read_latest(checkpoints_dir)
-    newest = checkpoints_dir / name if name is not None else None
-    if newest is not None and newest.is_dir():
+    """The size of the checkpoint the line resumes from (`latest`, or the one a start falls back to)
+    when it has one, else the estimate from the parameters."""
+    newest = resume_candidate(checkpoints_dir)
+    if newest is not None:
         measured = sum(path.stat().st_size for path in newest.iterdir() if path.is_file())
-        return CheckpointSize(measured, f"measured on {name}")
+        return CheckpointSize(measured, f"measured on {newest.name}")
     per_parameter = FP32_BYTES * (4 if config.ema is not None else 3)
     tensors = "fp32 weights, two AdamW moments" + (" and the average" if config.ema is not None else "")
     preset = config.model.preset
@@ -104,7 +105,8 @@ class RetentionNeed:
     size: CheckpointSize
     """One checkpoint."""
     stages: int
-    """Stage ends kept (the plan's stages)."""
+    """Stage ends kept: the plan's stages that end on their tokens (an open-ended last stage ends with
+    the data line, at a cycle end, which the cycle ends count)."""
     rolling: int
     """Rolling checkpoints kept (`checkpoints.keep_last`)."""
     cycle_ends: int | None
@@ -127,10 +129,8 @@ class RetentionNeed:
 
     def describe(self) -> str:
         """One clause: what is kept and what it takes."""
-        kept = (
-            f"the line's start, {self.stages} stage end{'s' if self.stages != 1 else ''}, "
-            f"{self.rolling} rolling, 1 being written"
-        )
+        stage_ends = f"{self.stages} stage end{'s' if self.stages != 1 else ''}, " if self.stages else ""
+        kept = f"the line's start, {stage_ends}{self.rolling} rolling, 1 being written"
         total = self.bytes()
         if total is None:
             return (
@@ -175,7 +175,8 @@ def retention_need(
         cycle_ends, why = planned, f"{planned} cycle{'s' if planned != 1 else ''} planned"
     else:
         cycle_ends, why = None, "the plan runs until the data line ends, and its last cycle is not known yet"
-    return RetentionNeed(size, len(config.plan), config.checkpoints.keep_last, cycle_ends, why)
+    stage_ends = sum(1 for stage in config.plan if stage.tokens is not None)
+    return RetentionNeed(size, stage_ends, config.checkpoints.keep_last, cycle_ends, why)
 
 
 def checkpoints_bytes(checkpoints_dir: Path) -> int:

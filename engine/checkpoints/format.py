@@ -13,8 +13,9 @@ A checkpoint directory `<line>/checkpoints/u<update:08d>/` holds
 `latest` (a one-line file naming the directory) is replaced by an atomic rename only after the
 directory is complete and renamed into place (`engine.checkpoints.tensors` writes and loads the
 tensors). After each write the retention rule runs: the checkpoint `latest` names, the kept ones
-(line start, cycle ends -- the newest `keep_cycle_ends` of them when it is set --, length changes)
-and the newest `keep_last` rolling ones stay. Nothing
+(line start, cycle ends -- the newest `keep_cycle_ends` of them when it is set --, length changes),
+the pinned ones (a rollback's target, a queued branch's cycle end) and the newest `keep_last`
+rolling ones stay. Nothing
 here imports torch, so branch, rollback, status and the supervisor can read checkpoints' files.
 """
 
@@ -26,6 +27,7 @@ import os
 import re
 import shutil
 import subprocess
+import threading
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -236,6 +238,44 @@ def no_such_checkpoint(directory: Path) -> str:
     return f"{directory}: no such checkpoint (the line has {', '.join(available) or 'none'})"
 
 
+def resume_candidate(checkpoints_dir: Path) -> Path | None:
+    """The checkpoint a start resumes from, as far as its files say without hashing them: the one
+    `latest` names, or where that is gone the newest before it with a readable state.json (the
+    trainer's `find_resume_point` falls back the same way, and verifies); None when there is none.
+    What `nsconsole check` and `status` read the line's position from."""
+    latest = read_latest(checkpoints_dir)
+    candidates = list_checkpoints(checkpoints_dir)
+    if latest is not None:
+        candidates = [path for path in candidates if (update_of(path) or 0) <= int(latest[1:])]
+    for directory in reversed(candidates):
+        if read_checkpoint_state(directory) is not None:
+            return directory
+    return None
+
+
+def no_checkpoint_left_problem(layout: LineLayout) -> str | None:
+    """Why a line without a checkpoint to resume from must not start afresh (None: it may): `latest`
+    names a checkpoint, or rows.jsonl holds rows, so the line has trained and its checkpoints were
+    removed (by hand: retention keeps the line's start and `latest`). A fresh start would cut
+    rows.jsonl back to nothing and train the line again from update 0 over data it consumed."""
+    if resume_candidate(layout.checkpoints) is not None:
+        return None
+    latest = read_latest(layout.checkpoints)
+    try:
+        rows_bytes = layout.rows_jsonl.stat().st_size
+    except OSError:
+        rows_bytes = 0
+    if latest is None and rows_bytes == 0:
+        return None
+    trained = f"{layout.checkpoints / LATEST_NAME} names {latest}" if latest is not None else (
+        f"{layout.rows_jsonl} holds {rows_bytes:,} bytes of rows")
+    return (
+        f"{layout.checkpoints}: no checkpoint to resume from is left, but the line has trained ({trained}); a fresh "
+        "start would erase rows.jsonl and train from update 0 again, so it is refused: put the "
+        "checkpoints back, or to start the line over move checkpoints/ and rows.jsonl away"
+    )
+
+
 def branched_from(layout: LineLayout) -> str | None:
     """The line a branch was forked from, None for a trunk: `engine.ops.branch` writes it into the
     state of the branch's first checkpoint, which retention keeps."""
@@ -258,31 +298,50 @@ def _kept_reason(directory: Path) -> str | None:
 
 
 PINNED_NAME = "pinned"
-"""`checkpoints/pinned`: checkpoints retention must keep whatever else happens, one name a line
-(a rollback's target, from the moment it is chosen until the rollback is done or refused)."""
+"""`checkpoints/pinned`: checkpoints retention must keep whatever else happens, one a line: a
+checkpoint's name (a rollback's target, from the moment it is chosen until the rollback is done or
+refused) or a kept reason, `cycle-end N` (the end of a cycle a queued branch forks at, from the
+moment it is queued, before that checkpoint exists, until the branch is made or fails)."""
+_pins_lock = threading.Lock()  # one process's threads (a supervisor's RPC and fork worker) pin in turn
 
 
 def read_pinned(checkpoints_dir: Path) -> set[str]:
-    """The pinned checkpoints' names (none when there is no pin file or it is unreadable)."""
+    """The pins: checkpoints' names and kept reasons (none when there is no pin file or it is unreadable)."""
     try:
         text = (checkpoints_dir / PINNED_NAME).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):
         return set()
-    return {name for name in text.split() if _DIR_PATTERN.match(name)}
+    pins = {line.strip() for line in text.splitlines()}
+    return {pin for pin in pins if _DIR_PATTERN.match(pin) or _CYCLE_END_KEPT.match(pin)}
+
+
+def _change_pins(checkpoints_dir: Path, add: str | None = None, remove: str | None = None) -> None:
+    with _pins_lock:
+        pins = read_pinned(checkpoints_dir) - {remove} | ({add} if add else set())
+        if pins:
+            checkpoints_dir.mkdir(parents=True, exist_ok=True)  # a queue may come before the first checkpoint
+            write_text_atomic(checkpoints_dir / PINNED_NAME, "".join(f"{pin}\n" for pin in sorted(pins)))
+        else:
+            (checkpoints_dir / PINNED_NAME).unlink(missing_ok=True)
 
 
 def pin_checkpoint(checkpoints_dir: Path, name: str) -> None:
     """Keep checkpoint `name` from retention until `unpin_checkpoint` (written atomically)."""
-    names = read_pinned(checkpoints_dir) | {name}
-    write_text_atomic(checkpoints_dir / PINNED_NAME, "".join(f"{n}\n" for n in sorted(names)))
+    _change_pins(checkpoints_dir, add=name)
 
 
 def unpin_checkpoint(checkpoints_dir: Path, name: str) -> None:
-    names = read_pinned(checkpoints_dir) - {name}
-    if names:
-        write_text_atomic(checkpoints_dir / PINNED_NAME, "".join(f"{n}\n" for n in sorted(names)))
-    else:
-        (checkpoints_dir / PINNED_NAME).unlink(missing_ok=True)
+    _change_pins(checkpoints_dir, remove=name)
+
+
+def pin_cycle_end(checkpoints_dir: Path, cycle: int) -> None:
+    """Keep the kept checkpoint of `cycle`'s end, once it is written, from retention
+    (`checkpoints.keep_cycle_ends`) until `unpin_cycle_end`: a queued branch forks there."""
+    _change_pins(checkpoints_dir, add=cycle_end_kept(cycle))
+
+
+def unpin_cycle_end(checkpoints_dir: Path, cycle: int) -> None:
+    _change_pins(checkpoints_dir, remove=cycle_end_kept(cycle))
 
 
 def apply_retention(
@@ -290,7 +349,7 @@ def apply_retention(
 ) -> list[str]:
     """Remove what the retention rule does not keep; returns the removed directory names.
 
-    Kept: the checkpoint `latest` names, the pinned ones (`pin_checkpoint`), every checkpoint
+    Kept: the checkpoint `latest` names, the pinned ones (`pin_checkpoint`, `pin_cycle_end`), every checkpoint
     whose state.json has a `kept` reason -- but for cycle ends, only the newest `keep_cycle_ends`
     when it is set -- and the newest `keep_last` rolling ones. Removed: older rolling checkpoints,
     older cycle ends past `keep_cycle_ends` and, when `abandoned_after` is given (the update a
@@ -311,6 +370,8 @@ def apply_retention(
             removable.append(directory)
             continue
         reason = _kept_reason(directory)
+        if reason in pinned:
+            continue
         if reason is None:
             rolling.append(directory)
         elif cycle_of_kept(reason) is not None:
@@ -382,7 +443,10 @@ def verify_line_checkpoints(line_dir: Path) -> list[str]:
     elif directories and latest is None:
         problems.append(latest_name_problem(checkpoints_dir))
     elif latest is not None and not (checkpoints_dir / latest).is_dir():
-        problems.append(f"{checkpoints_dir / LATEST_NAME}: names {latest}, which is missing")
+        resumed = resume_candidate(checkpoints_dir)
+        fallback = f"a start resumes from {resumed.name}, the newest before it" if resumed is not None else (
+            "no checkpoint before it is left")
+        problems.append(f"{checkpoints_dir / LATEST_NAME}: names {latest}, which is missing; {fallback}")
     for directory in directories:
         try:
             verify_checkpoint(directory)

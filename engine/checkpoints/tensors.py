@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import threading
 from collections.abc import Collection
@@ -25,6 +26,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from engine.atomic import fsync_directory
+from engine.checkpoints.disk_budget import gib_text
 from engine.checkpoints.format import (
     EXTRA_FILE,
     FORMAT_VERSION,
@@ -51,8 +53,7 @@ from engine.checkpoints.format import (
     write_bytes_durably,
     write_latest,
 )
-from engine.errors import CheckpointError, DiskFull
-from engine.units import GIB
+from engine.errors import CheckpointError, DiskFull, disk_full_error
 
 
 @dataclass
@@ -117,12 +118,9 @@ def write_checkpoint(checkpoints_dir: Path, snapshot: CheckpointSnapshot) -> Pat
     partial.mkdir()
 
     # safetensors refuses tensors that share storage (views of one flat buffer): clone each.
-    save_file({key: tensor.detach().contiguous().clone() for key, tensor in snapshot.weights.items()},
-              partial / MODEL_FILE)
-    save_file({key: tensor.detach().contiguous().clone() for key, tensor in snapshot.optimizer.items()},
-              partial / OPTIMIZER_FILE)
-    save_file({key: tensor.detach().contiguous().clone() for key, tensor in snapshot.extra.items()},
-              partial / EXTRA_FILE)
+    _save_tensors(snapshot.weights, partial / MODEL_FILE)
+    _save_tensors(snapshot.optimizer, partial / OPTIMIZER_FILE)
+    _save_tensors(snapshot.extra, partial / EXTRA_FILE)
     for tensor_file in (MODEL_FILE, OPTIMIZER_FILE, EXTRA_FILE):
         fsync_file(partial / tensor_file)
     state = dict(snapshot.state, update=snapshot.update, format=FORMAT_VERSION, code_version=code_version())
@@ -146,6 +144,24 @@ def write_checkpoint(checkpoints_dir: Path, snapshot: CheckpointSnapshot) -> Pat
     os.replace(partial, final)
     fsync_directory(checkpoints_dir)
     return final
+
+
+_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+"""How safetensors' Rust writer names the OS error under its I/O error (`... (os error 28) ...`)."""
+
+
+def _save_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """One safetensors file. A write the OS refused is raised as the OSError it was: safetensors
+    raises its own error, whose text alone says `No space left on device (os error 28)`, and a full
+    disk must read as one (the line stops for the operator; it does not fail)."""
+    try:
+        save_file({key: tensor.detach().contiguous().clone() for key, tensor in tensors.items()}, path)
+    except SafetensorError as error:
+        found = _OS_ERROR.search(str(error))
+        if found is None:
+            raise
+        code = int(found.group(1))
+        raise OSError(code, os.strerror(code), str(path)) from error
 
 
 class CheckpointWriter:
@@ -220,12 +236,17 @@ class CheckpointWriter:
             name = checkpoint_name(snapshot.update) + PARTIAL_SUFFIX
             shutil.rmtree(self.checkpoints_dir / name, ignore_errors=True)
             free = shutil.disk_usage(self.checkpoints_dir).free
-            if free < snapshot.nbytes:
+            # ENOSPC or EDQUOT, whatever the free bytes read now: the inodes ran out, a quota was
+            # reached, or space came back once the partial write was removed. A write that did not
+            # fail so, on a disk with too little room for it, was cut short by the disk too.
+            if disk_full_error(error) is not None or free < snapshot.nbytes:
+                room = f"{gib_text(free)} free, it needs about {gib_text(snapshot.nbytes)}"
+                if free >= snapshot.nbytes:  # the bytes were there: what ran out was not
+                    room = f"{gib_text(free)} free, enough for its {gib_text(snapshot.nbytes)}: its inodes or a quota ran out"
                 error = DiskFull(
                     f"{self.checkpoints_dir}: the disk filled while checkpoint {name.removesuffix(PARTIAL_SUFFIX)} "
-                    f"was written ({free / GIB:.2f} GiB free, it needs {snapshot.nbytes / GIB:.2f} GiB; "
-                    f"{error}); the newest complete one is {read_latest(self.checkpoints_dir) or 'none yet'}; "
-                    "free some space and run the line again"
+                    f"was written ({room}; {error}); the newest complete one is "
+                    f"{read_latest(self.checkpoints_dir) or 'none yet'}; free some space and run the line again"
                 )
             self._error = error
 

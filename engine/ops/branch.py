@@ -60,7 +60,7 @@ from engine.layout import LineLayout
 from engine.models import presets
 from engine.ops.branch_data import check_fork_cycle, check_plan_fits
 from engine.ops.branch_records import record_branch
-from engine.ops.fork_point import check_cycle_comes, expected_fork_position, latest_position
+from engine.ops.fork_point import check_cycle_comes, expected_fork_position, kept_cycle_ends, latest_position
 from engine.ops.lines import inspect_data_line, open_line, resolve_data_path
 from engine.training.heldout_rows import heldout_line_path, missing_rows_problem, validation_lengths
 from engine.training.schedule import learning_rate, tokens_per_update
@@ -252,7 +252,8 @@ def find_cycle_end(parent: LineLayout, cycle: int) -> Path:
             f"{parent.root}: cycle {cycle} has not ended (the line is in cycle {at} at update "
             f"{state.get('update')}); {WAIT_OR_QUEUE}"
         )
-    raise LineError(f"{parent.checkpoints}: the kept checkpoint of cycle {cycle}'s end is missing")
+    raise LineError(f"{parent.checkpoints}: the kept checkpoint of cycle {cycle}'s end is missing; "
+                    f"{kept_cycle_ends(parent)}")
 
 
 def _resolved(layout: LineLayout, path: str | None) -> str | None:

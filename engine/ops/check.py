@@ -19,8 +19,9 @@ from datalines.errors import DataLineError
 from engine.checkpoints.disk_budget import checkpoints_bytes, gib_text, next_checkpoint_size, retention_need
 from engine.checkpoints.format import (
     CHECKPOINT_DISK_MARGIN,
+    no_checkpoint_left_problem,
     read_checkpoint_state,
-    read_latest,
+    resume_candidate,
     verify_line_checkpoints,
 )
 from engine.config.run import LRPiece, RunConfig
@@ -129,8 +130,8 @@ def _check_consumption(layout: LineLayout, config: RunConfig) -> list[CheckResul
     from datalines.consumption import consumed_refusal, consumer_of
 
     data = resolve_data_path(layout, config.data.line)
-    latest = read_latest(layout.checkpoints)
-    state = None if latest is None else read_checkpoint_state(layout.checkpoints / latest)
+    resumed = resume_candidate(layout.checkpoints)
+    state = None if resumed is None else read_checkpoint_state(resumed)
     position = state.get("position") if state is not None else None
     cycle = int(position.get("cycle", 0)) if isinstance(position, dict) else 0
     consumer = consumer_of(data, cycle)
@@ -197,11 +198,11 @@ def _check_model_against_checkpoint(layout: LineLayout, config: RunConfig, model
     """The model run.json builds can load the latest checkpoint, as the trainer's resume asks: the
     same parameter layout, and for PSSA the same settings that shape its banks and dreaming cache
     (the model is not a lifelong key: run.json may be edited, and the trainer refuses at resume)."""
-    latest = read_latest(layout.checkpoints)
-    state = None if latest is None else read_checkpoint_state(layout.checkpoints / latest)
-    if state is None:
+    resumed = resume_candidate(layout.checkpoints)
+    state = None if resumed is None else read_checkpoint_state(resumed)
+    if resumed is None or state is None:
         return CheckResult(True, "model: no checkpoint to resume yet")
-    where = layout.checkpoints / str(latest)
+    where, latest = resumed, resumed.name
     now = f"{config.model.preset} {json.dumps(config.model.overrides, sort_keys=True)}"
     if state.get("layout") != segment_layout(flat_layout(model)[0]):
         saved = f"{state.get('preset')} {json.dumps(state.get('overrides'), sort_keys=True)}"
@@ -374,11 +375,16 @@ def _line_ends(layout: LineLayout, config: RunConfig) -> list[tuple[float, str]]
 
 
 def _check_rows(layout: LineLayout) -> CheckResult:
-    """rows.jsonl holds the rows the checkpoint `latest` names counts (the trainer refuses it otherwise)."""
-    latest = read_latest(layout.checkpoints)
-    state = None if latest is None else read_checkpoint_state(layout.checkpoints / latest)
-    if state is None:
+    """rows.jsonl holds the rows the checkpoint the line resumes from counts (the trainer refuses it
+    otherwise); without one, a line that has trained is refused (a fresh start would erase its rows)."""
+    resumed = resume_candidate(layout.checkpoints)
+    state = None if resumed is None else read_checkpoint_state(resumed)
+    if resumed is None or state is None:
+        lost = no_checkpoint_left_problem(layout)
+        if lost is not None:
+            return CheckResult(False, f"rows.jsonl: {lost}")
         return CheckResult(True, "rows.jsonl: no checkpoint to hold it to yet")
+    latest = resumed.name
     rows, size = int(state.get("rows", 0)), int(state.get("rows_bytes", 0))
     problem = rows_problem(layout.rows_jsonl, rows, size)
     if problem is not None:

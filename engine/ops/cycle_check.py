@@ -16,7 +16,7 @@ from typing import Any
 from datalines import open_data_line
 from datalines.errors import DataLineError
 from datalines.manifest import MANIFEST_NAME, load_manifest, shard_files
-from engine.checkpoints.format import read_checkpoint_state, read_latest
+from engine.checkpoints.format import read_checkpoint_state, resume_candidate
 from engine.config.run import RunConfig
 from engine.errors import LineError
 from engine.layout import LineLayout
@@ -43,8 +43,9 @@ def current_cycle_finding(layout: LineLayout, config: RunConfig, *, preparer_reb
     except (LineError, DataLineError) as error:
         # The data line's own check fails on this already: one failure, said once.
         return Finding(True, f"current data cycle: not checked, the data line does not open ({error})")
-    latest = read_latest(layout.checkpoints)
-    state = (None if latest is None else read_checkpoint_state(layout.checkpoints / latest)) or {}
+    resumed = resume_candidate(layout.checkpoints)  # `latest`, or the one a start falls back to
+    latest = None if resumed is None else resumed.name
+    state = (None if resumed is None else read_checkpoint_state(resumed)) or {}
     position: dict[str, Any] = state.get("position") if isinstance(state.get("position"), dict) else {}
     index = position.get("cycle", 0)
     if not isinstance(index, int) or isinstance(index, bool) or index < 0:

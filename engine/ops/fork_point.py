@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from engine.checkpoints.format import read_checkpoint_state, read_latest
+from engine.checkpoints.format import cycle_of_kept, list_checkpoints, read_checkpoint_state, read_latest
 from engine.config.run import RunConfig
 from engine.errors import LineError
 from engine.layout import LineLayout
@@ -41,8 +41,22 @@ def check_cycle_comes(layout: LineLayout, position: dict[str, Any], cycle: int) 
     if now > cycle:
         raise LineError(
             f"{layout.checkpoints}: cycle {cycle} has ended (the line is in cycle {now}) but its "
-            "kept checkpoint is missing"
+            f"kept checkpoint is missing; {kept_cycle_ends(layout)}"
         )
+
+
+def kept_cycle_ends(layout: LineLayout) -> str:
+    """The cycle ends a line still keeps and what removed the others: a missing fork point's reason."""
+    states = (read_checkpoint_state(directory) or {} for directory in list_checkpoints(layout.checkpoints))
+    kept = [cycle for cycle in (cycle_of_kept(state.get("kept")) for state in states) if cycle is not None]
+    have = f"it keeps the ends of cycles {', '.join(map(str, kept))}" if kept else "it keeps no cycle end"
+    try:
+        bound = RunConfig.load(layout.run_json).checkpoints.keep_cycle_ends
+    except LineError:
+        bound = None
+    if bound is None:
+        return f"{have} (retention keeps every cycle end: was it removed by hand?)"
+    return f"{have} (checkpoints.keep_cycle_ends {bound}: retention keeps the newest {bound})"
 
 
 def expected_fork_position(

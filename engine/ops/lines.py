@@ -12,7 +12,7 @@ from pathlib import Path
 
 import datalines
 from datalines.errors import DataLineError
-from engine.checkpoints.format import read_checkpoint_state, read_latest
+from engine.checkpoints.format import read_checkpoint_state, resume_candidate
 from engine.config.run import (
     RunConfig,
     TrainedSoFar,
@@ -103,8 +103,8 @@ def _refusals(layout: LineLayout, accepted: RunConfig, config: RunConfig) -> lis
 def trained_so_far(layout: LineLayout, config: RunConfig) -> TrainedSoFar | None:
     """Where the line stands by its checkpoint `latest` (None: none yet, or unreadable, which the
     checkpoint checks report): the clocks a schedule's growth must not start before."""
-    latest = read_latest(layout.checkpoints)
-    state = None if latest is None else read_checkpoint_state(layout.checkpoints / latest)
+    resumed = resume_candidate(layout.checkpoints)  # `latest`, or the one a start falls back to
+    state = None if resumed is None else read_checkpoint_state(resumed)
     if state is None:
         return None
     try:

@@ -6,19 +6,28 @@ is left out, an unreadable heartbeat or STOP is reported rather than raised.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.checkpoints.format import branched_from
+from engine.checkpoints.format import (
+    branched_from,
+    latest_file_problem,
+    latest_name_problem,
+    list_checkpoints,
+    read_latest,
+    resume_candidate,
+)
 from engine.config.run import RunConfig
 from engine.errors import LineError
 from engine.gpu.placement import gpus_label
-from engine.layout import LineLayout, checkpoint_update
+from engine.layout import LineLayout
 from engine.ops.branch_records import live_branches
 from engine.ops.lines import open_line
 from engine.ops.stop import StopRequest, read_stop
@@ -56,13 +65,20 @@ class LineStatus:
     checkpoints: list[str] = field(default_factory=list)
     """Finished checkpoint directories, oldest first."""
     latest: str | None = None
-    """The checkpoint `checkpoints/latest` names."""
+    """The checkpoint `checkpoints/latest` names (None: none, or `latest` is unreadable: a problem says so)."""
+    resumes_from: str | None = None
+    """The checkpoint a start resumes from where it is not `latest` (the one `latest` names is gone, or
+    `latest` names none): the newest before it; None otherwise, or when none is left."""
     stop: StopRequest | None = None
     """A pending stop request."""
     problems: list[str] = field(default_factory=list)
     """Files that could not be read (one line each)."""
     disk_bytes: int = 0
     """Disk space the line directory uses."""
+    checkpoints_disk_bytes: int = 0
+    """Of `disk_bytes`, what its checkpoints use."""
+    disk_free: int | None = None
+    """Free space on the line's disk (None: unreadable)."""
     last_validation: dict[str, Any] | None = None
     """The newest row of a validating update (None: no validation in rows.jsonl yet)."""
     wandb: WandbRunState | None = None
@@ -137,6 +153,9 @@ def line_status(root: Path | str, rows: int = 5, now: float | None = None) -> Li
     _read_supervisor_state(supervisor, status)
     _read_branches(layout, supervisor, status)
     status.disk_bytes = directory_bytes(layout.root)
+    status.checkpoints_disk_bytes = directory_bytes(layout.checkpoints)
+    with contextlib.suppress(OSError):
+        status.disk_free = shutil.disk_usage(layout.root).free
     status.last_validation = read_last_validation(layout.rows_jsonl)
     _read_wandb(layout, status)
     return status
@@ -320,17 +339,30 @@ def _read_heartbeat(layout: LineLayout, status: LineStatus, now: float) -> None:
 
 
 def _read_checkpoints(layout: LineLayout, status: LineStatus) -> None:
+    """The checkpoints, the one `latest` names and, where that one is gone, the one a start resumes
+    from instead (`latest` itself unreadable or naming a missing checkpoint is a problem, one line)."""
     if not layout.checkpoints.is_dir():
         return
-    status.checkpoints = sorted(
-        entry.name
-        for entry in layout.checkpoints.iterdir()
-        if entry.is_dir() and checkpoint_update(entry.name) is not None
-    )
-    try:
-        status.latest = layout.latest.read_text(encoding="utf-8").strip() or None
-    except FileNotFoundError:
-        status.latest = None
+    status.checkpoints = [directory.name for directory in list_checkpoints(layout.checkpoints)]
+    refused = latest_file_problem(layout.checkpoints)  # a directory, a link: a start refuses it (it says why)
+    if refused is not None:
+        status.problems.append(refused)
+        return
+    status.latest = read_latest(layout.checkpoints)
+    if status.latest is None and os.path.lexists(layout.latest):
+        problem = latest_name_problem(layout.checkpoints)
+    elif status.latest is not None and status.latest not in status.checkpoints:
+        problem = f"{layout.latest}: names {status.latest}, which is missing"
+    else:
+        return
+    resumed = resume_candidate(layout.checkpoints)
+    status.resumes_from = None if resumed is None else resumed.name
+    if resumed is not None:
+        before = ", the newest before it" if status.latest is not None else ", the newest"
+        problem += f"; a start resumes from {resumed.name}{before}"
+    elif status.checkpoints or status.latest is not None:
+        problem += "; no checkpoint to resume from is left (a start is refused: `nsconsole check` says why)"
+    status.problems.append(problem)
 
 
 def directory_bytes(root: Path) -> int:

@@ -9,7 +9,9 @@ the request waits in a queue that the supervisor keeps in supervisor.json, so a 
 supervisor still performs it. The supervisor's loop calls `poll`:
 whenever `latest` moves (or a request joins the queue), the cycle ends are looked for, and the due
 forks are made on a worker thread, so that hashing a large fork checkpoint does not hold up the
-trainer's watch. A branch forked at once is announced (`on_forked`, where the supervisor starts the
+trainer's watch (a queued fork's cycle end is pinned, `checkpoints/pinned`, from the moment it is
+queued until the fork is made or fails: `checkpoints.keep_cycle_ends` does not remove it meanwhile,
+though the next cycle may end before the loop sees this one's). A branch forked at once is announced (`on_forked`, where the supervisor starts the
 branch's own supervisor) on a worker thread too, so that the `branch` call is answered without
 waiting for that start. When the line reaches its end, `finish_line` reports the forks whose cycle
 never came as failed. Failed forks stay listed (`failed`, for the `status` reply) until a branch
@@ -30,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from datalines.errors import DataLineError
-from engine.checkpoints.format import cycle_end_kept, read_checkpoint_state
+from engine.checkpoints.format import cycle_end_kept, pin_cycle_end, read_checkpoint_state, unpin_cycle_end
 from engine.errors import LineError
 from engine.layout import LineLayout, checkpoint_update
 from engine.supervisor.reads import latest_update
@@ -173,6 +175,8 @@ class ForkQueue:
         if not isinstance(records, list):
             return
         forks = [fork for fork in map(QueuedFork.from_json, records) if fork is not None]
+        for fork in forks:
+            pin_cycle_end(self.layout.checkpoints, fork.at_cycle)  # pinned already, unless a hand edit lost it
         with self._lock:
             self._forks.extend(forks)
             self._changed = True
@@ -187,6 +191,9 @@ class ForkQueue:
                 from engine.ops.branch import check_branch_request
 
                 check_branch_request(fork.request(self.layout.root))
+                # Retention (`checkpoints.keep_cycle_ends`) must not remove the fork point before the
+                # fork is made: the next cycle may end before this loop sees the one it waits for.
+                pin_cycle_end(self.layout.checkpoints, fork.at_cycle)
                 self._forks.append(fork)
                 self._changed = True
             self._failed = [failed for failed in self._failed if failed.path != fork.path]
@@ -219,6 +226,8 @@ class ForkQueue:
         cycle = current_cycle(self.layout)
         with self._lock:
             never, self._forks = self._forks, []
+            for at_cycle in {fork.at_cycle for fork in never}:
+                unpin_cycle_end(self.layout.checkpoints, at_cycle)
             failures = [
                 FailedFork(fork.path, fork.at_cycle, f"the line ended in cycle {cycle} before cycle "
                            f"{fork.at_cycle} ended", time.time())
@@ -256,7 +265,11 @@ class ForkQueue:
             if not self._forks or not (force or self._changed or latest != self._latest_seen):
                 return []
             self._latest_seen, self._changed = latest, False
-            return [fork for fork in self._forks if cycle_end_checkpoint(self.layout, fork.at_cycle)]
+            # A cycle the line has left whose kept checkpoint is gone (removed by hand) is due too: its
+            # fork fails now, naming the missing checkpoint, rather than wait for an end that came.
+            now = current_cycle(self.layout)
+            return [fork for fork in self._forks if cycle_end_checkpoint(self.layout, fork.at_cycle)
+                    or (now is not None and now > fork.at_cycle)]
 
     def _make(self, due: list[QueuedFork]) -> None:
         # Each stays queued (and saved) until it is made: a supervisor killed meanwhile tries it again
@@ -271,6 +284,8 @@ class ForkQueue:
                 failure = f"internal error: {type(error).__name__}: {error}"
             with self._lock:
                 self._forks.remove(fork)
+                if not any(queued.at_cycle == fork.at_cycle for queued in self._forks):
+                    unpin_cycle_end(self.layout.checkpoints, fork.at_cycle)  # the branch holds its own link now
                 if result is None:
                     self._failed.append(FailedFork(fork.path, fork.at_cycle, failure, time.time()))
             self.on_change()
@@ -285,7 +300,14 @@ class ForkQueue:
         with self._forking:
             from engine.ops.branch import branch_line
 
-            return branch_line(fork.request(self.layout.root))
+            # Pinned while its files are linked: the trainer's retention may run meanwhile.
+            pin_cycle_end(self.layout.checkpoints, fork.at_cycle)
+            try:
+                return branch_line(fork.request(self.layout.root))
+            finally:
+                with self._lock:
+                    if not any(queued.at_cycle == fork.at_cycle for queued in self._forks):
+                        unpin_cycle_end(self.layout.checkpoints, fork.at_cycle)
 
 
 def new_fork(

@@ -10,15 +10,14 @@ at the first write that finds the disk full, then writes again.
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 from pathlib import Path
+
+from engine.errors import DISK_FULL_ERRNOS
 
 RESERVE_NAME = ".supervisor.reserve"
 RESERVE_BYTES = 1 << 20
 """Set aside at each start: far more than supervisor.json and the last run.log lines take."""
-DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
-"""No space left on the device, or the user's quota reached: the same to a line."""
 
 
 def is_disk_full(error: BaseException) -> bool:

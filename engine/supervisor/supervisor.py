@@ -275,6 +275,7 @@ class Supervisor(
                 if self.settings.echo:
                     self._echo_run_log()
         finally:
+            self._reserve.release()  # its last words are written: the line's disk gets the room back
             os.close(line_lock)
 
     def _on_signal(self, number: int, _frame: Any) -> None:

@@ -11,7 +11,6 @@ relaunch until the operator has freed space.
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import sys
 from pathlib import Path
@@ -19,22 +18,6 @@ from pathlib import Path
 from engine.checkpoints.format import read_latest
 from engine.layout import LineLayout
 from engine.protocol.facts import TrainerExitCode
-
-DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
-"""No space left on the device, or the user's quota reached: the same to a line."""
-
-
-def disk_full_error(error: BaseException) -> OSError | None:
-    """The disk-full OSError `error` is or was raised from (a write in a `finally` may carry it as
-    its context), else None."""
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, OSError) and current.errno in DISK_FULL_ERRNOS:
-            return current
-        current = current.__cause__ or current.__context__
-    return None
 
 
 def report_disk_full(line: Path | str, error: OSError) -> int:

@@ -59,9 +59,9 @@ def train(args: argparse.Namespace) -> int:
     import psutil
 
     from datalines.errors import DataLineError
-    from engine.errors import DiskFull, LineError
+    from engine.errors import DiskFull, LineError, disk_full_error
     from engine.gpu.sharing import GpuBusy
-    from engine.training.disk_full import disk_full_error, report_disk_full, say
+    from engine.training.disk_full import report_disk_full, say
     from engine.training.trainer import Trainer
 
     # A library's log handler that cannot write (W&B's, to run.log on a full disk) must not print a

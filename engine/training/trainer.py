@@ -61,10 +61,10 @@ from datalines.consumption import claim_cycle, claim_data_line
 from datalines.cycle import Cycle
 from datalines.errors import ShardChanged
 from engine.checkpoints.disk_budget import refuse_a_start_without_room
-from engine.checkpoints.format import LINE_START_KEPT, discard_partial_writes
+from engine.checkpoints.format import LINE_START_KEPT, discard_partial_writes, no_checkpoint_left_problem
 from engine.checkpoints.tensors import CheckpointWriter, find_resume_point
 from engine.config.run import RunConfig, WandbConfig
-from engine.errors import ConfigError, LineError
+from engine.errors import CheckpointError, ConfigError, LineError
 from engine.gpu.placement import placed_device
 from engine.gpu.sharing import GpuWatch, refuse_unshareable_lengths
 from engine.layout import LineLayout
@@ -199,6 +199,8 @@ class Trainer(StopRequests, DataCycles, OneUpdate, Checkpointing, GpuGuard):
         self.startup.lap("checkpoint load")
         for problem in resume.problems:
             self.log.write(f"skipped a bad checkpoint: {problem}")
+        if resume.checkpoint is None and (lost := no_checkpoint_left_problem(layout)) is not None:
+            raise CheckpointError(lost)  # a fresh start would erase the line's rows
 
         refuse_unfit_memory(config, self.device, str(layout.run_json))  # before anything is allocated
         self.startup.lap("memory check")

@@ -20,8 +20,9 @@ Show a line's state from its files: its supervisor's state (supervisor.json: tra
 finished, failed, disk-full, ...; whether that supervisor runs now) and, for a line not ended, its
 last event and how long ago (a preparer failing, a long wait for data, ...), the branches forked from it
 and queued on it, the line it was branched from, the configuration in brief, the newest rows of rows.jsonl, the
-trainer's heartbeat and its age, the checkpoints present, a pending STOP and the disk the line
-uses.
+trainer's heartbeat and its age, the checkpoints present (and the one a start resumes from when
+`latest` names one that is gone), a pending STOP, the disk the line uses (its checkpoints' part)
+and what its disk has free.
 
 exit status, for a script or a cron job that reads no report:
   {StatusExitCode.OK:d}  nothing to do: a supervisor (or a trainer run without one) runs the line, whatever it does
@@ -117,16 +118,31 @@ def format_status(status: LineStatus) -> list[str]:
         shown = ", ".join(newest)
         if len(newest) < len(status.checkpoints):
             shown = f"newest {len(newest)}: {shown}"
-        lines.append(f"checkpoints: {len(status.checkpoints)} ({shown}); latest {status.latest or 'not set'}")
+        latest = status.latest or "not set"
+        if status.latest is not None and status.latest not in status.checkpoints:
+            latest += " (missing)"
+        if status.resumes_from is not None:
+            latest += f"; a start resumes from {status.resumes_from}"
+        lines.append(f"checkpoints: {len(status.checkpoints)} ({shown}); latest {latest}")
     else:
         lines.append("checkpoints: none yet")
     lines += _validation_lines(status.last_validation)
     lines.append(_wandb_line(status))
     if status.stop is not None:
         lines.append(f"STOP pending: {status.stop.when()} (requested {status.stop.requested})")
-    lines.append(f"disk: {format_bytes(status.disk_bytes)}")
+    lines.append(disk_line(status))
     lines += [f"problem: {problem}" for problem in status.problems]
     return lines
+
+
+def disk_line(status: LineStatus) -> str:
+    """What the line takes on its disk (its checkpoints' part) and what the disk has left."""
+    text = f"disk: {format_bytes(status.disk_bytes)}"
+    if status.checkpoints_disk_bytes:
+        text += f" (checkpoints {format_bytes(status.checkpoints_disk_bytes)})"
+    if status.disk_free is not None:
+        text += f"; {format_bytes(status.disk_free)} free on its disk"
+    return text
 
 
 def state_line(status: LineStatus) -> str:

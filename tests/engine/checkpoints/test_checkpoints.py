@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors import SafetensorError
 
 from engine.checkpoints.format import (
     LATEST_NAME,
@@ -245,3 +248,85 @@ def _as_line(checkpoints_dir: Path) -> Path:
     line.mkdir()
     (line / "checkpoints").symlink_to(checkpoints_dir)
     return line
+
+
+def test_a_pinned_cycle_end_outlives_keep_cycle_ends_until_it_is_unpinned(tmp_path: Path) -> None:
+    """A branch queued at the end of cycle 1 pins that end before it is written: the ends of cycles
+    2 and 3 come before the fork is made, and `keep_cycle_ends 1` must not remove cycle 1's."""
+    from engine.checkpoints.format import (
+        PINNED_NAME,
+        pin_checkpoint,
+        pin_cycle_end,
+        read_pinned,
+        unpin_checkpoint,
+        unpin_cycle_end,
+    )
+
+    pin_cycle_end(tmp_path / "checkpoints", 1)  # queued before the line has any checkpoint
+    checkpoints = tmp_path / "checkpoints"
+    for update, cycle in ((10, 0), (20, 1), (30, 2), (40, 3)):
+        write_checkpoint(checkpoints, make_snapshot(update, kept=f"cycle-end {cycle}"))
+        write_latest(checkpoints, checkpoint_name(update))
+        apply_retention(checkpoints, keep_last=2, keep_cycle_ends=1)
+    assert [path.name for path in list_checkpoints(checkpoints)] == ["u00000020", "u00000040"]
+    pin_checkpoint(checkpoints, "u00000040")  # the two kinds of pin live side by side
+    assert read_pinned(checkpoints) == {"cycle-end 1", "u00000040"}
+    unpin_cycle_end(checkpoints, 1)
+    assert (checkpoints / PINNED_NAME).read_text() == "u00000040\n"
+    unpin_checkpoint(checkpoints, "u00000040")
+    assert not (checkpoints / PINNED_NAME).exists()
+    assert apply_retention(checkpoints, keep_last=2, keep_cycle_ends=1) == ["u00000020"]
+
+
+@pytest.mark.parametrize(
+    "refusal",
+    [OSError(errno.ENOSPC, "No space left on device"), OSError(errno.EDQUOT, "Disk quota exceeded"),
+     # What safetensors' own writer raises: no errno, the OS error in its text only.
+     SafetensorError('Error while serializing: I/O error: No space left on device (os error 28) at path "x"')],
+)  # fmt: skip
+def test_a_write_the_disk_refuses_is_disk_full_whatever_the_free_bytes_read(
+    refusal: Exception, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ENOSPC (the inodes ran out) or EDQUOT (a quota) while plenty of bytes read free, said by the OS
+    or by safetensors: the line stops for the operator (DiskFull: `disk-full`), not as a failed line
+    (a plain CheckpointError: exit 2, `failed`; found on a real tmpfs whose inodes ran out)."""
+    from engine.checkpoints import tensors
+    from engine.errors import DiskFull
+
+    save(tmp_path, make_snapshot(1))
+
+    def refused(_tensors: dict, path: Path) -> None:
+        raise refusal
+
+    monkeypatch.setattr(tensors, "save_file", refused)
+    writer = CheckpointWriter(tmp_path, keep_last=2)
+    writer.save(make_snapshot(2))
+    with pytest.raises(DiskFull, match=r"the disk filled while checkpoint u00000002 was written \(.* GiB free, "
+                                       r"enough for its .* GiB: its inodes or a quota ran out; .*\); the newest "
+                                       r"complete one is u00000001; free some space and run the line again$"):
+        writer.wait()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["latest", "u00000001"]  # no partial left
+
+
+def test_a_line_whose_checkpoints_were_removed_by_hand_is_not_started_afresh(tmp_path: Path) -> None:
+    """`latest` naming a checkpoint, or rows.jsonl holding rows, with no checkpoint left: a fresh start
+    would cut rows.jsonl to nothing, so it is refused; a new line (neither) starts."""
+    from engine.checkpoints.format import no_checkpoint_left_problem, resume_candidate
+    from engine.layout import LineLayout
+
+    layout = LineLayout(tmp_path / "line")
+    layout.checkpoints.mkdir(parents=True)
+    assert no_checkpoint_left_problem(layout) is None  # a new line
+    for update in (5, 10):
+        save(layout.checkpoints, make_snapshot(update), keep_last=5)
+    layout.rows_jsonl.write_text('{"update": 1}\n' * 10)
+    shutil.rmtree(layout.checkpoints / "u00000010")
+    assert resume_candidate(layout.checkpoints) == layout.checkpoints / "u00000005"
+    assert no_checkpoint_left_problem(layout) is None  # the trainer falls back to u5
+    shutil.rmtree(layout.checkpoints / "u00000005")
+    assert resume_candidate(layout.checkpoints) is None
+    problem = no_checkpoint_left_problem(layout)
+    assert problem is not None and problem.startswith(f"{layout.checkpoints}: no checkpoint to resume from is left")
+    assert "latest names u00000010" in problem and "move checkpoints/ and rows.jsonl away" in problem
+    (layout.checkpoints / LATEST_NAME).unlink()
+    assert "rows.jsonl holds 140 bytes of rows" in (no_checkpoint_left_problem(layout) or "")

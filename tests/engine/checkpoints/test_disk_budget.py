@@ -116,24 +116,37 @@ GIB_CHECKPOINT = CheckpointSize(GIB, "measured on u00000001")
 def test_an_open_ended_trunk_grows_by_a_checkpoint_per_cycle_and_says_how_to_bound_it() -> None:
     need = retention_need(config(keep_last=2), GIB_CHECKPOINT, 1000, None)
     assert need.bytes() is None
+    # No stage end: the open-ended trunk ends with its data line, at a cycle end (found in the disk
+    # walkthrough: "1 stage end" counted a checkpoint no trunk ever holds, 14.6 GiB for ns-1p3b).
     assert need.describe() == (
-        "retention keeps 5 checkpoints (the line's start, 1 stage end, 2 rolling, 1 being written) = 5 GiB, "
+        "retention keeps 4 checkpoints (the line's start, 2 rolling, 1 being written) = 4 GiB, "
         "and one at every cycle end: it grows by 1 GiB per cycle, unbounded (the plan runs until the data "
         "line ends, and its last cycle is not known yet)"
     )
     assert need.shortfall(8 * GIB) == (
-        "8 GiB for checkpoints holds 3 cycle ends: set checkpoints.keep_cycle_ends to bound them "
+        "8 GiB for checkpoints holds 4 cycle ends: set checkpoints.keep_cycle_ends to bound them "
         "(the newest N stay), or free disk as cycles pass"
     )
 
 
+def test_only_stages_that_end_on_their_tokens_keep_a_stage_end() -> None:
+    line = config(keep_last=2)
+    line.plan = [StageConfig("decay", 32, 1000.0), StageConfig("long", 64, 1000.0)]
+    need = retention_need(line, GIB_CHECKPOINT, 1000, None)
+    assert need.stages == 2 and need.describe().startswith(
+        "retention keeps up to 8 checkpoints (the line's start, 2 stage ends, 2 rolling, 1 being written, "
+        "2 cycle ends: 2 cycles planned) = 8 GiB")
+    line.plan = [StageConfig("decay", 32, 1000.0), StageConfig("trunk", 32, None)]
+    assert retention_need(line, GIB_CHECKPOINT, 1000, 4).stages == 1
+
+
 def test_keep_cycle_ends_bounds_the_need() -> None:
     need = retention_need(config(keep_last=2, keep_cycle_ends=3), GIB_CHECKPOINT, 1000, None)
-    assert need.bytes() == 8 * GIB
-    assert need.describe().endswith("3 cycle ends: checkpoints.keep_cycle_ends 3) = 8 GiB")
-    assert need.shortfall(8 * GIB) is None
-    assert need.shortfall(7 * GIB) == (
-        "7 GiB for checkpoints holds 7 of them: free disk, or lower checkpoints.keep_last or "
+    assert need.bytes() == 7 * GIB
+    assert need.describe().endswith("3 cycle ends: checkpoints.keep_cycle_ends 3) = 7 GiB")
+    assert need.shortfall(7 * GIB) is None
+    assert need.shortfall(6 * GIB) == (
+        "6 GiB for checkpoints holds 6 of them: free disk, or lower checkpoints.keep_last or "
         "checkpoints.keep_cycle_ends"
     )
     # A bound above the cycles planned changes nothing: the plan bounds them.

@@ -182,3 +182,28 @@ def test_a_plan_longer_than_the_branch_s_data_is_refused_when_asked_for(
     assert branch(tmp_path, trunk, whole_data, plan=f"decay:{held}") == 2
     assert "cycle 1 has not ended" in capsys.readouterr().err
     assert not (tmp_path / "b").exists()
+
+
+def test_a_fork_point_retention_removed_is_refused_naming_what_the_line_keeps(
+    tmp_path: Path, data_template: Path
+) -> None:
+    """`the kept checkpoint of cycle 1's end is missing` said neither why nor where a branch could fork
+    instead (found in the disk walkthrough, on a line with `checkpoints.keep_cycle_ends 2`)."""
+    import json
+
+    from engine.ops.branch import find_cycle_end
+
+    layout = LineLayout(make_line(tmp_path, data_template, **{"checkpoints.keep_cycle_ends": 2}))
+    for update, cycle in ((30, 2), (40, 3), (45, None)):  # retention removed the ends of cycles 0 and 1
+        directory = layout.checkpoint(update)
+        directory.mkdir(parents=True)
+        kept = None if cycle is None else f"cycle-end {cycle}"
+        state = {"update": update, "kept": kept, "position": {"cycle": 4}}
+        (directory / "state.json").write_text(json.dumps(state))
+    (layout.checkpoints / "latest").write_text("u00000045\n")
+    with pytest.raises(LineError) as refusal:
+        find_cycle_end(layout, 1)
+    assert str(refusal.value) == (
+        f"{layout.checkpoints}: the kept checkpoint of cycle 1's end is missing; it keeps the ends of cycles 2, 3 "
+        "(checkpoints.keep_cycle_ends 2: retention keeps the newest 2)"
+    )

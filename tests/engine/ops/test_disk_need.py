@@ -105,7 +105,7 @@ def test_check_says_what_retention_keeps(
     retention = [text for text in lines if text.startswith("ok: disk retention: ")]
     assert len(retention) == 1, lines
     assert retention[0].startswith(
-        f"ok: disk retention: retention keeps up to {5 + cycles} checkpoints (the line's start, 1 stage end, "
+        f"ok: disk retention: retention keeps up to {4 + cycles} checkpoints (the line's start, "
         f"2 rolling, 1 being written, {cycles} cycle ends: {cycles} cycles planned) = "
     )
     assert retention[0].endswith("; it fits")
@@ -119,8 +119,8 @@ def test_check_warns_when_the_kept_checkpoints_outgrow_the_disk(
     disk = next(text for text in lines if text.startswith("ok: disk: "))
     parameters = int(disk.split("estimated: ")[1].split(" parameters")[0].replace(",", ""))
     checkpoint = parameters * 12 + len((line.parent / "data" / "tokenizer.json").read_bytes())
-    # Room for 5 checkpoints: the first fits (a pass); the start, a stage end, 2 rolling, 1 being
-    # written and every cycle end do not (a warning, not a failure).
+    # Room for 5 checkpoints: the first fits (a pass); the start, 2 rolling, 1 being written and
+    # every cycle end do not (a warning, not a failure).
     free_disk(monkeypatch, 5 * checkpoint + 1000)
     status, lines = check_lines(line, capsys)
     assert status == 0, lines
@@ -128,13 +128,13 @@ def test_check_warns_when_the_kept_checkpoints_outgrow_the_disk(
     assert warning.endswith(
         "holds 5 of them: free disk, or lower checkpoints.keep_last or checkpoints.keep_cycle_ends"
     ), warning
-    # One rolling checkpoint and one cycle end: 5 in all, and they fit.
+    # One rolling checkpoint and one cycle end: 4 in all, and they fit.
     document = json.loads((line / "run.json").read_text())
     document["checkpoints"].update(keep_cycle_ends=1, keep_last=1)
     (line / "run.json").write_text(json.dumps(document))
     _status, lines = check_lines(line, capsys)
     retention = next(text for text in lines if "disk retention: " in text)
-    assert retention.startswith("ok: disk retention: retention keeps up to 5 checkpoints ("), retention
+    assert retention.startswith("ok: disk retention: retention keeps up to 4 checkpoints ("), retention
     assert "1 cycle end: checkpoints.keep_cycle_ends 1" in retention and retention.endswith("; it fits")
 
 

@@ -10,6 +10,7 @@ import contextlib
 import errno
 import json
 import os
+import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -22,6 +23,7 @@ from helpers.supervise import start_supervisor, wait_for
 from datalines import open_data_line
 from datalines.preparer import prepare_cycle
 from engine.checkpoints.format import read_latest, verify_line_checkpoints
+from engine.errors import DiskFull
 from engine.protocol.facts import EventKind, LineState, SupervisorExitCode
 from engine.supervisor import registry
 from engine.supervisor.reserve import RESERVE_NAME
@@ -31,15 +33,15 @@ from nsconsole.client import SupervisorClient
 pytestmark = pytest.mark.usefixtures("private_host")  # conftest: an empty host.json, a private runtime dir
 
 DISK_MIB = 48
+INODES = 400
 
 
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A real filesystem of DISK_MIB MiB (tmpfs; mounting needs root, else the test is skipped)."""
-    disk = tmp_path / "disk"
+@contextlib.contextmanager
+def _tmpfs(disk: Path, options: str) -> Iterator[Path]:
+    """A real tmpfs mounted on `disk` (mounting needs root, else the test is skipped)."""
     disk.mkdir()
     mounted = os.geteuid() == 0 and subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={DISK_MIB}m", "tmpfs", str(disk)], capture_output=True
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(disk)], capture_output=True
     ).returncode == 0
     if not mounted:
         pytest.skip("mounting a small tmpfs needs root")
@@ -47,6 +49,20 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         yield disk
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A real filesystem of DISK_MIB MiB."""
+    with _tmpfs(tmp_path / "disk", f"size={DISK_MIB}m") as disk:
+        yield disk
+
+
+@pytest.fixture
+def few_inodes_disk(tmp_path: Path) -> Iterator[Path]:
+    """A real filesystem of DISK_MIB MiB and INODES files and directories."""
+    with _tmpfs(tmp_path / "disk", f"size={DISK_MIB}m,nr_inodes={INODES}") as disk:
+        yield disk
 
 
 @pytest.fixture(scope="module")
@@ -119,4 +135,38 @@ def test_a_disk_full_between_checkpoints_ends_the_line_disk_full_and_loses_nothi
         _prepare_the_rest(reference_data)
         reference = make_line(tmp_path / "reference", reference_data)
         assert Trainer(reference, stop_at=stop_at, echo=None).run() == 0
+    assert rows_without_wall_clock(line / "rows.jsonl") == rows_without_wall_clock(reference / "rows.jsonl")
+
+
+def test_a_checkpoint_write_out_of_inodes_stops_the_line_disk_full_and_loses_nothing(
+    tmp_path: Path, few_inodes_disk: Path, data_template: Path
+) -> None:
+    """The disk's inodes run out while a checkpoint is written, tens of MiB free: safetensors says so
+    only in its error's text (`No space left on device (os error 28)`), and the line was `failed` with
+    that text (a checkpoint error: exit 2). It stops disk-full, saying what ran out; once files are
+    removed it resumes from its newest checkpoint and its record equals an uninterrupted line's."""
+    data = copy_data_line(data_template, tmp_path)
+    _prepare_the_rest(data)
+    line = make_line(few_inodes_disk, data, **{"wandb.mode": "disabled"})
+    filler = few_inodes_disk / "filler"
+    filler.mkdir()
+    with one_torch_thread():
+        assert Trainer(line, stop_at=3, echo=None).run() == 0
+        free_inodes = os.statvfs(few_inodes_disk).f_favail
+        for index in range(free_inodes - 4):  # a heartbeat's rename and little more: no checkpoint's files
+            (filler / str(index)).touch()
+        with pytest.raises(DiskFull, match=r"the disk filled while checkpoint u00000005 was written \(.* GiB free, "
+                                           r"enough for its .* GiB: its inodes or a quota ran out; \[Errno 28\] "
+                                           r"No space left on device: .*; the newest complete one is u00000003"):
+            Trainer(line, stop_at=10, echo=None).run()
+        assert read_latest(line / "checkpoints") == "u00000003"
+        assert not list((line / "checkpoints").glob("*.partial"))
+        shutil.rmtree(filler)  # the operator frees files; the line resumes where it was saved
+        assert Trainer(line, stop_at=10, echo=None).run() == 0
+        (tmp_path / "reference").mkdir()
+        reference_data = copy_data_line(data_template, tmp_path / "reference")
+        _prepare_the_rest(reference_data)
+        reference = make_line(tmp_path / "reference", reference_data, **{"wandb.mode": "disabled"})
+        assert Trainer(reference, stop_at=10, echo=None).run() == 0
+    assert verify_line_checkpoints(line) == []
     assert rows_without_wall_clock(line / "rows.jsonl") == rows_without_wall_clock(reference / "rows.jsonl")

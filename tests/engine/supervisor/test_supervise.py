@@ -23,6 +23,7 @@ from helpers.lines import make_data_line, make_line
 from engine.errors import LineError
 from engine.gpu.devices import GpuLease, lease_holder
 from engine.supervisor import registry
+from engine.supervisor.reserve import RESERVE_NAME
 from nsconsole.client import RemoteError, SupervisorClient
 
 FAKE_TRAINER = r'''
@@ -359,6 +360,14 @@ def test_a_full_disk_stops_the_line_for_the_operator(rig: Rig) -> None:
     [event] = rig.notified("disk_full")
     assert event["message"] == "/lines/x: 0.40 GiB free on its disk, below guards.min_free_disk_gb = 20"
     assert json.loads((rig.line / "supervisor.json").read_text())["state"] == "disk-full"
+    # Its 1 MiB reserve for last words is given back once they are written: not left in the line.
+    assert not (rig.line / RESERVE_NAME).exists()
+
+
+def test_a_line_that_ends_leaves_no_disk_reserve_behind(rig: Rig) -> None:
+    rig.start(["finish"])
+    assert rig.finish() == 0
+    assert not (rig.line / RESERVE_NAME).exists()
 
 
 def test_a_long_wait_for_data_is_notified(rig: Rig) -> None:

@@ -8,6 +8,7 @@ through a running supervisor is tests/engine/supervisor/test_supervise_ops_e2e.p
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -20,7 +21,7 @@ import pytest
 from helpers.lines import make_data_line, make_line
 
 from datalines import open_data_line
-from engine.checkpoints.format import branched_from
+from engine.checkpoints.format import apply_retention, branched_from, read_pinned
 from engine.config.host import HostSettings
 from engine.errors import LineError
 from engine.layout import LineLayout
@@ -214,6 +215,43 @@ def test_a_fork_that_fails_at_its_cycle_end_or_whose_cycle_never_comes_is_report
     recorder.refuse = None
     queue.branch(new_fork(tmp_path / "b1", 1, "decay:1e3", data_line))  # cycle 1 has ended: forked now
     assert [fork["path"] for fork in queue.failed()] == [str(tmp_path / "b4")]
+
+
+def test_a_queued_forks_cycle_end_outlives_keep_cycle_ends_until_the_fork_is_made(
+    tmp_path: Path, data_line: Path, recorder: Recorder
+) -> None:
+    """With `checkpoints.keep_cycle_ends 1`, the end of cycle 2 can come before the supervisor's loop
+    sees cycle 1's (tiny cycles; a loop busy hashing another fork): retention removed the fork point
+    and the fork failed at the line's end as `the line ended in cycle 7 before cycle 1 ended` (found
+    in the disk walkthrough on a real line). A queued fork pins its cycle end until it is made."""
+    layout = LineLayout(make_line(tmp_path, data_line))
+    write_checkpoint(layout, 9, cycle=1, kept="cycle-end 0")
+    queue = recorder.queue(layout)
+    queue.branch(new_fork(tmp_path / "b1", 1, "decay:1e3", data_line))
+    assert read_pinned(layout.checkpoints) == {"cycle-end 1"}
+    for update, cycle in ((15, 1), (20, 2)):  # the trainer's next cycle ends, each with its retention
+        write_checkpoint(layout, update, cycle=cycle + 1, kept=f"cycle-end {cycle}")
+        apply_retention(layout.checkpoints, keep_last=2, keep_cycle_ends=1)
+    assert cycle_end_checkpoint(layout, 1) == layout.checkpoint(15)
+    queue.poll()
+    wait_for_worker(queue)
+    assert recorder.forked == [str(tmp_path / "b1")] and queue.export() == []
+    assert read_pinned(layout.checkpoints) == set()  # made: the branch has its own copy
+    assert apply_retention(layout.checkpoints, keep_last=2, keep_cycle_ends=1) == ["u00000015"]
+
+    # A new supervisor's queue pins what it takes back; a cycle end removed by hand fails its fork at
+    # once (the fork names what is missing) instead of waiting for the line's end.
+    again = recorder.queue(layout)
+    again.restore([dataclasses.asdict(new_fork(tmp_path / "b3", 3, "decay:1e3", data_line))])
+    assert read_pinned(layout.checkpoints) == {"cycle-end 3"}
+    write_checkpoint(layout, 25, cycle=4, kept="cycle-end 3")
+    shutil.rmtree(layout.checkpoint(25))
+    write_checkpoint(layout, 30, cycle=4)
+    recorder.refuse = "the kept checkpoint of cycle 3's end is missing"  # what branch_line finds
+    again.poll()
+    wait_for_worker(again)
+    assert recorder.failed == [(str(tmp_path / "b3"), "the kept checkpoint of cycle 3's end is missing")]
+    assert again.export() == [] and read_pinned(layout.checkpoints) == set()
 
 
 def test_a_queued_branch_is_refused_now_for_what_would_stop_its_fork(

@@ -20,7 +20,7 @@ from helpers.lines import (
 from engine.checkpoints import tensors as ckpt_module
 from engine.checkpoints.format import read_latest, verify_line_checkpoints
 from engine.config.run import RunConfig
-from engine.errors import DiskFull
+from engine.errors import CheckpointError, DiskFull
 from engine.training import checkpointing as checkpointing_module
 from engine.training.trainer import Trainer
 from engine.units import GIB
@@ -167,3 +167,44 @@ def test_a_new_line_without_room_for_its_first_checkpoint_writes_nothing(
     assert read_latest(line / "checkpoints") is None
     assert not [path for path in (line / "checkpoints").iterdir() if path.is_dir()]
     assert not (line / "rows.jsonl").exists() or (line / "rows.jsonl").read_text() == ""
+
+
+def test_a_write_that_runs_out_of_inodes_stops_the_line_for_the_operator(
+    tmp_path: Path, data_template: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The disk's inodes (or the user's quota) run out while a checkpoint is written: ENOSPC with
+    # gigabytes of bytes free. The line stops for the operator (DiskFull: exit 74, `disk-full`), not
+    # as a failed line (a plain checkpoint error: exit 2, `failed`); `latest` stays.
+    line = _checkpointed_at_update_2_with_no_floor(tmp_path, data_template)
+    real_write = ckpt_module.write_bytes_durably
+
+    def no_inode_left(path: Path, data: bytes) -> None:
+        if path.name == "state.json":
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        real_write(path, data)
+
+    monkeypatch.setattr(ckpt_module, "write_bytes_durably", no_inode_left)
+    with pytest.raises(DiskFull, match=r"the disk filled while checkpoint u00000005 was written .* "
+                                       r"the newest complete one is u00000002"):
+        Trainer(line, stop_at=10, echo=None).run()
+    assert read_latest(line / "checkpoints") == "u00000002"
+    assert not list((line / "checkpoints").glob("*.partial"))
+    assert verify_line_checkpoints(line) == []
+
+
+def test_a_line_whose_checkpoints_were_removed_by_hand_keeps_its_rows(tmp_path: Path, data_template: Path) -> None:
+    # Every checkpoint directory removed (to free the disk, say), `latest` left: the start is refused
+    # before it writes anything, where it used to start the line over and cut rows.jsonl to nothing.
+    line = _checkpointed_at_update_2_with_no_floor(tmp_path, data_template)
+    rows = (line / "rows.jsonl").read_bytes()
+    assert rows.count(b"\n") == 2
+    for directory in (line / "checkpoints").glob("u*"):
+        shutil.rmtree(directory)
+    with pytest.raises(CheckpointError, match=r"no checkpoint to resume from is left, but the line has trained "
+                                              r"\(.*latest names u00000002\)"):
+        Trainer(line, stop_at=10, echo=None).run()
+    (line / "checkpoints" / "latest").unlink()  # `latest` gone too: rows.jsonl still says the line trained
+    with pytest.raises(CheckpointError, match=r"rows.jsonl holds .* bytes of rows"):
+        Trainer(line, stop_at=10, echo=None).run()
+    assert (line / "rows.jsonl").read_bytes() == rows
+    assert not list((line / "checkpoints").iterdir())

@@ -1,0 +1,76 @@
+"""Checkpoints removed by hand, as `check` and `status` read them (found in the disk walkthrough):
+with the one `latest` names gone, `check` read the line as new (`model: no checkpoint to resume
+yet`, `rows.jsonl: no checkpoint to hold it to yet`, the next cycle 0, the checkpoint's size
+estimated) while the trainer resumes from the newest one before it; `status` named the missing
+checkpoint as `latest` without a word, and a `latest` that is a directory or not text was a
+traceback. With every checkpoint gone, the start is refused (it used to start the line over and
+cut rows.jsonl to nothing): `check` fails on it in one line."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from helpers.lines import copy_data_line, data_template_fixture, make_line
+
+from engine.ops.status import line_status
+from engine.training.trainer import Trainer
+from nsconsole.cli import main
+from nsconsole.commands.status import format_status
+
+pytestmark = pytest.mark.usefixtures("one_thread", "private_host")
+
+data_template = data_template_fixture()
+
+
+def _check(line: Path, capsys: pytest.CaptureFixture[str]) -> list[str]:
+    main(["check", str(line)])
+    return capsys.readouterr().out.splitlines()
+
+
+def test_check_and_status_read_the_checkpoint_a_start_falls_back_to(
+    tmp_path: Path, data_template: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    line = make_line(tmp_path, copy_data_line(data_template, tmp_path))
+    assert Trainer(line, stop_at=12, echo=None).run() == 0  # u0, u5, u10 (cycle 0's end), u12
+    checkpoints = line / "checkpoints"
+    assert (checkpoints / "latest").read_text() == "u00000012\n"
+    shutil.rmtree(checkpoints / "u00000012")
+
+    out = _check(line, capsys)
+    assert any(text.startswith("ok: model: transformer-tiny") and text.endswith(" loads u00000010") for text in out)
+    assert "ok: rows.jsonl: holds the 10 rows u00000010 counts" in out
+    assert "ok: data consumption: cycle 1, the next this line reads, is not another line's" in out
+    assert any(text.startswith("ok: disk: ") and "measured on u00000010" in text for text in out), out
+    assert f"FAIL: checkpoints: {checkpoints / 'latest'}: names u00000012, which is missing; a start resumes " \
+           "from u00000010, the newest before it" in out
+
+    report = format_status(line_status(line))
+    assert any(text.startswith("checkpoints: 3 (") and text.endswith(
+        "latest u00000012 (missing); a start resumes from u00000010") for text in report), report
+    assert f"problem: {checkpoints / 'latest'}: names u00000012, which is missing; a start resumes from " \
+           "u00000010, the newest before it" in report
+    [disk] = [text for text in report if text.startswith("disk: ")]
+    assert "(checkpoints " in disk and disk.endswith(" free on its disk")
+
+    (checkpoints / "latest").unlink()
+    (checkpoints / "latest").mkdir()  # not the file a checkpoint's rename replaces: the start refuses it
+    report = format_status(line_status(line))
+    assert f"problem: {checkpoints / 'latest'}: a directory, not the file naming the newest checkpoint; " \
+           "move it away (the checkpoints are kept)" in report
+    (checkpoints / "latest").rmdir()
+    (checkpoints / "latest").write_bytes(b"\xff\xfe")
+    assert f"problem: {checkpoints / 'latest'}: not text, so not a checkpoint's name (u and 8 digits); " \
+           "a start resumes from u00000010, the newest" in format_status(line_status(line))
+
+    (checkpoints / "latest").write_text("u00000012\n")
+    for directory in checkpoints.glob("u*"):
+        shutil.rmtree(directory)
+    out = _check(line, capsys)
+    assert f"FAIL: rows.jsonl: {checkpoints}: no checkpoint to resume from is left, but the line has trained " \
+           f"({checkpoints / 'latest'} names u00000012); a fresh start would erase rows.jsonl and train from " \
+           "update 0 again, so it is refused: put the checkpoints back, or to start the line over move " \
+           "checkpoints/ and rows.jsonl away" in out
+    assert f"problem: {checkpoints / 'latest'}: names u00000012, which is missing; no checkpoint to resume " \
+           "from is left (a start is refused: `nsconsole check` says why)" in format_status(line_status(line))
