@@ -152,8 +152,9 @@ def line_status(root: Path | str, rows: int = 5, now: float | None = None) -> Li
     status.gpu = gpu_summary(supervisor)
     _read_supervisor_state(supervisor, status)
     _read_branches(layout, supervisor, status)
-    status.disk_bytes = directory_bytes(layout.root)
+    # One walk of the line: its checkpoints', then the rest's.
     status.checkpoints_disk_bytes = directory_bytes(layout.checkpoints)
+    status.disk_bytes = status.checkpoints_disk_bytes + directory_bytes(layout.root, excluding=layout.checkpoints)
     with contextlib.suppress(OSError):
         status.disk_free = shutil.disk_usage(layout.root).free
     status.last_validation = read_last_validation(layout.rows_jsonl)
@@ -365,10 +366,13 @@ def _read_checkpoints(layout: LineLayout, status: LineStatus) -> None:
     status.problems.append(problem)
 
 
-def directory_bytes(root: Path) -> int:
-    """Disk space used under `root` (allocated blocks; symlinks are not followed)."""
+def directory_bytes(root: Path, excluding: Path | None = None) -> int:
+    """Disk space used under `root` (allocated blocks; symlinks are not followed), less the directory
+    `excluding` (one of root's own, already counted)."""
     total = 0
-    for directory, _subdirectories, files in os.walk(root):
+    for directory, subdirectories, files in os.walk(root):
+        if excluding is not None and Path(directory) == root:
+            subdirectories[:] = [name for name in subdirectories if root / name != excluding]
         for name in files:
             try:
                 info = os.lstat(os.path.join(directory, name))
