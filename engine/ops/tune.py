@@ -65,6 +65,7 @@ from engine.models.ns.presets import LAYER_KINDS, RECOMPUTE_CHOICES, recomputed_
 from engine.ops.lines import model_vocab_size, open_line
 from engine.ops.rollback import running_trainer
 from engine.training.arena import DEFAULT_SLACK_BYTES, Arena, release_step_caches
+from engine.training.distributed import rank_batches
 from engine.training.optim import AdamWSettings, FlatAdamW
 from engine.training.schedule import tokens_per_update
 from engine.training.step import EagerEngine, GraphEngine
@@ -290,9 +291,9 @@ def rows_to_try(
 def rank_rows(update_rows: int, micro_batch_rows: int, degree: int) -> int:
     """The rows of an update that its busiest rank trains at `degree`: the update's micro-batches
     are dealt in contiguous runs, the first `batches % degree` ranks one more
-    (`engine.training.distributed.Ranks.rows_of`); the group's update takes that rank's time."""
-    batches = -(-update_rows // micro_batch_rows)
-    return min(update_rows, -(-batches // max(1, degree)) * micro_batch_rows)
+    (`engine.training.distributed.rank_batches`); the group's update takes that rank's time."""
+    _, busiest = rank_batches(-(-update_rows // micro_batch_rows), max(1, degree), 0)
+    return min(update_rows, busiest * micro_batch_rows)
 
 
 class Tuner:

@@ -70,6 +70,14 @@ if TYPE_CHECKING:
     from engine.models.base import LanguageModel
 
 
+def rank_batches(batches: int, size: int, rank: int) -> tuple[int, int]:
+    """(first, count): rank `rank`'s contiguous run of an update's `batches` micro-batches dealt to
+    `size` ranks, the first `batches % size` ranks one more. The one rule for the dealing: the
+    trainer's `Ranks.rows_of` and `tune`'s busiest-rank timing both follow it."""
+    share, extra = divmod(batches, size)
+    return rank * share + min(rank, extra), share + (rank < extra)
+
+
 @dataclass
 class Ranks:
     """This process's rank in its group (see the module docstring); `alone()` outside torchrun."""
@@ -152,10 +160,7 @@ class Ranks:
         `unit_rows`-row micro-batches they make (the first `batches % size` ranks one more)."""
         if self.size == 1:
             return windows
-        batches = -(-windows.shape[0] // unit_rows)
-        share, extra = divmod(batches, self.size)
-        first = self.rank * share + min(self.rank, extra)
-        count = share + (self.rank < extra)
+        first, count = rank_batches(-(-windows.shape[0] // unit_rows), self.size, self.rank)
         return windows[first * unit_rows : (first + count) * unit_rows]
 
     # -- collectives (none without torchrun) ---------------------------------------------------
