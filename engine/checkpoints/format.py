@@ -5,7 +5,7 @@ A checkpoint directory `<line>/checkpoints/u<update:08d>/` holds
     model.safetensors      fp32 weights by parameter name (loadable without this package's layout)
     optimizer.safetensors  the flat AdamW moments (`exp_avg`, `exp_avg_sq`), the step, the EMA slot
     extra.safetensors      the model's extra state (PSSA memory banks) and the RNG states (`rng/...`)
-    state.json             update, tokens, data position, rows count, kept reason, code version, layout
+    state.json             update, tokens, data position, rows count, kept reason(s), code version, layout
     run.json               the line's full configuration as it was at this update
     tokenizer.json         the tokenizer the weights were trained with (a checkpoint is self-contained)
     meta.json              written last: the blake2b and size of every other file
@@ -13,8 +13,8 @@ A checkpoint directory `<line>/checkpoints/u<update:08d>/` holds
 `latest` (a one-line file naming the directory) is replaced by an atomic rename only after the
 directory is complete and renamed into place (`engine.checkpoints.tensors` writes and loads the
 tensors). After each write the retention rule runs: the checkpoint `latest` names, the kept ones
-(line start, cycle ends -- the newest `keep_cycle_ends` of them when it is set --, length changes),
-the pinned ones (a rollback's target, a queued branch's cycle end) and the newest `keep_last`
+(line start, stage ends, cycle ends -- the newest `keep_cycle_ends` of those that end a cycle only,
+when it is set), the pinned ones (a rollback's target, a queued branch's cycle end) and the newest `keep_last`
 rolling ones stay. Nothing
 here imports torch, so branch, rollback, status and the supervisor can read checkpoints' files.
 """
@@ -28,6 +28,7 @@ import re
 import shutil
 import subprocess
 import threading
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -89,10 +90,30 @@ def stage_end_kept(stage: str) -> str:
     return f"stage-end {stage}"
 
 
-def cycle_of_kept(reason: object) -> int | None:
-    """The cycle a cycle-end `kept` reason names; None for any other reason."""
-    match = _CYCLE_END_KEPT.match(reason) if isinstance(reason, str) else None
-    return int(match.group(1)) if match else None
+def kept_reasons(kept: object) -> tuple[str, ...]:
+    """The reasons a state.json's `kept` holds: one string, or a list of them where one update ended
+    a stage of the plan and a data cycle at once (`["stage-end decay", "cycle-end 3"]`: the checkpoint
+    is both); () for a rolling checkpoint (null) or a value of neither shape."""
+    if isinstance(kept, str):
+        return (kept,)
+    if isinstance(kept, list) and all(isinstance(reason, str) for reason in kept):
+        return tuple(kept)
+    return ()
+
+
+def kept_text(kept: object) -> str | None:
+    """A state.json's `kept` as people read it (`stage-end decay, cycle-end 3`); None: rolling."""
+    return ", ".join(kept_reasons(kept)) or None
+
+
+def cycle_of_kept(kept: object) -> int | None:
+    """The cycle whose end a state.json's `kept` names (a cycle-end reason, alone or beside a
+    stage end); None when it names none."""
+    for reason in kept_reasons(kept):
+        match = _CYCLE_END_KEPT.match(reason)
+        if match:
+            return int(match.group(1))
+    return None
 
 
 def checkpoint_name(update: int) -> str:
@@ -289,8 +310,8 @@ def branched_from(layout: LineLayout) -> str | None:
     return str(origin["line"]) if isinstance(origin.get("line"), str) else None
 
 
-def _kept_reason(directory: Path) -> str | None:
-    """The `kept` reason recorded in a checkpoint's state.json (None: rolling, or unreadable)."""
+def _kept(directory: Path) -> object:
+    """The `kept` value recorded in a checkpoint's state.json (None: rolling, or unreadable)."""
     try:
         return json.loads((directory / STATE_NAME).read_text()).get("kept")
     except (OSError, ValueError, AttributeError):
@@ -299,39 +320,91 @@ def _kept_reason(directory: Path) -> str | None:
 
 PINNED_NAME = "pinned"
 """`checkpoints/pinned`: checkpoints retention must keep whatever else happens, one a line: a
-checkpoint's name (a rollback's target, from the moment it is chosen until the rollback is done or
-refused) or a kept reason, `cycle-end N` (the end of a cycle a queued branch forks at, from the
-moment it is queued, before that checkpoint exists, until the branch is made or fails)."""
+checkpoint's name, or a kept reason, `cycle-end N`; a `#` starts a note. Its writers: a supervisor's
+rollback pins its target (`u00000030  # rollback`) from the moment it is chosen until the rollback
+is done or refused; a supervisor's fork queue pins `cycle-end N` (the end of a cycle a queued branch
+forks at) from the moment the branch is queued, before that checkpoint exists, until the branch is
+made or fails. Both are a running supervisor's, so a supervisor's start takes back what a killed one
+left (`restore_queue_pins`). A checkpoint's name without that note (a user keeping a checkpoint for
+good) is kept as it is, and so is a line that is not a pin."""
+ROLLBACK_PIN_NOTE = "rollback"
 _pins_lock = threading.Lock()  # one process's threads (a supervisor's RPC and fork worker) pin in turn
+
+
+def _pin_lines(checkpoints_dir: Path) -> list[str]:
+    """The pin file's lines, stripped, blank ones left out (none when there is no pin file);
+    CheckpointError naming it when it cannot be read: it is not rewritten then, and nothing in it lost."""
+    path = checkpoints_dir / PINNED_NAME
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return []
+    except UnicodeDecodeError:
+        raise CheckpointError(f"{path}: not UTF-8 text; make it one pin a line, or remove it") from None
+    except OSError as error:
+        raise CheckpointError(f"{path}: unreadable ({error.strerror})") from None
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def _pin_of(line: str) -> str | None:
+    """What a line of the pin file pins (a checkpoint's name or `cycle-end N`), None for anything else."""
+    pin = line.split("#", 1)[0].strip()
+    return pin if _DIR_PATTERN.match(pin) or _CYCLE_END_KEPT.match(pin) else None
+
+
+def _is_rollback_pin(line: str, name: str | None = None) -> bool:
+    """Whether a line of the pin file is `pin_checkpoint`'s (of checkpoint `name`, when given)."""
+    pin, _, note = (part.strip() for part in line.partition("#"))
+    return note == ROLLBACK_PIN_NOTE and _DIR_PATTERN.match(pin) is not None and name in (None, pin)
 
 
 def read_pinned(checkpoints_dir: Path) -> set[str]:
     """The pins: checkpoints' names and kept reasons (none when there is no pin file or it is unreadable)."""
     try:
-        text = (checkpoints_dir / PINNED_NAME).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
+        lines = _pin_lines(checkpoints_dir)
+    except CheckpointError:
         return set()
-    pins = {line.strip() for line in text.splitlines()}
-    return {pin for pin in pins if _DIR_PATTERN.match(pin) or _CYCLE_END_KEPT.match(pin)}
+    return {pin for pin in map(_pin_of, lines) if pin is not None}
 
 
-def _change_pins(checkpoints_dir: Path, add: str | None = None, remove: str | None = None) -> None:
+def pin_file_problems(checkpoints_dir: Path) -> list[str]:
+    """What is wrong with the pin file, one line each: unreadable, or lines that pin nothing (a hand
+    edit's typo); empty when nothing is."""
+    path = checkpoints_dir / PINNED_NAME
+    try:
+        lines = _pin_lines(checkpoints_dir)
+    except CheckpointError as error:
+        return [str(error)]
+    return [f"{path}: {json.dumps(line)} pins nothing (a pin is a checkpoint's name, u and 8 digits, or "
+            "`cycle-end N`); ignored" for line in lines if _pin_of(line) is None]
+
+
+def _change_pins(
+    checkpoints_dir: Path, keep: Callable[[str], bool] | None = None, add: str | None = None
+) -> list[str]:
+    """Rewrite the pin file atomically with the lines `keep(line)` keeps (all, without it) and `add`
+    (unless a line pins it already); returns the lines dropped."""
     with _pins_lock:
-        pins = read_pinned(checkpoints_dir) - {remove} | ({add} if add else set())
-        if pins:
+        lines = _pin_lines(checkpoints_dir)
+        kept = [line for line in lines if keep is None or keep(line)]
+        if add is not None and add.split("#", 1)[0].strip() not in map(_pin_of, kept):
+            kept.append(add)
+        if kept:
             checkpoints_dir.mkdir(parents=True, exist_ok=True)  # a queue may come before the first checkpoint
-            write_text_atomic(checkpoints_dir / PINNED_NAME, "".join(f"{pin}\n" for pin in sorted(pins)))
+            write_text_atomic(checkpoints_dir / PINNED_NAME, "".join(f"{line}\n" for line in kept))
         else:
             (checkpoints_dir / PINNED_NAME).unlink(missing_ok=True)
+        return [line for line in lines if line not in kept]
 
 
 def pin_checkpoint(checkpoints_dir: Path, name: str) -> None:
-    """Keep checkpoint `name` from retention until `unpin_checkpoint` (written atomically)."""
-    _change_pins(checkpoints_dir, add=name)
+    """Keep checkpoint `name`, a rollback's target, from retention until `unpin_checkpoint`."""
+    _change_pins(checkpoints_dir, add=f"{name}  # {ROLLBACK_PIN_NOTE}")
 
 
 def unpin_checkpoint(checkpoints_dir: Path, name: str) -> None:
-    _change_pins(checkpoints_dir, remove=name)
+    """Take back `pin_checkpoint`'s pin (a pin of the same checkpoint written by hand stays)."""
+    _change_pins(checkpoints_dir, keep=lambda line: not _is_rollback_pin(line, name))
 
 
 def pin_cycle_end(checkpoints_dir: Path, cycle: int) -> None:
@@ -341,7 +414,26 @@ def pin_cycle_end(checkpoints_dir: Path, cycle: int) -> None:
 
 
 def unpin_cycle_end(checkpoints_dir: Path, cycle: int) -> None:
-    _change_pins(checkpoints_dir, remove=cycle_end_kept(cycle))
+    _change_pins(checkpoints_dir, keep=lambda line: _pin_of(line) != cycle_end_kept(cycle))
+
+
+def restore_queue_pins(checkpoints_dir: Path, cycles: set[int]) -> list[str]:
+    """At a supervisor's start: pin the ends of `cycles` (those its restored fork queue waits for)
+    and drop every other `cycle-end N` pin and every rollback's pin; returns the lines dropped.
+
+    Those pins are a running supervisor's alone (no rollback runs and no fork is queued while no
+    supervisor runs the line), so one left here was left by a supervisor killed between the pin and
+    its end: a fork made at once or queued but never saved in supervisor.json, or a rollback. Kept,
+    it would keep its checkpoint from retention for good. Checkpoints' names pinned by hand stay.
+    """
+    def still_needed(line: str) -> bool:
+        cycle = cycle_of_kept(_pin_of(line))
+        return not _is_rollback_pin(line) and (cycle is None or cycle in cycles)
+
+    dropped = _change_pins(checkpoints_dir, keep=still_needed)
+    for cycle in sorted(cycles):
+        pin_cycle_end(checkpoints_dir, cycle)
+    return dropped
 
 
 def apply_retention(
@@ -350,8 +442,8 @@ def apply_retention(
     """Remove what the retention rule does not keep; returns the removed directory names.
 
     Kept: the checkpoint `latest` names, the pinned ones (`pin_checkpoint`, `pin_cycle_end`), every checkpoint
-    whose state.json has a `kept` reason -- but for cycle ends, only the newest `keep_cycle_ends`
-    when it is set -- and the newest `keep_last` rolling ones. Removed: older rolling checkpoints,
+    whose state.json has a `kept` reason -- but for those kept as cycle ends alone, only the newest
+    `keep_cycle_ends` when it is set -- and the newest `keep_last` rolling ones. Removed: older rolling checkpoints,
     older cycle ends past `keep_cycle_ends` and, when `abandoned_after` is given (the update a
     resume started from), every checkpoint after it other than `latest` -- the continuation that
     resume abandoned (e.g. a corrupted newest one).
@@ -369,12 +461,15 @@ def apply_retention(
         if directory.name != latest and abandoned_after is not None and update > abandoned_after:
             removable.append(directory)
             continue
-        reason = _kept_reason(directory)
-        if reason in pinned:
+        kept = _kept(directory)
+        reasons = kept_reasons(kept)
+        if pinned.intersection(reasons):
             continue
-        if reason is None:
+        if kept is None:
             rolling.append(directory)
-        elif cycle_of_kept(reason) is not None:
+        elif reasons and all(_CYCLE_END_KEPT.match(reason) for reason in reasons):
+            # Only a cycle end: one that also ends a stage (or has a reason this code does not
+            # know) is kept for good.
             cycle_ends.append(directory)
     # `latest` is normally the newest rolling checkpoint and counts among the `keep_last`.
     removable += _older_than_newest(rolling, keep_last, latest)

@@ -3,8 +3,8 @@
 `rollback_line(LINE, U)`: the line continues from checkpoint u<U>, its W&B run rewound to U where
 the server can, else a new run backfilled (`engine.wandb.mirror.plan_rollback`). `latest` names u<U>; the later checkpoints stay on disk until the
 line writes its next checkpoint, when retention removes them as an abandoned continuation
-(`abandoned_after`, engine.checkpoints.tensors); rows.jsonl is cut back to the checkpoint's rows after a copy of
-it is kept as rows.rolledback-<time>.jsonl; the data cycles the line will read again are reopened
+(`abandoned_after`, engine.checkpoints.tensors); rows.jsonl is cut back to the checkpoint's rows after the rows
+it sets aside are kept as rows.rolledback-<time>.jsonl; the data cycles the line will read again are reopened
 (their consumed mark cleared, so the preparer rebuilds their shards from the permanent manifests).
 Refused while the line's trainer runs.
 
@@ -16,8 +16,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +39,7 @@ from engine.layout import LineLayout
 from engine.logrotate import RotatingLog
 from engine.ops.branch_records import branches_forked_after
 from engine.ops.lines import open_line, resolve_data_path
-from engine.ops.rollback_records import rolled_back_rows_path
+from engine.ops.rollback_records import keep_rolled_back_rows
 from engine.protocol.facts import LineState, Stage
 from engine.rows import RowsFile, prefix_lines, rows_problem
 from engine.supervisor.reads import read_json, running_trainer_pid
@@ -57,14 +55,14 @@ class RollbackResult:
     set_aside: list[str]
     """Later checkpoints left for retention to remove once the line moves on."""
     rows_kept: Path | None
-    """The copy of rows.jsonl as it was (None when there were no rows)."""
+    """The rows set aside, those after the checkpoint's, byte for byte (None when there was no rows.jsonl)."""
     rows_now: int
     """Rows left in rows.jsonl."""
     reopened_cycles: list[int]
     """Data cycles whose consumed mark was cleared (the preparer rebuilds their shards)."""
     branches_after: list[str] = dataclasses.field(default_factory=list)
     """Branches forked after `to_update` (`branches_forked_after`): the trunk rows they grew from
-    are in `rows_kept` now."""
+    past `to_update` are in `rows_kept` now (the earlier ones stay in rows.jsonl)."""
 
 
 def running_trainer(layout: LineLayout) -> int | None:
@@ -95,12 +93,8 @@ def rollback_line(line: Path | str, to_update: int) -> RollbackResult:
 
     check_rows_prefix(layout.rows_jsonl, int(state["rows"]), int(state["rows_bytes"]))
 
-    rows_kept = None
-    if layout.rows_jsonl.exists():
-        rows_kept = rolled_back_rows_path(layout)
-        shutil.copyfile(layout.rows_jsonl, rows_kept)
-        with open(rows_kept, "rb+") as handle:
-            os.fsync(handle.fileno())
+    # The rows set aside (those after the checkpoint's), not the whole of rows.jsonl: the rest stays in it.
+    rows_kept = keep_rolled_back_rows(layout, int(state["rows_bytes"])) if layout.rows_jsonl.exists() else None
     plan_rollback(layout.root, to_update)
     reopened = reopen_cycles(resolve_data_path(layout, config.data.line), int(state["position"]["cycle"]))
     write_latest(layout.checkpoints, target.name)

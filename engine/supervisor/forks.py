@@ -24,6 +24,7 @@ module and `engine.ops.branch` read checkpoints through the torch-free `engine.c
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -32,8 +33,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from datalines.errors import DataLineError
-from engine.checkpoints.format import cycle_end_kept, pin_cycle_end, read_checkpoint_state, unpin_cycle_end
-from engine.errors import LineError
+from engine.checkpoints.format import (
+    PINNED_NAME,
+    cycle_of_kept,
+    pin_cycle_end,
+    pin_file_problems,
+    read_checkpoint_state,
+    restore_queue_pins,
+    unpin_cycle_end,
+)
+from engine.errors import CheckpointError, LineError
 from engine.layout import LineLayout, checkpoint_update
 from engine.supervisor.reads import latest_update
 
@@ -118,7 +127,7 @@ def cycle_end_checkpoint(layout: LineLayout, cycle: int) -> Path | None:
     for update, checkpoint in checkpoint_directories(layout):
         if update > latest:
             break
-        if (read_checkpoint_state(checkpoint) or {}).get("kept") == cycle_end_kept(cycle):
+        if cycle_of_kept((read_checkpoint_state(checkpoint) or {}).get("kept")) == cycle:
             return checkpoint
     return None
 
@@ -170,16 +179,27 @@ class ForkQueue:
         with self._lock:
             return [dataclasses.asdict(fork) for fork in self._failed]
 
-    def restore(self, records: Any) -> None:
-        """Take back what `export` gave (a previous supervisor's queue)."""
-        if not isinstance(records, list):
-            return
+    def restore(self, records: Any) -> list[str]:
+        """Take back what `export` gave (a previous supervisor's queue, at this one's start), and
+        the pins with it: the ends of the cycles its forks wait for are pinned (already, unless a
+        hand edit lost them), and a pin that no fork waits for any more is dropped -- one that a
+        supervisor killed (SIGKILL) left between pinning and saving its queue, or while it forked
+        or rolled back (`restore_queue_pins`). Returns run.log's lines on what it dropped, and on
+        the pin file's lines that pin nothing."""
+        records = records if isinstance(records, list) else []
         forks = [fork for fork in map(QueuedFork.from_json, records) if fork is not None]
-        for fork in forks:
-            pin_cycle_end(self.layout.checkpoints, fork.at_cycle)  # pinned already, unless a hand edit lost it
+        checkpoints = self.layout.checkpoints
+        try:
+            dropped = restore_queue_pins(checkpoints, {fork.at_cycle for fork in forks})
+        except CheckpointError:
+            dropped = []  # left as it is: `pin_file_problems` says why
+        notes = [f"{checkpoints / PINNED_NAME}: dropped the pin {json.dumps(line)}, left by a supervisor that ended "
+                 "before taking it back (no queued branch forks there and no rollback runs); retention treats "
+                 "its checkpoint as any other again" for line in dropped]
         with self._lock:
             self._forks.extend(forks)
             self._changed = True
+        return notes + pin_file_problems(checkpoints)
 
     def branch(self, fork: QueuedFork) -> dict[str, Any]:
         """An asked-for branch: `{"state": "forked", ...}` made now, or `{"state": "queued", ...}`."""

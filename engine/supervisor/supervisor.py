@@ -209,7 +209,8 @@ class Supervisor(
             previous = read_json(self.layout.supervisor_json) or {}
             if isinstance(previous.get("requests"), list):
                 self.request_log.restore(previous["requests"])
-            self.forks.restore(previous.get("queued_forks"))
+            for note in self.forks.restore(previous.get("queued_forks")):  # and the pins a killed one left
+                self._say(note)
             self.state.crashes = self._crashes_before(previous)
             self._parent = branched_from(self.layout)
             try:

@@ -56,7 +56,7 @@ class Checkpointing:
         self._check_data_position(state["data"], where)
         self._last_checkpoint_update = checkpoint.update
 
-    def _snapshot(self, kept: str | None, host_state: tuple[torch.Tensor, dict[str, torch.Tensor]]) -> CheckpointSnapshot:
+    def _snapshot(self, kept: str | list[str] | None, host_state: tuple[torch.Tensor, dict[str, torch.Tensor]]) -> CheckpointSnapshot:
         """The checkpoint of the line as it stands; `host_state`: the optimizer's whole weights and state
         on the host (`FlatAdamW.host_state`)."""
         assert self.rows is not None, "rank 0 alone snapshots the line"
@@ -104,7 +104,7 @@ class Checkpointing:
             tokenizer_json=self.data_line.tokenizer_json.encode("utf-8"),
         )
 
-    def _checkpoint(self, kept: str | None = None, wait: bool = False) -> None:
+    def _checkpoint(self, kept: str | list[str] | None = None, wait: bool = False) -> None:
         self.writer.wait()  # the write before this one has taken its space
         free, size = shutil.disk_usage(self.layout.checkpoints).free, self._checkpoint_bytes()
         (short,) = self.ranks.from_writer([int(free < CHECKPOINT_DISK_MARGIN * size)])  # every rank stops, or none

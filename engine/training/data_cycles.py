@@ -40,6 +40,11 @@ CYCLE_READY, DATA_ENDED = 1, 3
 class DataCycles:
     """The trainer's data cycles (mixed into `Trainer`, whose data line, position and ranks it uses)."""
 
+    _stage_ended: str | None = None
+    """The kept reason of a stage that ended on the update that ends the cycle too: `_end_of_stage`
+    leaves it to `_end_of_cycle`, which follows at once, so the update has one checkpoint with both
+    reasons (before, the cycle end's replaced the stage end's, and `keep_cycle_ends` removed it)."""
+
     def _cycle(self, index: int) -> Cycle:
         if index not in self._cycles:
             with self.startup.segment("data cycle"):  # the first one's shards are hashed in the start-up
@@ -154,7 +159,11 @@ class DataCycles:
         finished = position.cycle
         self.model.on_cycle_end(finished)
         position.next_cycle()
-        self._checkpoint(kept=cycle_end_kept(finished), wait=True)
+        # The stage that this update ended too (`_end_of_stage`) is kept in the same checkpoint:
+        # kept for good as a stage end, and still the fork point of a branch at this cycle's end.
+        stage_ended, self._stage_ended = self._stage_ended, None
+        kept = cycle_end_kept(finished) if stage_ended is None else [stage_ended, cycle_end_kept(finished)]
+        self._checkpoint(kept=kept, wait=True)
         self.log.write(f"cycle {finished} done at update {position.update}")
         reason = 0  # rank 0 marks the cycle and reads STOP and the data line; the group follows it
         if self.ranks.writes:
@@ -169,15 +178,19 @@ class DataCycles:
         return {STOP_FILE_CODE: StopReason.STOP_FILE, DATA_ENDED: StopReason.DATA_END}.get(reason)
 
     def _end_of_stage(self, cycle_done: bool) -> str | None:
-        """The update just done ended its stage: kept checkpoint, next stage's length (and, inside a
-        cycle the update did not end, the relay of the cycle's rest at that length)."""
+        """The update just done ended its stage: kept checkpoint (left to `_end_of_cycle` when the
+        update ended the cycle too and the plan goes on), next stage's length (and, inside a cycle
+        the update did not end, the relay of the cycle's rest at that length)."""
         position = self.position
         finished = self.config.plan[position.stage]
         position.stage += 1
         position.stage_tokens = 0
         # The next length reads the targets the cycle has left, laid out anew (datalines.relay).
         relaid = position.stage < len(self.config.plan) and position.change_length(finished.seq_len, self._seq_len())
-        self._checkpoint(kept=stage_end_kept(finished.name), wait=True)
+        if cycle_done and position.stage < len(self.config.plan):
+            self._stage_ended = stage_end_kept(finished.name)  # `_end_of_cycle`, next, writes its checkpoint
+        else:
+            self._checkpoint(kept=stage_end_kept(finished.name), wait=True)
         self.log.write(f"stage {finished.name} done at update {position.update}")
         if relaid and not cycle_done:  # (a read to the cycle's end leaves an empty relay, not worth a line)
             self.log.write(self._relay_report())

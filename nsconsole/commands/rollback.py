@@ -12,7 +12,7 @@ DESCRIPTION = """\
 Make the line continue from checkpoint u<UPDATE> at its next start, its W&B run rewound to that
 update where the server can (else a new run backfilled from rows.jsonl, the old run marked
 superseded). rows.jsonl is cut back
-to that checkpoint after a copy is kept as rows.rolledback-<time>.jsonl; the later checkpoints
+to that checkpoint after the rows it sets aside are kept in rows.rolledback-<time>.jsonl; the later checkpoints
 are removed once the line writes its next checkpoint; data cycles it will read again are
 reopened. Refused while the line's trainer is running (stop it first).
 """
@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
         os.close(hold)
     print(f"{line}: continues from update {result.to_update} at its next start ({result.rows_now} rows kept)")
     if result.rows_kept is not None:
-        print(f"the rows as they were: {result.rows_kept}")
+        print(f"the rows set aside (those after update {result.to_update}): {result.rows_kept}")
     if result.set_aside:
         print(f"set aside until the line moves on: {', '.join(result.set_aside)}")
     if result.reopened_cycles:

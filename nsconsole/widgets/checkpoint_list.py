@@ -14,6 +14,7 @@ from pathlib import Path
 from rich.text import Text
 from textual.widgets import DataTable
 
+from engine.checkpoints.format import kept_text
 from engine.layout import LineLayout, checkpoint_update
 
 
@@ -26,7 +27,8 @@ class CheckpointInfo:
     name: str
     """Its directory name (`u00001200`)."""
     kept: str | None
-    """Why it is kept for good (`cycle-end 3`, `stage-end trunk`...); None: a rolling one."""
+    """Why it is kept for good (`cycle-end 3`, `stage-end trunk`, `stage-end trunk, cycle-end 3`...);
+    None: a rolling one."""
     latest: bool
     """`checkpoints/latest` names it (a resume starts here)."""
     tokens: int | None
@@ -60,7 +62,7 @@ def read_checkpoints(line: str | Path) -> list[CheckpointInfo]:
         found.append(CheckpointInfo(
             update=update,
             name=directory.name,
-            kept=kept if isinstance(kept, str) else None,
+            kept=kept_text(kept),
             latest=directory.name == latest,
             tokens=tokens if isinstance(tokens, int) else None,
         ))

@@ -272,7 +272,7 @@ def test_a_pinned_cycle_end_outlives_keep_cycle_ends_until_it_is_unpinned(tmp_pa
     pin_checkpoint(checkpoints, "u00000040")  # the two kinds of pin live side by side
     assert read_pinned(checkpoints) == {"cycle-end 1", "u00000040"}
     unpin_cycle_end(checkpoints, 1)
-    assert (checkpoints / PINNED_NAME).read_text() == "u00000040\n"
+    assert (checkpoints / PINNED_NAME).read_text() == "u00000040  # rollback\n"
     unpin_checkpoint(checkpoints, "u00000040")
     assert not (checkpoints / PINNED_NAME).exists()
     assert apply_retention(checkpoints, keep_last=2, keep_cycle_ends=1) == ["u00000020"]

@@ -267,11 +267,12 @@ def test_rollback_then_retrain_reproduces_the_rows(trunk: Path, tmp_path: Path) 
     assert delete_consumed_shards(data_line)  # as the preparer does: the consumed cycles' shards are gone
 
     cycle = load_checkpoint(trunk / "checkpoints" / "u00000010").state["position"]["cycle"]
+    history = history_of(trunk / "rows.jsonl")  # what the W&B run holds
     result = rollback_line(trunk, 10)  # a rolling checkpoint
     assert result.to_update == 10 and result.rows_now == 10
     assert read_latest(trunk / "checkpoints") == "u00000010"
     assert rows_without_wall_clock(trunk / "rows.jsonl") == original[:10]
-    assert result.rows_kept is not None and rows_without_wall_clock(result.rows_kept) == original
+    assert result.rows_kept is not None and rows_without_wall_clock(result.rows_kept) == original[10:]  # set aside
     assert layout_latest in result.set_aside and (trunk / "checkpoints" / layout_latest).is_dir()
     state = WandbRunState.load(trunk / "wandb_run.json")
     assert state.pending is not None and state.pending.kind == "rewind" and state.pending.at_update == 10
@@ -281,7 +282,7 @@ def test_rollback_then_retrain_reproduces_the_rows(trunk: Path, tmp_path: Path) 
         prepare_cycle(data_line, index)
 
     # The next start rewinds the W&B run to update 10 (the abandoned updates leave its history).
-    server = SimulatedServer(history={"run-1": history_of(result.rows_kept)})
+    server = SimulatedServer(history={"run-1": history})
     session(trunk, RecordingBackend(server))
     assert server.steps("run-1") == list(range(1, 11))
     assert [call[1]["rewind"] for call in server.calls if call[0] == "init"] == [RunPoint("run-1", 10)]

@@ -315,4 +315,5 @@ def test_a_rewind_that_waited_out_a_session_without_wandb_sends_that_session_s_r
         assert step == row["update"] and {key: values[key] for key in expected} == expected, f"update {step}"
     [abandoned] = line.glob("rows.rolledback-*.jsonl")
     abandoned_rows = [json.loads(text) for text in abandoned.read_text().splitlines()]
-    assert [row["time"] for row in abandoned_rows[5:8]] != [row["time"] for row in rows[5:8]]
+    assert [row["update"] for row in abandoned_rows] == [6, 7, 8]  # the rows it set aside
+    assert [row["time"] for row in abandoned_rows] != [row["time"] for row in rows[5:8]]
