@@ -7,7 +7,7 @@ inputs, so any cycle can be rebuilt.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -23,6 +23,9 @@ class FileDocuments:
     """Training documents in their shuffled order (the order cycles take them in)."""
     heldout: list[str]
     """Held-out documents in file order (validation only, never trained on)."""
+    invalid_utf8: dict[int, int] = field(default_factory=dict)
+    """Training document (its index in `training`) -> its bytes that were not UTF-8 (replaced by
+    U+FFFD when it was read); only documents that had any."""
 
 
 def file_seed_words(seed: int, file: SourceFile) -> list[int]:
@@ -30,17 +33,26 @@ def file_seed_words(seed: int, file: SourceFile) -> list[int]:
     return [seed, digest >> 32, digest & 0xFFFFFFFF]
 
 
-def split_documents(texts: list[str], fraction: float, seed_words: list[int]) -> FileDocuments:
-    training = [text for text in texts if not is_held_out(text, fraction)]
-    heldout = [text for text in texts if is_held_out(text, fraction)]
+def split_documents(
+    texts: list[str], fraction: float, seed_words: list[int], invalid_utf8: dict[int, int] | None = None
+) -> FileDocuments:
+    """Split `texts` (file order) into training and held-out and shuffle the training ones;
+    `invalid_utf8` (document index in file order -> bytes) follows each training document."""
+    held_out = [is_held_out(text, fraction) for text in texts]
+    training_indices = [index for index, out in enumerate(held_out) if not out]
     generator = np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed_words)))
-    order = generator.permutation(len(training))
-    return FileDocuments(training=[training[index] for index in order], heldout=heldout)
+    order = [training_indices[position] for position in generator.permutation(len(training_indices)).tolist()]
+    invalid = invalid_utf8 or {}
+    return FileDocuments(
+        training=[texts[index] for index in order],
+        heldout=[text for text, out in zip(texts, held_out) if out],
+        invalid_utf8={position: invalid[index] for position, index in enumerate(order) if index in invalid},
+    )
 
 
 def file_documents(source: Source, file: SourceFile, seed: int) -> FileDocuments:
-    texts = source.documents(file)
-    return split_documents(texts, source.spec.heldout_fraction, file_seed_words(seed, file))
+    read = source.read(file)
+    return split_documents(read.texts, source.spec.heldout_fraction, file_seed_words(seed, file), read.invalid_utf8)
 
 
 def text_bytes(texts: list[str]) -> np.ndarray:

@@ -165,13 +165,23 @@ def _reusable_calibration(
     specs = {spec.get("name"): spec for spec in other["recipe"].get("sources", []) if isinstance(spec, dict)}
     calibration = other["calibration"].get(name)
     same = (
-        other["pins"].get(name) == source.pins
+        _without_times(other["pins"].get(name)) == _without_times(source.pins)
         and other["tokenizer"].get("sha256") == tokenizer.sha256
         and isinstance(calibration, dict)
         and set(calibration) == set(source.strata())
         and list(specs.get(name, {}).get("control_markers", [])) == list(source.spec.control_markers)
     )
     return calibration if same else None
+
+
+def _without_times(pins: Any) -> Any:
+    """A source's pins without the files' modification times: a file touched, or copied back, holds
+    the same bytes (its sha256 says so), and a line pinned before times were recorded has none."""
+    if not isinstance(pins, dict) or not isinstance(pins.get("files"), list):
+        return pins
+    files = [{key: value for key, value in file.items() if key != "mtime_ns"} if isinstance(file, dict) else file
+             for file in pins["files"]]  # fmt: skip
+    return {**pins, "files": files}
 
 
 def init_data_line(

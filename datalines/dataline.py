@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from datalines.cycle import Cycle
-from datalines.errors import DataLineError
+from datalines.errors import DataLineError, InputChanged
 from datalines.files import fsync_directory, read_json, sha256_bytes, write_bytes_atomic
 from datalines.manifest import (
     CONSUMED_MARK,
@@ -41,6 +41,11 @@ CONFIG_NAME = "dataline.json"
 TOKENIZER_NAME = "tokenizer.json"
 TRAINING_LINE_RECORD = "training_line.json"
 CONFIG_FORMAT = 1
+CONFIG_FIX = (
+    "restore {path} as it was (a backup, or the copy in any data line made from it with `data init --like`): "
+    "only `nsconsole data schedule` changes it, appending to its schedule"
+)
+"""How to recover from a dataline.json that no longer reads or changed by hand (a clause of a one-line error)."""
 
 
 class DataLine:
@@ -50,6 +55,35 @@ class DataLine:
         self.path = path
         config_path = path / CONFIG_NAME
         self._config_stamp = _file_stamp(config_path)
+        try:
+            self._read_config(config_path)
+        except DataLineError as error:
+            if not config_path.is_file():
+                raise  # no data line here: nothing to restore
+            raise InputChanged(str(error), CONFIG_FIX.format(path=config_path)) from None
+        self.sources: list[str] = [spec.name for spec in self.recipe.sources]
+        tokenizer_path = path / TOKENIZER_NAME
+        tokenizer_fix = (f"restore {tokenizer_path}, the tokenizer the data line was made with (its sha256 is "
+                         f"pinned in {CONFIG_NAME})")  # fmt: skip
+        try:
+            self.tokenizer_json: str = tokenizer_path.read_text(encoding="utf-8")
+        except OSError as error:
+            raise InputChanged(f"{tokenizer_path}: cannot be read ({error})", tokenizer_fix) from None
+        self.tokenizer_sha256 = sha256_bytes(self.tokenizer_json.encode("utf-8"))
+        if self.tokenizer_sha256 != self._tokenizer_pin_sha256:
+            raise InputChanged(
+                f"{tokenizer_path}: sha256 differs from the pin in {CONFIG_NAME} (changed since init)", tokenizer_fix
+            )
+        self._tokenizer: PlainTextTokenizer | None = None
+        self._sources: dict[str, Source] = {}
+        self._verified: dict[int, tuple[str, ShardStamps]] = {}
+        """Cycle -> (manifest sha256, shard stamps) when its shards' hashes were last found right."""
+        self._damaged: dict[int, tuple[str, ShardStamps, str]] = {}
+        """Cycle -> (manifest sha256, shard stamps, the problem) when they were last found wrong:
+        a waiting process looks again every few seconds, and hashes again only what moved."""
+
+    def _read_config(self, config_path: Path) -> None:
+        """Read dataline.json: the recipe, EOS, cycle size, calibration, pins and the tokenizer's pin."""
         config = read_json(config_path)
         where = str(config_path)
         if not isinstance(config, dict) or config.get("format") != CONFIG_FORMAT:
@@ -61,28 +95,10 @@ class DataLine:
             self.cycle_tokens: int = int(config["cycle_tokens"])
             self.calibration: dict[str, dict[str, dict[str, float]]] = config["calibration"]
             self._pins: dict[str, dict[str, Any]] = config["pins"]
-            tokenizer_pin = config["tokenizer"]
+            self._tokenizer_pin_sha256 = str(config["tokenizer"]["sha256"])
+            self.vocab_size: int = int(config["tokenizer"]["vocab_size"])
         except (KeyError, TypeError, ValueError) as error:
             raise DataLineError(f"{where}: missing or malformed field ({error})") from None
-        self.sources: list[str] = [spec.name for spec in self.recipe.sources]
-        tokenizer_path = path / TOKENIZER_NAME
-        try:
-            self.tokenizer_json: str = tokenizer_path.read_text(encoding="utf-8")
-        except OSError as error:
-            raise DataLineError(f"{tokenizer_path}: cannot be read ({error})") from None
-        self.tokenizer_sha256 = sha256_bytes(self.tokenizer_json.encode("utf-8"))
-        if self.tokenizer_sha256 != tokenizer_pin["sha256"]:
-            raise DataLineError(
-                f"{tokenizer_path}: sha256 differs from the pin in {CONFIG_NAME} (changed since init)"
-            )
-        self.vocab_size: int = int(tokenizer_pin["vocab_size"])
-        self._tokenizer: PlainTextTokenizer | None = None
-        self._sources: dict[str, Source] = {}
-        self._verified: dict[int, tuple[str, ShardStamps]] = {}
-        """Cycle -> (manifest sha256, shard stamps) when its shards' hashes were last found right."""
-        self._damaged: dict[int, tuple[str, ShardStamps, str]] = {}
-        """Cycle -> (manifest sha256, shard stamps, the problem) when they were last found wrong:
-        a waiting process looks again every few seconds, and hashes again only what moved."""
 
     def refresh_recipe(self) -> bool:
         """Take up a schedule grown since this line was opened: `data schedule` appends a piece to
@@ -93,17 +109,22 @@ class DataLine:
         stamp = _file_stamp(config_path)
         if stamp == self._config_stamp:
             return False
-        config = read_json(config_path)
-        where = str(config_path)
-        if not isinstance(config, dict) or not isinstance(config.get("recipe"), dict):
-            raise DataLineError(f"{where}: not a data line config of format {CONFIG_FORMAT}")
-        recipe = parse_recipe(config["recipe"], where)
+        fix = CONFIG_FIX.format(path=config_path)
+        try:
+            config = read_json(config_path)
+            where = str(config_path)
+            if not isinstance(config, dict) or not isinstance(config.get("recipe"), dict):
+                raise DataLineError(f"{where}: not a data line config of format {CONFIG_FORMAT}")
+            recipe = parse_recipe(config["recipe"], where)
+        except DataLineError as error:
+            raise InputChanged(str(error), fix) from None
         schedule, grown = self.config["recipe"]["schedule"], config["recipe"].get("schedule")
         if (_without_schedule(config) != _without_schedule(self.config) or not isinstance(grown, list)
                 or grown[: len(schedule)] != schedule):
-            raise DataLineError(
+            raise InputChanged(
                 f"{where}: changed in more than its schedule's end since {self.path} was opened "
-                f"(only `nsconsole data schedule` changes a data line's config; restore it)"
+                f"(only `nsconsole data schedule` changes a data line's config; restore it)",
+                fix,
             )
         changed = recipe != self.recipe
         self.config, self.recipe, self._config_stamp = config, recipe, stamp

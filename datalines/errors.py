@@ -18,6 +18,17 @@ class ManifestDamaged(DataLineError):
     def __init__(self, problem: str, remedy: str) -> None:
         super().__init__(f"{problem}; {remedy}")
         self.problem = problem
+        self.remedy = remedy
+
+
+class InputChanged(DataLineError):
+    """A file the data line pinned or wrote at init (a source file, its tokenizer, dataline.json)
+    changed, is gone or no longer parses: nothing is prepared from it until it is restored, so a
+    preparer that meets it stops rather than retries. `fix` says how to restore it (one clause)."""
+
+    def __init__(self, message: str, fix: str) -> None:
+        super().__init__(message)
+        self.fix = fix
 
 
 class SourceUnavailable(DataLineError):

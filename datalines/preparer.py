@@ -55,6 +55,9 @@ _ENCODE_CHUNK_DOCUMENTS = 4096
 """Documents encoded per `encode_batch` round (bounds the memory of one stratum's encoding)."""
 _WRITE_BUFFER_TOKENS = 1 << 22
 """Tokens gathered before each write of a merged shard."""
+INVALID_UTF8_KEY = "invalid_utf8_bytes"
+"""A manifest source's record of the bytes of its documents in the cycle that were not UTF-8 and were
+replaced by U+FFFD: file path (in the source) -> bytes. Present only where there were any."""
 
 
 def _ignore_progress(fraction: float, message: str) -> None:
@@ -107,14 +110,25 @@ class _FileCache:
 
 
 def _tokenize_stratum(
-    line: DataLine, cache: _FileCache, ranges: list[list[int]], markers: tuple[str, ...], spill: Path
+    line: DataLine,
+    cache: _FileCache,
+    ranges: list[list[int]],
+    markers: tuple[str, ...],
+    spill: Path,
+    invalid_utf8: dict[str, int],
 ) -> np.ndarray:
-    """Encode the stratum's documents chunk by chunk into `spill` (EOS after each); their token lengths."""
+    """Encode the stratum's documents chunk by chunk into `spill` (EOS after each); their token
+    lengths. Adds the bytes of them that were not UTF-8 to `invalid_utf8` (file path -> bytes)."""
     dtype = token_dtype(line.vocab_size)
     lengths: list[np.ndarray] = []
     with open(spill, "wb") as handle:
         for file_index, start, end in ranges:
-            texts = cache.get(file_index).training[start:end]
+            documents = cache.get(file_index)
+            invalid = sum(count for index, count in documents.invalid_utf8.items() if start <= index < end)
+            if invalid:
+                path = cache.source.files[file_index].path
+                invalid_utf8[path] = invalid_utf8.get(path, 0) + invalid
+            texts = documents.training[start:end]
             for chunk_start in range(0, len(texts), _ENCODE_CHUNK_DOCUMENTS):
                 chunk = texts[chunk_start : chunk_start + _ENCODE_CHUNK_DOCUMENTS]
                 encoded = line.tokenizer.encode_documents(chunk, markers)
@@ -175,10 +189,11 @@ def build_cycle(
         spills = [directory / f".spill-{name}-{number}" for number in range(len(strata))]
         lengths: list[np.ndarray] = []
         strata_info: dict[str, Any] = {}
+        invalid_utf8: dict[str, int] = {}
         for (stratum, stratum_plan), spill in zip(strata, spills):
             progress(done_bytes / total_bytes, f"cycle {index}: tokenizing {name}/{stratum}")
             ranges = stratum_plan["ranges"]
-            lengths.append(_tokenize_stratum(line, cache, ranges, spec.control_markers, spill))
+            lengths.append(_tokenize_stratum(line, cache, ranges, spec.control_markers, spill, invalid_utf8))
             strata_info[stratum] = {"documents": len(lengths[-1]), "tokens": int(lengths[-1].sum())}
             done_bytes += stratum_plan["bytes"]
         progress(done_bytes / total_bytes, f"cycle {index}: writing the {name} shard")
@@ -193,6 +208,8 @@ def build_cycle(
             "tokens_file": shard["tokens_file"],
             "offsets_file": shard["offsets_file"],
         }
+        if invalid_utf8:  # only then: a clean cycle's manifest is the bytes it always was
+            sources_info[name][INVALID_UTF8_KEY] = invalid_utf8
     manifest: dict[str, Any] = {
         "format": MANIFEST_FORMAT,
         "cycle": index,
@@ -224,21 +241,22 @@ def _partial_directory(line: DataLine, index: int) -> Path:
     return directory
 
 
-def prepare_cycle(line: DataLine, index: int, progress: ProgressCallback | None = None) -> None:
-    """Make cycle `index` ready (plan, download, tokenize, shards, manifest); a no-op when it is."""
+def prepare_cycle(line: DataLine, index: int, progress: ProgressCallback | None = None) -> dict[str, Any] | None:
+    """Make cycle `index` ready (plan, download, tokenize, shards, manifest); a no-op when it is.
+    Returns the manifest of a cycle prepared now (None: it was ready, or its shards were rebuilt)."""
     progress = progress or _ignore_progress
     final = line.cycle_dir(index)
     if (final / MANIFEST_NAME).is_file():
         if line.is_consumed(index):
-            return
+            return None
         problem = line.cycle_problem(index)  # one read of the manifest for a cycle that is ready
         if problem is None:
-            return
+            return None
         load_manifest(final)  # a damaged manifest stops here, with how to recover it
         # Said before the work, so the log tells why a prepared cycle is tokenized again.
         progress(0.0, f"cycle {index}: {problem}; rebuilding its shards from the manifest")
         rebuild_cycle(line, index, progress)
-        return
+        return None
     _check_leftovers(line, index, None)  # before the work: most refusals need no tokenizing
     remove_stale_partials(line)
     plan = ensure_plan(line, index)
@@ -247,6 +265,17 @@ def prepare_cycle(line: DataLine, index: int, progress: ProgressCallback | None 
     write_json_atomic(partial / MANIFEST_NAME, manifest)
     if _move_into_place(line, index, partial, manifest):
         release_finished_files(line, plan)
+    return manifest
+
+
+def invalid_utf8_bytes(manifest: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """Source -> file -> the bytes of the cycle's documents that were not UTF-8 (replaced by U+FFFD);
+    {} for a manifest of a clean cycle (or one too garbled to say: its damage is said elsewhere)."""
+    sources = manifest.get("sources")
+    if not isinstance(sources, dict):
+        return {}
+    return {name: dict(info[INVALID_UTF8_KEY]) for name, info in sources.items()
+            if isinstance(info, dict) and isinstance(info.get(INVALID_UTF8_KEY), dict)}  # fmt: skip
 
 
 def _shard_names(line: DataLine) -> set[str]:
@@ -336,34 +365,37 @@ def release_finished_files(line: DataLine, plan: dict[str, Any]) -> None:
 
 def release_unneeded_files(line: DataLine, plan: dict[str, Any]) -> None:
     """After a rebuild: let sources delete the downloads of the plan's files that no cycle still to
-    be prepared reads (`_files_still_read`).
+    be prepared reads (`files_still_read`).
 
     A rebuild of an early cycle (`data rebuild`, a cycle a rollback reopened) fetches its files
     again, long after the cycles that read them released them; the next cycle prepared would
     release them, but a line that has finished (or has no preparer running) has none.
     """
-    needed = _files_still_read(line)
+    needed = files_still_read(line)
     for name, indices in plan_files(plan).items():
         source = line.source(name)
         for file_index in sorted(indices - needed[name]):
             source.release(source.files[file_index])
 
 
-def _files_still_read(line: DataLine) -> dict[str, set[int]]:
+def files_still_read(line: DataLine) -> dict[str, set[int]]:
     """Source -> the files a cycle still to be prepared reads: every planned cycle not consumed
     whose shards are not all there (not prepared yet, reopened, a manifest to restore), and the
-    next cycle to be planned, which goes on from where the newest plan left each stratum."""
+    next cycle to be planned, which goes on from where the newest plan left each stratum (every
+    file, on a line with no plan yet)."""
     needed: dict[str, set[int]] = {name: set() for name in line.sources}
     known = line.known_cycles()
     for index in known:
-        if line.is_consumed(index) or _shards_there(line, index):
+        if line.is_consumed(index) or shards_there(line, index):
             continue
         plan = load_plan(line, index)
         for name, indices in plan_files(plan).items() if plan is not None else ():
             needed[name] |= indices
     planned = [index for index in known if plan_path(line, index).is_file()]
     newest = load_plan(line, planned[-1]) if planned else None
-    if newest is not None and not newest["last"]:
+    if newest is None:
+        return {name: set(range(len(line.source(name).files))) for name in line.sources}
+    if not newest["last"]:
         for name in line.sources:
             files = line.source(name).files
             for stratum, cursor in newest["end"][name].items():
@@ -372,7 +404,7 @@ def _files_still_read(line: DataLine) -> dict[str, set[int]]:
     return needed
 
 
-def _shards_there(line: DataLine, index: int) -> bool:
+def shards_there(line: DataLine, index: int) -> bool:
     """Whether cycle `index` has its manifest and every shard it names (a stat each, no hashing)."""
     directory = line.cycle_dir(index)
     try:

@@ -4,10 +4,13 @@ Each round: delete the shards of consumed cycles; find the cycles the trainer ne
 first unconsumed one and `ahead - 1` after it, up to the last cycle); wait while free disk is
 below what the next missing one needs (`disk_need`: its downloads and a reserve for shards);
 prepare it. A failure that may pass (network, server, an interrupted download:
-`SourceUnavailable`; anything unexpected) is retried with exponential backoff, and the retry
-resumes the same cycle from its fixed plan, with the same files. A failure that cannot pass
-(another `DataLineError`: a corrupted input file, a source used up) stops the preparer with the
-error in the status. One process writes a line's cycles and downloads at a time (`PreparerLock`).
+`SourceUnavailable`; a full disk, anything unexpected) is retried with exponential backoff, and
+the retry resumes the same cycle from its fixed plan, with the same files. A failure that cannot
+pass (another `DataLineError`: a pinned input changed or gone, a dataline.json that no longer
+parses, a source used up; `stops_for_good`) stops the preparer with its reason and what to do
+(`datalines.failures`) in the status, state `failed`. One process writes a line's cycles and
+downloads at a time (`PreparerLock`). A cycle whose documents held bytes that are not UTF-8 is
+prepared all the same (they read as U+FFFD), and each such file is said in a warning.
 """
 
 from __future__ import annotations
@@ -20,24 +23,28 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from datalines.dataline import DataLine
-from datalines.errors import DataLineError, SourceExhausted, SourceUnavailable
+from datalines.dataline import CONFIG_NAME, DataLine, open_data_line
+from datalines.errors import DataLineError, SourceUnavailable
+from datalines.failures import reason_and_fix
 from datalines.planning import files_to_read
-from datalines.preparer import delete_consumed_shards, prepare_cycle
+from datalines.preparer import delete_consumed_shards, invalid_utf8_bytes, prepare_cycle
 from datalines.shards import token_dtype
-from datalines.status import PreparerStatus, read_status, write_status
+from datalines.status import LOCK_NAME, PreparerStatus, read_status, write_status
+from datalines.status import preparer_running as preparer_running  # its home before: still imported from here
 
 MIN_FREE_ENV = "NSCONSOLE_DATA_MIN_FREE_GB"
 """Overrides the free disk (in GiB) kept for the shards, on top of the next cycle's downloads."""
 BACKOFF_INITIAL_SECONDS = 2.0
 BACKOFF_MAX_SECONDS = 300.0
 POLL_SECONDS = 5.0
-LOCK_NAME = "preparer.lock"
 PREPARING = "preparer"
 """What the preparer's hold of `preparer.lock` is called (`PreparerLock`)."""
 
 StatusCallback = Callable[[PreparerStatus], None]
+WarningCallback = Callable[[str], None]
+"""Told each warning (one line): a file whose bytes were not all UTF-8."""
 GIB = 1 << 30
 """2**30 bytes: every `*_gb` setting is GiB. (engine.units holds the same for the layers above;
 datalines sits below them and imports nothing of theirs.)"""
@@ -55,6 +62,10 @@ class StatusLines:
         if (status.state != "preparing" or status.progress in (0.0, 1.0)) and line != self.last_line:
             print(f"preparer: {line}", flush=True)
         self.last_line = line
+
+    @staticmethod
+    def warn(message: str) -> None:
+        print(f"preparer: warning: {message}", flush=True)
 
 
 def shard_reserve_bytes(line: DataLine) -> int:
@@ -149,14 +160,14 @@ class PreparerLock:
     refuses says who holds it (`PreparerLockHeld`, one line).
     """
 
-    def __init__(self, line: DataLine, doing: str) -> None:
-        path = line.path / LOCK_NAME
+    def __init__(self, line_path: Path, doing: str) -> None:
+        path = line_path / LOCK_NAME
         self.handle = open(path, "a+")  # noqa: SIM115 (held until release, the preparer's whole life)
         try:
             fcntl.flock(self.handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             self.handle.close()
-            held, pid = _holder(line)
+            held, pid = _holder(line_path)
             article = "another" if held == doing else "a"
             who = f" (pid {pid})" if pid is not None else ""
             raise PreparerLockHeld(f"{path}: {article} {held} runs on this line{who}", held) from None
@@ -176,15 +187,15 @@ class PreparerLock:
         self.release()
 
 
-def _holder(line: DataLine) -> tuple[str, int | None]:
+def _holder(line_path: Path) -> tuple[str, int | None]:
     """What the holder of `preparer.lock` does and its pid, as it wrote them; a holder that wrote
     nothing (an older nsconsole's preparer, or one between its flock and its write) is taken for
     a preparer, whose pid is in its status file."""
     try:
-        written = json.loads((line.path / LOCK_NAME).read_text())
+        written = json.loads((line_path / LOCK_NAME).read_text())
         return str(written["doing"]), int(written["pid"])
     except (OSError, ValueError, TypeError, KeyError):
-        status = read_status(line.path)
+        status = read_status(line_path)
         pid = status.get("pid") if isinstance(status, dict) else None
         return PREPARING, pid if isinstance(pid, int) else None
 
@@ -193,7 +204,7 @@ def lock_for_rebuild(line: DataLine, index: int) -> PreparerLock:
     """The lock `data rebuild --cycle index` holds while it rebuilds; PreparerLockHeld in one line
     saying what to do when a preparer holds it."""
     try:
-        return PreparerLock(line, f"rebuild of cycle {index}")
+        return PreparerLock(line.path, f"rebuild of cycle {index}")
     except PreparerLockHeld as held:
         if held.doing != PREPARING:
             raise
@@ -205,6 +216,59 @@ def lock_for_rebuild(line: DataLine, index: int) -> PreparerLock:
         ) from None
 
 
+class NoDataLine(DataLineError):
+    """The preparer's directory holds no dataline.json: a refusal, not a data line that broke (a
+    mistyped path; a disk not mounted yet, which a later start may find)."""
+
+
+def stops_for_good(error: BaseException) -> bool:
+    """Whether a preparer that raised `error` stopped on a failure that does not pass by itself
+    (`datalines.failures`): restarting it fails the same way until its operator acts. Not so for
+    one that may pass (`SourceUnavailable`), nor for a start refused because another process holds
+    the line's lock (`PreparerLockHeld`: it is that process's to prepare) or no data line is there
+    (`NoDataLine`)."""
+    passing = (SourceUnavailable, PreparerLockHeld, NoDataLine)
+    return isinstance(error, DataLineError) and not isinstance(error, passing)
+
+
+def run_preparer_at(
+    path: Path,
+    ahead: int = 2,
+    min_free_bytes: int | None = None,
+    once: bool = False,
+    on_status: StatusCallback | None = None,
+    on_warning: WarningCallback | None = None,
+) -> PreparerStatus:
+    """`data run-preparer` and a supervisor's preparer: open the data line at `path`, then
+    `run_preparer`. A dataline.json (or tokenizer) that does not open is a failure that does not
+    pass, recorded as one in preparer.json, under the lock (it is not another preparer's status
+    to overwrite), before it is raised; a directory without dataline.json is no data line
+    (`NoDataLine`), and gets no status."""
+    try:
+        line = open_data_line(path)
+    except DataLineError as error:
+        if not (path / CONFIG_NAME).is_file():
+            raise NoDataLine(str(error)) from None
+        with PreparerLock(path, PREPARING):  # PreparerLockHeld: another preparer runs, and says
+            _record_failure(path, PreparerStatus(), error, on_status)
+        raise
+    return run_preparer(line, ahead, min_free_bytes, once, on_status, on_warning=on_warning)
+
+
+def _record_failure(
+    line_path: Path, status: PreparerStatus, error: DataLineError, on_status: StatusCallback | None
+) -> None:
+    """Write the failure that stops the preparer into its status: state `failed`, why, what to do."""
+    reason, fix = reason_and_fix(error)
+    status.state, status.message, status.last_error, status.fix = "failed", f"{reason}; {fix}", reason, fix
+    status.waiting_reason = None
+    status.failures += 1
+    status.consecutive_failures += 1
+    if on_status is not None:
+        on_status(status)
+    write_status(line_path, status)
+
+
 def run_preparer(
     line: DataLine,
     ahead: int = 2,
@@ -213,19 +277,21 @@ def run_preparer(
     on_status: StatusCallback | None = None,
     should_stop: Callable[[PreparerStatus], bool] | None = None,
     sleep: Callable[[float], None] = time.sleep,
+    on_warning: WarningCallback | None = None,
 ) -> PreparerStatus:
     """Run until the last cycle is consumed (or, with `once`, until the wanted cycles are ready).
 
     `should_stop(status)` is asked after every status change, mid-cycle too (tests and
     in-process use); the final status is returned. A cycle stopped mid-way leaves only its
-    partial directory, removed by the next preparer. Raises DataLineError for a failure that
-    cannot pass, after writing it to the status file.
+    partial directory, removed by the next preparer. A failure that cannot pass
+    (`stops_for_good`) is written to the status file (state `failed`, its reason and fix), then
+    raised. `on_warning` is told each file whose bytes were not all UTF-8, per cycle prepared.
     """
     if ahead < 1:
         raise DataLineError(f"--ahead must be >= 1, got {ahead}")
     if min_free_bytes is None:
         min_free_bytes = env_min_free_bytes()
-    lock = PreparerLock(line, PREPARING)
+    lock = PreparerLock(line.path, PREPARING)
     status = PreparerStatus()
     backoff = BACKOFF_INITIAL_SECONDS
 
@@ -279,17 +345,18 @@ def run_preparer(
                 def progress(fraction: float, message: str) -> None:
                     publish(progress=fraction, message=message)
 
-                prepare_cycle(line, index, progress)
+                manifest = prepare_cycle(line, index, progress)
+                if manifest is not None and on_warning is not None:
+                    for warning in invalid_utf8_warnings(line, manifest):
+                        on_warning(warning)
                 backoff = BACKOFF_INITIAL_SECONDS
                 publish(consecutive_failures=0, progress=1.0, prepared=status.prepared + 1,
                         message=f"cycle {index} ready")
                 continue
             except SourceUnavailable as error:  # said in its own words (it names the source and file)
                 failure = str(error)
-            except (SourceExhausted, DataLineError) as error:
-                publish(state="failed", last_error=str(error), failures=status.failures + 1,
-                        consecutive_failures=status.consecutive_failures + 1, message=str(error))
-                raise
+            except DataLineError:
+                raise  # does not pass: stops the preparer (below)
             except Exception as error:  # anything else may pass too
                 failure = f"{type(error).__name__}: {error}"
             # Retried with backoff, the same cycle from its fixed plan.
@@ -305,8 +372,26 @@ def run_preparer(
         status.state, status.message, status.waiting_reason = "stopped", "stopped by a signal", None
         write_status(line.path, status)
         raise
+    except DataLineError as error:
+        if stops_for_good(error):
+            _record_failure(line.path, status, error, on_status)
+        raise
     finally:
         lock.release()
+
+
+def invalid_utf8_warnings(line: DataLine, manifest: dict[str, Any]) -> list[str]:
+    """One line per file whose documents in the cycle held bytes that are not UTF-8."""
+    warnings = []
+    for name, files in invalid_utf8_bytes(manifest).items():
+        source = line.source(name)
+        by_path = {file.path: file for file in source.files}
+        for relative, count in sorted(files.items()):
+            where = source.local_path(by_path[relative]) if relative in by_path else None
+            bytes_are = f"{count:,} byte that is" if count == 1 else f"{count:,} bytes that are"
+            warnings.append(f"cycle {manifest['cycle']}: {where or relative}: source {name}: {bytes_are} not "
+                            "UTF-8, replaced by U+FFFD (the data is kept)")  # fmt: skip
+    return warnings
 
 
 def delete_consumed_shards_unless_preparing(line: DataLine) -> list[int] | None:
@@ -317,23 +402,8 @@ def delete_consumed_shards_unless_preparing(line: DataLine) -> list[int] | None:
     the lock: that one deletes them at its next round. Returns the cycles cleaned now.
     """
     try:
-        lock = PreparerLock(line, "supervisor's deletion of consumed shards")
+        lock = PreparerLock(line.path, "supervisor's deletion of consumed shards")
     except PreparerLockHeld:
         return None
     with lock:
         return delete_consumed_shards(line)
-
-
-def preparer_running(line_path: Path) -> bool:
-    """Whether a preparer holds the line's lock now (the supervisor's check), or a `data rebuild`:
-    either writes the line's cycles, and the supervisor starts no preparer beside it."""
-    path = line_path / LOCK_NAME
-    if not path.exists():
-        return False
-    with open(path, "a+") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(handle, fcntl.LOCK_UN)
-        return False

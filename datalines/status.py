@@ -7,6 +7,7 @@ it waits, how often it failed, its pid and the time of the snapshot.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import time
 from dataclasses import asdict, dataclass, field
@@ -16,6 +17,8 @@ from typing import Any
 from datalines.files import read_json, write_json_atomic
 
 STATUS_NAME = "preparer.json"
+LOCK_NAME = "preparer.lock"
+"""The flock one process writes a line's cycles and downloads under (`datalines.service.PreparerLock`)."""
 RUNNING_STATES = frozenset({"starting", "preparing", "ready", "waiting", "retrying"})
 """States a preparer writes while it runs: found in the file of a preparer that no longer holds the
 line's lock, they are the last word of one killed (kill -9, out of memory) or crashed."""
@@ -27,8 +30,9 @@ class PreparerStatus:
 
     state: str = "starting"
     """`starting`, `preparing`, `ready` (the next cycles are ready; polling), `waiting` (low disk),
-    `retrying` (backoff after a failure), `finished` (the last cycle is consumed), `failed` or
-    `stopped` (by a signal)."""
+    `retrying` (backoff after a failure that may pass), `finished` (the last cycle is consumed),
+    `failed` (a failure that does not pass by itself: `last_error` says why, `fix` what to do; it is
+    not restarted until then) or `stopped` (by a signal)."""
     cycle: int | None = None
     """The cycle being prepared (or waited for); None when idle."""
     progress: float = 0.0
@@ -43,6 +47,8 @@ class PreparerStatus:
     """Failed attempts since the last success (the supervisor notifies when this keeps growing)."""
     last_error: str | None = None
     """The last failure's message."""
+    fix: str | None = None
+    """With state `failed`: what its operator does so that a preparer started again goes on."""
     ready: list[int] = field(default_factory=list)
     """Cycles prepared and verified now."""
     prepared: int = 0
@@ -68,3 +74,18 @@ def write_status(line_path: Path, status: PreparerStatus) -> None:
 def read_status(line_path: Path) -> dict[str, Any] | None:
     path = line_path / STATUS_NAME
     return read_json(path) if path.exists() else None
+
+
+def preparer_running(line_path: Path) -> bool:
+    """Whether a preparer holds the line's lock now (the supervisor's check), or a `data rebuild`:
+    either writes the line's cycles, and the supervisor starts no preparer beside it."""
+    path = line_path / LOCK_NAME
+    if not path.exists():
+        return False
+    with open(path, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        return False

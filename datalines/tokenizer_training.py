@@ -9,6 +9,7 @@ each source's `include` files and `text_field`, as `data init` will).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -27,9 +28,15 @@ def _training_texts(sources: list[Source]) -> Iterator[str]:
 
 
 def train_tokenizer_file(
-    locations: Sequence[str], vocab_size: int, out: Path, text_field: str, special_tokens: Sequence[str]
+    locations: Sequence[str],
+    vocab_size: int,
+    out: Path,
+    text_field: str,
+    special_tokens: Sequence[str],
+    overwrite: bool = False,
 ) -> int:
-    """Train on the sources (directories or `embedded`), write `out`; returns the vocab size."""
+    """Train on the sources (directories or `embedded`), write `out` (an existing one only with
+    `overwrite`); returns the vocab size."""
     specs = []
     for index, location in enumerate(locations):
         if location == "embedded":
@@ -38,11 +45,11 @@ def train_tokenizer_file(
             if not Path(location).is_dir():
                 raise DataLineError(f"{location}: --source must be a directory or `embedded`")
             specs.append(SourceSpec(name=f"source{index}", kind="local", location=location, text_field=text_field))
-    return _train(specs, vocab_size, out, special_tokens)
+    return _train(specs, vocab_size, out, special_tokens, overwrite)
 
 
 def train_tokenizer_from_recipe(
-    recipe_file: Path, vocab_size: int, out: Path, special_tokens: Sequence[str]
+    recipe_file: Path, vocab_size: int, out: Path, special_tokens: Sequence[str], overwrite: bool = False
 ) -> tuple[int, list[str]]:
     """Train on a recipe's (local and embedded) sources, each read as `data init` reads it, without
     its held-out documents; the sources' control markers join the special tokens (`data init`
@@ -56,11 +63,22 @@ def train_tokenizer_from_recipe(
             f"train on local copies with --source"
         )
     specials = list(dict.fromkeys([*special_tokens, *(m for spec in recipe.sources for m in spec.control_markers)]))
-    return _train(list(recipe.sources), vocab_size, out, specials), specials
+    return _train(list(recipe.sources), vocab_size, out, specials, overwrite), specials
 
 
-def _train(specs: list[SourceSpec], vocab_size: int, out: Path, special_tokens: Sequence[str]) -> int:
+def _train(
+    specs: list[SourceSpec], vocab_size: int, out: Path, special_tokens: Sequence[str], overwrite: bool
+) -> int:
+    _refuse_existing(out, overwrite)  # before the training, which takes long
     sources = [open_source(spec, out.parent, None) for spec in specs]
     tokenizer_json = train_byte_level_bpe(_training_texts(sources), vocab_size, special_tokens)
+    _refuse_existing(out, overwrite)  # and after it: one made meanwhile (another training) stays too
     write_bytes_atomic(out, tokenizer_json.encode("utf-8"))
     return PlainTextTokenizer(tokenizer_json, str(out)).vocab_size
+
+
+def _refuse_existing(out: Path, overwrite: bool) -> None:
+    """DataLineError (one line) when `out` exists and may not be overwritten: a tokenizer is the pin of
+    every data line made with it, and one written over by mistake is gone."""
+    if not overwrite and os.path.lexists(out):
+        raise DataLineError(f"{out}: already exists; give another --out, or --force to overwrite it")

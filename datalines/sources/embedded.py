@@ -14,7 +14,7 @@ import sysconfig
 from pathlib import Path
 from typing import Any
 
-from datalines.errors import DataLineError
+from datalines.errors import InputChanged
 from datalines.files import sha256_file
 from datalines.sources.base import Source, SourceFile, matches
 
@@ -62,10 +62,14 @@ class EmbeddedSource(Source):
             "files": [file.to_json() for file in files],
         }
 
+    def local_path(self, file: SourceFile) -> Path:
+        return Path(self.pins["root"]) / file.path
+
     def fetch(self, file: SourceFile) -> Path:
-        path = Path(self.pins["root"]) / file.path
+        path = self.local_path(file)
         if not path.is_file():
-            raise DataLineError(
-                f"{path}: embedded source file is gone (the line was made with Python {self.pins['python']})"
+            raise InputChanged(
+                f"{path}: embedded source file is gone (the line was made with Python {self.pins['python']})",
+                f"run the preparer with Python {self.pins['python']}, whose standard library the line pinned",
             )
         return path

@@ -3,14 +3,19 @@
 jsonl and text files may be compressed: `.gz`, `.bz2` or `.zst` after the format's suffix
 (`part-0.jsonl.gz`, `book.txt.zst`). A file read as text that holds a NUL byte is not text (a
 compressed or binary file under another name) and is refused: tokenized, its bytes would train.
+Bytes that are not UTF-8 are replaced by U+FFFD, as they always were (the text, hence every
+shard, stays byte for byte what it was), and counted per document (`FileTexts.invalid_utf8`):
+the preparer says how many, per file, in its log and in each cycle's manifest.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO
 
@@ -23,6 +28,31 @@ READABLE_SUFFIXES = (".parquet", ".jsonl", ".txt", ".py", ".md")
 COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd"}
 """A compressed file's last suffix -> its codec (pyarrow's); the suffix before it is the format's."""
 FORMATS_TEXT = "a local source reads .parquet, .jsonl and text files (.jsonl and text also as .gz, .bz2 or .zst)"
+
+
+_ESCAPED_BYTE = re.compile("[\udc80-\udcff]")
+"""What `surrogateescape` makes of each byte that is not UTF-8 (a UTF-8 decoder never yields these
+lone surrogates from valid input, nor from the encoded surrogates it refuses: those are escaped too)."""
+
+
+@dataclass(frozen=True)
+class FileTexts:
+    """A file's documents in file order, and the bytes of each that were not UTF-8."""
+
+    texts: list[str]
+    invalid_utf8: dict[int, int] = field(default_factory=dict)
+    """Document index -> how many of its bytes were not UTF-8 (each run replaced by one U+FFFD);
+    only documents that had any."""
+
+
+def _decode_counting(data: bytes) -> tuple[str, int]:
+    """`data` decoded as UTF-8 with U+FFFD for what is not, exactly as `errors="replace"`, and how
+    many bytes were not UTF-8 (counted on a lossless decode, only when there are any)."""
+    try:
+        return data.decode("utf-8"), 0
+    except UnicodeDecodeError:
+        escaped = data.decode("utf-8", errors="surrogateescape")
+        return data.decode("utf-8", errors="replace"), len(_ESCAPED_BYTE.findall(escaped))
 
 
 def file_format(name: str) -> tuple[str, str | None]:
@@ -40,14 +70,14 @@ def is_readable(name: str) -> bool:
     return suffix in READABLE_SUFFIXES and not (codec and suffix == ".parquet")
 
 
-def read_documents(path: Path, text_field: str, label: str) -> list[str]:
+def read_documents(path: Path, text_field: str, label: str) -> FileTexts:
     """Every document of the file in file order; a damaged file raises `DataLineError` naming it."""
     suffix, codec = file_format(path.name)
     if suffix == ".parquet":
         if codec is not None:
             raise DataLineError(f"{path}: {label} is a compressed parquet file; parquet compresses "
                                 f"its own columns: decompress it")  # fmt: skip
-        return _read_parquet(path, text_field, label)
+        return FileTexts(_read_parquet(path, text_field, label))  # Arrow's strings are UTF-8 already
     try:
         with _opened(path, codec) as handle:
             if suffix == ".jsonl":
@@ -60,7 +90,8 @@ def read_documents(path: Path, text_field: str, label: str) -> list[str]:
         raise DataLineError(
             f"{path}: {label} is not text (it holds NUL bytes: a binary or compressed file?); {FORMATS_TEXT}"
         )
-    return [data.decode("utf-8", errors="replace")]
+    text, invalid = _decode_counting(data)
+    return FileTexts([text], {0: invalid} if invalid else {})
 
 
 @contextmanager
@@ -88,13 +119,20 @@ def _read_parquet(path: Path, text_field: str, label: str) -> list[str]:
     return [text if text is not None else "" for text in column.to_pylist()]
 
 
-def _read_jsonl(binary: IO[bytes], path: Path, text_field: str, label: str) -> list[str]:
+def _read_jsonl(binary: IO[bytes], path: Path, text_field: str, label: str) -> FileTexts:
     documents: list[str] = []
+    invalid_utf8: dict[int, int] = {}
     # utf-8-sig: a byte-order mark (Windows tools write one) is no part of the first line's JSON.
-    handle = io.TextIOWrapper(binary, encoding="utf-8-sig", errors="replace")
+    # surrogateescape keeps each byte that is not UTF-8, to count it on its line; the line is then
+    # decoded again with U+FFFD for them, as `errors="replace"` decoded the whole file (a newline
+    # byte is never inside a UTF-8 sequence, so a line's replacements are the file's).
+    handle = io.TextIOWrapper(binary, encoding="utf-8-sig", errors="surrogateescape")
     for number, line in enumerate(handle, start=1):
         if not line.strip():
             continue
+        invalid = len(_ESCAPED_BYTE.findall(line))
+        if invalid:
+            line = line.encode("utf-8", errors="surrogateescape").decode("utf-8", errors="replace")
         try:
             record = json.loads(line)
             text = record[text_field]
@@ -109,6 +147,8 @@ def _read_jsonl(binary: IO[bytes], path: Path, text_field: str, label: str) -> l
             ) from None
         if not isinstance(text, str):
             raise DataLineError(f"{path}: {label} line {number} field {text_field!r} is not text")
+        if invalid:
+            invalid_utf8[len(documents)] = invalid
         documents.append(text)
     handle.detach()  # the caller closes the file
-    return documents
+    return FileTexts(documents, invalid_utf8)

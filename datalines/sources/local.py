@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from datalines.errors import DataLineError
+from datalines.errors import DataLineError, InputChanged
 from datalines.files import sha256_file
-from datalines.sources.base import Source, SourceFile, matches, stratum_of
+from datalines.sources.base import Source, SourceFile, matches, restore_fix, stratum_of
 from datalines.sources.formats import FORMATS_TEXT, is_readable
 
 
@@ -30,14 +30,18 @@ class LocalSource(Source):
                 wanted = is_readable(path.name)
             if wanted:
                 stratum = stratum_of(relative, self.spec.strata)
-                files.append(SourceFile(relative, stratum, path.stat().st_size, sha256_file(path)))
+                stat = path.stat()  # before the hash: a write meanwhile moves the mtime past the one pinned
+                files.append(SourceFile(relative, stratum, stat.st_size, sha256_file(path), stat.st_mtime_ns))
         if not files:
             wanted = f"matches {list(self.spec.include)}" if self.spec.include else "is readable"
             raise DataLineError(f"{root}: source {self.spec.name}: no file there {wanted}; {FORMATS_TEXT}")
         return {"root": str(root), "files": [file.to_json() for file in files]}
 
+    def local_path(self, file: SourceFile) -> Path:
+        return Path(self.pins["root"]) / file.path
+
     def fetch(self, file: SourceFile) -> Path:
-        path = Path(self.pins["root"]) / file.path
+        path = self.local_path(file)
         if not path.is_file():
-            raise DataLineError(f"{path}: source {self.spec.name} file is gone since init")
+            raise InputChanged(f"{path}: source {self.spec.name} file is gone since init", restore_fix(path, file))
         return path

@@ -121,7 +121,42 @@ def _check_data(layout: LineLayout, config: RunConfig) -> list[CheckResult]:
             results.append(
                 CheckResult(True, f"{label}: {path} (vocab {facts.vocab_size} = model's, eos {facts.eos_id})")
             )
+        if label == "data line":
+            results += _check_pinned_files(layout, path)
     return results
+
+
+def _check_pinned_files(layout: LineLayout, path: Path) -> list[CheckResult]:
+    """The data line's source files read in place as init pinned them (a stat each; one is hashed
+    only when its modification time moved): per changed file, a failure when the cycle the line
+    trains next still has to be prepared from it (the line would wait for it for good), else a
+    warning (the preparer stops at a later cycle, or only a rebuild would fail)."""
+    from datalines.pinned_files import files_read_in_place, pinned_file_findings
+
+    try:
+        line = open_data_line(path)
+    except (LineError, DataLineError):
+        return []  # the data line's own check says what is wrong with it
+    try:
+        findings = pinned_file_findings(line, _next_cycle(layout))
+    except DataLineError as error:
+        return [CheckResult(False, f"data files: {error}")]
+    if findings:
+        return [CheckResult(not finding.fails, f"data files: {finding.message}", warning=not finding.fails)
+                for finding in findings]  # fmt: skip
+    count = files_read_in_place(line)
+    if not count:
+        return []
+    files = "the 1 file its sources read in place is" if count == 1 else f"the {count} files its sources read in place are"
+    return [CheckResult(True, f"data files: {files} as init pinned them")]
+
+
+def _next_cycle(layout: LineLayout) -> int:
+    """The data cycle the line trains next: its newest checkpoint's (cycle 0 before any)."""
+    resumed = resume_candidate(layout.checkpoints)
+    state = None if resumed is None else read_checkpoint_state(resumed)
+    position = state.get("position") if state is not None else None
+    return int(position.get("cycle", 0)) if isinstance(position, dict) else 0
 
 
 def _check_consumption(layout: LineLayout, config: RunConfig) -> list[CheckResult]:
@@ -130,10 +165,7 @@ def _check_consumption(layout: LineLayout, config: RunConfig) -> list[CheckResul
     from datalines.consumption import consumed_refusal, consumer_of
 
     data = resolve_data_path(layout, config.data.line)
-    resumed = resume_candidate(layout.checkpoints)
-    state = None if resumed is None else read_checkpoint_state(resumed)
-    position = state.get("position") if state is not None else None
-    cycle = int(position.get("cycle", 0)) if isinstance(position, dict) else 0
+    cycle = _next_cycle(layout)
     consumer = consumer_of(data, cycle)
     root = str(layout.root.absolute())
     if consumer is None or (consumer.line is not None and Path(consumer.line) == layout.root.absolute()):

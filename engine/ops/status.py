@@ -16,6 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from datalines.errors import DataLineError
+from datalines.status import preparer_running
+from datalines.status import read_status as read_preparer_status
 from engine.checkpoints.format import (
     branched_from,
     latest_file_problem,
@@ -29,9 +32,9 @@ from engine.errors import LineError
 from engine.gpu.placement import gpus_label
 from engine.layout import LineLayout
 from engine.ops.branch_records import live_branches
-from engine.ops.lines import open_line
+from engine.ops.lines import open_line, resolve_data_path
 from engine.ops.stop import StopRequest, read_stop
-from engine.protocol.facts import FAULT_LINE_STATES, FINAL_LINE_STATES, LineState
+from engine.protocol.facts import FAULT_LINE_STATES, FINAL_LINE_STATES, LineState, Stage
 from engine.supervisor.forks import QueuedFork
 from engine.supervisor.reads import running_supervisor_pid, running_trainer_pid
 from engine.wandb.recovery import Recovery, planned_recovery
@@ -110,6 +113,17 @@ class LineStatus:
     lone_trainer_pid: int | None = None
     """The pid of a trainer that trains the line with no supervisor running (`run --no-supervisor`,
     or one whose supervisor died, checkpointing before it goes); None otherwise."""
+    preparer_stopped: str | None = None
+    """Why its data line's preparer stopped for good and what to do (the data line's preparer.json:
+    state `failed`, and no preparer runs now); None otherwise. Said among `problems` too."""
+
+    @property
+    def waits_for_data_that_will_not_come(self) -> bool:
+        """A trainer of the line runs and waits for a data cycle (its heartbeat says so) that no
+        preparer will make: the data line's stopped for good."""
+        runs = self.supervisor_pid is not None or self.lone_trainer_pid is not None
+        waiting = (self.heartbeat or {}).get("stage") == Stage.WAITING_DATA
+        return self.preparer_stopped is not None and runs and waiting
 
     @property
     def lost(self) -> bool:
@@ -121,9 +135,12 @@ class LineStatus:
     @property
     def needs_operator(self) -> bool:
         """The line stopped without being asked to and will not go on by itself: it failed, got stuck
-        or filled the disk, or it is `lost`. A line that runs does not, nor one that ended as asked;
-        a trainer running it without a supervisor (`run --no-supervisor`, or an orphan finishing its
-        checkpoint) counts as running, whatever state supervisor.json holds: the report says it trains."""
+        or filled the disk, or it is `lost`, or it waits for data that will not come. A line that runs
+        otherwise does not, nor one that ended as asked; a trainer running it without a supervisor
+        (`run --no-supervisor`, or an orphan finishing its checkpoint) counts as running, whatever
+        state supervisor.json holds: the report says it trains."""
+        if self.waits_for_data_that_will_not_come:
+            return True
         if self.lone_trainer_pid is not None:
             return False
         return self.state in FAULT_LINE_STATES or self.lost
@@ -151,6 +168,7 @@ def line_status(root: Path | str, rows: int = 5, now: float | None = None) -> Li
     supervisor = read_supervisor_json(layout, status)
     status.gpu = gpu_summary(supervisor)
     _read_supervisor_state(supervisor, status)
+    _read_data_preparer(layout, status)
     _read_branches(layout, supervisor, status)
     # One walk of the line: its checkpoints', then the rest's.
     status.checkpoints_disk_bytes = directory_bytes(layout.checkpoints)
@@ -208,6 +226,28 @@ def _read_supervisor_state(supervisor: dict[str, Any], status: LineStatus) -> No
     status.failures_in_a_row = failures if isinstance(failures, int) and not isinstance(failures, bool) else 0
     event = supervisor.get("last_event")
     status.last_event = event if isinstance(event, dict) else None
+
+
+def _read_data_preparer(layout: LineLayout, status: LineStatus) -> None:
+    """Whether the data line's preparer stopped for good (preparer.json `failed`, and none runs now:
+    one started since would have written its own state); a problem naming its reason and fix."""
+    if status.config is None:
+        return
+    data = resolve_data_path(layout, status.config.data.line)
+    try:
+        preparer = read_preparer_status(data)
+    except DataLineError as error:
+        status.problems.append(f"data preparer: {error}")
+        return
+    if not isinstance(preparer, dict) or preparer.get("state") != "failed" or preparer_running(data):
+        return
+    reason, fix = preparer.get("last_error") or preparer.get("message"), preparer.get("fix")
+    status.preparer_stopped = f"{reason}; {fix}" if fix else str(reason)
+    problem = f"data preparer of {data} stopped for good (pid {preparer.get('pid')}): {status.preparer_stopped}"
+    if status.waits_for_data_that_will_not_come:
+        cycle = (status.heartbeat or {}).get("cycle")
+        problem += f"; the trainer waits for data cycle {cycle}, which no preparer will make"
+    status.problems.append(problem)
 
 
 def _read_branches(layout: LineLayout, supervisor: dict[str, Any], status: LineStatus) -> None:

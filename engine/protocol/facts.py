@@ -138,7 +138,10 @@ NOTIFIED_EVENTS: dict[EventKind, str] = {
     EventKind.DISK_FULL: "the disk filled up: the line checkpointed (while it could) and stopped",
     EventKind.DATA_WAIT: "the trainer has waited for data longer than the watchdog interval",
     EventKind.GPU_WAIT: "the line has waited for the GPU longer than the watchdog interval",
-    EventKind.PREPARER_FAILING: "the data preparer keeps failing",
+    EventKind.PREPARER_FAILING: (
+        "the data preparer keeps failing, or stopped on a failure that does not pass by itself and is not "
+        "restarted (`stopped_for_good`: true; the trainer waits once the cycles prepared are trained)"
+    ),
     EventKind.SUPERVISOR_FAILED: "the supervisor itself failed",
     EventKind.BRANCH_FAILED: "a queued branch could not be forked at its cycle end, or its cycle never came",
 }
@@ -189,6 +192,21 @@ class SupervisorExitCode(IntEnum):
     """The command was refused (a one-line error on stderr)."""
 
 
+class PreparerExitCode(IntEnum):
+    """The data preparer's exit status (`nsconsole data run-preparer`, and the one a supervisor
+    runs beside its trainer), as the supervisor reads it: any status but these is a crash (or a
+    start refused, e.g. another preparer holds the data line's lock), restarted with backoff."""
+
+    OK = 0
+    """It ended on its own: every cycle of the data line is consumed (or, with --once, the cycles
+    wanted are ready)."""
+    STOPPED_FOR_GOOD = 78
+    """It stopped on a failure that does not pass by itself (a source used up, a pinned file changed
+    or gone, a dataline.json that no longer parses): preparer.json says why and what to do (state
+    `failed`, `last_error`, `fix`). Its supervisor does not restart it; the trainer trains the
+    cycles already prepared, then waits. 78, as sysexits' EX_CONFIG."""
+
+
 class StatusExitCode(IntEnum):
     """`nsconsole status LINE`'s exit status: whether the line needs its operator, for a script or a
     cron job that reads no report (as `systemctl status` exits 0 for a unit running, 3 for one not).
@@ -209,7 +227,9 @@ class StatusExitCode(IntEnum):
     NEEDS_OPERATOR = 3
     """The line stopped without being asked to and will not go on by itself: it failed, got stuck or
     filled the disk (`FAULT_LINE_STATES`), or its supervisor is gone without saving a final state
-    (killed, the host rebooted; `nsconsole resume` starts it again). 3, as systemctl's "not running"."""
+    (killed, the host rebooted; `nsconsole resume` starts it again), or its trainer waits for data
+    that will not come (its data line's preparer stopped for good: `PreparerExitCode.STOPPED_FOR_GOOD`).
+    3, as systemctl's "not running"."""
 
 
 class Engine(_Fact):

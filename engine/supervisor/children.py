@@ -5,9 +5,11 @@
 
 `preparer` keeps the data line's next cycles ready (`datalines.service.run_preparer`), printing
 one line per status change (its output is the data line's preparer log); a SIGTERM stops it with
-its status saying `stopped`. `tune` measures the line's micro-batch shapes into run.json
-(`engine.ops.tune.tune_line`) in its own process, so that no CUDA context stays in the
-supervisor; its table goes to stdout (run.log) and a refusal is one line on stderr, exit 2.
+its status saying `stopped`, and a failure that does not pass by itself ends it with
+`PreparerExitCode.STOPPED_FOR_GOOD`, which its supervisor does not restart. `tune` measures the
+line's micro-batch shapes into run.json (`engine.ops.tune.tune_line`) in its own process, so that
+no CUDA context stays in the supervisor; its table goes to stdout (run.log) and a refusal is one
+line on stderr, exit 2.
 Each dies with its supervisor (`die_with_parent`: the kernel sends SIGTERM when the parent
 dies) and does not start when the supervisor is already gone. The trainer has its own entry
 point, `engine.training.main`.
@@ -22,7 +24,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from engine.protocol.facts import SIGNAL_EXIT_BASE, SupervisorExitCode
+from engine.protocol.facts import SIGNAL_EXIT_BASE, PreparerExitCode, SupervisorExitCode
 from engine.supervisor.child import die_with_parent
 
 _MODULE = "engine.supervisor.children"
@@ -44,13 +46,21 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def _run_preparer(args: argparse.Namespace) -> int:
-    from datalines import open_data_line
-    from datalines.service import StatusLines, run_preparer
+    from datalines.errors import DataLineError
+    from datalines.service import StatusLines, run_preparer_at, stops_for_good
 
     # A SIGTERM stops it like Ctrl-C, so the status file says `stopped` rather than a stale state.
     signal.signal(signal.SIGTERM, _interrupt)
-    run_preparer(open_data_line(args.work), on_status=StatusLines())
-    return 0
+    lines = StatusLines()
+    try:
+        run_preparer_at(args.work, on_status=lines, on_warning=lines.warn)
+    except DataLineError as error:
+        if not stops_for_good(error):
+            raise
+        # preparer.json says why and what to do: the supervisor reads it, and restarts it no more.
+        print(f"nsconsole: {error}", file=sys.stderr, flush=True)
+        return PreparerExitCode.STOPPED_FOR_GOOD
+    return PreparerExitCode.OK
 
 
 def _run_tune(args: argparse.Namespace) -> int:

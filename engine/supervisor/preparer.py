@@ -4,8 +4,13 @@
 the supervisor starts it, restarts it with backoff when it exits with a failure (it resumes the
 cycle with the same files), tells the operator (`preparer_failing`) when it keeps failing, and
 stops it (SIGTERM: its status then says `stopped`) when the line stops, then deletes the shards
-of the cycles consumed since the preparer's last round. A preparer already
-running on the data line (another line's supervisor, or one started by hand) is left alone: the
+of the cycles consumed since the preparer's last round. A preparer that exits
+`PreparerExitCode.STOPPED_FOR_GOOD` met a failure that does not pass by itself (a source used up,
+a pinned file changed or gone, a dataline.json that no longer parses): it is not restarted, which
+run.log says once with its reason and fix, and the operator is told at once (`preparer_failing`,
+`stopped_for_good`); the trainer trains the cycles already prepared, then waits. The line's next
+start (`nsconsole stop` and `nsconsole run`, once the cause is fixed) starts it again. A preparer
+already running on the data line (another line's supervisor, or one started by hand) is left alone: the
 data line's lock allows one. Its output goes to `<data line>/preparer.log`, rotated like run.log.
 
 The preparer runs in a session of its own: a Ctrl-C in the terminal of `nsconsole run LINE
@@ -29,6 +34,7 @@ from datalines.errors import DataLineError
 from datalines.service import delete_consumed_shards_unless_preparing, preparer_running
 from datalines.status import read_status
 from engine.logrotate import rotate_if_needed
+from engine.protocol.facts import PreparerExitCode
 from engine.supervisor.children import preparer_command
 
 LOG_NAME = "preparer.log"
@@ -47,10 +53,16 @@ class PreparerKeeper:
         notify_failing: Callable[[str], None],
         command: list[str] | None = None,
         restart_delay: float = 5.0,
+        notify_stopped: Callable[[str], None] | None = None,
+        line: Path | None = None,
     ) -> None:
         self.data_path = data_path
         self.say = say
         self.notify_failing = notify_failing
+        self.notify_stopped = notify_stopped or notify_failing
+        """Told once when the preparer stops for good (not restarted): run.log has it through it."""
+        self.line = line
+        """The training line, named in how to start the preparer again."""
         # It gets SIGTERM if the supervisor dies (engine.supervisor.children).
         self.command = command or preparer_command()
         self.restart_delay = restart_delay
@@ -61,6 +73,7 @@ class PreparerKeeper:
         self._finished = False  # exited 0: every cycle of the data line is consumed
         self._told_failing = False
         self._told_other = False
+        self._stopped_for_good: str | None = None  # its reason and fix, once it stopped for good
 
     def tick(self) -> None:
         if self._process is not None:
@@ -70,7 +83,7 @@ class PreparerKeeper:
             else:
                 self._exited(code)
             return
-        if self._finished or time.monotonic() < self._next_start:
+        if self._finished or self._stopped_for_good is not None or time.monotonic() < self._next_start:
             return
         if preparer_running(self.data_path):
             if not self._told_other:
@@ -123,9 +136,12 @@ class PreparerKeeper:
     def _exited(self, code: int) -> None:
         pid = self._process.pid if self._process is not None else None
         self._process = None
-        if code == 0:
+        if code == PreparerExitCode.OK:
             self._finished = True
             self.say("the data preparer finished: every cycle of the data line is consumed")
+            return
+        if code == PreparerExitCode.STOPPED_FOR_GOOD:
+            self._stop_for_good(pid)
             return
         self._exits_in_a_row += 1
         delay = min(self.restart_delay * 2 ** (self._exits_in_a_row - 1), MAX_RESTART_DELAY_S)
@@ -139,6 +155,22 @@ class PreparerKeeper:
             self._tell_failing(
                 f"the data preparer exited with a failure {self._exits_in_a_row} times in a row: {last_error}"
             )
+
+    def _stop_for_good(self, pid: int | None) -> None:
+        """The preparer met a failure that does not pass by itself: say why and what to do, once,
+        and restart it no more (the next start of the line starts it again)."""
+        status = self._status()
+        written = self._written_by(status, pid) and status.get("state") == "failed"
+        reason = status.get("last_error") if written else None
+        reason = reason or last_log_line(self.data_path / LOG_NAME) or "no message"
+        fix = status.get("fix") if written else None
+        line = self.line if self.line is not None else "LINE"
+        again = f"`nsconsole stop {line}` and `nsconsole run {line}` start it again"
+        self._stopped_for_good = f"{reason}; {fix}" if fix else reason
+        message = (f"the data preparer stopped for good: {self._stopped_for_good}; it is not restarted (the failure "
+                   f"does not pass by itself): once it is fixed, {again} (meanwhile the trainer trains the cycles "
+                   "already prepared, then waits for data)")  # fmt: skip
+        self.notify_stopped(message)  # an event: run.log has it, once
 
     def _tell_failing(self, message: str) -> None:
         if not self._told_failing:
@@ -175,6 +207,7 @@ class PreparerKeeper:
         return {
             "pid": self._process.pid if running and self._process is not None else None,
             "exits_in_a_row": self._exits_in_a_row,
+            "stopped_for_good": self._stopped_for_good,
             "status": self._status() or None,
         }
 

@@ -192,11 +192,13 @@ def test_an_exhausted_source_stops_the_preparer_with_the_error(
         run_preparer(line, ahead=40, once=True)
     status = read_status(line.path)
     assert status["state"] == "failed" and "no untrained documents" in status["last_error"]
+    assert "data is used up" in status["fix"]
     result = subprocess.run(
         preparer_command(line.path, "--ahead", "40", "--once"), capture_output=True, text=True, timeout=300
     )
-    assert result.returncode == 2
+    assert result.returncode == 78  # stopped for good: not a refusal (2), which a supervisor retries
     assert result.stderr.startswith("nsconsole: ") and "source " in result.stderr
+    assert "data is used up" in result.stderr
     assert len(result.stderr.splitlines()) == 1
 
 

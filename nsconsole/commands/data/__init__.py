@@ -110,7 +110,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--recipe", type=Path, help="train on this recipe's sources instead (as data init reads them)"
     )
     tokenizer.add_argument("--vocab", type=int, default=8192, help="vocabulary size")
-    tokenizer.add_argument("--out", type=Path, required=True, help="the tokenizer JSON to write")
+    tokenizer.add_argument("--out", type=Path, required=True, help="the tokenizer JSON to write (a new file)")
+    tokenizer.add_argument("--force", action="store_true", help="overwrite --out when it exists")
     tokenizer.add_argument("--text-field", help="parquet column / jsonl field of every --source (default text)")
     tokenizer.add_argument(
         "--special", action="append", help="special tokens, ids 0, 1, ... (default: <|endoftext|>)"

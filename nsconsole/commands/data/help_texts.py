@@ -47,10 +47,17 @@ examples:
         "keep the next cycles ready (download, tokenize, delete)",
         """\
 Keep the next --ahead cycles ready: download, tokenize and write each cycle's shards (retrying
-failures with backoff), wait while free disk is below the next cycle's downloads plus
---min-free-gb, delete the shards of consumed cycles. Runs until interrupted, or with --once
-until the wanted cycles are ready; its state is in <work>/preparer.json. A training line's
-supervisor runs one itself.
+failures that may pass with backoff: the hub down, a full disk), wait while free disk is below
+the next cycle's downloads plus --min-free-gb, delete the shards of consumed cycles. Runs until
+interrupted, or with --once until the wanted cycles are ready; its state is in
+<work>/preparer.json. A file whose bytes are not all UTF-8 is read all the same (as U+FFFD), with
+a warning naming it and how many bytes. A training line's supervisor runs one itself.
+
+exit status: 0 done (every cycle consumed, or with --once the cycles wanted ready); 78 stopped on a
+failure that does not pass by itself (a source used up, a pinned file changed or gone, a
+dataline.json that no longer parses): one line with its reason and what to do, also in
+preparer.json (state `failed`); a supervisor does not restart it until the line starts again;
+2 refused (e.g. another preparer runs on the line).
 """,
         """\
 examples:
@@ -64,9 +71,11 @@ examples:
 Show a data line: its sources' shares, the tokens per cycle, the last cycle (once the data's end
 is known), every cycle's state (planned, ready, empty, consumed, reopened: a consumed cycle a
 rollback reopened, its shards to rebuild from its manifest, damaged), the validation row lengths
-built and the preparer's state; --json prints it as one JSON object. Exit status 0 when no
-cycle is damaged, 1 when one is (each named with its damaged files, as above; `data rebuild`
-repairs it), 2 when the data line itself cannot be read (one line naming the file).
+built, the bytes that were not UTF-8 in each prepared cycle (per file; read as U+FFFD) and the
+preparer's state (one stopped for good: why, and what to do); --json prints it as one JSON
+object. Exit status 0 when no cycle is damaged, 1 when one is (each named with its damaged
+files, as above; `data rebuild` repairs it), 2 when the data line itself cannot be read (one
+line naming the file).
 """,
         """\
 examples:
@@ -107,7 +116,8 @@ examples:
 Train a byte-level BPE tokenizer of --vocab tokens on every --source (a directory of text, jsonl
 or parquet files, or `embedded`: the Python standard library), or on the sources of --recipe
 (each with its include, text_field and held-out fraction, as data init reads them; local and
-embedded sources), and write it to --out as a tokenizers JSON. Held-out documents are left out.
+embedded sources), and write it to --out as a tokenizers JSON (an existing --out is refused, unless
+--force). Held-out documents are left out.
 The special tokens get ids 0, 1, ... (default: <|endoftext|>; a recipe's control markers follow).
 """,
         """\

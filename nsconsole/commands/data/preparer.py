@@ -8,6 +8,7 @@ import sys
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+from engine.protocol.facts import PreparerExitCode
 from engine.units import gib_bytes
 from nsconsole.commands.data.paths import data_line_path
 
@@ -21,21 +22,30 @@ if TYPE_CHECKING:
 
 
 def run_preparer_command(args: argparse.Namespace) -> int:
-    from datalines import open_data_line
-    from datalines.service import run_preparer
+    """Prepare until done: exit 0; a failure that does not pass by itself: its reason and fix in
+    one line, exit `PreparerExitCode.STOPPED_FOR_GOOD` (78: not a refusal, 2, which a supervisor
+    retries); any other user error: one line, exit 2."""
+    from datalines.errors import DataLineError
+    from datalines.failures import reason_and_fix
+    from datalines.service import run_preparer_at, stops_for_good
 
-    line = open_data_line(data_line_path(args, args.work))
+    path = data_line_path(args, args.work)
     min_free = None if args.min_free_gb is None else gib_bytes(args.min_free_gb)
     # A SIGTERM stops it like Ctrl-C, so the status file says `stopped` rather than a stale state.
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         with PreparerView(interactive=sys.stdout.isatty()) as view:
-            run_preparer(
-                line, ahead=args.ahead, min_free_bytes=min_free, once=args.once, on_status=view.update
-            )
+            run_preparer_at(path, ahead=args.ahead, min_free_bytes=min_free, once=args.once,
+                            on_status=view.update, on_warning=view.warn)  # fmt: skip
+    except DataLineError as error:
+        if not stops_for_good(error):
+            raise
+        reason, fix = reason_and_fix(error)
+        print(f"nsconsole: {reason}; {fix}", file=sys.stderr)
+        return PreparerExitCode.STOPPED_FOR_GOOD
     finally:
         signal.signal(signal.SIGTERM, previous)
-    return 0
+    return PreparerExitCode.OK
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -90,3 +100,10 @@ class PreparerView:
         else:
             self.plain(status)
         self.last_line = line
+
+    def warn(self, message: str) -> None:
+        """A warning of the preparer's (a file with bytes that are not UTF-8): one line, kept in view."""
+        if self.progress is not None:
+            self.progress.console.print(f"warning: {message}", style="yellow", markup=False, highlight=False)
+        else:
+            self.plain.warn(message)

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
 
 from nsconsole.commands.data.paths import data_line_path
+
+if TYPE_CHECKING:
+    from datalines.dataline import DataLine
 
 EXIT_DAMAGED = 1
 """`data status`'s exit status when it reports a damaged cycle: a script (or a cron check) sees the
@@ -18,8 +22,7 @@ REOPENED_TEXT = "reopened: shards to rebuild from its manifest"
 
 def run_status(args: argparse.Namespace) -> int:
     from datalines import open_data_line
-    from datalines.service import preparer_running
-    from datalines.status import RUNNING_STATES, read_status
+    from datalines.status import RUNNING_STATES, preparer_running, read_status
 
     line = open_data_line(data_line_path(args, args.work))
     validation = sorted(int(path.name[1:]) for path in (line.path / "val").glob("T*") if path.is_dir())
@@ -36,6 +39,8 @@ def run_status(args: argparse.Namespace) -> int:
         "cycles": states,
         # What is wrong with each damaged cycle, naming every file: its manifest, or its shards.
         "problems": {index: line.cycle_problem(index) for index, state in states.items() if state == "damaged"},
+        # Bytes that were not UTF-8 (read as U+FFFD) in each prepared cycle: cycle -> source -> file -> bytes.
+        "invalid_utf8": invalid_utf8_by_cycle(line, states),
         "validation_seq_lens": validation,
         "preparer": read_status(line.path),
         # preparer.json keeps a killed preparer's last state: whether one runs is its lock's say.
@@ -58,7 +63,8 @@ def run_status(args: argparse.Namespace) -> int:
     print(f"last cycle: {last if last is not None else 'not known yet'}")
     for index, state in report["cycles"].items():
         shown = REOPENED_TEXT if state == "reopened" else state
-        print(f"  cycle {index:4d}  {shown}" + (f": {report['problems'][index]}" if state == "damaged" else ""))
+        print(f"  cycle {index:4d}  {shown}" + (f": {report['problems'][index]}" if state == "damaged" else "")
+              + invalid_utf8_text(report["invalid_utf8"].get(index)))  # fmt: skip
     print(f"validation rows: {', '.join(f'T{length}' for length in validation) or 'none (run data val)'}")
     preparer = report["preparer"]
     if preparer:
@@ -74,6 +80,40 @@ def run_status(args: argparse.Namespace) -> int:
         elif preparer["state"] in RUNNING_STATES and not report["preparer_running"]:
             print(f"preparer: not running (its last status, pid {preparer['pid']}: {preparer['state']}: "
                   f"{preparer['message']}; it stopped without a word: killed or crashed)")  # fmt: skip
+        elif preparer["state"] == "failed" and not report["preparer_running"] and preparer.get("fix"):
+            print(f"preparer: stopped for good (pid {preparer['pid']}), not retried: {preparer['last_error']}; "
+                  f"to go on: {preparer['fix']}; then start it again (`nsconsole stop` and `nsconsole run` the "
+                  f"line that trains on it, or `nsconsole data run-preparer --work {line.path}`)")  # fmt: skip
         else:
             print(f"preparer: {preparer['state']} (pid {preparer['pid']}): {preparer['message']}")
     return status
+
+
+def invalid_utf8_by_cycle(line: DataLine, states: dict[int, str]) -> dict[int, dict[str, dict[str, int]]]:
+    """Cycle -> source -> file -> its bytes in the cycle that were not UTF-8 (replaced by U+FFFD), for
+    every cycle with a readable manifest that had any (the manifest records them)."""
+    from datalines.errors import DataLineError
+    from datalines.manifest import load_manifest
+    from datalines.preparer import invalid_utf8_bytes
+
+    found = {}
+    for index, state in states.items():
+        if state in ("planned", "unplanned"):
+            continue
+        try:
+            counts = invalid_utf8_bytes(load_manifest(line.cycle_dir(index))[0])
+        except DataLineError:
+            continue  # a damaged manifest: its problem is reported already
+        if counts:
+            found[index] = counts
+    return found
+
+
+def invalid_utf8_text(counts: dict[str, dict[str, int]] | None) -> str:
+    """`; 12 bytes not UTF-8, read as U+FFFD: web books/b.txt 10, ...` for a cycle's line ("" when none)."""
+    if not counts:
+        return ""
+    total = sum(count for files in counts.values() for count in files.values())
+    files = ", ".join(f"{name} {path} {count:,}" for name, per_file in counts.items()
+                      for path, count in sorted(per_file.items()))  # fmt: skip
+    return f"; {total:,} byte{'s' if total > 1 else ''} not UTF-8, read as U+FFFD: {files}"

@@ -15,8 +15,8 @@ def run_tokenizer(args: argparse.Namespace) -> int:
     if args.recipe is not None:
         if args.text_field is not None:
             raise DataLineError("data tokenizer --recipe takes each source's text_field from the recipe; drop --text-field")
-        vocab, specials = train_tokenizer_from_recipe(args.recipe, args.vocab, args.out, specials)
+        vocab, specials = train_tokenizer_from_recipe(args.recipe, args.vocab, args.out, specials, args.force)
     else:
-        vocab = train_tokenizer_file(args.source, args.vocab, args.out, args.text_field or "text", specials)
+        vocab = train_tokenizer_file(args.source, args.vocab, args.out, args.text_field or "text", specials, args.force)
     print(f"{args.out}: byte-level BPE, vocab {vocab}, special tokens {', '.join(specials)}")
     return 0
