@@ -89,6 +89,43 @@ def _result(message: dict[str, Any]) -> Any:
     return message.get("result")
 
 
+def hello_refusal(socket_path: Path, error: RemoteError) -> RemoteError:
+    """A refused hello as the user reads it. A protocol mismatch names the line, both versions, which
+    side is older and how to go on: the supervisor's own words ("restart it with the same nsconsole
+    version") say neither how to stop a line whose socket this nsconsole cannot use nor with what."""
+    server = error.data.get("server_protocol") if isinstance(error.data, dict) else None
+    if error.code != wire.PROTOCOL_MISMATCH or not isinstance(server, int):
+        return error
+    line = socket_path.parent
+    versions = f"{line}: its supervisor speaks protocol {server} and this nsconsole {wire.PROTOCOL_VERSION}"
+    if server < wire.PROTOCOL_VERSION:
+        advice = (f"an older nsconsole started it (before an upgrade); `nsconsole stop {line}` stops it with a "
+                  f"checkpoint (through the line's STOP file: no socket needed), then `nsconsole run {line}` "
+                  "runs the line on this one")  # fmt: skip
+    else:
+        advice = "a newer nsconsole started it: watch and steer it with that one (upgrade this one to it)"
+    return RemoteError(error.code, f"{versions}: {advice}", error.data)
+
+
+def missing_methods(hello: dict[str, Any]) -> list[str]:
+    """The methods of this nsconsole's protocol that a supervisor's hello does not name, sorted: an
+    older nsconsole, of the same protocol version with fewer methods, started it. Empty for the same
+    or a newer one, and for a hello that names none."""
+    methods = hello.get("methods")
+    if not isinstance(methods, list):
+        return []
+    return sorted(set(wire.METHODS) - set(methods))
+
+
+def older_supervisor_words(line: str | Path, pid: object, missing: list[str]) -> str:
+    """What to know of a supervisor an older nsconsole started (`missing_methods` not empty): it runs
+    that nsconsole's code, and whatever it imports from now on comes from this one, installed since
+    (a mix that can fail); a stop and a resume run the line on this nsconsole."""
+    return (f"its supervisor (pid {pid}) was started by an older nsconsole (its protocol lacks "
+            f"{', '.join(missing)}) and runs it still, beside this one's code installed since: stop the line "
+            f"(s, or `nsconsole stop {line}`) and resume it (R, or `nsconsole run {line}`) to run it on this nsconsole")
+
+
 def new_request_id() -> str:
     """A request_id for a mutation: unique, and kept by the caller across its retries."""
     return uuid.uuid4().hex
@@ -133,9 +170,9 @@ class SupervisorClient:
         self._buffer.clear()
         try:
             self.server = self.call("hello", protocol=wire.PROTOCOL_VERSION, client=self.client_name)
-        except RemoteError:
+        except RemoteError as error:
             self.close()
-            raise
+            raise hello_refusal(self.socket_path, error) from None
         return self.server
 
     def close(self) -> None:
@@ -251,7 +288,10 @@ class AsyncSupervisorClient:
             raise SupervisorUnavailable(f"{self.socket_path}: no supervisor answers ({reason})") from None
         self.closed.clear()
         self._pump = asyncio.create_task(self._read_loop())
-        self.server = await self.call("hello", protocol=wire.PROTOCOL_VERSION, client=self.client_name)
+        try:
+            self.server = await self.call("hello", protocol=wire.PROTOCOL_VERSION, client=self.client_name)
+        except RemoteError as error:
+            raise hello_refusal(self.socket_path, error) from None
         return self.server
 
     async def close(self) -> None:

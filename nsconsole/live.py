@@ -33,6 +33,7 @@ import psutil
 from engine.config.run import RunConfig
 from engine.errors import LineError
 from engine.layout import LineLayout
+from engine.protocol import wire
 from engine.protocol.facts import EventKind
 from engine.supervisor.reads import read_log_chunk
 from engine.supervisor.registry import SupervisorEntry, line_id, list_supervisors
@@ -40,9 +41,12 @@ from engine.training.schedule import learning_rate
 from nsconsole.client import (
     AsyncSupervisorClient,
     Notification,
+    RemoteError,
     SupervisorLink,
     SupervisorUnavailable,
+    missing_methods,
     new_request_id,
+    older_supervisor_words,
 )
 from nsconsole.history import RestingLine, Signature, files_signature, line_candidates, read_at_rest
 from nsconsole.row_fetch import line_rows, whole_row
@@ -343,6 +347,13 @@ class LiveLines:
                     raise SupervisorUnavailable(f"{attachment.state.path}: the supervisor is not attached")
                 sent = True
                 return await client.call(method, reply_timeout=MUTATION_REPLY_TIMEOUT_S, **params)
+            except RemoteError as error:
+                missing = [] if client is None else missing_methods(client.server)
+                if client is None or error.code != wire.INTERNAL_ERROR or not missing:
+                    raise
+                # An older supervisor failing inside: most likely on code installed since it started.
+                words = older_supervisor_words(attachment.state.path, client.server.get("pid"), missing)
+                raise LineError(f"{attachment.state.path}: {error}; {words}") from None
             except SupervisorUnavailable:
                 if attempt == MUTATION_ATTEMPTS - 1:
                     raise

@@ -57,6 +57,9 @@ class LostLine:
     """The update its trainers were to stop at (None: none)."""
     stop_requested: str | None = None
     """When the stop at the next update pending in its STOP file was asked (None: none pending)."""
+    settings_recorded: bool = True
+    """Whether supervisor.json records the `--engine` and `--stop-at` (False: an nsconsole older
+    than that record wrote it, and what the line ran with is not known; `unrecorded_settings`)."""
 
     @property
     def asked_to_stop(self) -> bool:
@@ -88,7 +91,20 @@ def lost_line(line: Path | str) -> LostLine | None:
         engine=engine if engine in ENGINE_CHOICES else Engine.AUTO.value,
         stop_at=stop_at if isinstance(stop_at, int) and not isinstance(stop_at, bool) and stop_at > 0 else None,
         stop_requested=stop.requested if stop is not None and stop.at_cycle_end is None else None,
+        settings_recorded="engine" in supervisor,
     )
+
+
+def unrecorded_settings(line: LostLine) -> str | None:
+    """What a resume of `line` cannot know, in words, with what to do about it; None when its
+    supervisor.json records it all. A supervisor of an nsconsole from before that record (lost
+    after an upgrade, by a reboot) kept its --engine and --stop-at in its memory only: the line
+    resumes as `nsconsole run LINE` starts it, which trains past a --stop-at it had."""
+    if line.settings_recorded:
+        return None
+    return (f"{LineLayout(line.path).supervisor_json}, written by an older nsconsole, does not record the "
+            "--engine and --stop-at its supervisor ran it with: it runs with --engine auto and no --stop-at "
+            f"(`nsconsole stop {line.path}`, then `nsconsole run {line.path} --stop-at N`, for one it had)")
 
 
 def record_finished(

@@ -55,7 +55,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psutil
 
@@ -68,6 +68,12 @@ from engine.gpu.placement import PhysicalGpu, PlacementError, child_environment
 from engine.layout import LineLayout
 from engine.logrotate import RotatingLog
 from engine.ops import lines as ops
+
+# Imported as the supervisor starts, not when a branch is first asked of it (forks.py imports it
+# then): a supervisor runs for weeks, and a module it first imports after `pip install -U` is the new
+# code inside the old process (a branch failed so, with an ImportError). Every module a supervisor
+# imports later must be loaded at its start: tests/engine/supervisor/test_upgrade_imports.py.
+from engine.ops.branch import BranchResult
 from engine.ops.rollback_records import rollback_times
 from engine.process_start import started_since_boot
 from engine.protocol.facts import ENGINE_CHOICES, Engine, EventKind, LineState, SupervisorExitCode
@@ -102,9 +108,6 @@ from engine.supervisor.startup_checks import StartupChecks
 from engine.supervisor.state import SupervisorState
 from engine.supervisor.telling import Telling
 from engine.training.line_lock import hold_line
-
-if TYPE_CHECKING:
-    from engine.ops.branch import BranchResult
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 

@@ -51,19 +51,20 @@ class Resuming:
             line.add_event(self.clock(), "refused", f"resume: {error}", "error")
             self.notify(toast_text(f"✗ {line.name}: {error}"), severity="error", timeout=8, markup=False)
             return
-        question = f"Resume {line.path}?"
-        detail = ("Its supervisor starts in the background, as `nsconsole run` starts it, and the trainer goes on "
-                  "from the latest checkpoint.")
-        if not await self.push_screen_wait(ConfirmScreen(question, detail)):
-            return
-        line.add_event(self.clock(), "request", "resume: starting its supervisor")
         # Imported here, when a line is resumed: the supervisor's module is not needed to start the console.
-        from engine.supervisor.lost import lost_line
+        from engine.supervisor.lost import lost_line, unrecorded_settings
         from engine.supervisor.settings import SupervisorSettings
         from engine.supervisor.start import SupervisorSilent, start_detached
 
         # A line whose supervisor was lost (a reboot, a kill) goes on with the --engine and --stop-at it ran with.
         lost = lost_line(line.path)
+        unknown = None if lost is None else unrecorded_settings(lost)
+        question = f"Resume {line.path}?"
+        detail = ("Its supervisor starts in the background, as `nsconsole run` starts it, and the trainer goes on "
+                  "from the latest checkpoint." + (f"\n{unknown}." if unknown is not None else ""))
+        if not await self.push_screen_wait(ConfirmScreen(question, detail)):
+            return
+        line.add_event(self.clock(), "request", "resume: starting its supervisor")
         settings = SupervisorSettings() if lost is None else SupervisorSettings(engine=lost.engine, stop_at=lost.stop_at)
         try:
             pid = await asyncio.to_thread(start_detached, Path(line.path), settings)

@@ -86,8 +86,12 @@ def _stop_words(line: LostLine) -> str:
 
 
 def _lost_words(line: LostLine) -> str:
+    from engine.supervisor.lost import unrecorded_settings
+
+    unknown = unrecorded_settings(line)
     options = "".join([f"; --engine {line.engine}" if line.engine != "auto" else "",
-                       f"; --stop-at {line.stop_at}" if line.stop_at is not None else ""])
+                       f"; --stop-at {line.stop_at}" if line.stop_at is not None else "",
+                       f"; {unknown}" if unknown is not None else ""])
     return f"it was {line.state} when its supervisor (pid {line.supervisor_pid}) was lost{options}"
 
 

@@ -23,6 +23,7 @@ from engine.ops.rollback_records import STAMP_FORMAT
 from engine.protocol import facts
 from engine.protocol.facts import EventKind
 from engine.supervisor.rows_digest import is_validation_row
+from nsconsole.client import missing_methods, older_supervisor_words
 from nsconsole.health import HealthFlag
 from nsconsole.lines.events import EVENT_GLYPHS, MAX_EVENTS, ConsoleEvent
 from nsconsole.lines.line_health import LineHealth
@@ -90,6 +91,9 @@ class LineView(LineHealth, LineReadings):
         elif not self.ever_connected or not self.connected:
             self.add_event(now, "connected", f"attached to the supervisor (pid {hello.get('pid')})")
         fresh = restarted or self.epoch is None
+        missing = missing_methods(hello)
+        if fresh and missing:  # said once per supervisor life, as a warning: it asks for a restart
+            self.add_event(now, "connected", older_supervisor_words(self.path, hello.get("pid"), missing), "warning")
         self.epoch = epoch
         self.supervisor_pid = hello.get("pid")
         self.connected, self.ever_connected, self.disconnect_reason = True, True, None

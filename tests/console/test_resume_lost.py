@@ -34,8 +34,9 @@ def dead_pid() -> int:
 
 
 def write_supervisor_json(line: Path, **fields: Any) -> None:
+    """supervisor.json as this nsconsole's supervisors write it (`engine`, `stop_at` recorded), with `fields`."""
     line.mkdir(parents=True, exist_ok=True)
-    (line / "supervisor.json").write_text(json.dumps({"started": 1000.0, **fields}))
+    (line / "supervisor.json").write_text(json.dumps({"started": 1000.0, "engine": "auto", "stop_at": None, **fields}))
 
 
 def own_record() -> dict[str, Any]:
