@@ -164,12 +164,14 @@ def skipped_updates(skipped: Sequence[bool]) -> HealthFlag | None:
     )
 
 
-def waiting_for_data(stage: str | None, cycle: Any = None) -> HealthFlag | None:
-    """The trainer waits for the preparer to finish a data cycle."""
+def waiting_for_data(stage: str | None, cycle: Any = None, preparer_waits: str | None = None) -> HealthFlag | None:
+    """The trainer waits for the preparer to finish a data cycle; `preparer_waits`: why the preparer
+    itself waits (free disk that other lines took, say), which the user has to act on."""
     if stage != Stage.WAITING_DATA:
         return None
     which = f" cycle {cycle}" if cycle is not None else ""
-    return HealthFlag("data", "…", "data", f"waiting for the preparer: data{which} is not ready")
+    why = f"; the preparer waits: {preparer_waits}" if preparer_waits else ""
+    return HealthFlag("data", "…", "data", f"waiting for the preparer: data{which} is not ready{why}")
 
 
 def full_disk(free_bytes: int | None, total_bytes: int | None, min_free_bytes: float | None) -> HealthFlag | None:

@@ -14,6 +14,7 @@ registered for the line any more (it exited: no reconnect will come).
 Lines no supervisor runs (ended, stopped, failed; in the work roots or the history of registered
 lines, `nsconsole/history.py`) are read from their files at rest every `HISTORY_INTERVAL_S` and
 shown with the state they ended in; once a supervisor registers for one, it is attached as any other.
+A line no supervisor runs whose directory was removed (its supervisor.json gone) leaves the book.
 
 Everything runs on the console's asyncio loop; `on_change(line)` is called after each change.
 """
@@ -74,6 +75,13 @@ def gone_words(line: LineView, method: str, sent: bool) -> str:
                 f"`nsconsole status {line.path}` shows whether it was done")
     state = "" if line.supervisor_state is None else f" (state {line.supervisor_state})"
     return f"{line.path}: {who} has exited{state}; the {method} was not sent"
+
+
+def removed_lines(shown: list[tuple[str, str]]) -> list[str]:
+    """The keys of the (key, path) lines, none of them run by a supervisor, whose supervisor.json is
+    gone: their directory was removed by hand (a finished branch cleaned up), so there is nothing to
+    show, open or resume (the history and the work roots leave such a line out as well)."""
+    return [key for key, path in shown if not LineLayout(path).supervisor_json.is_file()]
 
 
 def read_line_facts(line: str | Path) -> LineFacts:
@@ -296,6 +304,20 @@ class LiveLines:
             state.apply_rest(found.supervisor, found.heartbeat, found.rows, self.clock())
             self._rested[line_key] = found.signature
             self.changed(state)
+        shown = [(line.key, line.path) for line in self.book if line.key not in registered | attached]
+        for line_key in await asyncio.to_thread(removed_lines, shown):
+            await self._forget(line_key)
+
+    async def _forget(self, key: str) -> None:
+        """Leave out a line whose directory was removed: its row goes, and its link (to a supervisor
+        that exited) stops trying; a line made again at that path is attached or read anew."""
+        attachment = self._attachments.pop(key, None)
+        if attachment is not None:
+            await attachment.stop()
+        self._rested.pop(key, None)
+        line = self.book.remove(key)
+        if line is not None:
+            self.changed(line)
 
     def _read_resting(self, skip: set[str]) -> list[tuple[str, RestingLine, LineFacts]]:
         """(key, line at rest, run.json's facts) of each candidate not in `skip` whose files changed."""

@@ -116,14 +116,15 @@ class LineStatus:
     preparer_stopped: str | None = None
     """Why its data line's preparer stopped for good and what to do (the data line's preparer.json:
     state `failed`, and no preparer runs now); None otherwise. Said among `problems` too."""
+    data_wait: str | None = None
+    """Why a trainer of the line waits for data, when its data line's running preparer waits too (the
+    preparer.json's `waiting_reason`: a disk other lines filled, say); None otherwise."""
 
     @property
     def waits_for_data_that_will_not_come(self) -> bool:
         """A trainer of the line runs and waits for a data cycle (its heartbeat says so) that no
         preparer will make: the data line's stopped for good."""
-        runs = self.supervisor_pid is not None or self.lone_trainer_pid is not None
-        waiting = (self.heartbeat or {}).get("stage") == Stage.WAITING_DATA
-        return self.preparer_stopped is not None and runs and waiting
+        return self.preparer_stopped is not None and _waits_for_data(self)
 
     @property
     def lost(self) -> bool:
@@ -239,7 +240,15 @@ def _read_data_preparer(layout: LineLayout, status: LineStatus) -> None:
     except DataLineError as error:
         status.problems.append(f"data preparer: {error}")
         return
-    if not isinstance(preparer, dict) or preparer.get("state") != "failed" or preparer_running(data):
+    if not isinstance(preparer, dict):
+        return
+    if preparer.get("state") == "waiting" and _waits_for_data(status) and preparer_running(data):
+        # Else the line reads as training, waiting for a cycle, with no word of why: the preparer
+        # waits for free disk (shared with other lines) or for its source, and says so only in data status.
+        cycle = (status.heartbeat or {}).get("cycle")
+        reason = preparer.get("waiting_reason") or preparer.get("message")
+        status.data_wait = f"the trainer waits for data cycle {cycle}; the data preparer of {data} waits: {reason}"
+    if preparer.get("state") != "failed" or preparer_running(data):
         return
     reason, fix = preparer.get("last_error") or preparer.get("message"), preparer.get("fix")
     status.preparer_stopped = f"{reason}; {fix}" if fix else str(reason)
@@ -248,6 +257,12 @@ def _read_data_preparer(layout: LineLayout, status: LineStatus) -> None:
         cycle = (status.heartbeat or {}).get("cycle")
         problem += f"; the trainer waits for data cycle {cycle}, which no preparer will make"
     status.problems.append(problem)
+
+
+def _waits_for_data(status: LineStatus) -> bool:
+    """A trainer of the line runs and beats that it waits for a data cycle."""
+    runs = status.supervisor_pid is not None or status.lone_trainer_pid is not None
+    return runs and (status.heartbeat or {}).get("stage") == Stage.WAITING_DATA
 
 
 def _read_branches(layout: LineLayout, supervisor: dict[str, Any], status: LineStatus) -> None:

@@ -65,6 +65,14 @@ class Resuming:
         if not await self.push_screen_wait(ConfirmScreen(question, detail)):
             return
         line.add_event(self.clock(), "request", "resume: starting its supervisor")
+        # What `nsconsole run` refuses (another line trains its data line, a start check fails), `R` refuses.
+        from nsconsole.start_checks import start_refusal
+
+        refusal = await asyncio.to_thread(start_refusal, Path(line.path))
+        if refusal is not None:
+            line.add_event(self.clock(), "refused", f"resume: {refusal}", "error")
+            self.notify(toast_text(f"✗ {line.name}: {refusal}"), severity="error", timeout=8, markup=False)
+            return
         settings = SupervisorSettings() if lost is None else SupervisorSettings(engine=lost.engine, stop_at=lost.stop_at)
         try:
             pid = await asyncio.to_thread(start_detached, Path(line.path), settings)

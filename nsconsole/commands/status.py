@@ -14,15 +14,22 @@ from nsconsole.commands.parser import add_command
 if TYPE_CHECKING:
     from engine.ops.status import LineStatus
 
-HELP = "LINE: state, configuration, newest rows, heartbeat, checkpoints, pending stop and disk use of a line"
+HELP = ("[LINE]: state, configuration, newest rows, heartbeat, checkpoints, pending stop and disk use of a "
+        "line; every line of the host in one line each")
 DESCRIPTION = f"""\
 Show a line's state from its files: its supervisor's state (supervisor.json: training, stopped,
 finished, failed, disk-full, ...; whether that supervisor runs now) and, for a line not ended, its
 last event and how long ago (a preparer failing, a long wait for data, ...), the branches forked from it
 and queued on it, the line it was branched from, the configuration in brief, the newest rows of rows.jsonl, the
-trainer's heartbeat and its age, the checkpoints present (and the one a start resumes from when
+trainer's heartbeat and its age (while it waits for a data cycle, why the data line's preparer
+waits too: free disk, say), the checkpoints present (and the one a start resumes from when
 `latest` names one that is gone), a pending STOP, the disk the line uses (its checkpoints' part)
 and what its disk has free.
+
+With no LINE, or with a directory of lines, one line each: the state, the update it stands at and
+the line a branch was forked from, for every line of this host (those the console lists, and the
+lines in host.json's work_root never started) or under that directory; each branch follows its trunk.
+Its exit status is the worst of theirs: 3 when any needs you, else 1 when any run.json is invalid.
 
 exit status, for a script or a cron job that reads no report:
   {StatusExitCode.OK:d}  nothing to do: a supervisor (or a trainer run without one) runs the line, whatever it does
@@ -38,6 +45,8 @@ EXAMPLES = """\
 examples:
   nsconsole status runs/trunk
   nsconsole status runs/trunk --rows 20
+  nsconsole status               # every line of this host, one line each
+  nsconsole status runs          # the lines in runs/
 """
 
 ROW_COLUMNS = ("update", "stage", "cycle", "tokens", "loss", "lr", "grad_norm", "tokens_per_s")
@@ -50,18 +59,31 @@ CHECKPOINTS_SHOWN = 3
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = add_command(subparsers, "status", summary=HELP, description=DESCRIPTION, examples=EXAMPLES)
-    parser.add_argument("line", metavar="LINE", help="the training line directory")
+    parser.add_argument("line", metavar="LINE", nargs="?",
+                        help="the training line directory (none: every line of this host; a directory of lines: those)")
     parser.add_argument("--rows", type=int, default=5, metavar="N", help="newest rows to show (default 5)")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from engine.ops.status import line_status
+    from nsconsole.commands.status_overview import host_lines, lines_in, overview
 
-    status = line_status(args.host_settings.resolve_line(args.line), rows=max(0, args.rows))
+    if args.line is None:
+        return _print_overview(overview(host_lines(args.host_settings)))
+    path = args.host_settings.resolve_line(args.line)
+    if not (path / "run.json").exists() and (lines := lines_in(path)):
+        return _print_overview(overview(lines))
+    status = line_status(path, rows=max(0, args.rows))
     for line in format_status(status):
         print(line)
     return exit_status(status)
+
+
+def _print_overview(report: tuple[list[str], StatusExitCode]) -> int:
+    for line in report[0]:
+        print(line)
+    return report[1]
 
 
 def exit_status(status: LineStatus) -> StatusExitCode:
@@ -106,6 +128,8 @@ def format_status(status: LineStatus) -> list[str]:
     if status.gpu is not None:
         lines.append(f"gpu: {status.gpu}")
     lines.append(_heartbeat_line(status))
+    if status.data_wait is not None:
+        lines.append(f"data: {status.data_wait}")
     if status.last_rows:
         lines.append(f"rows (newest {len(status.last_rows)}):")
         lines += [f"  {_format_row(row)}" for row in status.last_rows]

@@ -32,7 +32,8 @@ class LineHealth:
                 stage=heartbeat.get("stage"),
             ),
             skipped,
-            None if ended else health.waiting_for_data(heartbeat.get("stage"), heartbeat.get("cycle")),
+            None if ended else health.waiting_for_data(heartbeat.get("stage"), heartbeat.get("cycle"),
+                                                        self._preparer_waits()),
             health.full_disk(self.disk_free, self.disk_total, self.facts.min_free_disk_bytes),
         ]
         flags = [flag for flag in candidates if flag is not None]
@@ -47,6 +48,16 @@ class LineHealth:
             self.version += 1
         self.health = flags
         return new
+
+    def _preparer_waits(self) -> str | None:
+        """Why the data line's preparer waits, from its status as the supervisor's `status` relays it
+        (preparer.json's `waiting_reason`); None when it does not wait."""
+        preparer = self.status.get("preparer")
+        status = preparer.get("status") if isinstance(preparer, dict) else None
+        if not isinstance(status, dict) or status.get("state") != "waiting":
+            return None
+        reason = status.get("waiting_reason")
+        return reason if isinstance(reason, str) else None
 
     def _row_health(self) -> list[HealthFlag | None]:
         """The checks of the rows (spike, slow, lr, skipped), run again only when what they read
