@@ -60,11 +60,17 @@ def temporary_name(path: Path) -> Path:
 def write_bytes_atomic(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = temporary_name(path)
-    with open(temporary, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
+    try:
+        with open(temporary, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        # A full disk (ENOSPC) mid-write, or a signal: no half-written temporary left beside the
+        # file until the next preparer's clean-up; the file itself is as it was.
+        temporary.unlink(missing_ok=True)
+        raise
     fsync_directory(path.parent)
 
 

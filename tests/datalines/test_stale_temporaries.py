@@ -32,3 +32,29 @@ def test_a_killed_preparer_s_temporary_files_are_removed_by_the_next(tmp_path: P
     prepare_cycle(line, 0)
     assert [path for path in left if path.exists()] == []
     assert live.exists() and line.cycle_ready(0)
+
+
+WRITE_PAST_A_FILE_SIZE_LIMIT = """
+import resource, signal, sys
+from pathlib import Path
+from datalines.files import write_bytes_atomic
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))
+try:
+    write_bytes_atomic(Path(sys.argv[1]), b"x" * 65536)
+except OSError as error:
+    print(error.errno)
+"""
+
+
+def test_a_write_that_fails_midway_leaves_no_temporary_and_the_file_as_it_was(tmp_path: Path) -> None:
+    """A write the disk refuses midway (ENOSPC; here a file-size limit, the same failed write(2))
+    left its 0-byte `.tmp-<pid>-` file beside the status until the next preparer (a walkthrough of
+    many lines on one full disk)."""
+    status = tmp_path / "preparer.json"
+    status.write_text('{"state": "waiting"}\n')
+    failed = subprocess.run([sys.executable, "-c", WRITE_PAST_A_FILE_SIZE_LIMIT, str(status)],
+                            capture_output=True, text=True, check=True)
+    assert failed.stdout.strip() == str(27), failed.stdout + failed.stderr  # EFBIG
+    assert status.read_text() == '{"state": "waiting"}\n'
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["preparer.json"]
