@@ -367,9 +367,13 @@ def checked_branch_config(
     train_len = trunk.plan[min(int(position["stage"]), len(trunk.plan) - 1)].seq_len
     long_len = request.long_seq_len or trunk.validation.long_seq_len or _longest_context(trunk)
     if any(item.kind == "long" for item in plan) and long_len <= train_len:
-        raise LineError(
-            f"--long-seq-len: the long length must exceed the training length {train_len}, got {long_len}"
-        )
+        # Name where the long length came from: a user who gave no --long-seq-len should not be told off for it.
+        source = (
+            "--long-seq-len" if request.long_seq_len
+            else "the trunk's validation.long_seq_len" if trunk.validation.long_seq_len
+            else f"the model's context ({trunk.model.preset}; give --long-seq-len)"
+        )  # fmt: skip
+        raise LineError(f"{source}: the long length must exceed the training length {train_len}, got {long_len}")
     data = inspect_data_line(request.data.absolute())
     owner = other_training_line(data.path, new.root)
     if owner is not None:  # the branch's first start would be refused (one training line per data line)
