@@ -101,10 +101,15 @@ class BranchForm(ModalScreen[BranchRequest | None]):
         self.line_path = line_path
         self.current_cycle = current_cycle or 0
         self.draft = draft
+        self._offered_cycle = draft.at_cycle if draft is not None else self.current_cycle
+        """The cycle whose `NAME-cN` the path field was last given (`on_input_changed`)."""
+
+    def _suggested_path(self, cycle: int) -> str:
+        """The new line's directory the form offers for a fork at `cycle`: beside the trunk, `NAME-cN`."""
+        return str(Path(self.line_path).with_name(f"{self.line_name}-c{cycle}"))
 
     def compose(self) -> ComposeResult:
-        suggested = str(Path(self.line_path).with_name(f"{self.line_name}-c{self.current_cycle}"))
-        draft = self.draft or BranchRequest(suggested, self.current_cycle, "", "")
+        draft = self.draft or BranchRequest(self._suggested_path(self.current_cycle), self.current_cycle, "", "")
         # A label beside each field: the form fits 80x24; a smaller terminal scrolls it.
         with Vertical():
             yield Static(f"Branch {self.line_path}", classes="question")
@@ -131,6 +136,21 @@ class BranchForm(ModalScreen[BranchRequest | None]):
             self._submit()
         else:
             self.dismiss(None)
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        """The offered directory follows the cycle typed (a fork at cycle 5 is not `NAME-c1`), as long
+        as the directory is the one offered for the cycle before: one typed by hand is left alone."""
+        if event.input.id != "at_cycle":
+            return
+        path = self.query_one("#path", Input)
+        try:
+            cycle = int(event.value)
+        except ValueError:
+            return  # half typed: the offer waits for a number
+        offered = {self._suggested_path(earlier) for earlier in (self.current_cycle, self._offered_cycle)}
+        if path.value in offered:
+            path.value = self._suggested_path(cycle)
+        self._offered_cycle = cycle
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         event.stop()

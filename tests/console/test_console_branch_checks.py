@@ -121,3 +121,33 @@ def test_the_confirmation_says_the_tokens_each_stage_trains(tmp_path: Path, data
     sent = run_console(line, scenario).sent
     assert sent == [("branch", {"path": str(tmp_path / "b"), "at_cycle": 1, "plan": "decay:100",
                                 "data": str(data_template)})]  # fmt: skip
+
+
+def test_the_offered_directory_follows_the_cycle_typed_until_it_is_typed_by_hand(
+    tmp_path: Path, data_template: Path
+) -> None:
+    """Found on a host of many lines: `r1-c1` was offered, and queued, for a fork at cycle 5."""
+    line = make_line(tmp_path, data_template)
+
+    async def scenario(pilot: Any) -> None:
+        await pilot.press("b")
+        await pilot.pause()
+        form = pilot.app.screen
+        assert isinstance(form, BranchForm)
+        path, at_cycle = form.query_one("#path", Input), form.query_one("#at_cycle", Input)
+        assert path.value == str(line.with_name(f"{line.name}-c0"))
+        at_cycle.value = "3"
+        await pilot.pause()
+        assert path.value == str(line.with_name(f"{line.name}-c3"))
+        at_cycle.value = ""  # cleared to type another: the offer stays until a number comes
+        await pilot.pause()
+        at_cycle.value = "2"
+        await pilot.pause()
+        assert path.value == str(line.with_name(f"{line.name}-c2"))
+        path.value = str(tmp_path / "mine")
+        at_cycle.value = "1"
+        await pilot.pause()
+        assert path.value == str(tmp_path / "mine")
+        await pilot.press("escape")
+
+    assert run_console(line, scenario).sent == []
