@@ -249,8 +249,9 @@ def find_cycle_end(parent: LineLayout, cycle: int) -> Path:
     at = position.get("cycle", 0)
     if at <= cycle:
         raise CycleNotEnded(
-            f"{parent.root}: cycle {cycle} has not ended (the line is in cycle {at} at update "
-            f"{state.get('update')}); {WAIT_OR_QUEUE}"
+            # The newest checkpoint's position, not the trainer's: a running line may be updates past it.
+            f"{parent.root}: cycle {cycle} has not ended (its newest checkpoint, {latest}, is in cycle {at} "
+            f"at update {state.get('update')}); {WAIT_OR_QUEUE}"
         )
     raise LineError(f"{parent.checkpoints}: the kept checkpoint of cycle {cycle}'s end is missing; "
                     f"{kept_cycle_ends(parent)}")

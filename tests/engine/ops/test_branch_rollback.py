@@ -113,7 +113,7 @@ def test_a_cycle_end_set_aside_by_a_rollback_is_no_fork_point(tmp_path: Path) ->
     write_latest(layout.checkpoints, layout.checkpoint(8).name)  # rolled back to u8; u12 not yet removed
 
     assert find_cycle_end(layout, 0) == layout.checkpoint(4)
-    with pytest.raises(LineError, match=r"cycle 1 has not ended \(the line is in cycle 1 at update 8\)"):
+    with pytest.raises(LineError, match=r"cycle 1 has not ended \(its newest checkpoint, u00000008, is in cycle 1 at update 8\)"):
         find_cycle_end(layout, 1)
 
 
