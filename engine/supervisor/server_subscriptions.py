@@ -9,6 +9,7 @@ subscribed connection of `_connections`; a `subscribe` is answered from the ring
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -24,7 +25,7 @@ logger = logging.getLogger("nsconsole.server")
 SUBSCRIBER_BUFFER_LIMIT = 4 * 1024 * 1024
 """A live subscriber that lets this much go unread is dropped (it reconnects and catches up from the ring)."""
 REPLAY_CHUNK_BYTES = 256 * 1024
-"""A replay of the ring waits for the client to read past this much buffered."""
+"""A replay of the ring sends this much at a time, and waits for the client to read it."""
 
 
 class Subscriptions:
@@ -84,17 +85,34 @@ class Subscriptions:
 
         Whatever is published meanwhile lands in the ring and is sent by the next round; the
         switch to live happens with no await after the last check, so nothing is lost or repeated.
+        The ring is taken a chunk at a time (`_ring_chunk`), never copied whole: a client that goes
+        away mid-replay leaves its broken pipe's traceback in a reference cycle with this frame,
+        freed only by a full garbage collection. With a copy of the ring in it, a thousand consoles
+        attaching and leaving grew a supervisor by 60-90 MiB; with a chunk, by a few.
         """
         connection.last_sent_seq = after_seq
         while True:
-            with self._ring_lock:
-                pending = [(seq, line) for seq, line in self._ring if seq > connection.last_sent_seq]
-            if not pending:
+            chunk = self._ring_chunk(connection.last_sent_seq)
+            if not chunk:
                 connection.subscribed = True
                 return
-            for seq, line in pending:
+            for seq, line in chunk:
                 connection.send(line)
                 connection.last_sent_seq = seq
-                if connection.writer.transport.get_write_buffer_size() > REPLAY_CHUNK_BYTES:
-                    await connection.writer.drain()
             await connection.writer.drain()
+
+    def _ring_chunk(self, after_seq: int) -> list[tuple[int, bytes]]:
+        """The ring's notifications after `after_seq`, oldest first, about `REPLAY_CHUNK_BYTES` of them."""
+        chunk: list[tuple[int, bytes]] = []
+        size = 0
+        with self._ring_lock:
+            if not self._ring:
+                return chunk
+            # Seqs in the ring are consecutive (`publish` numbers and appends under the lock).
+            start = max(0, after_seq + 1 - self._ring[0][0])
+            for entry in itertools.islice(self._ring, start, None):
+                chunk.append(entry)
+                size += len(entry[1])
+                if size >= REPLAY_CHUNK_BYTES:
+                    break
+        return chunk

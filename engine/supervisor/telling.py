@@ -2,9 +2,10 @@
 
 A mixin of `engine.supervisor.supervisor.Supervisor`, sharing its state: it writes run.log through
 `_log`, pushes events through `_server` (None before it serves), notifies through host.json's
-`notify` (`_notify_command`; the threads it starts are kept in `_notifying`, for `run` to join) and
-writes `state` to supervisor.json with the request log (`request_log`) and the queued forks
-(`forks`) in it, under `_lock` (which guards `state` against the RPC threads) and `_save_lock`.
+`notify` (`_notify_command`; the threads it starts are kept in `_notifying` while they run, for
+`run` to join) and writes `state` to supervisor.json with the request log (`request_log`) and the
+queued forks (`forks`) in it, under `_lock` (which guards `state` against the RPC threads) and
+`_save_lock`.
 On a full disk the line's reserve (`_reserve`) makes room for what must be written.
 """
 
@@ -53,10 +54,14 @@ class Telling:
             self._server.publish("event", event)
         self._set(last_event=event)
         if self._notify_command:
-            self._notifying.append(notify_in_background(
+            thread = notify_in_background(
                 self._notify_command, event,
                 on_failure=lambda detail: self._say(f"notify {kind} failed: {detail}"),
-            ))
+            )
+            # Only the notifications still under way are kept for `run` to wait for: a line of weeks
+            # tells of thousands of events, and each finished thread held its event.
+            with self._lock:
+                self._notifying[:] = [*(other for other in self._notifying if other.is_alive()), thread]
 
     def _set(self, **changes: Any) -> None:
         with self._lock:

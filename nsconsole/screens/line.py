@@ -23,6 +23,7 @@ from nsconsole.screens.run_config import RunConfigScreen
 from nsconsole.state import LineView
 from nsconsole.widgets import format as fmt
 from nsconsole.widgets.checkpoint_list import CheckpointList, read_checkpoints
+from nsconsole.widgets.closed_watchers import drop_closed_watchers
 from nsconsole.widgets.curves_tab import CurvesTab
 from nsconsole.widgets.event_list import EventList, event_time
 from nsconsole.widgets.keys_footer import KeysFooter
@@ -146,6 +147,11 @@ class LineScreen(Screen[None]):
     def on_mount(self) -> None:
         self.show_header_note(self.app.header_note())  # type: ignore[attr-defined]
         self.refresh_view(self.app.clock())  # type: ignore[attr-defined]
+
+    def on_unmount(self) -> None:
+        # Its header, closed by now (a screen unmounts after its children), watched the app's title:
+        # Textual would keep it for as long as the app runs (`nsconsole/widgets/closed_watchers.py`).
+        drop_closed_watchers(self.app)
 
     def show_header_note(self, note: str) -> None:
         """The line's name in the header, and what the console says of itself (paused...) beside it."""

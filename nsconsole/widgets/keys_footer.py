@@ -14,6 +14,8 @@ from textual.containers import HorizontalGroup
 from textual.widgets import Footer
 from textual.widgets._footer import FooterKey  # (not exported by textual.widgets)
 
+from nsconsole.widgets.closed_watchers import drop_closed_watchers
+
 KEPT_ACTIONS = ("help", "quit")
 """The actions whose keys the footer keeps in view at any width, in this order."""
 
@@ -34,3 +36,9 @@ class KeysFooter(Footer):
         with HorizontalGroup(id="kept-keys"):
             yield from (kept[action] for action in KEPT_ACTIONS if action in kept)
             yield from palette
+
+    async def recompose(self) -> None:
+        """Redraw the keys (the screen's bindings changed), and forget the old keys' binding to this
+        footer's `compact`, which Textual would keep as long as the footer lives."""
+        await super().recompose()
+        drop_closed_watchers(self)
