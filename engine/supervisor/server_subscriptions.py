@@ -9,6 +9,7 @@ subscribed connection of `_connections`; a `subscribe` is answered from the ring
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import time
@@ -26,6 +27,10 @@ SUBSCRIBER_BUFFER_LIMIT = 4 * 1024 * 1024
 """A live subscriber that lets this much go unread is dropped (it reconnects and catches up from the ring)."""
 REPLAY_CHUNK_BYTES = 256 * 1024
 """A replay of the ring sends this much at a time, and waits for the client to read it."""
+REPLAY_STALL_S = 60.0
+"""A replaying client that reads too little of a chunk for this long is dropped: a replay is not
+idle, so a console that stopped reading mid-replay would otherwise hold its slot for good (64 such
+lock every console out)."""
 
 
 class Subscriptions:
@@ -99,7 +104,12 @@ class Subscriptions:
             for seq, line in chunk:
                 connection.send(line)
                 connection.last_sent_seq = seq
-            await connection.writer.drain()
+            try:
+                await asyncio.wait_for(connection.writer.drain(), timeout=REPLAY_STALL_S)
+            except TimeoutError:
+                logger.warning("dropping a subscriber that read nothing of its replay for %.0f s", REPLAY_STALL_S)
+                connection.writer.transport.abort()
+                return
 
     def _ring_chunk(self, after_seq: int) -> list[tuple[int, bytes]]:
         """The ring's notifications after `after_seq`, oldest first, about `REPLAY_CHUNK_BYTES` of them."""

@@ -19,6 +19,7 @@ import pytest
 from engine.errors import LineError
 from engine.gpu.devices import gpu_snapshot
 from engine.protocol import wire
+from engine.supervisor import server_subscriptions
 from engine.supervisor.server import SupervisorServer
 from nsconsole.client import RemoteError, SupervisorClient, SupervisorUnavailable
 
@@ -541,6 +542,34 @@ def test_seventy_idle_connections_do_not_lock_out_a_fresh_client(server: Supervi
             assert notification is not None and notification.data == {"event": "still watched"}
         finally:
             for connection in idle:
+                connection.close()
+
+
+def test_consoles_that_stop_reading_mid_replay_do_not_lock_out_a_fresh_client(
+    tmp_path: Path, line: InMemoryLine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A replay is not idle (its slot is never taken for a new client): two clients that subscribe
+    # from seq 0 to a full ring and never read held both slots for good before the stall limit.
+    monkeypatch.setattr(server_subscriptions, "REPLAY_STALL_S", 0.5)
+    with SupervisorServer(tmp_path / "supervisor.sock", line, max_connections=2) as server:
+        for number in range(4000):  # about 2 MB: more than a socket's buffers hold
+            server.publish("row", {"update": number, "grads": "0.123456789," * 40})
+        stalled = []
+        try:
+            for _ in range(2):
+                connection = raw_connection(server.socket_path)
+                connection.sendall(wire.encode(wire.make_request(0, "hello", {"protocol": wire.PROTOCOL_VERSION})))
+                connection.sendall(wire.encode(wire.make_request(1, "subscribe", {"since_seq": 0})))
+                stalled.append(connection)
+            with SupervisorClient(server.socket_path, timeout=10) as fresh:
+                assert fresh.call("status")["state"] == "training"
+            # The stalled ones were cut: their stream ends (after what was buffered) instead of hanging.
+            for connection in stalled:
+                connection.settimeout(10)
+                while connection.recv(1 << 20):
+                    pass
+        finally:
+            for connection in stalled:
                 connection.close()
 
 
