@@ -13,7 +13,7 @@ from pathlib import Path
 
 from engine.errors import LineError
 from engine.supervisor.settings import SupervisorSettings
-from engine.supervisor.start import start_detached
+from engine.supervisor.start import SupervisorSilent, start_detached
 
 
 class BranchSupervisors:
@@ -29,6 +29,11 @@ class BranchSupervisors:
         it started, else why not (the branch stays: `nsconsole run` it by hand)."""
         try:
             pid = start_detached(branch, SupervisorSettings(engine=self._engine))
+        except SupervisorSilent as silent:
+            # It runs, and may still come up: this process's child all the same, reaped when it ends.
+            with self._lock:
+                self._pids.append(silent.pid)
+            return str(silent)
         except LineError as error:
             return str(error)
         except Exception as error:  # the trunk goes on; the operator is told

@@ -3,7 +3,9 @@
 `spawn_detached` starts the command with `setsid` (a new session and process group, so the
 terminal's hangup and the shell's job control never reach it), stdin from /dev/null and stdout
 and stderr appended to a file (the line's supervisor.out). Nothing else from the parent is
-inherited (Python's descriptors are close-on-exec).
+inherited: Python's own descriptors are close-on-exec, and those the parent was given inheritable
+(`nsconsole run` under a shell's `3>file`, an ssh or CI runner's pipes) are closed in the child, or a
+supervisor of weeks would hold them open, and whatever waits for their end with it.
 
 A new session is not enough where systemd-logind ends the login's processes itself: with
 `KillUserProcesses=yes` it kills the session's whole cgroup at logout, with `StopIdleSessionSec`
@@ -50,9 +52,24 @@ def spawn_detached(
         (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
         (os.POSIX_SPAWN_OPEN, 1, str(output), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644),
         (os.POSIX_SPAWN_DUP2, 1, 2),
+        *((os.POSIX_SPAWN_CLOSE, fd) for fd in _inheritable_descriptors()),
     ]
     environment = dict(os.environ if env is None else env)
     return os.posix_spawn(executable, list(argv), environment, file_actions=file_actions, setsid=True)
+
+
+def _inheritable_descriptors() -> list[int]:
+    """This process's open descriptors past stderr that an exec would pass on."""
+    found = []
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd > 2:
+            try:
+                if os.get_inheritable(fd):
+                    found.append(fd)
+            except OSError:
+                continue  # the listing's own descriptor, closed by now
+    return found
 
 
 def _which(name: str) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pty
 import signal
@@ -83,6 +84,26 @@ def test_the_detached_process_has_no_stdin_and_appends_its_output(tmp_path: Path
     wait_for(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
     os.waitpid(pid, 0)  # a test process is its parent: reap it
     assert output.read_text() == "earlier start\n''\nerr\n"
+
+
+def test_the_detached_process_holds_none_of_its_parents_inheritable_descriptors(tmp_path: Path) -> None:
+    # `nsconsole run` under a runner that waits for a pipe's end (ssh, CI, `cmd | tee`): a supervisor
+    # holding its write end for weeks would keep that runner waiting for weeks.
+    output = tmp_path / "supervisor.out"
+    read_end, write_end = os.pipe()
+    os.set_inheritable(write_end, True)
+    program = "import os, time; print(sorted(int(fd) for fd in os.listdir('/proc/self/fd')), flush=True); time.sleep(30)"
+    pid = spawn_detached([sys.executable, "-c", program], output)
+    try:
+        wait_for(lambda: output.exists() and output.read_text().endswith("\n"))
+        assert write_end not in json.loads(output.read_text())
+        os.close(write_end)
+        assert os.read(read_end, 1) == b""  # the pipe's end came, with the detached process still running
+        assert psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    finally:
+        os.close(read_end)
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
 
 
 FACTS = LogindFacts(
