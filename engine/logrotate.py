@@ -7,13 +7,17 @@ rotated: `RotatingLog` re-opens when the path no longer names the file it holds,
 under an exclusive flock on the file being rotated, so two writers never rotate the same file
 twice. A descriptor handed to a child (the trainer's stdout) keeps writing to the file it was
 opened on; the supervisor calls `rotate_if_needed` before each launch so that file is bounded
-by one trainer's life.
+by one trainer's life. Within that life the trainer's own log moves its stdout and stderr along
+(`stdio_follows`): a crash's traceback, printed after a few rotations of a long launch, would
+otherwise go to a rotated file, or to one deleted as the oldest.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
+import sys
 import threading
 from pathlib import Path
 
@@ -71,10 +75,15 @@ class RotatingLog:
     Thread-safe; safe beside other processes appending to the same path (see module docstring).
     """
 
-    def __init__(self, path: Path | str, max_bytes: int = MAX_LOG_BYTES, keep: int = KEEP_ROTATED) -> None:
+    def __init__(
+        self, path: Path | str, max_bytes: int = MAX_LOG_BYTES, keep: int = KEEP_ROTATED, stdio_follows: bool = False
+    ) -> None:
         self.path = Path(path)
         self.max_bytes = max_bytes
         self.keep = keep
+        self.stdio_follows = stdio_follows
+        """Each (re)open points this process's stdout and stderr at the new file, where they were on
+        this log's files (a supervisor's trainer: launched with its output on run.log)."""
         self._fd: int | None = None
         self._lock = threading.Lock()
 
@@ -101,7 +110,26 @@ class RotatingLog:
             self._close_fd()  # another writer rotated it
         if self._fd is None:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            if self.stdio_follows:
+                self._move_stdio_here()
         return self._fd
+
+    def _move_stdio_here(self) -> None:
+        """Point stdout and stderr at the current file where they are on this log or a rotated one
+        (a terminal, or any other file, is left alone)."""
+        assert self._fd is not None
+        ours = {str(self.path.resolve())} | {str(rotated_path(self.path, n).resolve()) for n in range(1, self.keep + 1)}
+        for std in (1, 2):
+            try:
+                target = os.readlink(f"/proc/self/fd/{std}").removesuffix(" (deleted)")
+            except OSError:
+                continue  # closed, or no /proc
+            if target in ours and not _same_file(self.path, std):
+                for stream in (sys.stdout, sys.stderr):
+                    with contextlib.suppress(AttributeError, OSError, ValueError):  # replaced, or closed
+                        if stream.fileno() == std:
+                            stream.flush()  # what is buffered belongs to the old file
+                os.dup2(self._fd, std)
 
     def _close_fd(self) -> None:
         if self._fd is not None:

@@ -84,7 +84,7 @@ class RunLog:
     """
 
     def __init__(self, path: Path, echo: TextIO | None = None, max_bytes: int = MAX_LOG_BYTES):
-        self._log = RotatingLog(path, max_bytes)
+        self._log = RotatingLog(path, max_bytes, stdio_follows=True)  # a crash's traceback lands in run.log
         self._echo = echo
 
     def write(self, message: str) -> None:

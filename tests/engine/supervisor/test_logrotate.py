@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 from engine.logrotate import RotatingLog, rotate_if_needed
@@ -53,3 +55,43 @@ def test_the_trainer_s_run_log_rotates_while_it_runs(tmp_path: Path) -> None:
     log.close()
     assert (tmp_path / "run.log.1").is_file() and (tmp_path / "run.log").stat().st_size <= 1100
     assert "update      99" in (tmp_path / "run.log").read_text()
+
+
+def test_a_trainers_crash_after_rotations_lands_in_the_current_run_log(tmp_path: Path) -> None:
+    # As the supervisor launches it: stdout and stderr on run.log. Its own log rotates run.log four
+    # times (three rotated files kept), then it prints and crashes. Before, both went to the file of
+    # its launch, deleted by then as the oldest.
+    log_path = tmp_path / "run.log"
+    program = (
+        "import sys\n"
+        "from engine.rows import RunLog\n"
+        f"log = RunLog(__import__('pathlib').Path({str(log_path)!r}), max_bytes=1000)\n"
+        "print('at launch', flush=True)\n"
+        "for update in range(80):\n"
+        "    log.write(f'update {update:7d}  loss 3.1416')\n"
+        "print('printed late')\n"
+        "raise RuntimeError('the crash')\n"
+    )
+    with open(log_path, "ab") as output:
+        finished = subprocess.run([sys.executable, "-c", program], stdout=output, stderr=subprocess.STDOUT, check=False)
+    assert finished.returncode == 1
+    current = log_path.read_text()
+    assert (tmp_path / "run.log.3").is_file() and "update      79" in current
+    assert "printed late" in current and "RuntimeError: the crash" in current
+    assert current.index("update      79") < current.index("printed late")
+
+
+def test_stdio_elsewhere_is_left_alone(tmp_path: Path) -> None:
+    # A foreground trainer's stdout is the terminal (here: another file): its log's rotation keeps off it.
+    other = tmp_path / "terminal"
+    program = (
+        "from pathlib import Path\n"
+        "from engine.rows import RunLog\n"
+        f"log = RunLog(Path({str(tmp_path / 'run.log')!r}), max_bytes=200)\n"
+        "for update in range(20):\n"
+        "    log.write(f'update {update:7d}  loss 3.1416')\n"
+        "print('still here', flush=True)\n"
+    )
+    with open(other, "wb") as output:
+        subprocess.run([sys.executable, "-c", program], stdout=output, check=True)
+    assert other.read_text() == "still here\n"
