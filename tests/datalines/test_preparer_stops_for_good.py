@@ -42,11 +42,11 @@ def test_a_changed_pinned_file_stops_the_preparer_for_good_until_it_is_restored(
     status = read_status(data)
     assert status["state"] == "failed" and "changed since init" in status["last_error"]
     assert status["fix"].startswith(f"restore {tmp_path / 'corpus'}/part")
-    assert main(["data", "status", "--work", str(data)]) == 0
+    assert main(["data", "status", "--work", str(data)]) == 3  # the operator must act
     shown = capsys.readouterr().out
     assert f"preparer: stopped for good (pid {status['pid']}), not retried: {status['last_error']}; " in shown
     assert f"to go on: {status['fix']}; then start it again" in shown
-    assert main(["data", "status", "--work", str(data), "--json"]) == 0
+    assert main(["data", "status", "--work", str(data), "--json"]) == 3
     assert json.loads(capsys.readouterr().out)["preparer"]["fix"] == status["fix"]
 
     for path, content in originals.items():

@@ -14,6 +14,10 @@ if TYPE_CHECKING:
 EXIT_DAMAGED = 1
 """`data status`'s exit status when it reports a damaged cycle: a script (or a cron check) sees the
 damage without parsing the report; 1, as `check` fails a check (2 is a refusal: a line unreadable)."""
+EXIT_PREPARER_STOPPED = 3
+"""`data status`'s exit status when no cycle is damaged but the preparer stopped for good (a failure
+that does not pass by itself): the operator must act, as `nsconsole status` exits 3 for a line that
+needs them."""
 
 
 REOPENED_TEXT = "reopened: shards to rebuild from its manifest"
@@ -46,7 +50,10 @@ def run_status(args: argparse.Namespace) -> int:
         # preparer.json keeps a killed preparer's last state: whether one runs is its lock's say.
         "preparer_running": preparer_running(line.path),
     }
-    status = EXIT_DAMAGED if report["problems"] else 0
+    preparer = report["preparer"]
+    stopped_for_good = bool(preparer) and preparer["state"] == "failed" and not report["preparer_running"] \
+        and bool(preparer.get("fix"))
+    status = EXIT_DAMAGED if report["problems"] else EXIT_PREPARER_STOPPED if stopped_for_good else 0
     if args.json:
         print(json.dumps(report))
         return status
@@ -66,7 +73,6 @@ def run_status(args: argparse.Namespace) -> int:
         print(f"  cycle {index:4d}  {shown}" + (f": {report['problems'][index]}" if state == "damaged" else "")
               + invalid_utf8_text(report["invalid_utf8"].get(index)))  # fmt: skip
     print(f"validation rows: {', '.join(f'T{length}' for length in validation) or 'none (run data val)'}")
-    preparer = report["preparer"]
     if preparer:
         reopened = [str(index) for index, state in report["cycles"].items() if state != "consumed"]
         if preparer["state"] == "finished" and reopened:
@@ -80,7 +86,7 @@ def run_status(args: argparse.Namespace) -> int:
         elif preparer["state"] in RUNNING_STATES and not report["preparer_running"]:
             print(f"preparer: not running (its last status, pid {preparer['pid']}: {preparer['state']}: "
                   f"{preparer['message']}; it stopped without a word: killed or crashed)")  # fmt: skip
-        elif preparer["state"] == "failed" and not report["preparer_running"] and preparer.get("fix"):
+        elif stopped_for_good:
             print(f"preparer: stopped for good (pid {preparer['pid']}), not retried: {preparer['last_error']}; "
                   f"to go on: {preparer['fix']}; then start it again (`nsconsole stop` and `nsconsole run` the "
                   f"line that trains on it, or `nsconsole data run-preparer --work {line.path}`)")  # fmt: skip

@@ -123,7 +123,7 @@ def test_a_preparer_that_fails_for_good_is_not_restarted_and_the_line_says_why(
     assert f"problem: data preparer of {data} stopped for good" in out
     assert "the trainer waits for data cycle 1, which no preparer will make" in out
     assert "last event: preparer_failing" in out
-    assert main(["data", "status", "--work", str(data)]) == 0
+    assert main(["data", "status", "--work", str(data)]) == 3  # the operator must act, as for `status`
     out = capsys.readouterr().out
     assert "preparer: stopped for good (pid " in out and "is gone since init; to go on: restore " in out
 
