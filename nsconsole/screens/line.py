@@ -11,10 +11,12 @@ while the curves have it (the screen opens with the curves focused).
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
+from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Header, Input, TabbedContent, TabPane, Tabs
 
@@ -230,8 +232,32 @@ class LineScreen(Screen[None]):
             return f"the memory tab is for PSSA lines' memory banks; {self.line.name} is {model}"
         return None
 
+    def _tab_bar_ready(self) -> bool:
+        """Whether the tab bar has mounted its tabs. A tab key pressed right after Enter (a loaded
+        machine) can come before: a tab shown then broke Textual's own mount of the bar (`No Tab with
+        id '--content-tab-tab-curves'`), and the console exited."""
+        tabbed = self.query(TabbedContent)
+        if not tabbed or not tabbed.first().active:
+            return False
+        try:
+            tabbed.first().get_tab(tabbed.first().active)
+        except NoMatches:
+            return False
+        return True
+
+    def _when_tab_bar_ready(self, action: Callable[[], None]) -> bool:
+        """True when the tab bar is ready; else `action` runs again after the messages queued so far
+        (the bar's mount among them)."""
+        if self._tab_bar_ready():
+            return True
+        if self.is_attached:
+            self.call_later(action)
+        return False
+
     def action_step_tab(self, step: int) -> None:
         """Show the tab `step` places after the one shown (before it for a negative step), round the ends."""
+        if not self._when_tab_bar_ready(lambda: self.action_step_tab(step)):
+            return
         tabs = [f"tab-{name}" for name in TABS if self.check_action("show_tab", (f"tab-{name}",))]
         active = self.query_one(TabbedContent).active
         self.action_show_tab(tabs[(tabs.index(active) + step) % len(tabs)])
@@ -240,6 +266,8 @@ class LineScreen(Screen[None]):
         """Show `tab` and focus what it shows, so its keys (←/→ on the curves, ↑/↓ in a list) work at
         once; the search box is passed over (it would take the keys typed next), and a tab without
         anything to focus leaves the focus on the tab bar."""
+        if not self._when_tab_bar_ready(lambda: self.action_show_tab(tab)):
+            return
         tabbed = self.query_one(TabbedContent)
         tabbed.active = tab
         pane = tabbed.get_pane(tab)

@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 from helpers.console import NOW, book_of, console, frozen_book, rows_of, settle
+from textual import events
 from textual.widgets import Input, TabbedContent
 
 from engine.gpu.devices import GpuDevice, GpuSnapshot
@@ -378,3 +379,24 @@ def test_typing_into_the_branch_form_at_once_fills_its_first_field() -> None:
         assert sent == [("branch", {"path": "/srv/runs/b-c25", "at_cycle": 3, "plan": "decay:1e6", "data": "/data/b"})]
 
     run(app, scenario)
+
+
+def test_a_tab_key_pressed_before_the_line_screens_tab_bar_is_there_is_taken_once_it_is() -> None:
+    # On a loaded machine a tab key can reach a line's screen just after Enter, while its tab bar
+    # is still mounting: showing a tab then broke Textual's mount of the bar (`No Tab with id
+    # '--content-tab-tab-curves'`, or `'' is not in list` for `]`) and the console exited. The
+    # bindings' actions are called at that moment (a posted key comes a few ticks too late here).
+    for press, shown in ((lambda screen: screen.action_step_tab(1), "tab-probes"),
+                         (lambda screen: screen.action_show_tab("tab-log"), "tab-log")):
+        app = console()
+
+        async def scenario(pilot, app: ConsoleApp = app, press=press, shown: str = shown) -> None:
+            app.post_message(events.Key("enter", None))  # (`pilot.press` would wait for the mount)
+            while not (isinstance(app.screen, LineScreen) and app.screen.query(TabbedContent)):
+                await asyncio.sleep(0)
+            press(app.screen)
+            await pilot.pause(0.3)
+            assert app.is_running and app.return_code is None
+            assert app.screen.query_one(TabbedContent).active == shown
+
+        run(app, scenario)
