@@ -8,8 +8,11 @@ of the cycles consumed since the preparer's last round. A preparer that exits
 `PreparerExitCode.STOPPED_FOR_GOOD` met a failure that does not pass by itself (a source used up,
 a pinned file changed or gone, a dataline.json that no longer parses): it is not restarted, which
 run.log says once with its reason and fix, and the operator is told at once (`preparer_failing`,
-`stopped_for_good`); the trainer trains the cycles already prepared, then waits. The line's next
-start (`nsconsole stop` and `nsconsole run`, once the cause is fixed) starts it again. A preparer
+`stopped_for_good`); the trainer trains the cycles already prepared, then waits. The keeper then
+watches the files the preparer reads (`datalines.inputs.input_stamp`, every `recheck_delay`): once
+the operator's fix has changed them and they have held still for one look (a file copied back is
+not taken half-copied), it starts the preparer again by itself; a preparer that stops for good
+again for the same reason is said in run.log only. A preparer
 already running on the data line (another line's supervisor, or one started by hand) is left alone: the
 data line's lock allows one. Its output goes to `<data line>/preparer.log`, rotated like run.log.
 
@@ -31,6 +34,7 @@ from typing import Any
 
 from datalines.dataline import open_data_line
 from datalines.errors import DataLineError
+from datalines.inputs import input_stamp
 from datalines.service import delete_consumed_shards_unless_preparing, preparer_running
 from datalines.status import read_status
 from engine.logrotate import rotate_if_needed
@@ -54,19 +58,19 @@ class PreparerKeeper:
         command: list[str] | None = None,
         restart_delay: float = 5.0,
         notify_stopped: Callable[[str], None] | None = None,
-        line: Path | None = None,
+        recheck_delay: float = 15.0,
     ) -> None:
         self.data_path = data_path
         self.say = say
         self.notify_failing = notify_failing
         self.notify_stopped = notify_stopped or notify_failing
         """Told once when the preparer stops for good (not restarted): run.log has it through it."""
-        self.line = line
-        """The training line, named in how to start the preparer again."""
         # It gets SIGTERM if the supervisor dies (engine.supervisor.children).
         self.command = command or preparer_command()
         self.restart_delay = restart_delay
         """Pause before the first restart after a failed exit; doubles with each in a row (to 5 min)."""
+        self.recheck_delay = recheck_delay
+        """How often the files of a preparer stopped for good are looked at for the operator's fix."""
         self._process: subprocess.Popen[bytes] | None = None
         self._exits_in_a_row = 0  # exits with a failure since the last good run
         self._next_start = 0.0
@@ -74,6 +78,10 @@ class PreparerKeeper:
         self._told_failing = False
         self._told_other = False
         self._stopped_for_good: str | None = None  # its reason and fix, once it stopped for good
+        self._told_for_good: str | None = None  # the last stop for good the operator was notified of
+        self._inputs_at_stop: tuple[Any, ...] = ()  # the preparer's files as it stopped for good
+        self._inputs_seen: tuple[Any, ...] = ()  # ... and at the last look since
+        self._next_input_check = 0.0
 
     def tick(self) -> None:
         if self._process is not None:
@@ -83,6 +91,8 @@ class PreparerKeeper:
             else:
                 self._exited(code)
             return
+        if self._stopped_for_good is not None:
+            self._restart_once_fixed()
         if self._finished or self._stopped_for_good is not None or time.monotonic() < self._next_start:
             return
         if preparer_running(self.data_path):
@@ -158,19 +168,41 @@ class PreparerKeeper:
 
     def _stop_for_good(self, pid: int | None) -> None:
         """The preparer met a failure that does not pass by itself: say why and what to do, once,
-        and restart it no more (the next start of the line starts it again)."""
+        and restart it no more until its files change (`_restart_once_fixed`)."""
         status = self._status()
         written = self._written_by(status, pid) and status.get("state") == "failed"
         reason = status.get("last_error") if written else None
         reason = reason or last_log_line(self.data_path / LOG_NAME) or "no message"
         fix = status.get("fix") if written else None
-        line = self.line if self.line is not None else "LINE"
-        again = f"`nsconsole stop {line}` and `nsconsole run {line}` start it again"
         self._stopped_for_good = f"{reason}; {fix}" if fix else reason
+        self._inputs_at_stop = self._inputs_seen = input_stamp(self.data_path)
+        self._next_input_check = time.monotonic() + self.recheck_delay
+        if self._stopped_for_good == self._told_for_good:
+            # The operator's change did not mend it: the notification they have still says all.
+            self.say(f"the data preparer stopped for good again: {self._stopped_for_good}")
+            return
         message = (f"the data preparer stopped for good: {self._stopped_for_good}; it is not restarted (the failure "
-                   f"does not pass by itself): once it is fixed, {again} (meanwhile the trainer trains the cycles "
-                   "already prepared, then waits for data)")  # fmt: skip
+                   f"does not pass by itself): once it is fixed, this supervisor starts it again (it looks at the "
+                   f"data line's files every {self.recheck_delay:g} s; meanwhile the trainer trains the cycles already "
+                   "prepared, then waits for data)")  # fmt: skip
+        self._told_for_good = self._stopped_for_good
         self.notify_stopped(message)  # an event: run.log has it, once
+
+    def _restart_once_fixed(self) -> None:
+        """Start the preparer again once its files changed since it stopped for good, and held still
+        since the last look (a file being copied back is not taken half-copied)."""
+        now = time.monotonic()
+        if now < self._next_input_check:
+            return
+        self._next_input_check = now + self.recheck_delay
+        stamp = input_stamp(self.data_path)
+        settled, self._inputs_seen = stamp == self._inputs_seen, stamp
+        if stamp == self._inputs_at_stop or not settled:
+            return
+        self.say(f"the data line's files changed since the preparer stopped for good ({self._stopped_for_good}): "
+                 "starting it again")  # fmt: skip
+        self._stopped_for_good = None
+        self._exits_in_a_row, self._next_start = 0, 0.0
 
     def _tell_failing(self, message: str) -> None:
         if not self._told_failing:

@@ -38,6 +38,9 @@ class SupervisorSettings:
     """Keep the data line's preparer running beside the trainer (`engine/supervisor/preparer.py`)."""
     preparer_command: list[str] | None = None
     """The preparer program before its `--work DATA` (None: `nsconsole data run-preparer`)."""
+    preparer_recheck_seconds: float = 15.0
+    """How often the files of a preparer that stopped for good are looked at: once the operator's
+    fix changed them (and they held still for one look), the preparer is started again."""
     trainer_command: list[str] | None = None
     """The program launched as the trainer, before its arguments (None: this Python running
     `engine.training.main`); tests give a scripted stand-in."""

@@ -231,10 +231,10 @@ class Supervisor(
                     notify_failing=lambda message: self._event(EventKind.PREPARER_FAILING, message),
                     command=self.settings.preparer_command,
                     restart_delay=self.settings.relaunch_delay_seconds,
+                    recheck_delay=self.settings.preparer_recheck_seconds,
                     notify_stopped=lambda message: self._event(
                         EventKind.PREPARER_FAILING, message, stopped_for_good=True
                     ),
-                    line=self.layout.root,
                 )
             self._echo_offset = file_size(self.layout.run_log)
             # Rows and the heartbeat of earlier runs are history, not news for subscribers.

@@ -45,7 +45,7 @@ def test_a_changed_pinned_file_stops_the_preparer_for_good_until_it_is_restored(
     assert main(["data", "status", "--work", str(data)]) == 3  # the operator must act
     shown = capsys.readouterr().out
     assert f"preparer: stopped for good (pid {status['pid']}), not retried: {status['last_error']}; " in shown
-    assert f"to go on: {status['fix']}; then start it again" in shown
+    assert f"to go on: {status['fix']}; then the supervisor of the line that trains on it starts it again" in shown
     assert main(["data", "status", "--work", str(data), "--json"]) == 3
     assert json.loads(capsys.readouterr().out)["preparer"]["fix"] == status["fix"]
 

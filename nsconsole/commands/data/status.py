@@ -88,8 +88,8 @@ def run_status(args: argparse.Namespace) -> int:
                   f"{preparer['message']}; it stopped without a word: killed or crashed)")  # fmt: skip
         elif stopped_for_good:
             print(f"preparer: stopped for good (pid {preparer['pid']}), not retried: {preparer['last_error']}; "
-                  f"to go on: {preparer['fix']}; then start it again (`nsconsole stop` and `nsconsole run` the "
-                  f"line that trains on it, or `nsconsole data run-preparer --work {line.path}`)")  # fmt: skip
+                  f"to go on: {preparer['fix']}; then the supervisor of the line that trains on it starts it "
+                  f"again within seconds (with none, `nsconsole data run-preparer --work {line.path}`)")  # fmt: skip
         else:
             print(f"preparer: {preparer['state']} (pid {preparer['pid']}): {preparer['message']}")
     return status

@@ -1,7 +1,7 @@
 """A preparer that fails for good (a pinned local file gone) under a real supervisor: not restarted,
 said once in run.log with its reason and fix, notified, shown by `nsconsole status` (exit 3 while
-the trainer waits for the cycle it will not make) and `data status`; the line's next start, once
-the file is back, prepares again. A failure that may pass is still restarted."""
+the trainer waits for the cycle it will not make) and `data status`; once the file is back the same
+supervisor starts it again, and it prepares. A failure that may pass is still restarted."""
 
 from __future__ import annotations
 
@@ -79,6 +79,7 @@ def rig(tmp_path: Path, private_host: Path) -> Iterator[dict[str, Path]]:
 
 def start_supervisor(rig: dict[str, Path]) -> subprocess.Popen[bytes]:
     settings = {"poll_seconds": 0.05, "relaunch_delay_seconds": 0.05, "watchdog_seconds": 60,
+                "preparer_recheck_seconds": 0.3,
                 "trainer_command": [sys.executable, str(rig["root"] / "trainer.py")]}  # fmt: skip
     return subprocess.Popen([sys.executable, str(rig["root"] / "runner.py"), str(rig["line"]), json.dumps(settings)])
 
@@ -109,7 +110,7 @@ def test_a_preparer_that_fails_for_good_is_not_restarted_and_the_line_says_why(
     assert "preparer_failing: the data preparer stopped for good: " in stopped
     assert f"{corpus}/part" in stopped and "is gone since init" in stopped  # the reason, naming the file
     assert "restore " in stopped and "as `data init` pinned it" in stopped  # the fix
-    assert f"`nsconsole stop {line}` and `nsconsole run {line}` start it again" in stopped
+    assert "once it is fixed, this supervisor starts it again" in stopped
     [event] = [json.loads(text) for text in rig["events"].read_text().splitlines()]
     assert event["event"] == "preparer_failing" and event["stopped_for_good"] is True
     assert "is gone since init" in event["message"]
@@ -127,15 +128,17 @@ def test_a_preparer_that_fails_for_good_is_not_restarted_and_the_line_says_why(
     out = capsys.readouterr().out
     assert "preparer: stopped for good (pid " in out and "is gone since init; to go on: restore " in out
 
-    # The file back, the line's next start prepares again.
+    # The files back: the same supervisor sees them and starts the preparer again, which prepares.
     aside.rename(corpus)
-    stop(rig, supervisor, "first-stop")
-    supervisor = start_supervisor(rig)
     wait_until(lambda: (read_status(data) or {}).get("state") == "ready", "the preparer's cycles")
     assert open_data_line(data).cycle_ready(1)
+    log = run_log.read_text()
+    assert "the data line's files changed since the preparer stopped for good (" in log
+    assert log.count("data preparer started") == 2
     assert main(["status", str(line)]) == StatusExitCode.OK
+    assert main(["data", "status", "--work", str(data)]) == 0
     capsys.readouterr()
-    stop(rig, supervisor, "second-stop")
+    stop(rig, supervisor, "first-stop")
 
 
 def test_a_failure_that_may_pass_is_still_restarted(tmp_path: Path) -> None:
@@ -156,3 +159,49 @@ def test_a_failure_that_may_pass_is_still_restarted(tmp_path: Path) -> None:
     assert not stopped and keeper.snapshot()["stopped_for_good"] is None
     restarts = [text for text in said if "restarting in" in text]
     assert all("No space left on device" in text for text in restarts)
+
+
+FAILS_FOR_GOOD = r'''
+import json, os, sys
+work = sys.argv[sys.argv.index("--work") + 1]
+status = {"pid": os.getpid(), "state": "failed", "last_error": "dataline.json: not JSON", "fix": "mend it"}
+with open(os.path.join(work, "preparer.json"), "w") as handle:
+    json.dump(status, handle)
+sys.exit(78)
+'''
+"""A preparer's stand-in that stops for good at once, always for the same reason."""
+
+
+def test_a_change_that_does_not_mend_it_is_said_but_not_notified_again_and_a_file_in_flux_is_waited_for(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "fails.py"
+    script.write_text(FAILS_FOR_GOOD)
+    config = tmp_path / "dataline.json"
+    config.write_text("{broken")
+    said: list[str] = []
+    notified: list[str] = []
+    keeper = PreparerKeeper(tmp_path, say=said.append, notify_failing=notified.append,
+                            command=[sys.executable, str(script)], notify_stopped=notified.append,
+                            recheck_delay=0.05)  # fmt: skip
+
+    def tick_until(condition: Callable[[], bool], what: str) -> None:
+        deadline = time.monotonic() + 60
+        while not condition():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}: {said}"
+            keeper.tick()
+            time.sleep(0.01)
+
+    tick_until(lambda: keeper.snapshot()["stopped_for_good"] is not None, "the first stop")
+    assert len(notified) == 1 and "dataline.json: not JSON; mend it" in notified[0]
+    # A file rewritten at every look (a copy under way) is not taken until it holds still.
+    for number in range(30):
+        config.write_text("{still broken" + "!" * number)  # a new size before every look
+        keeper.tick()
+        time.sleep(0.02)
+    assert sum("data preparer started" in text for text in said) == 1
+    # It holds still: started again, it stops for good for the same reason: said, not notified.
+    tick_until(lambda: any("stopped for good again" in text for text in said), "the second stop")
+    assert sum("data preparer started" in text for text in said) == 2
+    assert any("the data line's files changed since the preparer stopped for good" in text for text in said)
+    assert len(notified) == 1
