@@ -97,10 +97,33 @@ class RunLog:
         self._log.close()
 
 
+def not_a_file_problem(path: Path, what: str) -> str | None:
+    """Why `path`, where there is one, is not the regular file `what` must be (a directory, a
+    device, unreadable), in one line; None when it is one or there is none."""
+    if not os.path.lexists(path):
+        return None
+    if path.is_dir():
+        return f"{path}: a directory, not {what}; move it away"
+    if not path.is_file():
+        return f"{path}: not a regular file, so not {what}; move it away"
+    if not os.access(path, os.R_OK):
+        return f"{path}: not readable (permissions)"
+    return None
+
+
+def rows_file_problem(path: Path) -> str | None:
+    """Why rows.jsonl is not a file its rows can be read from and appended to (None: it is, or there is none)."""
+    return not_a_file_problem(path, "the file of the line's rows")
+
+
 def rows_problem(path: Path, rows: int, size: int) -> str | None:
     """Why rows.jsonl cannot be cut back to a checkpoint's `rows` rows in `size` bytes (None: it can):
-    missing, shorter than the checkpoint says, or its first `size` bytes not `rows` whole rows.
-    What `RowsFile.cut_back` refuses at a start and `nsconsole check` reports before one."""
+    not a readable file, missing, shorter than the checkpoint says, or its first `size` bytes not
+    `rows` whole rows. What `RowsFile.cut_back` refuses at a start and `nsconsole check` reports
+    before one."""
+    unusable = rows_file_problem(path)
+    if unusable is not None:
+        return unusable
     if not path.exists():
         return None if not rows else f"{path}: missing, but the checkpoint counts {rows} rows"
     actual = path.stat().st_size
@@ -130,6 +153,11 @@ class Heartbeat:
     """The heartbeat file, replaced atomically (rename) on every beat."""
 
     def __init__(self, path: Path):
+        # A beat replaces the file by a rename, which fails over a directory: refused at the start
+        # in one line, not as a traceback at the first update's beat.
+        problem = not_a_file_problem(path, "the line's heartbeat file")
+        if problem is not None:
+            raise LineError(problem)
         self.path = path
         self._temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         self._lock = threading.Lock()  # a long phase beats from a side thread (training/phase_beat.py)

@@ -46,8 +46,9 @@ from engine.checkpoints.format import (
     cycle_of_kept,
     json_bytes,
     list_checkpoints,
+    no_checkpoint_left_problem,
     read_checkpoint_state,
-    read_latest,
+    resume_candidate,
     update_of,
     verify_checkpoint,
     write_bytes_durably,
@@ -61,7 +62,13 @@ from engine.models import presets
 from engine.ops.branch_data import check_fork_cycle, check_plan_fits
 from engine.ops.branch_records import record_branch
 from engine.ops.fork_point import check_cycle_comes, expected_fork_position, kept_cycle_ends, latest_position
-from engine.ops.lines import inspect_data_line, open_line, resolve_data_path
+from engine.ops.lines import (
+    failed_writes_said,
+    inspect_data_line,
+    open_line,
+    refuse_an_unwritable_directory,
+    resolve_data_path,
+)
 from engine.training.heldout_rows import heldout_line_path, missing_rows_problem, validation_lengths
 from engine.training.schedule import learning_rate, tokens_per_update
 from engine.wandb.mirror import plan_branch
@@ -231,26 +238,36 @@ def find_cycle_end(parent: LineLayout, cycle: int) -> Path:
     """The parent's kept checkpoint at the end of `cycle`; CycleNotEnded when that cycle has not
     ended, LineError when it has but its kept checkpoint is missing.
 
-    Only checkpoints up to `latest` count: those after it were set aside by a rollback (retention
-    removes them at the line's next checkpoint) and belong to a history the line no longer has.
+    Only checkpoints up to the one a start resumes from (`latest`, or where `latest` is damaged or
+    names one that is gone, the newest before it) count: those after it were set aside by a
+    rollback (retention removes them at the line's next checkpoint) and belong to a history the
+    line no longer has.
     """
-    latest = read_latest(parent.checkpoints)
-    latest_update = update_of(Path(latest)) if latest else None
+    resume = resume_candidate(parent.checkpoints)
+    resume_update = None if resume is None else update_of(resume)
     for directory in list_checkpoints(parent.checkpoints):
-        if latest_update is None or (update_of(directory) or 0) > latest_update:
-            break  # oldest first: every later one is past `latest` too
+        if resume_update is None or (update_of(directory) or 0) > resume_update:
+            break  # oldest first: every later one is past the resume point too
         state = read_checkpoint_state(directory)
         if cycle_of_kept((state or {}).get("kept")) == cycle:
             return directory
-    state = read_checkpoint_state(parent.checkpoints / latest) if latest else None
-    if state is None:
+    if resume is None:
+        if no_checkpoint_left_problem(parent) is not None:
+            # The line has trained but no checkpoint of it reads: "no checkpoint yet" (a cycle still
+            # to come) would hide the damage.
+            names = ", ".join(path.name for path in list_checkpoints(parent.checkpoints)) or "none left"
+            raise LineError(
+                f"{parent.checkpoints}: no checkpoint with a readable {STATE_NAME} ({names}), though the line "
+                "has trained; put its checkpoints back to branch it"
+            )
         raise CycleNotEnded(f"{parent.root}: has no checkpoint yet; cycle {cycle} has not ended; {WAIT_OR_QUEUE}")
+    state = read_checkpoint_state(resume) or {}
     position = state.get("position", {})
     at = position.get("cycle", 0)
     if at <= cycle:
         raise CycleNotEnded(
             # The newest checkpoint's position, not the trainer's: a running line may be updates past it.
-            f"{parent.root}: cycle {cycle} has not ended (its newest checkpoint, {latest}, is in cycle {at} "
+            f"{parent.root}: cycle {cycle} has not ended (its newest checkpoint, {resume.name}, is in cycle {at} "
             f"at update {state.get('update')}); {WAIT_OR_QUEUE}"
         )
     raise LineError(f"{parent.checkpoints}: the kept checkpoint of cycle {cycle}'s end is missing; "
@@ -448,10 +465,10 @@ def _fork_inputs(fork: Path) -> tuple[RunConfig, dict[str, Any]]:
 
 
 def _trained_tokenizer(layout: LineLayout, data_line: datalines.DataLine) -> bytes:
-    """The tokenizer the line's latest checkpoint carries (a fork checkpoint carries the same one);
-    its data line's before the first checkpoint."""
-    latest = read_latest(layout.checkpoints)
-    carried = None if latest is None else layout.checkpoints / latest / TOKENIZER_FILE
+    """The tokenizer the checkpoint a start resumes from carries (a fork checkpoint carries the same
+    one); its data line's before the first checkpoint."""
+    resume = resume_candidate(layout.checkpoints)
+    carried = None if resume is None else resume / TOKENIZER_FILE
     if carried is not None and carried.is_file():
         return carried.read_bytes()
     return data_line.tokenizer_json.encode("utf-8")
@@ -466,6 +483,11 @@ def branch_line(request: BranchRequest) -> BranchResult:
     except CycleNotEnded:
         check_branch_request(request)  # what would stop the fork is said now, not once the cycle ends
         raise
+    # The trunk takes branches.json (and its lock); the branch's directory, or the nearest one
+    # above it that exists, takes the branch.
+    refuse_an_unwritable_directory(parent.root, "a branch (the trunk's branches.json)")
+    made_in = next(directory for directory in (new.root, *new.root.parents) if directory.exists())
+    refuse_an_unwritable_directory(made_in, f"a branch ({new.root})")
     verify_checkpoint(fork)
     trunk, fork_state = _fork_inputs(fork)
     position = fork_state["position"]
@@ -505,23 +527,24 @@ def branch_line(request: BranchRequest) -> BranchResult:
 
     # Built beside its final place and renamed into it: a crash leaves no half-made line.
     building = new.root.with_name(f".{new.root.name}.branching")
-    shutil.rmtree(building, ignore_errors=True)
-    building.mkdir(parents=True)
-    try:
-        built = LineLayout(building)
-        _checkpoint, linked = write_branch_checkpoint(
-            fork, built.checkpoints, state, config.to_json().encode()
-        )
-        config.save(built.accepted_run_json)
-        config.save(built.run_json)
-        plan_branch(building, parent.root, update)
-        fsync_directory(building)
-        os.replace(building, new.root)  # over an empty directory, or a new name
-        fsync_directory(new.root.parent)
-    except BaseException:
+    with failed_writes_said("the branch", new.root):  # a full disk, say: one line naming the file
         shutil.rmtree(building, ignore_errors=True)
-        raise
-    record_branch(parent, new.root, request, update, int(position["tokens_trained"]))
+        building.mkdir(parents=True)
+        try:
+            built = LineLayout(building)
+            _checkpoint, linked = write_branch_checkpoint(
+                fork, built.checkpoints, state, config.to_json().encode()
+            )
+            config.save(built.accepted_run_json)
+            config.save(built.run_json)
+            plan_branch(building, parent.root, update)
+            fsync_directory(building)
+            os.replace(building, new.root)  # over an empty directory, or a new name
+            fsync_directory(new.root.parent)
+        except BaseException:
+            shutil.rmtree(building, ignore_errors=True)
+            raise
+        record_branch(parent, new.root, request, update, int(position["tokens_trained"]))
     return BranchResult(new.root, update, int(position["tokens_trained"]), config, linked)
 
 

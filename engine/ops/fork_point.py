@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from engine.checkpoints.format import cycle_of_kept, list_checkpoints, read_checkpoint_state, read_latest
+from engine.checkpoints.format import cycle_of_kept, list_checkpoints, read_checkpoint_state, resume_candidate
 from engine.config.run import RunConfig
 from engine.errors import LineError
 from engine.layout import LineLayout
@@ -27,9 +27,10 @@ if TYPE_CHECKING:
 
 
 def latest_position(layout: LineLayout) -> dict[str, Any]:
-    """The position saved in the checkpoint `latest` names; empty (the line's start) without one."""
-    latest = read_latest(layout.checkpoints)
-    state = None if latest is None else read_checkpoint_state(layout.checkpoints / latest)
+    """The position saved in the checkpoint a start resumes from (`latest`, or the newest before it
+    where `latest` is damaged); empty (the line's start) without one."""
+    resume = resume_candidate(layout.checkpoints)
+    state = None if resume is None else read_checkpoint_state(resume)
     position = (state or {}).get("position")
     return position if isinstance(position, dict) else {}
 

@@ -7,6 +7,9 @@ replaced atomically, so a refusal or a crash leaves the line as it was.
 from __future__ import annotations
 
 import dataclasses
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,10 +34,47 @@ def open_line(root: Path | str) -> LineLayout:
     """The layout of an existing training line (a directory holding run.json)."""
     layout = LineLayout(root)
     if not layout.root.is_dir():
+        if layout.root.exists():  # a file named for a line (its run.json, say): not "no such" line
+            raise LineError(f"{layout.root}: not a directory; a training line is a directory holding run.json")
         raise LineError(f"{layout.root}: no such training line directory")
+    if layout.run_json.is_dir():
+        raise LineError(f"{layout.run_json}: a directory, not the line's run.json; move it away")
     if not layout.run_json.is_file():
         raise LineError(f"{layout.root}: not a training line (no run.json)")
     return layout
+
+
+def refuse_an_unwritable_directory(directory: Path, doing: str) -> None:
+    """`LineError` (one line) when `directory` takes no new file (a read-only file system, no write
+    permission) while `doing` must write there: said before anything starts, where the write would
+    otherwise fail part-way through as a traceback."""
+    if directory.is_dir() and not os.access(directory, os.W_OK | os.X_OK):
+        raise LineError(
+            f"{directory}: not writable (a read-only file system, or no write permission), and {doing} writes "
+            "there; nothing was changed"
+        )
+
+
+@contextmanager
+def failed_writes_said(doing: str, where: Path) -> Iterator[None]:
+    """An `OSError` inside (a full disk, an I/O error) as a `LineError` of one line naming the file
+    (`where` when the error names none: a failed write(2) does not) and what `doing` was: a
+    traceback would hide which file, and what to do."""
+    try:
+        yield
+    except OSError as error:
+        named = error.filename if error.filename is not None else where
+        raise LineError(
+            f"{named}: {error.strerror or error} ({doing} stopped there; free some space if the disk is full, "
+            "and run it again)"
+        ) from None
+
+
+def refuse_an_unwritable_line(layout: LineLayout, doing: str) -> None:
+    """`refuse_an_unwritable_directory` for the line's directory and its checkpoints' (where
+    `latest` and the pins are replaced)."""
+    for directory in (layout.root, layout.checkpoints):
+        refuse_an_unwritable_directory(directory, doing)
 
 
 def resolve_data_path(layout: LineLayout, data_line: str) -> Path:

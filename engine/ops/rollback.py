@@ -29,6 +29,7 @@ from engine.checkpoints.format import (
     no_such_checkpoint,
     read_checkpoint_state,
     read_latest,
+    resume_candidate,
     update_of,
     verify_checkpoint,
     write_latest,
@@ -38,10 +39,10 @@ from engine.errors import LineError
 from engine.layout import LineLayout
 from engine.logrotate import RotatingLog
 from engine.ops.branch_records import branches_forked_after
-from engine.ops.lines import open_line, resolve_data_path
+from engine.ops.lines import failed_writes_said, open_line, refuse_an_unwritable_line, resolve_data_path
 from engine.ops.rollback_records import keep_rolled_back_rows
 from engine.protocol.facts import LineState, Stage
-from engine.rows import RowsFile, prefix_lines, rows_problem
+from engine.rows import RowsFile, prefix_lines, rows_file_problem, rows_problem
 from engine.supervisor.reads import read_json, running_trainer_pid
 from engine.wandb.mirror import plan_rollback
 
@@ -76,15 +77,19 @@ def rollback_line(line: Path | str, to_update: int) -> RollbackResult:
     pid = running_trainer(layout)
     if pid is not None:
         raise LineError(f"{layout.root}: its trainer is running (pid {pid}); stop the line before a rollback")
+    refuse_an_unwritable_line(layout, "a rollback")
     target = layout.checkpoint(to_update)
-    latest = read_latest(layout.checkpoints)
     if not target.is_dir():
         raise LineError(no_such_checkpoint(target))
-    latest_update = update_of(Path(latest)) if latest else None
-    if latest_update is None or to_update >= latest_update:
-        raise LineError(
-            f"{target}: not before the line's latest checkpoint ({latest or 'none'}); a rollback goes back"
-        )
+    # "Back" is from the checkpoint `latest` names (a damaged one included: rolling back past it is
+    # the way to mend it), or where `latest` is damaged or names one that is gone, from where a
+    # start resumes: the newest before it (the rollback then writes a good `latest`).
+    latest = read_latest(layout.checkpoints)
+    if latest is None or not (layout.checkpoints / latest).is_dir():
+        resume = resume_candidate(layout.checkpoints)
+        latest = None if resume is None else resume.name
+    if latest is None or to_update >= (update_of(Path(latest)) or 0):
+        raise LineError(f"{target}: not before the line's latest checkpoint ({latest or 'none'}); a rollback goes back")
     verify_checkpoint(target)
     state = read_checkpoint_state(target)
     if state is None:
@@ -93,12 +98,21 @@ def rollback_line(line: Path | str, to_update: int) -> RollbackResult:
 
     check_rows_prefix(layout.rows_jsonl, int(state["rows"]), int(state["rows_bytes"]))
 
-    # The rows set aside (those after the checkpoint's), not the whole of rows.jsonl: the rest stays in it.
-    rows_kept = keep_rolled_back_rows(layout, int(state["rows_bytes"])) if layout.rows_jsonl.exists() else None
-    plan_rollback(layout.root, to_update)
-    reopened = reopen_cycles(resolve_data_path(layout, config.data.line), int(state["position"]["cycle"]))
-    write_latest(layout.checkpoints, target.name)
-    RowsFile.cut_back(layout.rows_jsonl, int(state["rows"]), int(state["rows_bytes"]))
+    with failed_writes_said("the rollback", layout.root):  # a full disk, say: one line naming the file
+        # The rows set aside (those after the checkpoint's), not the whole of rows.jsonl: the rest stays in it.
+        rows_kept = keep_rolled_back_rows(layout, int(state["rows_bytes"])) if layout.rows_jsonl.exists() else None
+        try:
+            plan_rollback(layout.root, to_update)
+        except (LineError, OSError):
+            # Refused before it wrote (a damaged wandb_run.json, say: "the rollback changed
+            # nothing"): the copy of the rows this call set aside goes too, or each retry would
+            # leave another.
+            if rows_kept is not None:
+                rows_kept.unlink(missing_ok=True)
+            raise
+        reopened = reopen_cycles(resolve_data_path(layout, config.data.line), int(state["position"]["cycle"]))
+        write_latest(layout.checkpoints, target.name)
+        RowsFile.cut_back(layout.rows_jsonl, int(state["rows"]), int(state["rows_bytes"]))
     later = [directory.name for directory in list_checkpoints(layout.checkpoints) if (update_of(directory) or 0) > to_update]
     return RollbackResult(to_update, later, rows_kept, int(state["rows"]), reopened,
                           branches_forked_after(layout, to_update))
@@ -107,9 +121,12 @@ def rollback_line(line: Path | str, to_update: int) -> RollbackResult:
 def rows_remedy(layout: LineLayout) -> str:
     """What to do about a rows.jsonl that lacks rows the latest checkpoint counts (lost to a disk
     fault, or edited): roll back to the newest earlier checkpoint whose rows it still holds, and
-    the updates after it are trained again (bit for bit on the CPU). Nothing else can mend it."""
-    latest = read_latest(layout.checkpoints)
-    latest_update = update_of(Path(latest)) if latest else None
+    the updates after it are trained again (bit for bit on the CPU). Nothing else can mend it.
+    A rows.jsonl that is no file at all (a directory, say) has no rows to roll back to."""
+    if rows_file_problem(layout.rows_jsonl) is not None:
+        return "put the line's rows.jsonl back in its place (from a backup if need be); the checkpoints are kept"
+    resume = resume_candidate(layout.checkpoints)
+    latest_update = None if resume is None else update_of(resume)
     for directory in reversed(list_checkpoints(layout.checkpoints)):
         update = update_of(directory)
         if update is None or latest_update is None or update >= latest_update:
@@ -144,6 +161,9 @@ def record_rollback_at_rest(layout: LineLayout, result: RollbackResult) -> None:
 
 def check_rows_prefix(path: Path, rows: int, size: int) -> None:
     """Refuse before anything is written when rows.jsonl does not begin with the checkpoint's rows."""
+    unusable = rows_file_problem(path)
+    if unusable is not None:
+        raise LineError(unusable)
     try:
         present = min(path.stat().st_size, size)
         newlines, _ = prefix_lines(path, size)

@@ -51,12 +51,18 @@ def keep_rolled_back_rows(layout: LineLayout, after_bytes: int) -> Path:
         leftover.unlink(missing_ok=True)
     path = rolled_back_rows_path(layout)
     partial = path.with_name(f".{path.name}{_PARTIAL_SUFFIX}")
-    with open(layout.rows_jsonl, "rb") as rows, open(partial, "wb") as copy:
-        rows.seek(after_bytes)
-        shutil.copyfileobj(rows, copy, _COPY_CHUNK)
-        copy.flush()
-        os.fsync(copy.fileno())
-    os.replace(partial, path)
+    try:
+        with open(layout.rows_jsonl, "rb") as rows, open(partial, "wb") as copy:
+            rows.seek(after_bytes)
+            shutil.copyfileobj(rows, copy, _COPY_CHUNK)
+            copy.flush()
+            os.fsync(copy.fileno())
+        os.replace(partial, path)
+    except BaseException as error:
+        partial.unlink(missing_ok=True)  # a full disk, say: nothing half-written is left behind
+        if isinstance(error, OSError) and error.filename is None:  # a failed write names no file
+            raise OSError(error.errno, error.strerror, str(path)) from None
+        raise
     fsync_directory(layout.root)
     return path
 

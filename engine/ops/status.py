@@ -20,10 +20,12 @@ from datalines.errors import DataLineError
 from datalines.status import preparer_running
 from datalines.status import read_status as read_preparer_status
 from engine.checkpoints.format import (
+    STATE_NAME,
     branched_from,
     latest_file_problem,
     latest_name_problem,
     list_checkpoints,
+    no_checkpoint_left_problem,
     read_latest,
     resume_candidate,
 )
@@ -32,9 +34,10 @@ from engine.errors import LineError
 from engine.gpu.placement import gpus_label
 from engine.layout import LineLayout
 from engine.ops.branch_records import live_branches
-from engine.ops.lines import open_line, resolve_data_path
+from engine.ops.lines import load_accepted, open_line, resolve_data_path
 from engine.ops.stop import StopRequest, read_stop
 from engine.protocol.facts import FAULT_LINE_STATES, FINAL_LINE_STATES, LineState, Stage
+from engine.rows import not_a_file_problem, rows_file_problem
 from engine.supervisor.forks import QueuedFork
 from engine.supervisor.reads import running_supervisor_pid, running_trainer_pid
 from engine.wandb.recovery import Recovery, planned_recovery
@@ -157,7 +160,16 @@ def line_status(root: Path | str, rows: int = 5, now: float | None = None) -> Li
         status = LineStatus(layout.root, config)
     except LineError as error:
         status = LineStatus(layout.root, None, config_error=str(error))
-    status.last_rows, status.torn_last_row, bad_rows = read_last_rows(layout.rows_jsonl, rows)
+    try:
+        load_accepted(layout)
+    except LineError as error:  # every start compares to it, so every start is refused
+        status.problems.append(f"{error}; a start is refused until it is mended (`nsconsole check` says so)")
+    rows_unusable = rows_file_problem(layout.rows_jsonl)  # a directory, say: said, not read
+    if rows_unusable is not None:
+        status.problems.append(rows_unusable)
+        bad_rows = 0
+    else:
+        status.last_rows, status.torn_last_row, bad_rows = read_last_rows(layout.rows_jsonl, rows)
     if bad_rows:
         status.problems.append(f"{layout.rows_jsonl}: {bad_rows} malformed row(s) among the newest")
     _read_heartbeat(layout, status, now)
@@ -176,7 +188,8 @@ def line_status(root: Path | str, rows: int = 5, now: float | None = None) -> Li
     status.disk_bytes = status.checkpoints_disk_bytes + directory_bytes(layout.root, excluding=layout.checkpoints)
     with contextlib.suppress(OSError):
         status.disk_free = shutil.disk_usage(layout.root).free
-    status.last_validation = read_last_validation(layout.rows_jsonl)
+    if rows_unusable is None:
+        status.last_validation = read_last_validation(layout.rows_jsonl)
     _read_wandb(layout, status)
     return status
 
@@ -374,14 +387,18 @@ def read_last_rows(path: Path, count: int) -> tuple[list[dict[str, Any]], bool, 
 
 
 def _read_heartbeat(layout: LineLayout, status: LineStatus, now: float) -> None:
+    unusable = not_a_file_problem(layout.heartbeat, "the line's heartbeat file")
+    if unusable is not None:
+        status.problems.append(unusable)
+        return
     try:
-        text = layout.heartbeat.read_text(encoding="utf-8")
+        data = layout.heartbeat.read_bytes()
         modified = layout.heartbeat.stat().st_mtime
     except FileNotFoundError:
         return
     try:
-        heartbeat = json.loads(text)
-    except ValueError:
+        heartbeat = json.loads(data)
+    except ValueError:  # not UTF-8 included
         status.problems.append(f"{layout.heartbeat}: not JSON (caught mid-write?)")
         return
     if not isinstance(heartbeat, dict):
@@ -395,23 +412,30 @@ def _read_heartbeat(layout: LineLayout, status: LineStatus, now: float) -> None:
 
 
 def _read_checkpoints(layout: LineLayout, status: LineStatus) -> None:
-    """The checkpoints, the one `latest` names and, where that one is gone, the one a start resumes
-    from instead (`latest` itself unreadable or naming a missing checkpoint is a problem, one line)."""
-    if not layout.checkpoints.is_dir():
-        return
-    status.checkpoints = [directory.name for directory in list_checkpoints(layout.checkpoints)]
-    refused = latest_file_problem(layout.checkpoints)  # a directory, a link: a start refuses it (it says why)
-    if refused is not None:
-        status.problems.append(refused)
-        return
-    status.latest = read_latest(layout.checkpoints)
-    if status.latest is None and os.path.lexists(layout.latest):
+    """The checkpoints, the one `latest` names and, where a start does not resume from that one, the
+    one it resumes from instead; whatever makes them differ is a problem, one line: `latest`
+    missing, unreadable or naming a missing checkpoint, the named checkpoint's state.json missing or
+    unreadable, or no checkpoint left of a line that has trained (a start refuses that)."""
+    if layout.checkpoints.is_dir():
+        status.checkpoints = [directory.name for directory in list_checkpoints(layout.checkpoints)]
+        refused = latest_file_problem(layout.checkpoints)  # a directory, a link: a start refuses it (it says why)
+        if refused is not None:
+            status.problems.append(refused)
+            return
+        status.latest = read_latest(layout.checkpoints)
+    resumed = resume_candidate(layout.checkpoints)
+    if status.latest is None and (os.path.lexists(layout.latest) or status.checkpoints):
         problem = latest_name_problem(layout.checkpoints)
     elif status.latest is not None and status.latest not in status.checkpoints:
         problem = f"{layout.latest}: names {status.latest}, which is missing"
+    elif status.latest is not None and resumed is not None and resumed.name != status.latest:
+        problem = f"{layout.checkpoints / status.latest / STATE_NAME}: missing or unreadable (a damaged checkpoint)"
     else:
+        # `latest` reads; with no checkpoint to resume from, a line that has trained is refused a start.
+        lost = no_checkpoint_left_problem(layout) if resumed is None else None
+        if lost is not None:
+            status.problems.append(lost)
         return
-    resumed = resume_candidate(layout.checkpoints)
     status.resumes_from = None if resumed is None else resumed.name
     if resumed is not None:
         before = ", the newest before it" if status.latest is not None else ", the newest"

@@ -62,7 +62,7 @@ from engine.models.base import LanguageModel
 from engine.models.build import build_model
 from engine.models.ns.model import NSLM
 from engine.models.ns.presets import LAYER_KINDS, RECOMPUTE_CHOICES, recomputed_layers
-from engine.ops.lines import model_vocab_size, open_line
+from engine.ops.lines import failed_writes_said, model_vocab_size, open_line, refuse_an_unwritable_directory
 from engine.ops.rollback import running_trainer
 from engine.training.arena import DEFAULT_SLACK_BYTES, Arena, release_step_caches
 from engine.training.distributed import rank_batches
@@ -465,9 +465,10 @@ def tune_line(
         raise LineError(
             f"{layout.root}: its trainer is running (pid {pid}); tune measures the line's model alone"
         )
+    refuse_an_unwritable_directory(layout.root, "tune (its run.json)")  # minutes of measuring, then the write
     config = RunConfig.load(layout.run_json)
     reserve_bytes = config.guards.shared_tune_reserve_bytes(str(layout.run_json)) if shared else 0
-    device = resolve_device(config.device)
+    device = resolve_device(config.device, f"{layout.run_json}: device")  # the line's file, named
     degree = config.parallel.degree
     budget = memory_budget(device, budget_gb, reserve_bytes)
     threads_before = torch.get_num_threads()
@@ -532,7 +533,8 @@ def write_lengths(run_json: Path, tunings: list[LengthTuning], shared: bool) -> 
         lengths[tuning.seq_len] = entry
     config.lengths = [lengths[seq_len] for seq_len in sorted(lengths)]
     config.validate(source=str(run_json))
-    config.save(run_json)
+    with failed_writes_said("tune", run_json):  # after minutes of measuring: the table is lost, run.json as it was
+        config.save(run_json)
     return config
 
 

@@ -69,14 +69,23 @@ def run(args: argparse.Namespace) -> int:
 
 
 def refuse_a_bad_start(line: Path, check_start: bool, what: str = "the line", again: str | None = None) -> None:
-    """The refusals before a supervisor starts, `run` and `--run` alike: another holder of the line
-    first, at once (the start checks take seconds: torch), then a finished line, then (`check_start`:
-    a detached start, whose checks would otherwise fail unseen) the start checks."""
+    """The refusals before a supervisor starts, `run` and `--run` alike: a line directory that takes
+    no new file and another holder of the line first, at once (the start checks take seconds:
+    torch), then a rows.jsonl or heartbeat that is no file, a finished line, then (`check_start`: a
+    detached start, whose checks would otherwise fail unseen) the start checks."""
     from engine.ops.line_end import refuse_a_finished_line
-    from engine.ops.lines import open_line
+    from engine.ops.lines import open_line, refuse_an_unwritable_line
+    from engine.rows import not_a_file_problem, rows_file_problem
     from engine.training.line_lock import refuse_a_held_line
 
-    refuse_a_held_line(open_line(line))
+    layout = open_line(line)
+    refuse_an_unwritable_line(layout, "a run")
+    refuse_a_held_line(layout)
+    # The files the supervisor itself reads at its start (a foreground start runs no start checks):
+    # one that is a directory is refused here in one line, not met as the supervisor's traceback.
+    for problem in (rows_file_problem(layout.rows_jsonl), not_a_file_problem(layout.heartbeat, "the line's heartbeat file")):
+        if problem is not None:
+            raise LineError(problem)
     refuse_a_finished_line(line, what=what, again=again)
     if check_start:
         refuse_a_failing_start(line)
@@ -108,10 +117,12 @@ def train_without_supervisor(line: Path, *, stop_at: int | None, engine: str) ->
     """`nsconsole run LINE --no-supervisor`: the trainer in this process, holding the line for its life
     (no supervisor starts on it meanwhile, `engine.training.line_lock`). The hold is taken before the
     trainer's modules load torch (seconds): a line someone else holds is refused at once."""
-    from engine.ops.lines import open_line
+    from engine.ops.lines import open_line, refuse_an_unwritable_line
     from engine.training.line_lock import hold_line
 
-    hold = hold_line(open_line(line))
+    layout = open_line(line)
+    refuse_an_unwritable_line(layout, "a run")  # the lock itself is a file it makes there
+    hold = hold_line(layout)
     try:
         from engine.ops.cycle_check import start_without_preparer
         from engine.training.trainer import Trainer
@@ -126,12 +137,22 @@ def train_without_supervisor(line: Path, *, stop_at: int | None, engine: str) ->
 
 def refuse_a_past_stop_at(line: Path, stop_at: int) -> None:
     """`LineError` (one line) when --stop-at names an update the line has reached: its trainer would
-    resume there, stop at once and the line end as `finished`, which reads as a stop served."""
-    from engine.ops.lines import open_line
-    from engine.supervisor.reads import latest_update
+    resume there, stop at once and the line end as `finished`, which reads as a stop served.
 
-    latest = latest_update(open_line(line))
-    current, where = (0, "it has no checkpoint yet") if latest is None else (latest, "its latest checkpoint")
+    The update is that of the checkpoint the trainer resumes from, not the name `latest` holds: a
+    `latest` naming a checkpoint that is gone (or damaged) falls back to the newest one before it,
+    and a --stop-at past that one is a valid request."""
+    from engine.checkpoints.format import read_latest, resume_candidate, update_of
+    from engine.ops.lines import open_line
+
+    checkpoints = open_line(line).checkpoints
+    resume = resume_candidate(checkpoints)
+    if resume is None:
+        current, where = 0, "it has no checkpoint yet"
+    else:
+        current = update_of(resume) or 0
+        named = resume.name == read_latest(checkpoints)
+        where = "its latest checkpoint" if named else f"{resume.name}, the checkpoint a start resumes from"
     if stop_at <= current:
         raise LineError(
             f"--stop-at {stop_at}: the line is at update {current} already ({where}); give a later update"

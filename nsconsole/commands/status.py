@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from engine.errors import LineError
 from engine.protocol.facts import FAULT_LINE_STATES, FINAL_LINE_STATES, LineState, StatusExitCode
 from nsconsole.commands.parser import add_command
 
@@ -72,7 +73,10 @@ def run(args: argparse.Namespace) -> int:
     if args.line is None:
         return _print_overview(overview(host_lines(args.host_settings)))
     path = args.host_settings.resolve_line(args.line)
-    if not (path / "run.json").exists() and (lines := lines_in(path)):
+    if not (path / "run.json").exists() and path.is_dir():
+        lines = lines_in(path)
+        if not lines:  # neither a line nor a directory of lines: say both, not only "no run.json"
+            raise LineError(f"{path}: not a training line (no run.json), and no line directly under it")
         return _print_overview(overview(lines))
     status = line_status(path, rows=max(0, args.rows))
     for line in format_status(status):

@@ -7,6 +7,7 @@ found in a CLI walkthrough), and a `--run` option nothing would honour is refuse
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -32,10 +33,12 @@ FORMS = {
 
 @pytest.fixture
 def line(tmp_path: Path) -> Path:
-    """A line whose `latest` names update 14 (all the refusal reads; nothing else is needed to refuse)."""
+    """A line whose `latest` names update 14, a checkpoint with its state.json (all the refusal
+    reads; nothing else is needed to refuse)."""
     root = tmp_path / "line"
-    (root / "checkpoints").mkdir(parents=True)
+    (root / "checkpoints" / "u00000014").mkdir(parents=True)
     (root / "run.json").write_text(json.dumps({"model": {"preset": "transformer-tiny"}, "data": {"line": "d"}}))
+    (root / "checkpoints" / "u00000014" / "state.json").write_text(json.dumps({"update": 14}))
     (root / "checkpoints" / "latest").write_text("u00000014\n")
     return root
 
@@ -56,7 +59,7 @@ def test_a_stop_at_the_line_has_reached_is_refused_before_anything_starts(
 
 
 def test_a_line_without_a_checkpoint_is_at_update_0(line: Path) -> None:
-    (line / "checkpoints" / "latest").unlink()
+    shutil.rmtree(line / "checkpoints")
     with pytest.raises(LineError, match=r"^--stop-at 0: the line is at update 0 already \(it has no checkpoint yet\)"):
         refuse_a_past_stop_at(line, 0)
     refuse_a_past_stop_at(line, 1)
@@ -64,6 +67,24 @@ def test_a_line_without_a_checkpoint_is_at_update_0(line: Path) -> None:
 
 def test_a_later_update_passes(line: Path) -> None:
     refuse_a_past_stop_at(line, 15)
+
+
+@pytest.mark.parametrize("latest", ["u00000099\n", "hello", None])
+def test_a_latest_naming_no_checkpoint_counts_the_one_a_start_resumes_from(
+    line: Path, latest: str | None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `latest` damaged (naming a checkpoint that is gone, or garbage, or removed): the trainer
+    # resumes from u00000014, so --stop-at 16 is valid; it was refused as "at update 99 already".
+    if latest is None:
+        (line / "checkpoints" / "latest").unlink()
+    else:
+        (line / "checkpoints" / "latest").write_text(latest)
+    refuse_a_past_stop_at(line, 16)
+    assert main(["run", str(line), "--no-supervisor", "--stop-at", "14"]) == 2
+    assert capsys.readouterr().err == (
+        "nsconsole: --stop-at 14: the line is at update 14 already (u00000014, the checkpoint a start "
+        "resumes from); give a later update\n"
+    )
 
 
 def test_run_headless_takes_the_stop_at_and_the_engine_as_run_does(
