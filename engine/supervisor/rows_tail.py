@@ -130,7 +130,9 @@ class RowsTail:
         with self._lock:
             try:
                 handle = open(self.path, "rb")  # noqa: SIM115 - closed below, after the reads
-            except FileNotFoundError:
+            except OSError:
+                # Gone, or no file to read (a directory in its place: the line's start and `status`
+                # name that); no rows, rather than a traceback in the console that reads it.
                 self._drop_from(0)
                 return []
             rows: list[tuple[int, dict[str, Any]]] = []

@@ -176,7 +176,8 @@ class Trainer(StopRequests, DataCycles, OneUpdate, Checkpointing, GpuGuard):
             raise ConfigError("; ".join(problems))
         self.run_json_bytes = layout.run_json.read_bytes()
         ranks = self.ranks
-        self.device = ranks.connect(config.parallel, resolve_device(config.device), str(layout.run_json))
+        self.device = ranks.connect(config.parallel, resolve_device(config.device, f"{layout.run_json}: device"),
+                                   str(layout.run_json))
         if self.owns_process and self.device.type == "cpu":
             keep_freed_memory()
             self.cpu_seat = CpuSeat.take()

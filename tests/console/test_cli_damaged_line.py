@@ -189,6 +189,11 @@ def test_tune_of_a_cuda_line_without_a_gpu_names_its_run_json(
     assert capsys.readouterr().err == (
         f"nsconsole: {line / 'run.json'}: device is 'cuda' but no CUDA device is available\n"
     )
+    # The trainer itself (`run --no-supervisor`: no supervisor's start checks before it) names it too.
+    assert main(["run", str(line), "--no-supervisor"]) == 2
+    assert capsys.readouterr().err.endswith(
+        f"nsconsole: {line / 'run.json'}: device is 'cuda' but no CUDA device is available\n"
+    )
 
 
 @pytest.fixture

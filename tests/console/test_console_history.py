@@ -115,6 +115,15 @@ def test_only_lines_at_rest_are_read_and_shown_with_the_state_they_ended_in(tmp_
 
 
 
+def test_a_line_at_rest_whose_rows_jsonl_is_a_directory_is_shown_without_rows(tmp_path: Path) -> None:
+    # Before, the console's read of it raised IsADirectoryError and the console exited.
+    line = ended_line(tmp_path / "line", "stopped", dead_pid())
+    (line / "rows.jsonl").unlink()
+    (line / "rows.jsonl").mkdir()
+    resting = read_at_rest(line)
+    assert resting is not None and resting.rows == [] and resting.supervisor["state"] == "stopped"
+
+
 def test_a_live_supervisor_or_trainer_is_not_taken_for_a_reused_pid_after_a_clock_step(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
