@@ -25,13 +25,14 @@ from lm_eval import simple_evaluate
 from lm_eval.api.group import Group
 from lm_eval.api.task import Task
 from lm_eval.tasks import TaskManager
+from lm_eval.tasks._yaml_loader import load_yaml
 from lm_eval.utils import handle_non_serializable, make_table
 
 from engine.atomic import write_text_atomic
 from engine.checkpoints.format import code_version
 from engine.errors import LineError
 from engine.evaluation.harness import CheckpointLM
-from engine.generation.loading import checkpoint_directory
+from engine.generation.loading import checkpoint_directory, refuse_absent_average
 from engine.training.trainer import resolve_device
 
 
@@ -51,11 +52,14 @@ class EvaluationSettings:
     """Seeds the harness's choice of few-shot examples (and Python's, numpy's and torch's generators)."""
 
 
-def check_source(source: Path, device: str) -> None:
-    """LineError when `source` names no checkpoint or `device` is not here: said before the tasks
-    are read and the checkpoint loads, at no cost."""
-    checkpoint_directory(source)
+def check_source(source: Path, device: str, average: bool = False) -> None:
+    """LineError when `source` names no checkpoint, `device` is not here or (with `average`) the
+    checkpoint keeps no parameter average: said before the tasks are read and the checkpoint
+    loads, at no cost."""
+    directory = checkpoint_directory(source)
     resolve_device(device, "--device")
+    if average:
+        refuse_absent_average(directory, "eval")
 
 
 def task_manager(include_paths: list[Path]) -> TaskManager:
@@ -72,9 +76,42 @@ def unknown_tasks(manager: TaskManager, tasks: list[str]) -> list[str]:
     return [task for task in tasks if task not in known and not Path(task).is_file()]
 
 
+def unreadable_task_files(include_paths: list[Path]) -> list[str]:
+    """`FILE (problem)` for each YAML under the include paths that defines no task: the harness
+    skips a file it cannot parse, or whose keys name no task, group or task class, without a
+    word, so a task of yours with a mistake in its YAML would be only `no task named ...`."""
+    problems = []
+    for root in include_paths:
+        for path in sorted(root.glob("**/*.yaml")):
+            try:
+                config = load_yaml(path, resolve_func=False)
+            except Exception as error:  # yaml's errors, an `include` that is missing, ...
+                problems.append(f"{path} ({one_line(error)})")
+                continue
+            if not {"task", "group", "class"} & set(config):
+                problems.append(f"{path} (no `task:` key names its task)")
+    return problems
+
+
+def one_line(error: BaseException) -> str:
+    """`Type: message` with the message's white space collapsed (the type alone when it has none)."""
+    message = " ".join(str(error).split())
+    return f"{type(error).__name__}: {message}" if message else type(error).__name__
+
+
+def root_cause(error: BaseException) -> BaseException:
+    """The exception at the bottom of `error`'s chain (what `datasets` wraps in `An error occurred
+    while generating the dataset`: a line of a JSONL file that is not JSON)."""
+    while True:
+        cause = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
+        if cause is None:
+            return error
+        error = cause
+
+
 def load_tasks(manager: TaskManager, names: list[str]) -> list[Task | Group]:
     """The named tasks, groups and tags built, their datasets read (downloaded, or from the cache
-    or a local file); LineError naming the first whose data cannot be read.
+    or a local file); LineError naming the first whose data cannot be read or that cannot be built.
 
     One name at a time, so that the error can name it (the harness's own says only the dataset).
     """
@@ -89,12 +126,24 @@ def load_tasks(manager: TaskManager, names: list[str]) -> list[Task | Group]:
                 "datasets from the Hugging Face hub (HF_ENDPOINT names a mirror), a task YAML of yours under "
                 "--include-path may read a local file offline"
             ) from error
+        except Exception as error:  # a task YAML's mistake (a field, a template, a split, a file's format)
+            raise LineError(task_refusal(manager, name, error)) from error
         # What the name stands for: a group (the groups in it are its children), else its tasks
         # (one task, or a tag's).
         children = {child for child_names in loaded["group_map"].values() for child in child_names}
         groups = [group for group_name, group in loaded["groups"].items() if group_name not in children]
         built += groups or list(loaded["tasks"].values())
     return built
+
+
+def task_refusal(manager: TaskManager, name: str, error: Exception) -> str:
+    """The one line for a task the harness could not build: the task, its YAML, the error (and
+    what lies under it), where the harness's own would be a traceback."""
+    entry = manager.task_index.get(name)
+    where = entry.yaml_path if entry is not None and entry.yaml_path is not None else Path(name).resolve()
+    root = root_cause(error)
+    under = "" if root is error else f" (from {one_line(root)})"
+    return f"task {name}: cannot be built from {where}: {one_line(error)}{under}"
 
 
 @dataclass(frozen=True)
@@ -120,9 +169,11 @@ def prepare_tasks(settings: EvaluationSettings) -> PreparedTasks:
     unknown = unknown_tasks(manager, settings.tasks)
     if unknown:
         where = ", ".join(str(path) for path in settings.include_paths) or "no --include-path"
+        skipped = unreadable_task_files(settings.include_paths)
+        unread = f"; the harness skipped {', '.join(skipped)}" if skipped else ""
         raise LineError(
             f"no task named {', '.join(unknown)} (neither the harness's nor a YAML file; task YAMLs "
-            f"searched under {where}); `lm-eval ls tasks` lists the harness's tasks"
+            f"searched under {where}){unread}; `lm-eval ls tasks` lists the harness's tasks"
         )
     return PreparedTasks(manager, load_tasks(manager, settings.tasks))
 

@@ -36,6 +36,7 @@ class Conversation:
             self.session.feed(self.loaded.prompt_ids(turn))
         stream = TextStream(tokenizer)
         separator = self.loaded.separator
+        said = False  # whether the reply has shown more than white space: a line break after that ends it
         try:
             for token in self.session.generate(self.reply_tokens, stop=separator):
                 if token == separator:
@@ -43,8 +44,9 @@ class Conversation:
                 piece = stream.push(token)
                 if piece:
                     yield piece
-                if "\n" in stream.text.lstrip():
+                if "\n" in (piece if said else piece.lstrip()):
                     break
+                said = said or bool(piece.strip())
             rest = stream.flush()
             if rest:
                 yield rest
@@ -52,4 +54,4 @@ class Conversation:
             # Also when the reply is cut short (Ctrl-C closes this generator): the next turn
             # starts on a line of its own after whatever the state has seen.
             stream.flush()
-            self._at_line_start = stream.text.endswith("\n") or self.session.tokens[-1] == separator
+            self._at_line_start = stream.last == "\n" or self.session.tokens[-1] == separator

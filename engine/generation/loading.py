@@ -8,6 +8,7 @@ hashes before anything is used. A line stands for the checkpoint its `latest` na
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,7 @@ from engine.checkpoints.format import (
     MODEL_FILE,
     OPTIMIZER_FILE,
     RUN_JSON_FILE,
+    STATE_NAME,
     TOKENIZER_FILE,
     latest_file_problem,
     latest_name_problem,
@@ -128,7 +130,8 @@ def checkpoint_directory(path: Path) -> Path:
             raise LineError(f"{path}: no such checkpoint or training line")
         if layout.run_json.is_file():
             raise CheckpointError(_no_checkpoint_yet(path))
-        if (path / LATEST_NAME).exists():
+        parent = LineLayout(path.parent)
+        if (path / LATEST_NAME).exists() or (parent.checkpoints == path and parent.run_json.is_file()):
             raise LineError(f"{path}: a line's checkpoints directory; name the line ({path.parent}) or one of "
                             f"its checkpoints ({path}/uNNNNNNNN)")  # fmt: skip
         raise LineError(f"{path}: neither a checkpoint (no {META_NAME}) nor a training line (no checkpoints/)")
@@ -214,8 +217,11 @@ def load_for_generation(
         raise CheckpointError(f"{run_json}: not UTF-8 ({error})") from None
     model_config = RunConfig.from_dict(parse_json_text(text, str(run_json)), source=str(run_json)).model
     preset, overrides = model_config.preset, model_config.overrides
-    with torch.device("meta"):  # the class alone: no memory, no initialisation
-        decodes = type(build_model(preset, overrides)).decodes()
+    try:
+        with torch.device("meta"):  # the class alone: no memory, no initialisation
+            decodes = type(build_model(preset, overrides)).decodes()
+    except LineError as error:  # a preset or override this nsconsole does not know (a newer one's checkpoint)
+        raise CheckpointError(f"{run_json}: {error}") from None
     if not decodes:
         raise LineError(
             f"{directory}: {preset} has no stepwise decoder yet (the {family_of(preset)} family's "
@@ -268,15 +274,29 @@ def document_separator(model: LanguageModel, tokenizer: PlainTextTokenizer) -> i
     return None
 
 
+def refuse_absent_average(directory: Path, command: str) -> None:
+    """CheckpointError when the checkpoint's state.json says it keeps no parameter average: said
+    before `eval` reads its tasks (their datasets may take minutes to download) and the checkpoint
+    loads. The load checks the average itself, the files' hashes first, again; a state.json that
+    cannot be read is left to it, which says what is wrong with the file."""
+    try:
+        state = json.loads((directory / STATE_NAME).read_text())
+    except (OSError, ValueError):
+        return
+    if isinstance(state, dict) and not state.get("ema_started", False):
+        raise CheckpointError(_no_average(directory, state.get("update"), command))
+
+
+def _no_average(directory: Path, update: object, command: str) -> str:
+    return (f"{directory / OPTIMIZER_FILE}: no parameter average at update {update} (run.json sets no `ema`, "
+            f"or the average had not started yet); {command} without --ema")  # fmt: skip
+
+
 def _averaged_weights(checkpoint: Checkpoint, command: str) -> dict[str, torch.Tensor]:
     """The parameters' moving average by name, cut from its flat buffer by the checkpoint's layout."""
-    where = checkpoint.directory / OPTIMIZER_FILE
     average = checkpoint.optimizer.get("ema")
     if average is None or not checkpoint.state.get("ema_started", False):
-        raise CheckpointError(
-            f"{where}: no parameter average at update {checkpoint.update} (run.json sets no `ema`, "
-            f"or the average had not started yet); {command} without --ema"
-        )
+        raise CheckpointError(_no_average(checkpoint.directory, checkpoint.update, command))
     try:
         return {
             str(name): average[int(offset) : int(offset) + math.prod(shape)].view(tuple(shape))

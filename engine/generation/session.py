@@ -28,6 +28,13 @@ def generation_precision(device: torch.device) -> AbstractContextManager[object]
     return nullcontext()
 
 
+PREFILL_TOKENS = 1024
+"""The longest piece of a prompt one decode reads. Fed whole, a long prompt's memory grows with the
+square of its length (NS's pool read is a (tokens x tokens) matrix per head: 9 GB for a prompt of
+15,000 tokens to ns-tiny, 1 GB in pieces of 1,024, and faster) and its logits, one row of the
+vocabulary per token, with its length (8.6 GB for 32,768 tokens of ns-2b)."""
+
+
 class DecodeSession:
     """One row of decoding on a model (see the module docstring)."""
 
@@ -56,18 +63,19 @@ class DecodeSession:
         return self.fed + self.pending
 
     def feed(self, token_ids: Sequence[int]) -> None:
-        """Decode the pending tokens and then `token_ids` (in one call: a prompt is one prefill)."""
+        """Decode the pending tokens and then `token_ids`: a prompt as a prefill, in pieces of at
+        most PREFILL_TOKENS (same logits for any split: the decode contract in engine/models/base.py)."""
         ids = self.pending + list(token_ids)
-        if not ids:
-            return
-        if self.between_steps is not None:
-            self.between_steps()
-        tokens = torch.tensor([ids], dtype=torch.long, device=self.device)
-        with torch.no_grad():
-            logits, self.state = self.model.decode(tokens, self.state)
-        self.fed += ids
         self.pending = []
-        self.next_logits = logits[0, -1]
+        for start in range(0, len(ids), PREFILL_TOKENS):
+            piece = ids[start : start + PREFILL_TOKENS]
+            if self.between_steps is not None:
+                self.between_steps()
+            tokens = torch.tensor([piece], dtype=torch.long, device=self.device)
+            with torch.no_grad():
+                logits, self.state = self.model.decode(tokens, self.state)
+            self.fed += piece
+            self.next_logits = logits[0, -1]
 
     def generate(self, count: int, stop: int | None = None) -> Iterator[int]:
         """Draw up to `count` tokens one at a time, ending after `stop` when it is drawn."""

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from nsconsole.commands.parser import SEED_RANGE, add_command, seed
+from nsconsole.commands.sample import INTERRUPTED
 
 HELP = "CHECKPOINT|LINE: run lm-evaluation-harness tasks on a checkpoint alone"
 DESCRIPTION = """\
@@ -98,12 +99,19 @@ def run(args: argparse.Namespace) -> int:
     tasks = [task.strip() for task in args.tasks.split(",") if task.strip()]
     settings = EvaluationSettings(tasks, args.include_path, args.limit, args.num_fewshot, args.seed)
     source = args.host_settings.resolve_line(args.source)
-    check_source(source, args.device)
+    check_source(source, args.device, average=args.ema)
     prepared = prepare_tasks(settings)  # before the checkpoint loads: a task that cannot run costs no wait
     adapter = open_checkpoint(str(source), ema=args.ema, device=args.device, batch_size=args.batch_size,
                               seed=args.seed)  # fmt: skip
     print(f"{adapter.loaded.describe()}: {', '.join(tasks)}", file=sys.stderr)
-    results = evaluate(adapter, settings, prepared)
+    try:
+        results = evaluate(adapter, settings, prepared)
+    except KeyboardInterrupt:
+        # `^C` (or the harness's progress bar) holds the line: the report takes one of its own, and
+        # says what became of --output (the harness keeps nothing of a run cut short).
+        written = "" if args.output is None else f"; nothing written to {args.output}"
+        print(f"\ninterrupted (Ctrl-C) before the results{written}", file=sys.stderr)
+        return INTERRUPTED
     print(results_table(results))
     if args.output is not None:
         write_results(results, args.output)

@@ -291,3 +291,87 @@ def test_a_model_whose_logits_overflow_is_refused_naming_the_checkpoint(line: Pa
         greedy_text(adapter, PROMPTS[0])
     assert str(generating.value).startswith(f"{checkpoint}: the model's next-token logits hold ")
     assert str(generating.value).endswith(f" in a generate_until request{refusal}")
+
+
+# Found walking `nsconsole eval` with task YAMLs of one's own, as a user writes them: each failed before its fix.
+
+CHOICE_FIELDS = 'doc_to_text: "{{question}}"\ndoc_to_choice: "{{choices}}"\ndoc_to_target: answer\n'
+
+
+@pytest.mark.slow  # the task index is read for each case
+@pytest.mark.parametrize(
+    ("mistake", "refusal"),
+    [
+        ("output_type", "task nsc_mistake: cannot be built from {yaml}: ValueError: Got invalid output_type 'choice', "
+                        "must be in "),
+        ("template", "task nsc_mistake: cannot be built from {yaml}: UndefinedError: 'query' is undefined"),
+        ("data", "task nsc_mistake: cannot be built from {yaml}: DatasetGenerationError: An error occurred while "
+                 "generating the dataset (from "),
+        ("yaml", "no task named nsc_mistake (neither the harness's nor a YAML file; task YAMLs searched under {root}); "
+                 "the harness skipped {yaml} (ScannerError: mapping values are not allowed"),
+    ],
+)  # fmt: skip
+def test_a_task_yaml_with_a_mistake_is_refused_in_one_line_naming_it(
+    line: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    mistake: str, refusal: str,
+) -> None:  # fmt: skip
+    # A task YAML of one's own with a wrong field, a template naming no field of its documents or
+    # a JSONL line that is not JSON ended in the harness's traceback (exit status 1); one that does
+    # not parse was only `no task named ...`, as if --include-path were wrong.
+    monkeypatch.setattr(harness, "open_checkpoint", unloadable)
+    root = tmp_path / "tasks"
+    root.mkdir()
+    data = write_jsonl(tmp_path / "choice.jsonl", CHOICE_DOCUMENTS)
+    fields = {
+        "output_type": ("choice", CHOICE_FIELDS),
+        "template": ("multiple_choice", CHOICE_FIELDS.replace("{{question}}", "{{query}}")),
+    }.get(mistake, ("multiple_choice", CHOICE_FIELDS))
+    if mistake == "data":
+        data.write_text(data.read_text() + "not json\n")
+    text = task_yaml("nsc_mistake", data, *fields)
+    if mistake == "yaml":
+        text = text.replace("test_split: test", "test_split: test: [")
+    yaml = root / "nsc_mistake.yaml"
+    yaml.write_text(text)
+    status = main(["eval", str(line), "--tasks", "nsc_mistake", "--include-path", str(root), "--device", "cpu"])
+    captured = capsys.readouterr()
+    assert (status, captured.out) == (2, "")  # a traceback would be status 1
+    assert captured.err.splitlines()[-1].startswith("nsconsole: " + refusal.format(yaml=yaml, root=root))
+
+
+def test_ema_of_a_checkpoint_without_an_average_is_refused_before_the_tasks_are_read(
+    line: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `--ema` on a line that keeps no average was refused only once the tasks were read: after their
+    # datasets downloaded (minutes for the harness's own) and the checkpoint loaded.
+    from engine.evaluation import run
+
+    monkeypatch.setattr(run, "task_manager", unloadable)
+    monkeypatch.setattr(harness, "open_checkpoint", unloadable)
+    status = main(["eval", str(line), "--tasks", "hellaswag", "--ema", "--device", "cpu"])
+    captured = capsys.readouterr()
+    assert (status, captured.out) == (2, "")
+    assert captured.err == (f"nsconsole: {line / 'checkpoints' / 'u00000002' / 'optimizer.safetensors'}: no parameter "
+                            "average at update 2 (run.json sets no `ema`, or the average had not started yet); eval "
+                            "without --ema\n")  # fmt: skip
+
+
+def test_ctrl_c_during_the_evaluation_ends_on_a_line_of_its_own_saying_nothing_was_written(
+    adapter: CheckpointLM, line: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    # Ctrl-C ended the command silently: the shell's prompt followed `^C` on the progress bar's
+    # line, and nothing said whether --output had been written.
+    from engine.evaluation import run
+
+    def interrupted(*arguments: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run, "prepare_tasks", lambda settings: None)  # the harness's tasks are not what is tested
+    monkeypatch.setattr(harness, "open_checkpoint", lambda *arguments, **options: adapter)
+    monkeypatch.setattr(run, "evaluate", interrupted)
+    output = tmp_path / "eval.json"
+    status = main(["eval", str(line), "--tasks", "nsc_choice", "--device", "cpu", "--output", str(output)])
+    captured = capsys.readouterr()
+    assert (status, captured.out, output.exists()) == (130, "", False)
+    assert captured.err.endswith(f"\ninterrupted (Ctrl-C) before the results; nothing written to {output}\n")

@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ import torch
 from helpers.checkpoints import overflowing, rewritten_checkpoint
 from helpers.lines import copy_data_line, data_template_fixture, make_line, one_torch_thread
 
+from datalines.tokenizer import PlainTextTokenizer
 from engine.checkpoints.format import read_latest
 from engine.checkpoints.tensors import load_checkpoint
 from engine.errors import CheckpointError
@@ -375,6 +377,9 @@ def test_a_line_whose_trainer_replaces_the_checkpoint_being_read_samples_its_new
         ("no checkpoint", "{l}: no checkpoint yet (a line writes its first when it starts training: nsconsole run {l})"),
         ("the checkpoints directory", "{c}: a line's checkpoints directory; name the line ({l}) or one of its "
                                       "checkpoints ({c}/uNNNNNNNN)"),
+        # A fresh line's, empty: it was "neither a checkpoint (no meta.json) nor a training line".
+        ("the empty checkpoints directory", "{c}: a line's checkpoints directory; name the line ({l}) or one of "
+                                            "its checkpoints ({c}/uNNNNNNNN)"),
     ],
 )  # fmt: skip
 def test_a_line_without_a_latest_checkpoint_says_why_and_what_it_has(
@@ -394,6 +399,9 @@ def test_a_line_without_a_latest_checkpoint_says_why_and_what_it_has(
     elif damage == "no checkpoint":
         shutil.rmtree(checkpoints)
     else:
+        if damage == "the empty checkpoints directory":
+            shutil.rmtree(checkpoints)
+            checkpoints.mkdir()
         source = checkpoints
     status, out, err = sample(capsys, str(source), "--tokens", "5")
     assert (status, out) == (2, "")
@@ -517,3 +525,127 @@ def test_ctrl_c_during_a_reply_ends_that_reply_and_the_conversation_goes_on(
     [conversation] = held
     turn = loaded.tokenizer.encode_documents(["\nand then\n"])[0].tolist()
     assert conversation.session.tokens[: -(len(drawn) - 3)] == loaded.prompt_ids("the model trains\n") + drawn[:2] + turn
+
+
+# Found walking sample, chat and eval on trained lines, as a user does: each failed before its fix.
+
+
+def scripted_draws(monkeypatch: pytest.MonkeyPatch, tokens: list[int], on_draw: Callable[[], None] = lambda: None) -> None:
+    """The session draws `tokens` in order (none is the separator); `on_draw` runs before each."""
+    from engine.generation import session
+
+    draws = iter(tokens)
+
+    def next_draw(*arguments: object) -> int:
+        on_draw()
+        return next(draws)
+
+    monkeypatch.setattr(session, "choose_token", next_draw)
+
+
+def test_a_long_sample_decodes_a_few_tokens_a_token_not_the_whole_text(
+    line: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `sample --tokens 100000` slowed down as it went (1,700 tokens/s at first, 150 at 60,000
+    # tokens): every token decoded the whole text so far to find its new characters.
+    tokenizer = load_for_generation(line / "checkpoints" / "u00000006", torch.device("cpu")).tokenizer
+    cycle = tokenizer.encode_documents(["the model trains \u00e9\u2713 "])[0].tolist()  # multi-byte characters too
+    count = 3000
+    drawn = (cycle * (count // len(cycle) + 1))[:count]
+    scripted_draws(monkeypatch, drawn)
+    decoded: list[int] = []
+    real_decode = PlainTextTokenizer.decode
+
+    def counted(self: PlainTextTokenizer, ids: Sequence[int]) -> str:
+        decoded.append(len(ids))
+        return real_decode(self, ids)
+
+    monkeypatch.setattr(PlainTextTokenizer, "decode", counted)
+    status, out, err = sample(capsys, str(line), "--prompt", "x", "--tokens", str(count))
+    assert status == 0, err
+    assert out == "x" + real_decode(tokenizer, drawn) + "\n"
+    assert sum(decoded) <= 20 * count  # the whole text each time: about count**2 / 2
+
+
+def test_bytes_that_make_no_character_show_as_they_come(
+    line: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An ns-tiny line's chat answered a turn with a run of one byte that starts a 4-byte character
+    # but is never followed by the rest: the stream held every one back as an incomplete character,
+    # so the reply showed nothing at all (and `sample` nothing until its last token).
+    tokenizer = load_for_generation(line / "checkpoints" / "u00000006", torch.device("cpu")).tokenizer
+    lead_byte = tokenizer.full.token_to_id("\u00f3")  # the byte-level alphabet's 0xf3
+    written = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", written)
+    shown: list[str] = []
+    scripted_draws(monkeypatch, tokenizer.encode_documents(["x"])[0].tolist() + [lead_byte] * 5,
+                   lambda: shown.append(written.getvalue()))  # fmt: skip
+    status, _, err = sample(capsys, str(line), "--prompt", "p", "--tokens", "6")
+    assert status == 0, err
+    # Before each draw: the text so far, less only the last byte (it may yet start a character).
+    assert shown == ["p", "px", "px", "px\ufffd", "px\ufffd\ufffd", "px\ufffd\ufffd\ufffd"]
+    assert written.getvalue() == "px" + "\ufffd" * 5 + "\n"
+
+
+@pytest.mark.parametrize(
+    ("model", "problem"),
+    [({"preset": "ns-99b", "overrides": {}}, "model.preset: unknown preset 'ns-99b' (known: "),
+     ({"preset": "transformer-tiny", "overrides": {"experts": 8}},
+      "model.overrides: unknown key 'experts' for preset 'transformer-tiny' (known: ")],
+)  # fmt: skip
+def test_a_checkpoint_of_a_model_this_version_cannot_build_is_refused_naming_its_run_json(
+    line: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path, model: dict, problem: str
+) -> None:
+    # A checkpoint whose run.json names a preset or an override this nsconsole does not know (one a
+    # newer version wrote) was refused as `model.preset: unknown preset ...`, naming no file: the
+    # user's own run.json, which names another preset, looked to be the one at fault.
+    import json
+
+    from engine.checkpoints.format import blake2b_of
+
+    checkpoint = tmp_path / "u00000006"
+    shutil.copytree(line / "checkpoints" / "u00000006", checkpoint)
+    run_json = checkpoint / "run.json"
+    document = json.loads(run_json.read_text())
+    document["model"] = model
+    run_json.write_text(json.dumps(document))
+    meta = json.loads((checkpoint / "meta.json").read_text())
+    meta["files"]["run.json"] = {"blake2b": blake2b_of(run_json), "bytes": run_json.stat().st_size}
+    (checkpoint / "meta.json").write_text(json.dumps(meta))
+    status, out, err = sample(capsys, str(checkpoint), "--tokens", "5")
+    assert (status, out) == (2, "")
+    assert err.startswith(f"nsconsole: {run_json}: {problem}") and err.count("\n") == 1
+
+
+@torch.no_grad()
+def test_a_prompt_longer_than_the_models_rows_is_fed_in_pieces(
+    ns_line: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # A prompt of 15,409 tokens (`--prompt-file`) to an ns-tiny line (rows of 512) took 9 GB and
+    # 19 s before its first token: fed whole, the pool read is a (tokens x tokens) matrix per head,
+    # and a prompt of twice that length did not fit this machine. In pieces: 1 GB and 5 s.
+    from engine.generation.session import PREFILL_TOKENS
+    from engine.models.ns.model import NSLM
+
+    pieces: list[int] = []
+    real_decode = NSLM.decode
+
+    def recorded(self: NSLM, tokens: torch.Tensor, state: object) -> tuple[torch.Tensor, object]:
+        pieces.append(tokens.shape[1])
+        return real_decode(self, tokens, state)
+
+    monkeypatch.setattr(NSLM, "decode", recorded)
+    text = "spikes flow through layers of state and memory " * 250
+    (tmp_path / "prompt.txt").write_text(text)
+    status, out, err = sample(capsys, str(ns_line), "--prompt-file", str(tmp_path / "prompt.txt"), "--tokens", "3",
+                              "--temperature", "0")  # fmt: skip
+    assert status == 0, err
+    loaded = load_for_generation(ns_line / "checkpoints" / "u00000002", torch.device("cpu"))
+    tokens = loaded.prompt_ids(text)
+    assert len(tokens) > 2 * PREFILL_TOKENS
+    whole, rest = divmod(len(tokens), PREFILL_TOKENS)
+    assert pieces == [PREFILL_TOKENS] * whole + [rest] * (rest > 0) + [1, 1]  # then a token at a time
+    # The same text as the full forward's choices over the whole prompt.
+    for _ in range(3):
+        tokens.append(int(loaded.model.logits(torch.tensor([tokens]))[0, -1].argmax()))
+    assert out == text + loaded.tokenizer.decode(tokens[-3:]) + "\n"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
@@ -61,7 +62,21 @@ def test_a_character_split_across_tokens_shows_once_it_is_complete() -> None:
     assert len(ids) == 3  # two bytes of é, then !
     stream = TextStream(tokenizer)
     assert [stream.push(token) for token in ids] == ["", "é", "!"]
-    assert stream.flush() == "" and stream.text == "é!"
+    assert stream.flush() == "" and stream.last == "!"
+
+
+def test_a_stream_shows_the_text_of_its_tokens_whatever_bytes_they_carry() -> None:
+    # The stream decodes a window of the last tokens (the whole text each token was quadratic):
+    # its pieces still make the text of every token, across characters split over tokens, bytes
+    # that make no character, and windows that start inside a character.
+    tokenizer = PlainTextTokenizer(TOKENIZER_JSON, "tokenizer.json")
+    words = tokenizer.encode_documents(["h\u00e9 w\u00f6rld \u2713 \u65e5\u672c the model \U0001f642"])[0].tolist()
+    generator = random.Random(0)
+    for trial in range(200):
+        pool = words if trial % 2 else list(range(1, tokenizer.vocab_size))
+        ids = [generator.choice(pool) for _ in range(generator.randint(0, 60))]
+        stream = TextStream(tokenizer)
+        assert "".join(stream.push(token) for token in ids) + stream.flush() == tokenizer.decode(ids), ids
 
 
 def test_a_prompt_follows_the_separator_and_without_one_a_prompt_is_needed() -> None:
