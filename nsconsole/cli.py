@@ -126,6 +126,8 @@ def refuse_stray_run_options(args: argparse.Namespace) -> None:
 
 READER_GONE = 128 + 13
 """The exit status when stdout's reader closed early: a shell's status of a command killed by SIGPIPE."""
+STDOUT_FAILED = 1
+"""The exit status when stdout cannot be written (a full disk), after one line on stderr."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -137,9 +139,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         # Python's recipe (the `signal` module's note on SIGPIPE): stdout's reader is gone, so
         # what is left for it goes to /dev/null, where the interpreter's exit flushes it quietly.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        _drop_stdout()
         return READER_GONE
+    except OSError as error:
+        if not _stdout_fails():
+            raise
+        # stdout cannot take the output (a full disk, `> /dev/full`, an I/O error): one line, not a traceback.
+        _drop_stdout()
+        print(f"nsconsole: stdout: {error.strerror or error}", file=sys.stderr)
+        return STDOUT_FAILED
+
+
+def _stdout_fails() -> bool:
+    """Whether stdout's writes fail: what a failed write left in its buffer fails again (an OSError
+    raised elsewhere, a file the command itself wrote, leaves stdout flushing fine)."""
+    try:
+        sys.stdout.flush()
+    except OSError:
+        return True
+    return False
+
+
+def _drop_stdout() -> None:
+    """What is left for stdout goes to /dev/null, where the interpreter's exit flushes it quietly."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
 
 
 def run_command(args: argparse.Namespace) -> int:

@@ -113,3 +113,22 @@ def test_a_reader_that_closes_early_ends_a_command_quietly(tmp_path: Path, argum
     finally:
         os.close(write)
     assert (completed.returncode, completed.stderr) == (141, "")  # 128 + SIGPIPE, as a shell reports it
+
+
+@pytest.mark.usefixtures("private_host")
+@pytest.mark.parametrize("arguments", [["status", "LINE", "--rows", "50"], ["--help"]])
+def test_a_stdout_that_cannot_be_written_is_said_in_one_line(tmp_path: Path, arguments: list[str]) -> None:
+    """`nsconsole status LINE > /dev/full` (a full disk under the file stdout goes to): one line
+    naming stdout and the error, exit 1; before, a traceback. (Under PYTHONUNBUFFERED a failed write
+    leaves nothing behind to tell stdout's failure from another, and the traceback stays.)"""
+    line = tmp_path / "line"
+    line.mkdir()
+    (line / "run.json").write_text("{}")
+    (line / "rows.jsonl").write_text("".join(json.dumps({"update": u, "loss": 2.5}) + "\n" for u in range(50)))
+    with open("/dev/full", "w") as full:
+        completed = subprocess.run(
+            [sys.executable, "-m", "nsconsole", *(str(line) if item == "LINE" else item for item in arguments)],
+            stdout=full, stderr=subprocess.PIPE, text=True, timeout=120,
+            env={**{k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}, "PYTHONPATH": os.pathsep.join(sys.path)},
+        )  # fmt: skip
+    assert (completed.returncode, completed.stderr) == (1, "nsconsole: stdout: No space left on device\n")
