@@ -29,11 +29,12 @@ from datalines.manifest import (
     MANIFEST_NAME,
     ShardStamps,
     load_manifest,
+    manifest_placed,
     shard_files,
     shard_stamps,
     verify_shards,
 )
-from datalines.recipe import Recipe, parse_recipe
+from datalines.recipe import JsonFields, Recipe, parse_recipe
 from datalines.sources import Source, open_source
 from datalines.tokenizer import PlainTextTokenizer
 
@@ -88,17 +89,17 @@ class DataLine:
         where = str(config_path)
         if not isinstance(config, dict) or config.get("format") != CONFIG_FORMAT:
             raise DataLineError(f"{where}: not a data line config of format {CONFIG_FORMAT}")
-        try:
-            self.config: dict[str, Any] = config
-            self.recipe: Recipe = parse_recipe(config["recipe"], where)
-            self.eos_id: int = int(config["eos_id"])
-            self.cycle_tokens: int = int(config["cycle_tokens"])
-            self.calibration: dict[str, dict[str, dict[str, float]]] = config["calibration"]
-            self._pins: dict[str, dict[str, Any]] = config["pins"]
-            self._tokenizer_pin_sha256 = str(config["tokenizer"]["sha256"])
-            self.vocab_size: int = int(config["tokenizer"]["vocab_size"])
-        except (KeyError, TypeError, ValueError) as error:
-            raise DataLineError(f"{where}: missing or malformed field ({error})") from None
+        # Each field read typed: a wrong one (edited by hand) is named with what it must be.
+        fields = JsonFields(config, where, "")
+        tokenizer = JsonFields(fields.mapping("tokenizer"), where, "tokenizer")
+        self.config: dict[str, Any] = config
+        self.recipe: Recipe = parse_recipe(config.get("recipe"), where)
+        self.eos_id: int = fields.integer("eos_id", None, 0)
+        self.cycle_tokens: int = fields.integer("cycle_tokens", None, 1)
+        self.calibration: dict[str, dict[str, dict[str, float]]] = fields.mapping("calibration")
+        self._pins: dict[str, dict[str, Any]] = fields.mapping("pins")
+        self._tokenizer_pin_sha256 = tokenizer.string("sha256")
+        self.vocab_size: int = tokenizer.integer("vocab_size", None, 1)
 
     def refresh_recipe(self) -> bool:
         """Take up a schedule grown since this line was opened: `data schedule` appends a piece to
@@ -185,7 +186,7 @@ class DataLine:
         directory = self.cycle_dir(index)
         if self.is_consumed(index):
             return f"{directory}: cycle {index} was consumed"
-        if not (directory / MANIFEST_NAME).is_file():
+        if not manifest_placed(directory):
             return f"{directory}: cycle {index} is not prepared yet"
         try:
             self._verify(index)
@@ -221,7 +222,7 @@ class DataLine:
         directory = self.cycle_dir(index)
         if self.is_consumed(index):
             raise DataLineError(f"{directory}: cycle {index} was consumed and its shards deleted")
-        if not (directory / MANIFEST_NAME).is_file():
+        if not manifest_placed(directory):
             raise DataLineError(f"{directory}: cycle {index} is not prepared yet")
         if not verify:
             manifest, manifest_sha = load_manifest(directory)
@@ -253,7 +254,7 @@ class DataLine:
         if self.is_consumed(index):
             return "consumed"
         directory = self.cycle_dir(index)
-        if (directory / MANIFEST_NAME).is_file():
+        if manifest_placed(directory):
             if not self.cycle_ready(index):
                 try:
                     manifest, _sha256 = load_manifest(directory)

@@ -22,12 +22,21 @@ DIGEST_SEQ_LENS = (512, 4096)
 """Sequence lengths whose sample-order digest (at the recipe's seed) the manifest records."""
 
 
+def manifest_placed(directory: Path) -> bool:
+    """Whether the cycle in `directory` has its manifest, or anything in its place (a directory, a
+    dangling link: damage `load_manifest` names, never a cycle "not prepared yet" that a preparer
+    would make again beside it); False: not prepared yet."""
+    return os.path.lexists(directory / MANIFEST_NAME)
+
+
 def load_manifest(directory: Path) -> tuple[dict[str, Any], str]:
     """(manifest, sha256 of its bytes); `ManifestDamaged` naming the file and how to recover it when
     it is missing or not a manifest, DataLineError when another nsconsole's format."""
     path = directory / MANIFEST_NAME
     if not directory.is_dir():
         raise DataLineError(f"{directory}: cycle {int(directory.name[1:])} is not prepared yet")
+    if path.is_dir():
+        raise ManifestDamaged(f"{path}: a directory, not the cycle's manifest", manifest_remedy(directory))
     try:
         manifest = read_json(path)
     except DataLineError as error:
@@ -50,8 +59,10 @@ def manifest_remedy(directory: Path) -> str:
     line, index = directory.parent.parent, int(directory.name[1:])
     if (directory / CONSUMED_MARK).exists():
         return f"cycle {index} was consumed and its shards deleted, so {restore_advice(index)}"
+    # Nothing is written over a directory (it may hold someone's files): its user moves it first.
+    first = "move it out of the cycle directory, then " if (directory / MANIFEST_NAME).is_dir() else ""
     return (
-        f"`nsconsole data rebuild --work {line} --cycle {index}` writes it again from the cycle's plan if "
+        f"{first}`nsconsole data rebuild --work {line} --cycle {index}` writes it again from the cycle's plan if "
         f"the shards there match it byte for byte; else {restore_advice(index)}"
     )
 

@@ -30,6 +30,7 @@ from datalines.manifest import (
     MANIFEST_FORMAT,
     MANIFEST_NAME,
     load_manifest,
+    manifest_placed,
     restore_advice,
     shard_files,
     shard_problem,
@@ -246,7 +247,7 @@ def prepare_cycle(line: DataLine, index: int, progress: ProgressCallback | None 
     Returns the manifest of a cycle prepared now (None: it was ready, or its shards were rebuilt)."""
     progress = progress or _ignore_progress
     final = line.cycle_dir(index)
-    if (final / MANIFEST_NAME).is_file():
+    if manifest_placed(final):
         if line.is_consumed(index):
             return None
         problem = line.cycle_problem(index)  # one read of the manifest for a cycle that is ready
@@ -469,6 +470,8 @@ def restore_manifest(
         raise DataLineError(
             f"{damage.problem}; cycle {index} was consumed and its shards deleted, so {restore_advice(index)}"
         )
+    if (final / MANIFEST_NAME).is_dir():
+        raise DataLineError(str(damage))  # its remedy: move it aside first (nothing is written over a directory)
     plan = load_plan(line, index)
     if plan is None:
         raise DataLineError(

@@ -151,8 +151,9 @@ def _source_to_json(spec: SourceSpec) -> dict[str, Any]:
     return data
 
 
-class _Fields:
-    """Typed access to one JSON object's fields, each error naming the file and the key path."""
+class JsonFields:
+    """Typed access to one JSON object's fields, each error naming the file and the key path
+    (`label`: the object's path in the file; "" for the file's top level)."""
 
     def __init__(self, data: Any, where: str, label: str) -> None:
         if not isinstance(data, dict):
@@ -160,7 +161,8 @@ class _Fields:
         self.data, self.where, self.label = data, where, label
 
     def fail(self, key: str, problem: str) -> DataLineError:
-        return DataLineError(f"{self.where}: {self.label}{key} {problem}")
+        # A top-level field is named alone (`cycle_tokens`), not `.cycle_tokens`.
+        return DataLineError(f"{self.where}: {(self.label + key).lstrip('.')} {problem}")
 
     def string(self, key: str, default: str | None = None) -> str:
         value = self.data.get(key, default)
@@ -168,12 +170,22 @@ class _Fields:
             raise self.fail(f".{key}", f"must be a non-empty string, got {value!r}")
         return value
 
-    def integer(self, key: str, default: int, minimum: int) -> int:
+    def integer(self, key: str, default: int | None, minimum: int) -> int:
+        """The field, an integer >= `minimum`; `default` where it is absent (None: it must be there)."""
+        if default is None and key not in self.data:
+            raise self.fail(f".{key}", "is missing")
         value = self.data.get(key, default)
         if isinstance(value, float) and value.is_integer():
             value = int(value)
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             raise self.fail(f".{key}", f"must be an integer >= {minimum}, got {value!r}")
+        return value
+
+    def mapping(self, key: str) -> dict[str, Any]:
+        """The field, a JSON object that must be there."""
+        value = self.data.get(key)
+        if not isinstance(value, dict):
+            raise self.fail(f".{key}", "is missing" if value is None else f"must be an object, got {value!r}")
         return value
 
     def strings(self, key: str) -> tuple[str, ...]:
@@ -193,7 +205,7 @@ class _Fields:
 
 def parse_recipe(data: Any, where: str) -> Recipe:
     """Validate a recipe JSON value; `where` (the file name) starts every error message."""
-    top = _Fields(data, where, "recipe")
+    top = JsonFields(data, where, "recipe")
     raw_sources = data.get("sources")
     if not isinstance(raw_sources, list) or not raw_sources:
         raise top.fail(".sources", "must be a non-empty list")
@@ -213,7 +225,7 @@ def parse_recipe(data: Any, where: str) -> Recipe:
 
 
 def _parse_source(raw: Any, where: str, index: int) -> SourceSpec:
-    fields = _Fields(raw, where, f"sources[{index}]")
+    fields = JsonFields(raw, where, f"sources[{index}]")
     name = fields.string("name")
     if not _NAME_PATTERN.match(name):
         raise fields.fail(
@@ -247,7 +259,7 @@ def _parse_schedule(raw: Any, where: str, names: list[str]) -> tuple[SharePiece,
         raise DataLineError(f"{where}: recipe.schedule must be a non-empty list of {{from_tokens, shares}}")
     pieces: list[SharePiece] = []
     for index, item in enumerate(raw):
-        fields = _Fields(item, where, f"schedule[{index}]")
+        fields = JsonFields(item, where, f"schedule[{index}]")
         start = item.get("from_tokens")
         if isinstance(start, bool) or not isinstance(start, (int, float)) or start < 0 or start != int(start):
             raise fields.fail(".from_tokens", f"must be a whole number of tokens >= 0, got {start!r}")

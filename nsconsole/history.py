@@ -9,7 +9,9 @@ a supervisor ever registered on this host (`engine.supervisor.registry.remembere
 that a supervisor (or a trainer run without one) is writing. A line is at rest when its
 supervisor.json names no live supervisor in a state that is not final and its heartbeat names no
 live trainer still training; the caller has already left out the lines the registry lists.
-Lines that never ran under a supervisor (no supervisor.json) are not listed.
+Lines that never ran under a supervisor (no supervisor.json) are not listed. A damaged supervisor.json
+(not JSON: by hand or by the disk) names no supervisor: its line is at rest when no trainer runs it,
+and is listed with its state unknown and the damage named (`supervisor_record`).
 """
 
 from __future__ import annotations
@@ -25,9 +27,11 @@ from engine.layout import LineLayout
 from engine.ops.demo import demo_paths
 from engine.ops.rollback_records import rollback_times
 from engine.protocol.facts import FINAL_LINE_STATES
+from engine.supervisor.lost import damaged_record
 from engine.supervisor.reads import latest_update, read_json, running_supervisor_pid, running_trainer_pid
 from engine.supervisor.registry import remembered_lines
 from engine.supervisor.rows_tail import RowsTail
+from nsconsole.lines.readings import DAMAGED_RECORD
 from nsconsole.row_fetch import series_stride
 from nsconsole.state import FULL_ROWS, joined_rows
 
@@ -42,9 +46,9 @@ class RestingLine:
     path: str
     """The line's directory (real path)."""
     supervisor: dict[str, Any]
-    """supervisor.json (the state its last supervisor ended in, its counters, last exit and event),
-    with what a supervisor's `status` adds from the line's files: `latest_checkpoint`, `parent`,
-    `rollbacks`."""
+    """supervisor.json (the state its last supervisor ended in, its counters, last exit and event;
+    where it is damaged, `DAMAGED_RECORD` alone: `supervisor_record`), with what a supervisor's
+    `status` adds from the line's files: `latest_checkpoint`, `parent`, `rollbacks`."""
     heartbeat: dict[str, Any] | None
     """The trainer's last heartbeat."""
     rows: list[dict[str, Any]]
@@ -91,7 +95,7 @@ def read_at_rest(line: str | Path) -> RestingLine | None:
     """The line from its files, or None when it is not at rest (see the module docstring) or not a line."""
     layout = LineLayout(line)
     signature = files_signature(line)
-    supervisor = read_json(layout.supervisor_json)
+    supervisor = supervisor_record(layout)
     heartbeat = read_json(layout.heartbeat)
     if not _at_rest(supervisor, heartbeat):
         return None
@@ -111,7 +115,7 @@ def resting_series(line: str | Path, name: str) -> list[list[Any]] | None:
     ended is drawn from its first update, not only from its newest rows."""
     layout = LineLayout(line)
     signature = files_signature(line)
-    if not _at_rest(read_json(layout.supervisor_json), read_json(layout.heartbeat)):
+    if not _at_rest(supervisor_record(layout), read_json(layout.heartbeat)):
         return None
     tail = RowsTail.load(layout.rows_jsonl, layout.rows_index)
     tail.catch_up()
@@ -122,6 +126,17 @@ def resting_series(line: str | Path, name: str) -> list[list[Any]] | None:
         page, since = tail.series(name, since, stride)
         points += page
     return points if files_signature(line) == signature else None
+
+
+def supervisor_record(layout: LineLayout) -> dict[str, Any] | None:
+    """supervisor.json; None when there is none. One that is damaged (not JSON, say: by hand or by the
+    disk, as a supervisor writes it whole) is a record of no state whose `DAMAGED_RECORD` says what is
+    wrong: the line stays listed, its state unknown, rather than vanishing from the console."""
+    supervisor = read_json(layout.supervisor_json)
+    if supervisor is not None:
+        return supervisor
+    problem = damaged_record(layout.root)
+    return None if problem is None else {DAMAGED_RECORD: problem}
 
 
 def _at_rest(supervisor: dict[str, Any] | None, heartbeat: dict[str, Any] | None) -> bool:

@@ -15,7 +15,7 @@ from typing import Any
 
 from datalines import open_data_line
 from datalines.errors import DataLineError
-from datalines.manifest import MANIFEST_NAME, load_manifest, shard_files
+from datalines.manifest import MANIFEST_NAME, load_manifest, manifest_placed, shard_files
 from engine.checkpoints.format import read_checkpoint_state, resume_candidate
 from engine.config.run import RunConfig
 from engine.errors import LineError
@@ -54,7 +54,7 @@ def current_cycle_finding(layout: LineLayout, config: RunConfig, *, preparer_reb
     last = data.last_cycle()
     if last is not None and index > last:
         return Finding(True, f"current data cycle: none, the data line ended with cycle {last}")
-    if not (directory / MANIFEST_NAME).is_file():
+    if not manifest_placed(directory):  # one that is a directory is damage, said by the load below
         return Finding(True, f"current data cycle: {index} not prepared yet (the preparer makes it)", unprepared=index)
     try:
         manifest, manifest_sha = load_manifest(directory)

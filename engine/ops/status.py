@@ -39,7 +39,8 @@ from engine.ops.stop import StopRequest, read_stop
 from engine.protocol.facts import FAULT_LINE_STATES, FINAL_LINE_STATES, LineState, Stage
 from engine.rows import not_a_file_problem, rows_file_problem
 from engine.supervisor.forks import QueuedFork
-from engine.supervisor.reads import running_supervisor_pid, running_trainer_pid
+from engine.supervisor.lost import damaged_record
+from engine.supervisor.reads import read_json, running_supervisor_pid, running_trainer_pid
 from engine.wandb.recovery import Recovery, planned_recovery
 from engine.wandb.state import WandbRunState
 
@@ -99,7 +100,10 @@ class LineStatus:
     supervisor has run it, or it trains on the CPU)."""
     state: str | None = None
     """supervisor.json's `state`: what the line's supervisor was doing when it last saved it (a
-    `LineState`; None: no supervisor has run the line)."""
+    `LineState`; None: no supervisor has run the line; `unknown` where supervisor.json is damaged)."""
+    damaged_record: str | None = None
+    """What is wrong with supervisor.json where it is damaged (not JSON, say; among `problems` too):
+    nothing says what the line was doing (`state` unknown), and its operator must mend it."""
     supervisor_pid: int | None = None
     """The pid supervisor.json records while that very process runs (None: no supervisor runs)."""
     failures_in_a_row: int = 0
@@ -134,12 +138,14 @@ class LineStatus:
         """Its supervisor died without saving a final state (killed, the host rebooted) and no trainer
         of the line runs: nothing runs it, and nothing will start it again by itself."""
         nothing_runs = self.supervisor_pid is None and self.lone_trainer_pid is None
-        return self.state is not None and self.state not in FINAL_LINE_STATES and nothing_runs
+        known = self.state is not None and self.damaged_record is None
+        return known and self.state not in FINAL_LINE_STATES and nothing_runs
 
     @property
     def needs_operator(self) -> bool:
         """The line stopped without being asked to and will not go on by itself: it failed, got stuck
-        or filled the disk, or it is `lost`, or it waits for data that will not come. A line that runs
+        or filled the disk, or it is `lost`, or it waits for data that will not come, or its
+        supervisor.json is damaged (nothing says what it was doing). A line that runs
         otherwise does not, nor one that ended as asked; a trainer running it without a supervisor
         (`run --no-supervisor`, or an orphan finishing its checkpoint) counts as running, whatever
         state supervisor.json holds: the report says it trains."""
@@ -147,7 +153,7 @@ class LineStatus:
             return True
         if self.lone_trainer_pid is not None:
             return False
-        return self.state in FAULT_LINE_STATES or self.lost
+        return self.state in FAULT_LINE_STATES or self.lost or self.damaged_record is not None
 
 
 def line_status(root: Path | str, rows: int = 5, now: float | None = None) -> LineStatus:
@@ -217,22 +223,21 @@ def _read_wandb(layout: LineLayout, status: LineStatus) -> None:
 
 
 def read_supervisor_json(layout: LineLayout, status: LineStatus) -> dict[str, Any]:
-    """supervisor.json as its last supervisor left it ({} when there is none; a problem when unreadable)."""
-    try:
-        document = json.loads(layout.supervisor_json.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    """supervisor.json as its last supervisor left it ({} when there is none; where it is damaged, {}
+    and `damaged_record`)."""
+    status.damaged_record = damaged_record(layout.root)
+    if status.damaged_record is not None:
+        status.problems.append(f"{status.damaged_record}; the line's state is unknown")
         return {}
-    except (OSError, ValueError) as error:
-        status.problems.append(f"{layout.supervisor_json}: unreadable ({error})")
-        return {}
-    return document if isinstance(document, dict) else {}
+    return read_json(layout.supervisor_json) or {}
 
 
 def _read_supervisor_state(supervisor: dict[str, Any], status: LineStatus) -> None:
     """The state, failures and last event supervisor.json records, and whether the supervisor that
     wrote it still runs."""
     state = supervisor.get("state")
-    status.state = state if isinstance(state, str) else None
+    # A damaged record is no line that never ran under a supervisor (no state): its state is unknown.
+    status.state = state if isinstance(state, str) else "unknown" if status.damaged_record is not None else None
     status.supervisor_pid = running_supervisor_pid(supervisor)
     if status.supervisor_pid is None:
         status.lone_trainer_pid = running_trainer_pid(status.heartbeat)

@@ -68,10 +68,29 @@ class LostLine:
         return self.state == LineState.STOPPING or self.stop_requested is not None
 
 
+def damaged_record(line: Path | str) -> str | None:
+    """What is wrong with the line's supervisor.json, in words naming it (`LINE/supervisor.json: not
+    JSON (...)`), where it is there but reads as no supervisor's record; None when it reads, or there
+    is none. A supervisor writes it whole (atomically): such a file was damaged by hand or by the
+    disk, and nothing in it says what the line was doing, nor whether its supervisor was lost."""
+    path = LineLayout(line).supervisor_json
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        return f"{path}: cannot be read ({error.strerror or error})"
+    try:
+        document = json.loads(raw)
+    except ValueError as error:  # a UnicodeDecodeError too
+        return f"{path}: not JSON ({error})"
+    return None if isinstance(document, dict) else f"{path}: not a JSON object"
+
+
 def lost_line(line: Path | str) -> LostLine | None:
-    """The line's lost supervisor, or None: the line never ran under one, ended (a final state), or
-    a supervisor or a trainer (one run without a supervisor, or an orphan finishing its checkpoint)
-    still runs it."""
+    """The line's lost supervisor, or None: the line never ran under one, ended (a final state), a
+    supervisor or a trainer (one run without a supervisor, or an orphan finishing its checkpoint)
+    still runs it, or its supervisor.json is damaged (`damaged_record` says how)."""
     layout = LineLayout(line)
     supervisor = read_json(layout.supervisor_json)
     if supervisor is None:

@@ -22,8 +22,9 @@ A line lost while it was stopping on request, or with a stop still pending (its 
 named and left alone. A line its trainer finished (its plan complete, or its data line trained to
 the end) before its supervisor could say so is recorded as finished (supervisor.json, and host.json's
 notify told), not started. Lines are looked for where the console looks: host.json's work_root, the
-demo's root and every line a supervisor has run on this host. Exit status 1 when a line could not be
-started.
+demo's root and every line a supervisor has run on this host. A line whose supervisor.json is
+damaged (not JSON, say) cannot be judged: it is named, and left alone. Exit status 1 when a line could
+not be started, or judged.
 
 Run it at boot to keep lines training through a reboot, e.g. in `crontab -e`:
   @reboot sleep 60 && /path/to/python -m nsconsole resume >> ~/.nsconsole/resume.log 2>&1
@@ -44,16 +45,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from datalines.errors import DataLineError
     from engine.errors import LineError
-    from engine.supervisor.lost import lost_line
+    from engine.supervisor.lost import damaged_record, lost_line
     from engine.supervisor.registry import list_supervisors
     from nsconsole.history import line_candidates
 
     list_supervisors()  # drops the registry entries the lost supervisors left (pid gone)
     candidates = line_candidates(args.host_settings)
+    # A line whose supervisor.json is damaged may be lost or not: named, never passed over in silence.
+    damaged = [problem for problem in map(damaged_record, candidates) if problem is not None]
+    for problem in damaged:
+        print(f"nsconsole: {problem}: cannot tell whether its line's supervisor was lost; mend it, or restore "
+              "it from a backup, and run resume again", file=sys.stderr)
     lost = [line for line in map(lost_line, candidates) if line is not None]
     if not lost:
-        print(f"no line's supervisor was lost ({len(candidates)} line(s) looked at)")
-        return 0
+        unjudged = f", {len(damaged)} of them not judged" if damaged else ""
+        print(f"no line's supervisor was lost ({len(candidates)} line(s) looked at{unjudged})")
+        return 1 if damaged else 0
     started = refused = 0
     for line in lost:
         if line.asked_to_stop:
@@ -76,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
             refused += 1
     if started:
         print(f"{started - refused} of {started} lost line(s) resumed")
-    return 1 if refused else 0
+    return 1 if refused or damaged else 0
 
 
 def _stop_words(line: LostLine) -> str:

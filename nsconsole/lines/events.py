@@ -14,6 +14,9 @@ SEVERITIES = ("info", "warning", "error")
 DEFAULT_BELL = frozenset({"error"})
 """The severities that ring the terminal bell unless `--bell` says otherwise (a warning is seen, not heard)."""
 
+DAMAGED = "damaged"
+"""The console's event naming a line's damaged supervisor.json (read at rest: `LineView.apply_rest`)."""
+
 EVENT_GLYPHS: dict[str, tuple[str, str]] = {
     EventKind.LAUNCHED: ("▶", "launched"),
     EventKind.FINISHED: ("✓", "finished"),
@@ -41,6 +44,7 @@ EVENT_GLYPHS: dict[str, tuple[str, str]] = {
     "restarted": ("↻", "restarted"),
     "request": ("→", "request"),
     "refused": ("✗", "refused"),
+    DAMAGED: ("✗", "damaged"),
 }
 """Glyph and word of each event kind: every supervisor event (`EventKind`) and the console's own."""
 

@@ -14,7 +14,11 @@ from engine.protocol import facts
 from engine.protocol.facts import Stage
 from nsconsole.lines.forks import ForkView, fork_views
 from nsconsole.lines.rows import validation_loss
-from nsconsole.widgets.format import PAUSING_FOR, SUPERVISOR_LOST, UNREACHABLE
+from nsconsole.widgets.format import PAUSING_FOR, SUPERVISOR_LOST, UNKNOWN_STATE, UNREACHABLE
+
+DAMAGED_RECORD = "damaged_record"
+"""The key of a line's status read at rest whose supervisor.json is damaged: what is wrong with the
+file, naming it (`nsconsole.history.supervisor_record`); no supervisor's status has it."""
 
 SHOWN_STAGES = frozenset(
     {Stage.CHECKPOINTING, Stage.WAITING_DATA, Stage.VALIDATING, Stage.CAPTURING, Stage.COMPILING, Stage.PROBING,
@@ -47,6 +51,8 @@ class LineReadings:
         asked for (`stopping`), what a pause is for (`pausing → tuning`), nothing left running."""
         if not (self.ever_connected or self.at_rest):
             return UNREACHABLE
+        if self.at_rest and DAMAGED_RECORD in self.status:
+            return UNKNOWN_STATE
         state = self.supervisor_state or facts.LineState.STARTING
         if self.orphaned and not self.connected and state not in facts.FINAL_LINE_STATES:
             return SUPERVISOR_LOST
@@ -67,10 +73,11 @@ class LineReadings:
 
     @property
     def ended(self) -> bool:
-        """Nothing runs the line: it ended (finished, stopped, failed) or its supervisor and trainer are
-        gone. Its heartbeat, pace and next events are history, not live readings."""
+        """Nothing runs the line: it ended (finished, stopped, failed), its supervisor and trainer are
+        gone, or it is at rest with its state unknown. Its heartbeat, pace and next events are
+        history, not live readings."""
         state = self.display_state
-        return state in facts.FINAL_LINE_STATES or state == SUPERVISOR_LOST
+        return state in facts.FINAL_LINE_STATES or state in (SUPERVISOR_LOST, UNKNOWN_STATE)
 
     @property
     def on_cpu(self) -> bool | None:

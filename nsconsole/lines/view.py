@@ -25,9 +25,9 @@ from engine.protocol.facts import EventKind
 from engine.supervisor.rows_digest import is_validation_row
 from nsconsole.client import missing_methods, older_supervisor_words
 from nsconsole.health import HealthFlag
-from nsconsole.lines.events import EVENT_GLYPHS, MAX_EVENTS, ConsoleEvent
+from nsconsole.lines.events import DAMAGED, EVENT_GLYPHS, MAX_EVENTS, ConsoleEvent
 from nsconsole.lines.line_health import LineHealth
-from nsconsole.lines.readings import LineReadings, beat_time
+from nsconsole.lines.readings import DAMAGED_RECORD, LineReadings, beat_time
 from nsconsole.lines.rows import FULL_ROWS, MAX_POINTS, MAX_VALIDATIONS, RECENT_ROWS, Series
 from nsconsole.lines.run_facts import LineFacts
 
@@ -215,11 +215,13 @@ class LineView(LineHealth, LineReadings):
 
         Its state is the one its supervisor ended in. A supervisor that died while the line ran
         (killed, the host went down) left a state that is not final: the line is `orphaned`, as a
-        live line whose supervisor and trainer have gone, and an event says what happened.
+        live line whose supervisor and trainer have gone, and an event says what happened. A damaged
+        supervisor.json (`DAMAGED_RECORD`) leaves its state unknown, and an event names the damage.
         """
         saved = supervisor.get("state")
+        damage = supervisor.get(DAMAGED_RECORD)
         self.at_rest, self.connected, self.registered = True, False, False
-        self.orphaned = saved not in facts.FINAL_LINE_STATES
+        self.orphaned = damage is None and saved not in facts.FINAL_LINE_STATES
         self.disconnect_reason = "no supervisor runs the line"
         self.status = {**supervisor, "trainer_pid": None}
         self.heartbeat = heartbeat
@@ -238,6 +240,9 @@ class LineView(LineHealth, LineReadings):
         for when, kind, message, severity in notes:
             if (when, kind, message) not in told:
                 self.add_event(when, kind, message, severity)
+        # Told once: the file has no time of its own to tell a second read of the same damage by.
+        if isinstance(damage, str) and not any(event.message == damage for event in self.events):
+            self.add_event(now, DAMAGED, damage, "error")
         self._note_rollbacks(supervisor.get("rollbacks"))
 
     def _note_rollbacks(self, times: object) -> None:

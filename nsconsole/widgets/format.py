@@ -14,6 +14,8 @@ UNREACHABLE = "unreachable"
 """The console's own state of a line whose supervisor it has never reached."""
 SUPERVISOR_LOST = "supervisor lost, trainer exited"
 """The console's own state of a line whose supervisor and trainer are both gone: nothing runs it."""
+UNKNOWN_STATE = "unknown"
+"""The console's own state of a line at rest whose supervisor.json is damaged: nothing says what it was doing."""
 PAUSING_FOR = {
     "tune": f"{LineState.PAUSING} → {LineState.TUNING}",
     "rollback": f"{LineState.PAUSING} → {LineState.ROLLING_BACK}",
@@ -43,6 +45,7 @@ STATE_LOOKS: dict[str, tuple[str, str]] = {
     Stage.DREAMING: ("☾", "success"),
     UNREACHABLE: ("⚡", "error"),
     SUPERVISOR_LOST: ("✗", "error"),
+    UNKNOWN_STATE: ("?", "error"),
 }
 """The glyph and theme colour ("" for the plain foreground) of every state a line's row shows: each
 supervisor state, the trainer stages shown in its place while it trains, and `unreachable`. The

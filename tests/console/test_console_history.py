@@ -115,6 +115,34 @@ def test_only_lines_at_rest_are_read_and_shown_with_the_state_they_ended_in(tmp_
 
 
 
+@pytest.mark.parametrize(("text", "words"), [("{garbage\n", "not JSON ("), ("[1]\n", "not a JSON object")])
+def test_a_line_whose_supervisor_json_is_damaged_is_listed_with_its_state_unknown(
+    tmp_path: Path, text: str, words: str
+) -> None:
+    # Before, its line was read as no line at all: the console said "No line is running".
+    path = ended_line(tmp_path / "work" / "line", "stopped", dead_pid())
+    (path / "supervisor.json").write_text(text)  # damaged by hand (a supervisor writes it whole)
+    assert line_candidates(HostSettings(work_root=str(tmp_path / "work"))) == [os.path.realpath(path)]
+    book = LineBook()
+    live = LiveLines(book, lambda line: None, clock=lambda: 2000.0, discover=lambda: [],
+                     find_lines=lambda: [str(path)], history_interval=0.0)
+
+    async def scenario() -> None:
+        await live.discover_once()
+        line = book.get(line_id(path))
+        assert line is not None and line.at_rest and line.display_state == "unknown"
+        assert line.ended and not line.orphaned and line.resumable
+        assert line.series.update == list(range(1, 13)) and line.latest_checkpoint == 10
+        assert [(event.kind, event.severity) for event in line.events] == [("damaged", "error")]
+        assert line.events[0].message.startswith(f"{path / 'supervisor.json'}: {words}")
+        with open(path / "rows.jsonl", "a") as rows:  # its files change: read again, the damage told once
+            rows.write(json.dumps({"update": 13, "tokens": 512 * 13, "loss": 3.7, "time": 1013.0}) + "\n")
+        await live.discover_once()
+        assert line.update == 13 and [event.kind for event in line.events] == ["damaged"]
+
+    asyncio.run(scenario())
+
+
 def test_a_line_at_rest_whose_rows_jsonl_is_a_directory_is_shown_without_rows(tmp_path: Path) -> None:
     # Before, the console's read of it raised IsADirectoryError and the console exited.
     line = ended_line(tmp_path / "line", "stopped", dead_pid())

@@ -198,3 +198,28 @@ def test_resume_leaves_a_line_lost_while_stopping_and_says_which_could_not_start
     ]
     assert captured.err.startswith(f"nsconsole: {broken}") and captured.err.count("\n") == 1
     assert sorted(path.name for path in broken.iterdir()) == ["supervisor.json"]  # nothing written
+
+
+def test_resume_names_a_line_whose_supervisor_json_is_damaged_as_one_it_cannot_judge(
+    tmp_path: Path, private_host: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before, such a line was passed over: "no line's supervisor was lost".
+    work_root = tmp_path / "lines"
+    private_host.write_text(json.dumps({"work_root": str(work_root)}))
+    damaged, lost = work_root / "damaged", work_root / "lost"
+    damaged.mkdir(parents=True)
+    (damaged / "supervisor.json").write_text("{garbage\n")  # `echo '{garbage' > LINE/supervisor.json`
+    cannot = f"nsconsole: {damaged / 'supervisor.json'}: not JSON ("
+    judge = "): cannot tell whether its line's supervisor was lost; mend it, or restore it from a backup"
+
+    assert main(["resume", "--dry-run"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == "no line's supervisor was lost (1 line(s) looked at, 1 of them not judged)\n"
+    assert captured.err.startswith(cannot) and judge in captured.err and captured.err.count("\n") == 1
+
+    write_supervisor_json(lost, pid=dead_pid(), state="training")
+    assert main(["resume", "--dry-run"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out.startswith(f"would resume {lost} (it was training")
+    assert captured.err.startswith(cannot) and captured.err.count("\n") == 1
+    assert (damaged / "supervisor.json").read_text() == "{garbage\n"  # left as it is

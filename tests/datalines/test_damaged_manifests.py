@@ -176,3 +176,30 @@ def test_a_consumed_cycle_without_a_manifest_is_refused(prepared: Path, tmp_path
         prepare_cycle(line, 1)
     assert "backup" in str(refusal.value)
     assert _snapshot(line.cycle_dir(1)) == before
+
+
+def test_a_manifest_that_is_a_directory_is_damage_named_not_a_cycle_to_prepare(
+    prepared: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before, it read as "not prepared yet": `data status` said planned, while the preparer refused the
+    # directory as a leftover.
+    line = _copy(prepared, tmp_path)
+    manifest = line.cycle_dir(1) / MANIFEST_NAME
+    original = manifest.read_bytes()
+    manifest.unlink()
+    shards = _snapshot(line.cycle_dir(1))
+    manifest.mkdir()
+    (manifest / "notes.txt").write_text("someone's file")
+    damage = f"{manifest}: a directory, not the cycle's manifest; move it out of the cycle directory, then"
+
+    assert main(["data", "status", "--work", str(line.path)]) == 1
+    assert f"cycle    1  damaged: {damage}" in capsys.readouterr().out
+    assert _rebuild(line, 1) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and damage in error
+    assert (manifest / "notes.txt").read_text() == "someone's file"  # nothing written over it, nothing deleted
+
+    shutil.move(manifest, tmp_path / "moved-aside")
+    assert _snapshot(line.cycle_dir(1)) == shards  # what the error says to do
+    assert _rebuild(line, 1) == 0
+    assert manifest.read_bytes() == original

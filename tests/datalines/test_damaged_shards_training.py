@@ -132,3 +132,7 @@ def test_check_refuses_what_the_trainer_cannot_train_on_in_the_current_cycle(
     manifest.write_text("{")
     refused = current_cycle()
     assert not refused.ok and f"{manifest}: not valid JSON" in refused.message
+    manifest.unlink()
+    manifest.mkdir()  # a directory in its place: damage, not a cycle still to prepare (`run` refuses it)
+    refused = current_cycle()
+    assert not refused.ok and f"{manifest}: a directory, not the cycle's manifest" in refused.message

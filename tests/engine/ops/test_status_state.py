@@ -127,3 +127,18 @@ def test_the_command_prints_the_state_second(line: Path, capsys: pytest.CaptureF
     assert main(["status", str(line)]) == StatusExitCode.NEEDS_OPERATOR  # a failed line (test_status_exit)
     out = capsys.readouterr().out.splitlines()
     assert out[0] == f"line: {line}" and out[1].startswith("state: failed (5 failures in a row; ")
+
+
+@pytest.mark.parametrize(("text", "words"), [("{garbage\n", "not JSON ("), ("[1]\n", "not a JSON object")])
+def test_a_damaged_supervisor_json_leaves_the_state_unknown_and_is_named(
+    line: Path, capsys: pytest.CaptureFixture[str], text: str, words: str
+) -> None:
+    # Before: "state: no supervisor has run this line (no supervisor.json)", exit 0 (and for `[1]` no problem).
+    (line / "supervisor.json").write_text(text)
+    assert main(["status", str(line)]) == StatusExitCode.NEEDS_OPERATOR  # its operator must mend it
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == "state: unknown"
+    problems = [shown for shown in out if shown.startswith("problem: ")]
+    assert len(problems) == 1 and problems[0].startswith(f"problem: {line}/supervisor.json: {words}")
+    assert problems[0].endswith("; the line's state is unknown")
+    assert (line / "supervisor.json").read_text() == text
