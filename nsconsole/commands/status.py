@@ -40,7 +40,7 @@ exit status, for a script or a cron job that reads no report:
   {StatusExitCode.USER_ERROR:d}  the command was refused: LINE is not a training line (one line on stderr)
   {StatusExitCode.NEEDS_OPERATOR:d}  the line needs you (as `systemctl status` exits 3 for a unit not running): it failed,
      got stuck or filled the disk, or its supervisor is gone without saving a final state (killed,
-     the host rebooted: `nsconsole resume` starts it again)
+     the host rebooted: `nsconsole resume` starts it again), or its supervisor.json is damaged
 """
 EXAMPLES = """\
 examples:
