@@ -15,6 +15,7 @@ prepared all the same (they read as U+FFFD), and each such file is said in a war
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -171,9 +172,15 @@ class PreparerLock:
             article = "another" if held == doing else "a"
             who = f" (pid {pid})" if pid is not None else ""
             raise PreparerLockHeld(f"{path}: {article} {held} runs on this line{who}", held) from None
-        self.handle.truncate(0)
-        self.handle.write(json.dumps({"pid": os.getpid(), "doing": doing}))
-        self.handle.flush()
+        try:
+            self.handle.truncate(0)
+            self.handle.write(json.dumps({"pid": os.getpid(), "doing": doing}))
+            self.handle.flush()
+        except OSError as error:
+            with contextlib.suppress(OSError):  # its close flushes what did not go, and fails again
+                self.handle.close()  # the flock goes with it
+            # A full disk: the write names no file; this one is the lock's, not the cycle's.
+            raise OSError(error.errno, error.strerror, str(path)) from None
 
     def release(self) -> None:
         self.handle.truncate(0)  # a process refused later reads no pid of one gone

@@ -86,6 +86,7 @@ from engine.supervisor.forks import ForkQueue, QueuedFork
 from engine.supervisor.gpu_watch import line_gpus
 from engine.supervisor.launch import TrainerLaunching
 from engine.supervisor.leasing import GpuLeasing, release_all
+from engine.supervisor.lost import damaged_record
 from engine.supervisor.notify import DEFAULT_TIMEOUT_S as NOTIFY_TIMEOUT_S
 from engine.supervisor.preparer import PreparerKeeper
 from engine.supervisor.publishing import Publishing
@@ -210,6 +211,10 @@ class Supervisor(
             self._config = supervisor_config(self.layout)
             self._notify_command = HostSettings.load().notify
             previous = read_json(self.layout.supervisor_json) or {}
+            damage = damaged_record(self.layout.root)
+            if damage is not None:  # replaced below by this supervisor's record: said, not done silently
+                self._say(f"{damage}; replaced by this supervisor's record (the requests, queued branches "
+                          "and crash count it held are lost)")
             if isinstance(previous.get("requests"), list):
                 self.request_log.restore(previous["requests"])
             for note in self.forks.restore(previous.get("queued_forks")):  # and the pins a killed one left

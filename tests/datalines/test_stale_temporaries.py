@@ -58,3 +58,27 @@ def test_a_write_that_fails_midway_leaves_no_temporary_and_the_file_as_it_was(tm
     assert failed.stdout.strip() == str(27), failed.stdout + failed.stderr  # EFBIG
     assert status.read_text() == '{"state": "waiting"}\n'
     assert sorted(path.name for path in tmp_path.iterdir()) == ["preparer.json"]
+
+
+TAKE_THE_LOCK_ON_A_FULL_DISK = """
+import resource, signal, sys
+from pathlib import Path
+from datalines.service import PreparerLock
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (1, resource.RLIM_INFINITY))  # the holder's record does not fit
+try:
+    PreparerLock(Path(sys.argv[1]), "rebuild")
+except OSError as error:
+    print(error.filename)
+"""
+
+
+def test_a_lock_whose_holder_record_cannot_be_written_names_the_lock_and_lets_it_go(tmp_path: Path) -> None:
+    """`data rebuild` on a full disk named the cycle's directory, not preparer.lock, whose write failed."""
+    from datalines.service import PreparerLock
+    from datalines.status import LOCK_NAME
+
+    failed = subprocess.run([sys.executable, "-c", TAKE_THE_LOCK_ON_A_FULL_DISK, str(tmp_path)],
+                            capture_output=True, text=True, check=True)
+    assert failed.stdout.strip() == str(tmp_path / LOCK_NAME), failed.stdout + failed.stderr
+    PreparerLock(tmp_path, "rebuild").release()  # not held by the failed taker

@@ -94,3 +94,25 @@ def test_a_retried_stop_after_a_supervisor_kill_is_answered_once_and_damaged_rec
         if again.poll() is None:
             again.kill()
     assert json.loads((line / "supervisor.json").read_text())["state"] == "stopped"
+
+
+@pytest.mark.slow
+def test_a_supervisor_json_that_does_not_read_is_replaced_with_a_word_in_run_log(tmp_path: Path) -> None:
+    # Before, the start replaced it without a word: the requests, queued branches and crash count it
+    # held were gone, and nothing said so.
+    line = make_line(tmp_path, make_data_line(tmp_path, prepare=0))
+    (line / "supervisor.json").write_text("{garbage")
+    supervisor = start_supervisor(tmp_path, line, run_preparer=False)
+    try:
+        _wait_registered(line, supervisor)
+        log = (line / "run.log").read_text()
+        assert f"{line / 'supervisor.json'}: not JSON (" in log
+        assert "; replaced by this supervisor's record (the requests, queued branches and crash count" in log
+        with SupervisorClient(line / "supervisor.sock", timeout=60) as client:
+            client.call("stop", request_id="stop-now", at_cycle_end=None)
+        assert supervisor.wait(timeout=120) == 0
+    finally:
+        if supervisor.poll() is None:
+            supervisor.kill()
+            supervisor.wait()
+    assert json.loads((line / "supervisor.json").read_text())["state"] == "stopped"
