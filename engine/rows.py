@@ -116,6 +116,11 @@ def rows_file_problem(path: Path) -> str | None:
     return not_a_file_problem(path, "the file of the line's rows")
 
 
+def heartbeat_file_problem(path: Path) -> str | None:
+    """Why the heartbeat is not a file a beat can replace and a reader read (None: it is, or there is none)."""
+    return not_a_file_problem(path, "the line's heartbeat file")
+
+
 def rows_problem(path: Path, rows: int, size: int) -> str | None:
     """Why rows.jsonl cannot be cut back to a checkpoint's `rows` rows in `size` bytes (None: it can):
     not a readable file, missing, shorter than the checkpoint says, or its first `size` bytes not
@@ -155,7 +160,7 @@ class Heartbeat:
     def __init__(self, path: Path):
         # A beat replaces the file by a rename, which fails over a directory: refused at the start
         # in one line, not as a traceback at the first update's beat.
-        problem = not_a_file_problem(path, "the line's heartbeat file")
+        problem = heartbeat_file_problem(path)
         if problem is not None:
             raise LineError(problem)
         self.path = path

@@ -37,7 +37,7 @@ from engine.ops.branch_records import live_branches
 from engine.ops.lines import load_accepted, open_line, resolve_data_path
 from engine.ops.stop import StopRequest, read_stop
 from engine.protocol.facts import FAULT_LINE_STATES, FINAL_LINE_STATES, LineState, Stage
-from engine.rows import not_a_file_problem, rows_file_problem
+from engine.rows import heartbeat_file_problem, rows_file_problem
 from engine.supervisor.forks import QueuedFork
 from engine.supervisor.lost import damaged_record
 from engine.supervisor.reads import read_json, running_supervisor_pid, running_trainer_pid
@@ -392,7 +392,7 @@ def read_last_rows(path: Path, count: int) -> tuple[list[dict[str, Any]], bool, 
 
 
 def _read_heartbeat(layout: LineLayout, status: LineStatus, now: float) -> None:
-    unusable = not_a_file_problem(layout.heartbeat, "the line's heartbeat file")
+    unusable = heartbeat_file_problem(layout.heartbeat)
     if unusable is not None:
         status.problems.append(unusable)
         return

@@ -75,7 +75,7 @@ def refuse_a_bad_start(line: Path, check_start: bool, what: str = "the line", ag
     detached start, whose checks would otherwise fail unseen) the start checks."""
     from engine.ops.line_end import refuse_a_finished_line
     from engine.ops.lines import open_line, refuse_an_unwritable_line
-    from engine.rows import not_a_file_problem, rows_file_problem
+    from engine.rows import heartbeat_file_problem, rows_file_problem
     from engine.training.line_lock import refuse_a_held_line
 
     layout = open_line(line)
@@ -83,7 +83,7 @@ def refuse_a_bad_start(line: Path, check_start: bool, what: str = "the line", ag
     refuse_a_held_line(layout)
     # The files the supervisor itself reads at its start (a foreground start runs no start checks):
     # one that is a directory is refused here in one line, not met as the supervisor's traceback.
-    for problem in (rows_file_problem(layout.rows_jsonl), not_a_file_problem(layout.heartbeat, "the line's heartbeat file")):
+    for problem in (rows_file_problem(layout.rows_jsonl), heartbeat_file_problem(layout.heartbeat)):
         if problem is not None:
             raise LineError(problem)
     refuse_a_finished_line(line, what=what, again=again)
