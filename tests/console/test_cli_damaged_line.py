@@ -282,6 +282,28 @@ def test_a_rollback_refused_for_a_damaged_wandb_run_json_leaves_the_line_as_it_w
     assert _hashes(line) == saved
 
 
+def test_a_branch_refused_for_the_parents_damaged_wandb_run_json_names_it_and_makes_nothing(
+    line: Path, data_template: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # It said only "wandb_run.json: malformed JSON ...": not whose, nor what to do.
+    (line / "wandb_run.json").write_text("{not json")
+    saved = _hashes(line)
+    branch_data = copy_data_line(data_template, tmp_path / "branch-data")
+    command = ["branch", str(tmp_path / "b"), "--from", str(line), "--at-cycle", "0", "--plan", "decay:100",
+               "--data", str(branch_data)]  # fmt: skip
+    assert main(command) == 2
+    assert capsys.readouterr().err == (
+        f"nsconsole: {line / 'wandb_run.json'}: malformed JSON at line 1 column 2: Expecting property name "
+        "enclosed in double quotes; the branch was not made: run the parent once (its start recovers the W&B "
+        "run its checkpoints record) or move the file aside, and branch again\n"
+    )
+    assert not (tmp_path / "b").exists() and _hashes(line) == saved
+    assert not list(tmp_path.glob(".b.*"))
+
+    (line / "wandb_run.json").rename(line / "wandb_run.json.aside")  # the remedy it names
+    assert main(command) == 0, capsys.readouterr().err
+
+
 @pytest.fixture
 def line_on_a_full_disk(tmp_path: Path, data_template: Path) -> Iterator[Path]:
     """A line trained to update 12 on a real 16 MiB tmpfs, then the tmpfs filled (mounting needs

@@ -401,7 +401,8 @@ def test_state_file_errors_name_the_file_and_the_key(tmp_path: Path, content: st
     assert str(raised.value).startswith(message)
     with pytest.raises(LineError) as refused:  # rollback refuses, leaving the file as it is
         plan_rollback(tmp_path, 3)
-    assert str(refused.value) == (f"{raised.value}; the rollback changed nothing: move the file aside and roll back "
+    named = f"{tmp_path / 'wandb_run.json'}{str(raised.value).removeprefix('wandb_run.json')}"
+    assert str(refused.value) == (f"{named}; the rollback changed nothing: move the file aside and roll back "
                                   "again (the next start rewinds the W&B run the line's checkpoints record)")  # fmt: skip
     assert (tmp_path / "wandb_run.json").read_bytes() == content.encode("utf-8", "surrogateescape")
 
