@@ -16,6 +16,7 @@ fraction of a second without torch (or numpy); a command imports what it needs w
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import sys
 from collections.abc import Sequence
@@ -131,6 +132,7 @@ STDOUT_FAILED = 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    _buffer_an_unbuffered_stdout()
     try:
         try:
             return run_command(build_parser().parse_args(argv))
@@ -148,6 +150,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         _drop_stdout()
         print(f"nsconsole: stdout: {error.strerror or error}", file=sys.stderr)
         return STDOUT_FAILED
+
+
+def _buffer_an_unbuffered_stdout() -> None:
+    """Under PYTHONUNBUFFERED (or `python -u`) stdout writes straight to its file, so a failed write
+    leaves nothing behind to tell stdout's failure from any other OSError (`_stdout_fails`). A
+    line-buffered stdout over the same descriptor shows every line, and every explicit flush, as
+    promptly, and keeps what a failed write could not take. A terminal is left as it is (the
+    console draws on it, and a terminal does not fill up)."""
+    stream = sys.stdout
+    if not isinstance(getattr(stream, "buffer", None), io.RawIOBase) or stream.isatty():
+        return
+    raw = io.FileIO(stream.fileno(), "w", closefd=False)  # the descriptor stays the interpreter's
+    sys.stdout = io.TextIOWrapper(
+        io.BufferedWriter(raw), encoding=stream.encoding, errors=stream.errors, line_buffering=True
+    )
 
 
 def _stdout_fails() -> bool:

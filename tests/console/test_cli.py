@@ -116,11 +116,14 @@ def test_a_reader_that_closes_early_ends_a_command_quietly(tmp_path: Path, argum
 
 
 @pytest.mark.usefixtures("private_host")
+@pytest.mark.parametrize("unbuffered", [False, True], ids=["buffered", "PYTHONUNBUFFERED"])
 @pytest.mark.parametrize("arguments", [["status", "LINE", "--rows", "50"], ["--help"]])
-def test_a_stdout_that_cannot_be_written_is_said_in_one_line(tmp_path: Path, arguments: list[str]) -> None:
+def test_a_stdout_that_cannot_be_written_is_said_in_one_line(
+    tmp_path: Path, arguments: list[str], unbuffered: bool
+) -> None:
     """`nsconsole status LINE > /dev/full` (a full disk under the file stdout goes to): one line
-    naming stdout and the error, exit 1; before, a traceback. (Under PYTHONUNBUFFERED a failed write
-    leaves nothing behind to tell stdout's failure from another, and the traceback stays.)"""
+    naming stdout and the error, exit 1; before, a traceback. Under PYTHONUNBUFFERED (common in
+    training environments) it was a traceback still: a failed write left nothing behind."""
     line = tmp_path / "line"
     line.mkdir()
     (line / "run.json").write_text("{}")
@@ -129,6 +132,7 @@ def test_a_stdout_that_cannot_be_written_is_said_in_one_line(tmp_path: Path, arg
         completed = subprocess.run(
             [sys.executable, "-m", "nsconsole", *(str(line) if item == "LINE" else item for item in arguments)],
             stdout=full, stderr=subprocess.PIPE, text=True, timeout=120,
-            env={**{k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}, "PYTHONPATH": os.pathsep.join(sys.path)},
+            env={**{k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}, "PYTHONPATH": os.pathsep.join(sys.path),
+                 **({"PYTHONUNBUFFERED": "1"} if unbuffered else {})},
         )  # fmt: skip
     assert (completed.returncode, completed.stderr) == (1, "nsconsole: stdout: No space left on device\n")
