@@ -85,13 +85,14 @@ class History:
 
     def extend(self, rows: Iterable[dict[str, Any]]) -> None:
         """Rows newer than the last one held (a row at or before it is already in)."""
-        last = self.update[-1] if self.update else -math.inf
+        last = self.last_update
         for row in rows:
             if _number(row.get("update")) > last:
                 self.add(row)
 
     @property
     def last_update(self) -> float:
+        """The newest update held; -inf while none is."""
         return self.update[-1] if self.update else -math.inf
 
 
