@@ -33,22 +33,27 @@ def line_end(root: Path | str) -> str | None:
     return None
 
 
-def refuse_a_finished_line(root: Path, what: str = "the line", again: str | None = None) -> None:
+def refuse_a_finished_line(
+    root: Path, what: str = "the line", again: str | None = None, refused: str = "supervisor"
+) -> None:
     """`LineError` (one line) when the line has finished (`line_end`): what it finished with and how
     to train on from it. `what` names it ("the demo line"); `again` is the command that starts it
-    after a rollback (`nsconsole run LINE` unless given)."""
+    after a rollback (`nsconsole run LINE` unless given); `refused` is what was not started
+    (`run --no-supervisor` starts a trainer, not a supervisor)."""
     ended = line_end(root)
     if ended is not None:
-        raise finished_line_error(root, ended, what, again)
+        raise finished_line_error(root, ended, what, again, refused)
 
 
-def finished_line_error(root: Path, ended: str, what: str = "the line", again: str | None = None) -> LineError:
+def finished_line_error(
+    root: Path, ended: str, what: str = "the line", again: str | None = None, refused: str = "supervisor"
+) -> LineError:
     """What `refuse_a_finished_line` raises, `ended` being what `line_end` said (the supervisor, which
     asks again under the line's lock, raises it too)."""
     again = again or f"nsconsole run {root}"
     return LineError(
         f"{root}: {what} has finished ({ended}, latest checkpoint {read_latest(root / 'checkpoints')}); "
-        "nothing is left to train, so no supervisor was started. Train on from it with a branch at a cycle "
+        f"nothing is left to train, so no {refused} was started. Train on from it with a branch at a cycle "
         f"end (`nsconsole branch NEW --from {root} --at-cycle N --plan decay:TOKENS --data DIR`) or a rollback "
         f"(`nsconsole rollback {root} --to UPDATE`, then `{again}`); `nsconsole status {root}` shows it"
     )

@@ -13,22 +13,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from engine.generation.settings import SamplingSettings
-from nsconsole.commands.parser import SEED_RANGE, seed
+from nsconsole.commands.parser import SEED_RANGE, positive_int, seed
 
 if TYPE_CHECKING:
     from engine.generation.loading import GenerationModel
 
 DEFAULTS = SamplingSettings()
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def _setting(name: str) -> Callable[[str], float]:
@@ -52,7 +42,7 @@ def add_generation_arguments(parser: argparse.ArgumentParser, tokens_help: str, 
     """The checkpoint and the sampling options of `sample` and `chat`."""
     parser.add_argument("source", metavar="CHECKPOINT|LINE",
                         help="a checkpoint directory (LINE/checkpoints/uNNNNNNNN), or a line: its latest checkpoint")
-    parser.add_argument("--tokens", type=_positive_int, default=tokens_default, metavar="N", help=tokens_help)
+    parser.add_argument("--tokens", type=positive_int, default=tokens_default, metavar="N", help=tokens_help)
     parser.add_argument("--temperature", type=_setting("temperature"), default=DEFAULTS.temperature, metavar="T",
                         help="divide the logits by T before drawing; 0: always the most likely token "
                         f"(default {DEFAULTS.temperature})")

@@ -23,6 +23,17 @@ def add_command(
     )
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (a count of tokens, of rows)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 SEED_LIMIT = 2**32
 """Seeds run from 0 to SEED_LIMIT - 1: what numpy's generator takes (`eval` seeds it with the
 harness), so `sample`, `chat` and `eval` accept one range."""

@@ -125,6 +125,10 @@ def train_without_supervisor(line: Path, *, stop_at: int | None, engine: str) ->
     hold = hold_line(layout)
     try:
         from engine.ops.cycle_check import start_without_preparer
+        from engine.ops.line_end import refuse_a_finished_line
+
+        # As `run` refuses it: a trainer would load torch, resume, and stop at once with status 0.
+        refuse_a_finished_line(line, refused="trainer")
         from engine.training.trainer import Trainer
 
         warning = start_without_preparer(line)

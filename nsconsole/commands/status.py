@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine.errors import LineError
 from engine.protocol.facts import FAULT_LINE_STATES, FINAL_LINE_STATES, LineState, StatusExitCode
-from nsconsole.commands.parser import add_command
+from nsconsole.commands.parser import add_command, positive_int
 
 if TYPE_CHECKING:
     from engine.ops.status import LineStatus
@@ -62,7 +62,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = add_command(subparsers, "status", summary=HELP, description=DESCRIPTION, examples=EXAMPLES)
     parser.add_argument("line", metavar="LINE", nargs="?",
                         help="the training line directory (none: every line of this host; a directory of lines: those)")
-    parser.add_argument("--rows", type=int, default=5, metavar="N", help="newest rows to show (default 5)")
+    # At least 1: with none read, the report would say "rows: none yet" of a line that has rows.
+    parser.add_argument("--rows", type=positive_int, default=5, metavar="N", help="newest rows to show (default 5)")
     parser.set_defaults(func=run)
 
 
@@ -78,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         if not lines:  # neither a line nor a directory of lines: say both, not only "no run.json"
             raise LineError(f"{path}: not a training line (no run.json), and no line directly under it")
         return _print_overview(overview(lines))
-    status = line_status(path, rows=max(0, args.rows))
+    status = line_status(path, rows=args.rows)
     for line in format_status(status):
         print(line)
     return exit_status(status)

@@ -116,8 +116,8 @@ def test_run_on_a_finished_demo_line_says_so_and_starts_nothing(
 def test_run_on_a_finished_line_says_so_and_starts_nothing(
     tmp_path: Path, private_host: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Any line, not only the demo: `nsconsole run LINE` (background or --foreground) and
-    `nsconsole --run LINE` on a line trained to its plan's end say so, in one line, and start nothing."""
+    """Any line, not only the demo: `nsconsole run LINE` (background, --foreground or --no-supervisor)
+    and `nsconsole --run LINE` on a line trained to its plan's end say so, in one line, and start nothing."""
     plan = [{"name": "trunk", "seq_len": 32, "tokens": 4 * 512}]
     line = make_line(tmp_path, make_data_line(tmp_path / "making", prepare=1), plan=plan)
     with one_torch_thread():
@@ -132,3 +132,13 @@ def test_run_on_a_finished_line_says_so_and_starts_nothing(
             "to train, so no supervisor was started. "
         )
     assert not (line / "supervisor.json").exists()
+    # --no-supervisor too: no trainer loads torch only to resume and stop at once with status 0.
+    heartbeat = (line / "heartbeat").read_bytes()
+    assert main(["run", str(line), "--no-supervisor"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1 and captured.out == ""
+    assert captured.err.startswith(
+        f"nsconsole: {line}: the line has finished (the plan is complete, latest checkpoint u00000004); nothing is left "
+        "to train, so no trainer was started. "
+    )
+    assert (line / "heartbeat").read_bytes() == heartbeat

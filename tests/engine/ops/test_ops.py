@@ -384,6 +384,18 @@ def test_status_reads_rows_heartbeat_checkpoints_and_stop(
     assert "STOP pending: at the end of cycle 2" in out
 
 
+@pytest.mark.parametrize("rows", ["0", "-1"])
+def test_status_refuses_fewer_than_one_row(line: Path, capsys: pytest.CaptureFixture[str], rows: str) -> None:
+    """`--rows 0` read none and reported "rows: none yet" of a line that has rows."""
+    (line / "rows.jsonl").write_text(json.dumps({"update": 1, "loss": 5.0}) + "\n")
+    with pytest.raises(SystemExit) as ended:
+        main(["status", str(line), "--rows", rows])
+    assert ended.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"nsconsole status: error: argument --rows: must be at least 1, got {rows}"
+    )
+
+
 def test_status_says_which_checkpoints_it_lists(line: Path, capsys: pytest.CaptureFixture[str]) -> None:
     for update in (100, 200, 300, 400, 493):
         (line / "checkpoints" / f"u{update:08d}").mkdir()
