@@ -89,3 +89,12 @@ def preparer_running(line_path: Path) -> bool:
             return True
         fcntl.flock(handle, fcntl.LOCK_UN)
         return False
+
+
+def stopped_for_good(line_path: Path) -> dict[str, Any] | None:
+    """The last status of the line's preparer when it stopped for good (`failed`, with a `fix`)
+    and none runs now: nothing prepares the line's next cycles until its operator acts. None else."""
+    status = read_status(line_path)
+    if not status or status.get("state") != "failed" or not status.get("fix"):
+        return None
+    return None if preparer_running(line_path) else status

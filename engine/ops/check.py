@@ -75,7 +75,7 @@ def check_line(root: Path | str, *, verify_checkpoints: bool = True) -> tuple[Ru
     results += _check_consumption(layout, config)
     # The checks of the default start, `nsconsole run`: under the supervisor, whose preparer rebuilds shards.
     cycle = current_cycle_finding(layout, config, preparer_rebuilds=True)
-    results.append(CheckResult(cycle.passed, cycle.message))
+    results.append(CheckResult(cycle.passed, cycle.message, warning=cycle.warning))
     model = _meta_model(config)
     results.append(_check_heldout_rows(layout, config, model))
     results += _check_lifelong(layout, config)

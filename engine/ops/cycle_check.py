@@ -16,6 +16,7 @@ from typing import Any
 from datalines import open_data_line
 from datalines.errors import DataLineError
 from datalines.manifest import MANIFEST_NAME, load_manifest, manifest_placed, shard_files
+from datalines.status import stopped_for_good
 from engine.checkpoints.format import read_checkpoint_state, resume_candidate
 from engine.config.run import RunConfig
 from engine.errors import LineError
@@ -32,6 +33,8 @@ class Finding:
     """One line, `current data cycle: ...`."""
     unprepared: int | None = None
     """The cycle the line trains next when its manifest is not written yet (the preparer makes it)."""
+    warning: bool = False
+    """Passed, with something the operator must do first (the preparer that makes the cycle stopped for good)."""
 
 
 def current_cycle_finding(layout: LineLayout, config: RunConfig, *, preparer_rebuilds: bool) -> Finding:
@@ -55,6 +58,15 @@ def current_cycle_finding(layout: LineLayout, config: RunConfig, *, preparer_reb
     if last is not None and index > last:
         return Finding(True, f"current data cycle: none, the data line ended with cycle {last}")
     if not manifest_placed(directory):  # one that is a directory is damage, said by the load below
+        stopped = stopped_for_good(data.path)
+        if stopped is not None:
+            # Not a failure: once the operator mends it, the line's supervisor starts the preparer again.
+            return Finding(
+                True,
+                f"current data cycle: {index} not prepared yet, and the data preparer stopped for good: "
+                f"{stopped.get('last_error')}; to go on: {stopped.get('fix')} (the line waits for the cycle until then)",
+                unprepared=index, warning=True,
+            )  # fmt: skip
         return Finding(True, f"current data cycle: {index} not prepared yet (the preparer makes it)", unprepared=index)
     try:
         manifest, manifest_sha = load_manifest(directory)

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers.lines import make_data_line
+from helpers.lines import make_data_line, make_line
 
 from datalines import open_data_line
 from datalines.errors import DataLineError, InputChanged, SourceExhausted, SourceUnavailable
@@ -54,6 +54,29 @@ def test_a_changed_pinned_file_stops_the_preparer_for_good_until_it_is_restored(
     result = run_preparer(data)
     assert result.returncode == 0, result.stderr
     assert read_status(data)["state"] == "ready" and open_data_line(data).cycle_ready(1)
+
+
+def test_check_warns_of_a_cycle_that_a_preparer_stopped_for_good_does_not_make(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `check` said "ok: current data cycle: 0 not prepared yet (the preparer makes it)", while
+    # `data status` exited 3: no preparer makes it until the operator acts.
+    data = make_data_line(tmp_path, prepare=0)
+    line = make_line(tmp_path, data)
+    capsys.readouterr()
+    assert main(["check", str(line)]) == 0
+    assert "ok: current data cycle: 0 not prepared yet (the preparer makes it)" in capsys.readouterr().out.splitlines()
+
+    part = tmp_path / "corpus" / "part0.jsonl"
+    original = part.read_bytes()
+    part.write_bytes(original.replace(b"the", b"THE", 1))
+    assert run_preparer(data).returncode == PreparerExitCode.STOPPED_FOR_GOOD
+    status = read_status(data)
+    assert main(["check", str(line)]) == 1  # the changed file fails its own check; the cycle is a warning
+    assert (
+        f"warn: current data cycle: 0 not prepared yet, and the data preparer stopped for good: {status['last_error']}; "
+        f"to go on: {status['fix']} (the line waits for the cycle until then)"
+    ) in capsys.readouterr().out.splitlines()
 
 
 def test_a_dataline_json_that_no_longer_parses_is_recorded_and_stops_the_preparer(tmp_path: Path) -> None:

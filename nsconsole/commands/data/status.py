@@ -26,7 +26,7 @@ REOPENED_TEXT = "reopened: shards to rebuild from its manifest"
 
 def run_status(args: argparse.Namespace) -> int:
     from datalines import open_data_line
-    from datalines.status import RUNNING_STATES, preparer_running, read_status
+    from datalines.status import RUNNING_STATES, preparer_running, read_status, stopped_for_good
 
     line = open_data_line(data_line_path(args, args.work))
     validation = sorted(int(path.name[1:]) for path in (line.path / "val").glob("T*") if path.is_dir())
@@ -51,9 +51,8 @@ def run_status(args: argparse.Namespace) -> int:
         "preparer_running": preparer_running(line.path),
     }
     preparer = report["preparer"]
-    stopped_for_good = bool(preparer) and preparer["state"] == "failed" and not report["preparer_running"] \
-        and bool(preparer.get("fix"))
-    status = EXIT_DAMAGED if report["problems"] else EXIT_PREPARER_STOPPED if stopped_for_good else 0
+    stopped = stopped_for_good(line.path) is not None
+    status = EXIT_DAMAGED if report["problems"] else EXIT_PREPARER_STOPPED if stopped else 0
     if args.json:
         print(json.dumps(report))
         return status
@@ -86,7 +85,7 @@ def run_status(args: argparse.Namespace) -> int:
         elif preparer["state"] in RUNNING_STATES and not report["preparer_running"]:
             print(f"preparer: not running (its last status, pid {preparer['pid']}: {preparer['state']}: "
                   f"{preparer['message']}; it stopped without a word: killed or crashed)")  # fmt: skip
-        elif stopped_for_good:
+        elif stopped:
             print(f"preparer: stopped for good (pid {preparer['pid']}), not retried: {preparer['last_error']}; "
                   f"to go on: {preparer['fix']}; then the supervisor of the line that trains on it starts it "
                   f"again within seconds (with none, `nsconsole data run-preparer --work {line.path}`)")  # fmt: skip
