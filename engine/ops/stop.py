@@ -76,8 +76,15 @@ def _refuse_a_cycle_behind(layout: LineLayout, at_cycle_end: int | None) -> None
     cycle = beat.get("cycle")
     if at_cycle_end is None or not isinstance(cycle, int) or isinstance(cycle, bool):
         return
-    if at_cycle_end >= cycle or (beat.get("stage") == Stage.WAITING_DATA and at_cycle_end == cycle - 1):
+    waiting = beat.get("stage") == Stage.WAITING_DATA
+    if at_cycle_end >= cycle or (waiting and at_cycle_end == cycle - 1):
         return
+    if waiting:
+        raise LineError(
+            f"{layout.root}: cycle {at_cycle_end} has ended (the line waits for data of cycle {cycle}, at the end "
+            f"of cycle {cycle - 1}); no STOP written: `--at-cycle-end {cycle - 1}` or no --at-cycle-end stops it "
+            f"there, `--at-cycle-end {cycle}` at the end of the cycle it waits for"
+        )
     raise LineError(
         f"{layout.root}: cycle {at_cycle_end} has ended (the line trains cycle {cycle}); no STOP written: "
         f"`--at-cycle-end {cycle}` stops at the end of the cycle it trains, no --at-cycle-end at the next update"

@@ -122,6 +122,16 @@ def test_a_stop_at_the_end_of_a_cycle_behind_the_line_is_refused(tmp_path: Path,
     assert not (line / "STOP").exists()
     assert request_stop(line, at_cycle_end=2).at_cycle_end == 2 and (line / "STOP").exists()
     assert request_stop(line).at_cycle_end is None
+    # Waiting for cycle 2's data, the line stands at cycle 1's end: that end is taken, and the refusal
+    # of cycle 0's says so (it said "the line trains cycle 2" and offered only cycle 2's end).
+    Heartbeat(line / "heartbeat").beat(21, Stage.WAITING_DATA, cycle=2)
+    with pytest.raises(LineError) as refused:
+        request_stop(line, at_cycle_end=0)
+    assert str(refused.value) == (
+        f"{line}: cycle 0 has ended (the line waits for data of cycle 2, at the end of cycle 1); no STOP written: "
+        "`--at-cycle-end 1` or no --at-cycle-end stops it there, `--at-cycle-end 2` at the end of the cycle it waits for"
+    )
+    assert request_stop(line, at_cycle_end=1).at_cycle_end == 1
     # A beat naming no cycle (an older trainer's, or one waiting with none yet) refuses nothing.
     Heartbeat(line / "heartbeat").beat(21, Stage.VALIDATING, phase_began=0.0)
     assert request_stop(line, at_cycle_end=0).at_cycle_end == 0
