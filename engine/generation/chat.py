@@ -42,10 +42,14 @@ class Conversation:
                 if token == separator:
                     break  # the model ended the document: the next turn starts the next one
                 piece = stream.push(token)
+                shown = piece if said else piece.lstrip()
+                if "\n" in shown:
+                    # The reply ends with its line. A token may carry the next line's start too (a
+                    # line break and the indentation after it): that is not shown.
+                    yield piece[: len(piece) - len(shown) + shown.index("\n") + 1]
+                    return
                 if piece:
                     yield piece
-                if "\n" in (piece if said else piece.lstrip()):
-                    break
                 said = said or bool(piece.strip())
             rest = stream.flush()
             if rest:

@@ -56,6 +56,25 @@ def test_a_conversation_carries_its_state_from_turn_to_turn(preset: str) -> None
     assert session.fed[: 1 + len(first_line)] == [loaded.separator, *first_line]
 
 
+def test_a_reply_ends_with_its_line_break_without_the_next_lines_indentation() -> None:
+    # It ended "there:\n   " when one token held the line break and the next line's indentation.
+    code = ["def f(x):\n    return x\n    pass\n"] * 50
+    loaded = _loaded("transformer-tiny", train_byte_level_bpe(code, 300, [EMBEDDED_EOS_TOKEN]))
+    ids = loaded.tokenizer.encode_documents(["there:\n    return x"])[0].tolist()
+    assert "\n   " in [loaded.tokenizer.decode([token]) for token in ids]  # one token: the break and spaces
+    conversation = Conversation(loaded, SamplingSettings(temperature=0.0, seed=1), reply_tokens=len(ids))
+
+    def generate(count: int, stop: int | None = None):  # what the model writes next, fixed
+        for token in ids[:count]:
+            conversation.session.feed([])  # as the session's own: the token drawn waits to be fed
+            conversation.session.pending.append(token)
+            yield token
+
+    conversation.session.generate = generate
+    assert "".join(conversation.reply("hello")) == "there:\n"
+    assert not conversation._at_line_start  # the state saw the indentation: the next turn starts a line
+
+
 def test_a_character_split_across_tokens_shows_once_it_is_complete() -> None:
     tokenizer = PlainTextTokenizer(TOKENIZER_JSON, "tokenizer.json")
     ids = tokenizer.encode_documents(["é!"])[0].tolist()
