@@ -194,6 +194,11 @@ def estimate_memory(
     return MemoryEstimate(parameters, state, activations, per_parameter, shards, buffer_bytes(family, config))
 
 
+def activation_bytes(family: str, config: Any, rows: int, seq_len: int, device_type: str, recompute: str = "none") -> int:
+    """The estimate's activation bytes of one micro-batch of `rows` at `seq_len`."""
+    return int(4 * _micro_batch_floats(family, config, rows, seq_len, device_type))
+
+
 def _micro_batch_floats(family: str, config: Any, rows: int, seq_len: int, device_type: str) -> float:
     per_token = floats_per_token(family, config, seq_len, device_type)
     return rows * seq_len * per_token + floats_per_micro_batch(family, config, seq_len)
