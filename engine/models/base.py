@@ -68,6 +68,8 @@ from typing import Any, TypeVar, cast
 import torch
 from torch import nn
 
+from engine.models.memory_budget import LOSS_CHUNK_TOKENS
+
 CompiledT = TypeVar("CompiledT", bound=Callable[..., Any])
 
 IGNORE_INDEX = -100
@@ -205,8 +207,6 @@ def recompute_saves_memory(tensor: torch.Tensor) -> bool:
     return torch.is_grad_enabled() and (tensor.is_cuda or _RECOMPUTE_OFF_CUDA[0])
 
 
-LOSS_CHUNK_TOKENS = 2048
-"""Tokens per piece of `chunked_token_losses`: at vocab 65,536 a piece's bf16 logits are 256 MiB."""
 
 
 def compute_dtype(tensor: torch.Tensor) -> torch.dtype:

@@ -34,8 +34,27 @@ The coefficients were fitted to torch's measured peak (MemTracker, CPU, fp32); P
 0.82-1.36x of the measured peak (the earlier fit, before the native scan and read, overestimated
 today's PSSA by up to 4.5x, so a line that fits could be refused).
 `tests/engine/models/test_memory_budget.py` holds the tiny presets at two lengths, and PSSA's
-banks and reads, to ACCURACY. On CUDA the formula is an upper bound: bf16 autocast, the NS
-models' recomputation and chunked cross-entropy keep less (the CUDA test there compares).
+banks and reads, to ACCURACY.
+
+On CUDA the NS models and the transformer keep less: bf16 autocast, the chunked cross-entropy
+(no logits of every token: `engine.models.base.chunked_token_losses`) and, for NS, the layers a
+line's `recompute` names, which keep only their input and are run again in the backward. Their
+CUDA estimate is measured, not derived (`python bench/cuda_memory.py`, the trainer's eager update
+on an H100 80GB, 2026-12-07; bench/RESULTS.md, session 27): per target token,
+
+    ns           d (32.4 + sum over layers of: 4 recomputed, else 12.5 x dendritic width / d for a
+                    dendritic layer, 39.6 x (14 F + A a) / (43 d) for a hippocampal one)
+                 + the largest recomputed layer once (the backward runs it whole)      bytes
+    transformer  2.12 x (9 d + depth (10 d + 2 F))                                   bytes
+
+and per micro-batch 2 bytes a parameter (autocast's bf16 copies of the weights) and one loss
+piece's logits (12 bytes x LOSS_CHUNK_TOKENS x V). Fitted to ns-2b (none, dendritic, all) and
+ns-1p3b (none, dendritic) at 1 and 2 rows of 4K, the fit's slopes are within 0.1 byte of every
+measured one per token and width; the estimates are 0.98-1.06x the measured peaks beyond the state, ns-2b's 16K row
+included, and 0.98x the 8 x 4K ns-2b update of session 13 on the H200. Before, the CPU's fp32
+formula judged CUDA too: ns-2b at 8 rows of 4K with dendritic recomputation (58 GiB measured) was
+estimated at 420 GiB and refused on an H200 and ns-1p3b at 4 rows on an H100 80GB, though both
+fit. PSSA on CUDA keeps the CPU formula (0.86-0.96x the measured peak of pssa-127m at 4K).
 
 A start is refused only when even the estimate's lower end (state + buffers + activations /
 ACCURACY) exceeds the device: a configuration that cannot fit, never one that might.
@@ -44,6 +63,7 @@ ACCURACY) exceeds the device: a configuration that cannot fit, never one that mi
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,10 +72,30 @@ from engine.units import GIB
 
 ACCURACY = 2.0
 """The estimate's activations are within this factor of the measured peak (both ways)."""
+LOSS_CHUNK_TOKENS = 2048
+"""Tokens per piece of `engine.models.base.chunked_token_losses` (defined here, torch-free, for the
+estimate): at vocab 65,536 a piece's bf16 logits are 256 MiB."""
+AUTOCAST_BYTES_PER_PARAMETER = 2
+"""What bf16 autocast keeps of the weights during an update on CUDA: a bf16 copy of each."""
+LOSS_PIECE_BYTES_PER_LOGIT = 12
+"""One loss piece's logits on CUDA: bf16 logits, their fp32 softmax and gradient."""
+NS_CUDA_BASE = 32.4
+"""Bytes per target token and unit of width an NS update keeps on CUDA outside its layers."""
+NS_CUDA_RECOMPUTED = 4.0
+"""Bytes per token and unit of width a recomputed NS layer keeps: its fp32 input."""
+NS_CUDA_DENDRITIC = 12.5
+"""Bytes per token and unit of dendritic width a dendritic layer keeps on CUDA, not recomputed."""
+NS_CUDA_HIPPOCAMPAL = 39.6 / 43
+"""Bytes per token a hippocampal layer keeps on CUDA, not recomputed, per float of the CPU
+formula's 14 F + A a (39.6 bytes per unit of width at the presets' F = 3 d, A a = d)."""
+TRANSFORMER_CUDA_BYTES = 2.12
+"""Bytes on CUDA per float the CPU formula counts for the transformer's layers and stream."""
 STATE_BYTES_PER_PARAMETER = 16
 """fp32 weights, their gradient and the two AdamW moments (the flat buffers of engine.training.optim)."""
 EMA_BYTES_PER_PARAMETER = 4
 """The `ema` parameter average, fp32."""
+Shape = tuple[int, str]
+"""A micro-batch shape: (rows, recompute)."""
 
 
 def floats_per_token(family: str, config: Any, seq_len: int, device_type: str = "cpu") -> float:
@@ -76,6 +116,28 @@ def floats_per_token(family: str, config: Any, seq_len: int, device_type: str = 
         per_dendritic = 4.5 * c.d_model + 16 * c.dendritic_width
         return 3 * c.vocab_size + 14 * c.d_model + dendritic * per_dendritic + hippocampal * per_hippocampal
     raise ConfigError(f"model.preset: no memory estimate for family {family!r}")
+
+
+def cuda_bytes_per_token(family: str, config: Any, recompute: str = "none") -> float | None:
+    """Activation bytes a training update keeps per target token on CUDA, measured per family (see
+    the module docstring); None for a family whose CUDA estimate is the CPU formula (PSSA)."""
+    c = config
+    if family == "transformer":
+        ffn = c.ffn_hidden * (1.5 if c.swiglu else 1.0)
+        return TRANSFORMER_CUDA_BYTES * (9 * c.width + c.depth * (10 * c.width + 2 * ffn))
+    if family != "ns":
+        return None
+    from engine.models.ns.presets import recomputed_layers
+
+    recomputed = recomputed_layers(recompute, c)
+    whole = [
+        NS_CUDA_HIPPOCAMPAL * (14 * c.ffn_dim + c.attn_width) if c.is_hippocampal(layer)
+        else NS_CUDA_DENDRITIC * c.dendritic_width
+        for layer in range(c.n_layers)
+    ]  # fmt: skip
+    kept = sum(NS_CUDA_RECOMPUTED * c.d_model if layer in recomputed else size for layer, size in enumerate(whole))
+    rerun = max((whole[layer] for layer in recomputed), default=0.0)
+    return NS_CUDA_BASE * c.d_model + kept + rerun
 
 
 def _whole_bank_read(config: Any) -> int:
@@ -173,30 +235,43 @@ def estimate_memory(
     family: str,
     config: Any,
     parameters: int,
-    shapes: dict[int, int],
+    shapes: Mapping[int, int | Sequence[Shape]],
     *,
     ema: bool = False,
     device_type: str = "cpu",
     shards: int = 1,
 ) -> MemoryEstimate:
-    """The estimate for `shapes` (seq_len -> micro_batch_rows) of a model of `parameters`, per
-    process. With `shards` > 1 (FSDP2 over that many ranks) each rank holds 1/shards of the state;
+    """The estimate for `shapes` of a model of `parameters`, per process: seq_len -> its
+    micro_batch_rows (no recomputation), or the (rows, recompute) shapes the length may train
+    with (its own and its shared one: the one that keeps more counts). With `shards` > 1 (FSDP2
+    over that many ranks) each rank holds 1/shards of the state (and of autocast's weight copies);
     what FSDP2 adds on top (one layer's gathered weights, an update's unsynced gradients before its
     last micro-batch) is not counted: the estimate stays a bound a start is refused by only when
     it cannot fit."""
     per_parameter = STATE_BYTES_PER_PARAMETER + (EMA_BYTES_PER_PARAMETER if ema else 0)
     shards = max(1, shards)
-    activations = {
-        seq_len: (rows, int(4 * _micro_batch_floats(family, config, rows, seq_len, device_type)))
-        for seq_len, rows in shapes.items()
-    }
+    activations = {}
+    for seq_len, choices in shapes.items():
+        options = [(choices, "none")] if isinstance(choices, int) else choices
+        sized = [
+            (rows, activation_bytes(family, config, rows, seq_len, device_type, recompute, parameters // shards))
+            for rows, recompute in options
+        ]
+        activations[seq_len] = max(sized, key=lambda item: item[1])
     state = math.ceil(parameters * per_parameter / shards)
     return MemoryEstimate(parameters, state, activations, per_parameter, shards, buffer_bytes(family, config))
 
 
-def activation_bytes(family: str, config: Any, rows: int, seq_len: int, device_type: str, recompute: str = "none") -> int:
-    """The estimate's activation bytes of one micro-batch of `rows` at `seq_len`."""
-    return int(4 * _micro_batch_floats(family, config, rows, seq_len, device_type))
+def activation_bytes(
+    family: str, config: Any, rows: int, seq_len: int, device_type: str, recompute: str = "none", parameters: int = 0
+) -> int:
+    """The estimate's activation bytes of one micro-batch of `rows` at `seq_len` with `recompute`, for
+    a model of `parameters` (on CUDA autocast keeps a bf16 copy of them)."""
+    per_token = cuda_bytes_per_token(family, config, recompute) if device_type == "cuda" else None
+    if per_token is None:
+        return int(4 * _micro_batch_floats(family, config, rows, seq_len, device_type))
+    loss_piece = LOSS_PIECE_BYTES_PER_LOGIT * min(LOSS_CHUNK_TOKENS, rows * seq_len) * config.vocab_size
+    return int(rows * seq_len * per_token + AUTOCAST_BYTES_PER_PARAMETER * parameters + loss_piece)
 
 
 def _micro_batch_floats(family: str, config: Any, rows: int, seq_len: int, device_type: str) -> float:
@@ -204,17 +279,16 @@ def _micro_batch_floats(family: str, config: Any, rows: int, seq_len: int, devic
     return rows * seq_len * per_token + floats_per_micro_batch(family, config, seq_len)
 
 
-def line_shapes(run_config: Any) -> dict[int, int]:
-    """seq_len -> micro_batch_rows of every length a line's plan trains (the largest of its
-    own and its shared shape: either may be the one in use)."""
+def line_shapes(run_config: Any) -> dict[int, list[Shape]]:
+    """seq_len -> the (micro_batch_rows, recompute) shapes of every length a line's plan trains:
+    its own and its shared one (either may be the one in use)."""
     stage_lengths = {stage.seq_len for stage in run_config.plan}
-    shapes: dict[int, int] = {}
+    shapes: dict[int, list[Shape]] = {}
     for entry in run_config.lengths:
         if entry.seq_len in stage_lengths:
-            rows = entry.micro_batch_rows
+            shapes[entry.seq_len] = [(entry.micro_batch_rows, entry.recompute)]
             if entry.shared is not None:
-                rows = max(rows, entry.shared.micro_batch_rows)
-            shapes[entry.seq_len] = rows
+                shapes[entry.seq_len].append((entry.shared.micro_batch_rows, entry.shared.recompute))
     return shapes
 
 
