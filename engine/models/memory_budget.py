@@ -50,8 +50,9 @@ on an H100 80GB, 2026-12-07; bench/RESULTS.md, session 27): per target token,
 and per micro-batch 2 bytes a parameter (autocast's bf16 copies of the weights) and one loss
 piece's logits (12 bytes x LOSS_CHUNK_TOKENS x V). Fitted to ns-2b (none, dendritic, all) and
 ns-1p3b (none, dendritic) at 1 and 2 rows of 4K, the fit's slopes are within 0.1 byte of every
-measured one per token and width; the estimates are 0.98-1.06x the measured peaks beyond the state, ns-2b's 16K row
-included, and 0.98x the 8 x 4K ns-2b update of session 13 on the H200. Before, the CPU's fp32
+measured one per token and width; the estimates are 0.98-1.11x the measured peaks beyond the state
+(1.02x for ns-2b's 16K row, 0.98x for its 8 x 4K update of session 13 on the H200; 1.6-1.9x with
+`recompute all`, which keeps no weight copies). Before, the CPU's fp32
 formula judged CUDA too: ns-2b at 8 rows of 4K with dendritic recomputation (58 GiB measured) was
 estimated at 420 GiB and refused on an H200 and ns-1p3b at 4 rows on an H100 80GB, though both
 fit. PSSA on CUDA keeps the CPU formula (0.86-0.96x the measured peak of pssa-127m at 4K).
