@@ -42,6 +42,10 @@ def missing_rows_problem(heldout: DataLine, lengths: list[int]) -> str | None:
     if not missing:
         return None
     path = heldout.path
-    commands = " and ".join(f"`nsconsole data val --work {path} --seq-len {length}`" for length in missing)
+    # `--long-seq-len 0`: each command builds its length alone. Without it `data val` also builds
+    # its default long length (32768), and on held-out documents too short for that row it said
+    # "not built" and exited 1, though the length asked for was built.
+    commands = " and ".join(f"`nsconsole data val --work {path} --seq-len {length} --long-seq-len 0`"
+                            for length in missing)
     listed = ", ".join(str(length) for length in missing)
     return f"{path}: no held-out rows of length {listed} for this line's validation; build them with {commands}"

@@ -34,6 +34,7 @@ def run(args: argparse.Namespace) -> int:
     from engine.errors import LineError
     from engine.ops.lines import open_line
     from engine.ops.rollback import record_rollback_at_rest, rollback_line
+    from engine.supervisor.reads import read_json, running_supervisor_pid
     from engine.training.line_lock import hold_line
 
     line = args.host_settings.resolve_line(args.line)
@@ -43,6 +44,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         hold = hold_line(layout)
     except LineError as error:
+        if running_supervisor_pid(read_json(layout.supervisor_json) or {}) is None:
+            raise  # a trainer run without a supervisor: no console can roll it back, it is stopped first
         raise LineError(f"{error}; roll it back from the console (r), or stop the line first") from None
     try:
         result = rollback_line(line, args.to)

@@ -40,6 +40,7 @@ EVENT_GLYPHS: dict[str, tuple[str, str]] = {
     EventKind.TUNED: ("⚙", "tuned"),
     EventKind.TUNE_FAILED: ("✗", "tune"),
     "disconnected": ("⚡", "lost"),
+    "exited": ("○", "exited"),
     "connected": ("↺", "attached"),
     "restarted": ("↻", "restarted"),
     "request": ("→", "request"),

@@ -180,7 +180,13 @@ class LineView(LineHealth, LineReadings):
 
     def mark_disconnected(self, reason: str, now: float) -> None:
         if self.connected or not self.ever_connected and self.disconnect_reason is None:
-            self.add_event(now, "disconnected", f"supervisor unreachable: {reason}", "warning")
+            state = self.status.get("state")
+            if state in facts.FINAL_LINE_STATES:
+                # The line ended and its supervisor exits with it: its socket going quiet is no fault,
+                # so no warning (nor the bell that `--bell warning` rings) after each stop or finish.
+                self.add_event(now, "exited", f"the supervisor has exited (state {state}): {reason}")
+            else:
+                self.add_event(now, "disconnected", f"supervisor unreachable: {reason}", "warning")
         self.connected = False
         self.disconnect_reason = reason
         self.version += 1

@@ -99,6 +99,23 @@ def test_heartbeat_alarms_spare_lines_that_ended() -> None:
     assert rested.refresh_health(3600.0) == [] and rested.orphaned
 
 
+def test_a_supervisor_that_exits_with_its_line_ended_is_no_warning() -> None:
+    """A line stopped on request (or finished) loses its supervisor as it should: the disconnection
+    is news, not a warning that `f` keeps and `--bell warning` rings for (it was one after every
+    stop). A live line's supervisor lost mid-training still warns."""
+    ended = training_line()
+    ended.apply_notification("event", {"event": "stopped", "message": "the line stopped: stop requested",
+                                       "time": 50.0}, 50.0)
+    ended.mark_disconnected("the supervisor closed the connection", 51.0)
+    last = ended.events[-1]
+    assert (last.kind, last.glyph, last.severity) == ("exited", "○", "info")
+    assert last.message == "the supervisor has exited (state stopped): the supervisor closed the connection"
+    lost = training_line()
+    lost.mark_disconnected("the supervisor closed the connection", 51.0)
+    assert (lost.events[-1].severity, lost.events[-1].message) == (
+        "warning", "supervisor unreachable: the supervisor closed the connection")
+
+
 def test_restarts_count_the_crashes_of_every_supervisor_life_not_the_launches() -> None:
     line = LineView("k", "/runs/trunk")
     line.apply_status({"state": "training", "launches": 6, "crashes": 1})  # a rollback, a tune, a resume...

@@ -87,7 +87,7 @@ def test_the_cli_names_a_branch_data_line_without_held_out_rows_before_the_cycle
     assert branch(tmp_path, trunk, without_rows) == 2
     assert (
         f"nsconsole: {without_rows}: no held-out rows of length 32 for this line's validation; build them with "
-        f"`nsconsole data val --work {without_rows} --seq-len 32`"
+        f"`nsconsole data val --work {without_rows} --seq-len 32 --long-seq-len 0`"
     ) in capsys.readouterr().err
 
 

@@ -48,7 +48,7 @@ def test_new_follows_the_data_lines_vocabulary_and_check_passes(
     capsys.readouterr()
     # No held-out rows yet: the check says so as the trainer's start would, naming the command.
     assert main(["check", str(line)]) == 1
-    assert f"no held-out rows of length 32 for this line's validation; build them with `nsconsole data val --work {data_line} --seq-len 32`" in capsys.readouterr().out
+    assert f"no held-out rows of length 32 for this line's validation; build them with `nsconsole data val --work {data_line} --seq-len 32 --long-seq-len 0`" in capsys.readouterr().out
     build_validation(open_data_line(data_line), [32])
     assert main(["check", str(line)]) == 0, capsys.readouterr().out
     assert f"vocab {vocab} = model's" in capsys.readouterr().out

@@ -63,6 +63,23 @@ def test_no_supervisor_beside_a_running_supervisor_is_refused(
     assert main(["run", str(line), "--no-supervisor", "--stop-at", "2"]) == 0
 
 
+def test_a_rollback_beside_a_trainer_without_a_supervisor_points_to_no_console(
+    line: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The console's r goes through a supervisor: a trainer run without one is stopped first, and
+    the refusal says only that (it used to add "roll it back from the console (r)", which cannot)."""
+    trainer_hold = hold_line(LineLayout(line))  # as `nsconsole run LINE --no-supervisor` holds it
+    (line / "heartbeat").write_text(json.dumps({"pid": os.getpid(), "stage": "training", "update": 3}))
+    try:
+        assert main(["rollback", str(line), "--to", "0"]) == 2
+    finally:
+        os.close(trainer_hold)
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1, error
+    assert error.rstrip().endswith(f"is running it (pid {os.getpid()}); stop it first (nsconsole stop {line})")
+    assert "from the console" not in error
+
+
 @pytest.mark.slow
 def test_a_supervisor_beside_a_trainer_without_one_is_refused_and_leaves_it_training(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -251,11 +252,31 @@ def test_a_missing_length_of_held_out_rows_is_one_clear_error(config: RunConfig,
     validator = Validator(model, optimizer, None, config, open_data_line(data), torch.device("cpu"))
     assert validator.lengths() == [SEQ_LEN]
     where = re.escape(str(data))
-    expected = rf"^{where}: no held-out rows of length 32 .*`nsconsole data val --work {where} --seq-len 32`$"
+    expected = rf"^{where}: no held-out rows of length 32 .*`nsconsole data val --work {where} --seq-len 32 --long-seq-len 0`$"
     with pytest.raises(LineError, match=expected):
         validator.require_rows()
     with pytest.raises(DataLineError, match=r"no validation rows of length 32; run `nsconsole data val"):
         validator.run(SEQ_LEN, at_tokens=0, next_lr=1e-3, next_weight_decay=0.1)
+
+
+def test_the_command_a_missing_length_names_builds_it_and_succeeds(
+    config: RunConfig, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The refusal's `nsconsole data val` command, run as written, builds the length and exits 0 (it
+    also built the default long length, 32768, which these short held-out documents cannot give:
+    "not built" and exit status 1)."""
+    from nsconsole.cli import main
+
+    data = make_data_line(tmp_path, prepare=1, validation=())
+    model, optimizer, _ = build(config)
+    validator = Validator(model, optimizer, None, config, open_data_line(data), torch.device("cpu"))
+    with pytest.raises(LineError) as refusal:
+        validator.require_rows()
+    commands = re.findall(r"`nsconsole (data val [^`]*)`", str(refusal.value))
+    assert len(commands) == 1
+    assert main(shlex.split(commands[0])) == 0, capsys.readouterr()
+    assert "not built" not in capsys.readouterr().out
+    validator.require_rows()
 
 
 @pytest.mark.cuda

@@ -93,8 +93,8 @@ def test_a_line_without_held_out_rows_is_refused_at_its_start(tmp_path: Path) ->
     where = re.escape(str(data))
     expected = (
         rf"^{where}: no held-out rows of length {SEQ_LEN}, {2 * SEQ_LEN} for this line's validation; "
-        rf"build them with `nsconsole data val --work {where} --seq-len {SEQ_LEN}` and "
-        rf"`nsconsole data val --work {where} --seq-len {2 * SEQ_LEN}`$"
+        rf"build them with `nsconsole data val --work {where} --seq-len {SEQ_LEN} --long-seq-len 0` and "
+        rf"`nsconsole data val --work {where} --seq-len {2 * SEQ_LEN} --long-seq-len 0`$"
     )
     with pytest.raises(LineError, match=expected):
         Trainer(line, stop_at=1, echo=None).run()
