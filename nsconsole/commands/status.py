@@ -188,7 +188,8 @@ def state_line(status: LineStatus) -> str:
         return f"state: supervisor lost (it was {state}; its process runs no more)"
     details = []
     if state == LineState.FAILED and status.failures_in_a_row:
-        details.append(f"{status.failures_in_a_row} failures in a row")
+        count = status.failures_in_a_row
+        details.append(f"{count} failure{'s' if count != 1 else ''} in a row")
     message = (status.last_event or {}).get("message")
     if state in FAULT_LINE_STATES and isinstance(message, str):
         details.append(f"last: {message}")

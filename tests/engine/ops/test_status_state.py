@@ -51,6 +51,8 @@ def test_a_failed_line_says_failed_with_its_failures_and_last_event(line: Path) 
                      last_event={"event": "failed", "message": FAILED})  # fmt: skip
     shown = printed(line)
     assert shown[1] == f"state: failed (5 failures in a row; last: {FAILED})"
+    write_supervisor(line, state="failed", pid=dead_pid(), failures_in_a_row=1)  # a lifelong key changed, say
+    assert printed(line)[1] == "state: failed (1 failure in a row)"
 
 
 def test_a_disk_full_line_says_so_with_the_trainer_s_line(line: Path) -> None:
