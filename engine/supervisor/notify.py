@@ -2,15 +2,15 @@
 
 host.json's `notify` names a command (a path, or a command line split like a shell would, or a
 list). It is run in its own session with a bounded time; a command that hangs is killed with its
-whole process group, one that fails is logged. Nothing here ever raises into the caller: a
-broken notifier must not stop a training line.
+whole process group, one that fails is reported to the caller, which says it once (the supervisor in
+run.log, `nsconsole resume` on stderr). Nothing here ever raises into the caller: a broken notifier
+must not stop a training line.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import shlex
 import signal
@@ -23,8 +23,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.protocol.facts import NOTIFIED_EVENTS
-
-logger = logging.getLogger("nsconsole.notify")
 
 DEFAULT_TIMEOUT_S = 30.0
 
@@ -60,7 +58,7 @@ def notify(
     try:
         return _run_notify(command, event, timeout)
     except Exception as error:  # a notifier must never take the line down with it
-        return _failed(f"unexpected failure: {type(error).__name__}: {error}", event)
+        return NotifyResult(False, f"unexpected failure: {type(error).__name__}: {error}")
 
 
 def _run_notify(command: str | Sequence[str] | None, event: dict[str, Any], timeout: float) -> NotifyResult:
@@ -70,7 +68,7 @@ def _run_notify(command: str | Sequence[str] | None, event: dict[str, Any], time
         argv = shlex.split(command) if isinstance(command, str) else [str(part) for part in command]
         payload = json.dumps(event, default=str).encode() + b"\n"
     except (ValueError, TypeError) as error:
-        return _failed(f"cannot prepare the notification: {error}", event)
+        return NotifyResult(False, f"cannot prepare the notification: {error}")
     try:
         process = subprocess.Popen(
             argv,
@@ -81,20 +79,20 @@ def _run_notify(command: str | Sequence[str] | None, event: dict[str, Any], time
             close_fds=True,
         )
     except OSError as error:
-        return _failed(f"cannot run {argv[0]!r}: {error.strerror or error}", event)
+        return NotifyResult(False, f"cannot run {argv[0]!r}: {error.strerror or error}")
     try:
         _, stderr = process.communicate(payload, timeout=timeout)
     except subprocess.TimeoutExpired:
         _kill_group(process)
-        return _failed(f"{argv[0]} did not finish within {timeout:g} s and was killed", event)
+        return NotifyResult(False, f"{argv[0]} did not finish within {timeout:g} s and was killed")
     except OSError as error:  # e.g. the command exited without reading stdin (EPIPE)
         process.wait()
         if process.returncode == 0:
             return NotifyResult(True, "")
-        return _failed(f"{argv[0]}: {error}", event)
+        return NotifyResult(False, f"{argv[0]}: {error}")
     if process.returncode != 0:
         tail = stderr.decode(errors="replace").strip()[-300:]
-        return _failed(f"{argv[0]} exited with status {process.returncode}: {tail}", event)
+        return NotifyResult(False, f"{argv[0]} exited with status {process.returncode}: {tail}")
     return NotifyResult(True, "")
 
 
@@ -124,7 +122,3 @@ def _kill_group(process: subprocess.Popen[bytes]) -> None:
         os.killpg(process.pid, signal.SIGKILL)
     process.wait()
 
-
-def _failed(detail: str, event: dict[str, Any]) -> NotifyResult:
-    logger.warning("notify %s failed: %s", event.get("event"), detail)
-    return NotifyResult(False, detail)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -47,6 +49,13 @@ def test_failures_are_reported_never_raised(tmp_path: Path) -> None:
     assert not failing.delivered and "exited with status 3: boom" in failing.detail
     assert notify(script(tmp_path, "pass"), event).delivered  # exits without reading: still fine
     assert not notify("'unterminated", event).delivered
+    # Reported to the caller alone, which says it once: `nsconsole resume` printed a failure twice,
+    # its own line and a warning of the notify logger that Python's last-resort handler wrote.
+    code = ("from engine.supervisor.notify import make_event, notify; "
+            "print(notify('false', make_event('failed', '/l', 'x')).detail)")  # fmt: skip
+    alone = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})  # fmt: skip
+    assert (alone.stdout, alone.stderr) == ("false exited with status 1: \n", "")
 
 
 def test_a_hanging_command_is_killed_with_its_children(tmp_path: Path) -> None:
