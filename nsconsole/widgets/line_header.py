@@ -32,7 +32,7 @@ from engine.errors import LineError
 from engine.layout import LineLayout
 from engine.ops.branch_records import read_branches
 from engine.ops.lines import resolve_data_path
-from engine.protocol.facts import LineState
+from engine.protocol.facts import LineState, Stage
 from nsconsole.state import LineView
 from nsconsole.widgets import format as fmt
 from nsconsole.widgets.quiet_static import QuietStatic
@@ -269,7 +269,9 @@ def eta_line(line: LineView, plan: RunPlan | None, problem: str | None = None) -
             text.append(f"next: {problem or 'reading run.json…'}", style="dim")
         return text
     update = line.update or 0
-    rates = pace(line) if running and line.supervisor_state == LineState.TRAINING else None
+    # A trainer waiting for its next data cycle trains nothing until it comes: no time to anything.
+    waiting = (line.heartbeat or {}).get("stage") == Stage.WAITING_DATA
+    rates = pace(line) if running and line.supervisor_state == LineState.TRAINING and not waiting else None
 
     def within(amount: float, rate_index: int) -> str:
         if rates is None or rates[rate_index] <= 0:
@@ -282,7 +284,8 @@ def eta_line(line: LineView, plan: RunPlan | None, problem: str | None = None) -
         # at each stage's and cycle's end (the line's end is one of those).
         validation = upcoming(update, plan.validation_every, [end for end in ends if end.ends_line])
         checkpoint = upcoming(update, plan.checkpoint_every, ends)
-        for lead, label, due in (("next ", "◇ validation ", validation), ("  ", "⤓ checkpoint ", checkpoint)):
+        first = "next (once its data comes) " if waiting else "next "
+        for lead, label, due in ((first, "◇ validation ", validation), ("  ", "⤓ checkpoint ", checkpoint)):
             text.append(f"{lead}{label}", style="dim")
             text.append("none ahead" if due is None else f"{due.text()}{within(due.update - update, 0)}")
     text.append("  plan ", style="dim")

@@ -345,6 +345,23 @@ def test_the_header_says_what_comes_next_and_j_shows_run_json(tmp_path: Path) ->
     run(app, scenario)
 
 
+def test_a_line_waiting_for_data_predicts_no_time_to_anything(tmp_path: Path) -> None:
+    # Found in a walkthrough: waiting for its next cycle, the line still said "checkpoint u500 in ~2m"
+    # and gave its plan's and data line's ends a time, from the pace it had before the wait.
+    line_dir = tmp_path / "a"
+    line_with_run_json(line_dir)
+    line = a_line(line_dir, rows_to(420))
+    line.heartbeat = {**line.heartbeat, "stage": "waiting-data", "cycle": 3}
+    app = console(book=book_of(line))
+
+    async def scenario(pilot) -> None:
+        text = str((await read_plan(pilot)).render())
+        assert text.startswith("next (once its data comes) ◇ validation u500  ⤓ checkpoint u500  plan 785.0K tokens left  ")
+        assert " in ~" not in text
+
+    run(app, scenario)
+
+
 @pytest.mark.parametrize("ending", ["finished", "stopped", "lost"])
 def test_a_line_that_nothing_runs_predicts_no_validation_or_checkpoint(tmp_path: Path, ending: str) -> None:
     line_dir = tmp_path / "a"
