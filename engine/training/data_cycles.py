@@ -22,6 +22,7 @@ from typing import Any
 from datalines.consumption import claim_cycle
 from datalines.cycle import Cycle
 from datalines.errors import ShardChanged
+from datalines.status import preparer_running
 from engine.checkpoints.format import cycle_end_kept, stage_end_kept
 from engine.errors import CheckpointError
 from engine.ops.stop import read_stop
@@ -123,7 +124,8 @@ class DataCycles:
                 # A cycle another line consumed meanwhile never comes back: refuse it, don't wait.
                 claim_cycle(self.data_line, index, self.layout.root, writes=False)
                 problem = self.data_line.cycle_problem(index) if self.ranks.writes else None
-                self.log.write(f"waiting for data cycle {index}" + (f" ({problem})" if problem else ""))
+                self.log.write(f"waiting for data cycle {index}" + (f" ({problem})" if problem else "")
+                               + self._no_preparer_words())  # fmt: skip
                 announced = True
             self.heartbeat.beat(self.position.update, Stage.WAITING_DATA, cycle=index)
             reason = self._stop_requested()
@@ -131,6 +133,15 @@ class DataCycles:
                 return reason
             time.sleep(WAIT_POLL_SECONDS)
         return None
+
+    def _no_preparer_words(self) -> str:
+        """What to run when no preparer holds the data line now (a trainer run without a supervisor
+        waits for a cycle nobody makes, as `nsconsole run --no-supervisor` warns of at its start)."""
+        path = self.data_line.path
+        if not self.ranks.writes or preparer_running(path):
+            return ""
+        return (f"; no data preparer runs on {path} now: `nsconsole data run-preparer --work {path}` makes "
+                "it (a line run under its supervisor has one)")
 
     def _update_rows(self, cycle: Cycle, seq_len: int) -> int:
         """Rows of the next update: the ramp's batch, cut at the cycle's and the stage's end."""

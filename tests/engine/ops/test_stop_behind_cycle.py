@@ -159,4 +159,12 @@ def test_a_line_waiting_for_the_next_cycle_stops_at_the_end_of_the_one_it_finish
     rows = [json.loads(row) for row in (line / "rows.jsonl").read_text().splitlines()]
     assert {row["cycle"] for row in rows} == {0}
     assert read_latest(line / "checkpoints") == f"u{rows[-1]['update']:08d}"
-    assert "stopped" in (line / "run.log").read_text().splitlines()[-1]
+    log = (line / "run.log").read_text().splitlines()
+    assert "stopped" in log[-1]
+    # Nothing prepares cycle 1 (no supervisor, no preparer): the wait says what would.
+    data = tmp_path / "data"
+    [waiting] = [text for text in log if "waiting for data cycle" in text]
+    assert "trainer: waiting for data cycle 1 (" in waiting and waiting.endswith(
+        f"; no data preparer runs on {data} now: `nsconsole data run-preparer --work {data}` makes it (a line "
+        "run under its supervisor has one)"
+    )
