@@ -10,6 +10,7 @@ from __future__ import annotations
 import fcntl
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -95,6 +96,10 @@ def stopped_for_good(line_path: Path) -> dict[str, Any] | None:
     """The last status of the line's preparer when it stopped for good (`failed`, with a `fix`)
     and none runs now: nothing prepares the line's next cycles until its operator acts. None else."""
     status = read_status(line_path)
-    if not status or status.get("state") != "failed" or not status.get("fix"):
-        return None
-    return None if preparer_running(line_path) else status
+    return status if status_stopped_for_good(status, lambda: preparer_running(line_path)) else None
+
+
+def status_stopped_for_good(status: dict[str, Any] | None, running: Callable[[], bool]) -> bool:
+    """Whether a preparer `status` (preparer.json's) is one that stopped for good, with none
+    `running` now (asked only when the status says so: it takes the line's lock for a moment)."""
+    return bool(status) and status.get("state") == "failed" and bool(status.get("fix")) and not running()

@@ -18,15 +18,12 @@ def plan_rollback(line_dir: Path | str, to_update: int) -> None:
     up to `to_update` and the old run is marked superseded.
     """
     layout = LineLayout(line_dir)
-    try:
-        state = WandbRunState.load(layout.wandb_run_json)
-    except WandbStateError as error:
-        # Refused, the file left as it is: a rollback is the user's act, so the user decides; the
-        # start that follows a move recovers the run (engine.wandb.recovery).
-        raise WandbStateError(
-            f"{_named(error, layout.wandb_run_json)}; the rollback changed nothing: move the file aside and "
-            "roll back again (the next start rewinds the W&B run the line's checkpoints record)"
-        ) from None
+    # Refused, the file left as it is: a rollback is the user's act, so the user decides; the
+    # start that follows a move recovers the run (engine.wandb.recovery).
+    state = _load_or_refuse(
+        layout.wandb_run_json, "the rollback changed nothing: move the file aside and roll back again (the next "
+        "start rewinds the W&B run the line's checkpoints record)"
+    )  # fmt: skip
     if state.pending is not None and state.pending.kind == "fork" and to_update < state.pending.at_update:
         raise LineError(
             f"{layout.wandb_run_json.name}: the branch starts at update {state.pending.at_update}; "
@@ -48,15 +45,12 @@ def plan_branch(branch_dir: Path | str, parent_dir: Path | str, at_update: int) 
     existing = WandbRunState.load(branch.wandb_run_json)
     if existing.run_id is not None:
         raise LineError(f"{branch.wandb_run_json}: the branch already has W&B run {existing.run_id}")
-    try:
-        parent_state = WandbRunState.load(parent.wandb_run_json)
-    except WandbStateError as error:
-        # The parent's own next start sets the file aside and recovers its run from its checkpoints;
-        # a branch made before that would fork a run nobody can name.
-        raise WandbStateError(
-            f"{_named(error, parent.wandb_run_json)}; the branch was not made: run the parent once (its "
-            "start recovers the W&B run its checkpoints record) or move the file aside, and branch again"
-        ) from None
+    # The parent's own next start sets a damaged file aside and recovers its run from its
+    # checkpoints; a branch made before that would fork a run nobody can name.
+    parent_state = _load_or_refuse(
+        parent.wandb_run_json, "the branch was not made: run the parent once (its start recovers the W&B run its "
+        "checkpoints record) or move the file aside, and branch again"
+    )  # fmt: skip
     state = WandbRunState(
         pending=PendingStart(
             kind="fork",
@@ -72,9 +66,11 @@ def plan_branch(branch_dir: Path | str, parent_dir: Path | str, at_update: int) 
     state.save(branch.wandb_run_json)
 
 
-def _named(error: WandbStateError, path: Path) -> str:
-    """The error's message with the file's whole path in place of its bare name (the command may
-    have been given any line)."""
-    message = str(error)
-    prefix = f"{path.name}: "
-    return f"{path}: {message.removeprefix(prefix)}" if message.startswith(prefix) else message
+def _load_or_refuse(path: Path, consequence: str) -> WandbRunState:
+    """`WandbRunState.load(path)`; a damaged file refuses the command with the file's whole path
+    (the command may have been given any line) in place of its bare name, and `consequence`."""
+    try:
+        return WandbRunState.load(path)
+    except WandbStateError as error:
+        message = str(error).removeprefix(f"{path.name}: ")
+        raise WandbStateError(f"{path}: {message}; {consequence}") from None

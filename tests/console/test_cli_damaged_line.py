@@ -48,6 +48,11 @@ def _hashes(root: Path) -> dict[str, str]:
             if path.is_file() and (root / "wandb") not in path.parents}  # fmt: skip
 
 
+def _branch(new: Path, line: Path, data: Path) -> list[str]:
+    """`nsconsole branch NEW --from LINE --at-cycle 0 --plan decay:100 --data DATA`."""
+    return ["branch", str(new), "--from", str(line), "--at-cycle", "0", "--plan", "decay:100", "--data", str(data)]
+
+
 DAMAGE = {
     "garbage": lambda latest: latest.write_text("hello"),
     "removed": lambda latest: latest.unlink(),
@@ -61,8 +66,7 @@ def test_branch_and_rollback_read_the_line_from_the_checkpoint_a_start_resumes_f
 ) -> None:
     DAMAGE[damage](line / "checkpoints" / "latest")
     branch_data = copy_data_line(data_template, tmp_path / "branch-data")
-    command = ["branch", str(tmp_path / "b"), "--from", str(line), "--at-cycle", "0", "--plan", "decay:100",
-               "--data", str(branch_data)]  # fmt: skip
+    command = _branch(tmp_path / "b", line, branch_data)
     assert main(command) == 0, capsys.readouterr().err
     assert capsys.readouterr().out.startswith(f"branch {tmp_path / 'b'} from {line} after update 10 ")
 
@@ -96,8 +100,7 @@ def test_status_and_branch_name_a_line_whose_checkpoints_are_gone(
         state.unlink()  # every checkpoint damaged: no start can resume
     saved = _hashes(line)
     branch_data = copy_data_line(data_template, tmp_path / "branch-data")
-    command = ["branch", str(tmp_path / "b"), "--from", str(line), "--at-cycle", "0", "--plan", "decay:100",
-               "--data", str(branch_data)]  # fmt: skip
+    command = _branch(tmp_path / "b", line, branch_data)
     assert main(command) == 2
     assert capsys.readouterr().err == (
         f"nsconsole: {checkpoints}: no checkpoint with a readable state.json (u00000000, u00000005, u00000010, "
@@ -235,8 +238,7 @@ def test_a_read_only_line_is_refused_in_one_line_by_every_command_that_writes_it
         (["--run", str(line)], "a run"),
         (["rollback", str(line), "--to", "5"], "a rollback"),
         (["tune", str(line)], "tune (its run.json)"),
-        (["branch", str(tmp_path / "b"), "--from", str(line), "--at-cycle", "0", "--plan", "decay:100",
-          "--data", str(copy_data_line(data_template, tmp_path / "branch-data"))],
+        (_branch(tmp_path / "b", line, copy_data_line(data_template, tmp_path / "branch-data")),
          "a branch (the trunk's branches.json)"),
     ]:  # fmt: skip
         assert main(command) == 2, command
@@ -289,8 +291,7 @@ def test_a_branch_refused_for_the_parents_damaged_wandb_run_json_names_it_and_ma
     (line / "wandb_run.json").write_text("{not json")
     saved = _hashes(line)
     branch_data = copy_data_line(data_template, tmp_path / "branch-data")
-    command = ["branch", str(tmp_path / "b"), "--from", str(line), "--at-cycle", "0", "--plan", "decay:100",
-               "--data", str(branch_data)]  # fmt: skip
+    command = _branch(tmp_path / "b", line, branch_data)
     assert main(command) == 2
     assert capsys.readouterr().err == (
         f"nsconsole: {line / 'wandb_run.json'}: malformed JSON at line 1 column 2: Expecting property name "
@@ -339,8 +340,7 @@ def test_commands_that_write_a_line_on_a_full_disk_say_so_in_one_line_and_change
     for command, named, doing in [
         (["rollback", str(line), "--to", "5"], None, "the rollback"),
         (["tune", str(line)], line / "run.json", "tune"),
-        (["branch", str(disk / "b"), "--from", str(line), "--at-cycle", "0", "--plan", "decay:100",
-          "--data", str(branch_data)], None, "the branch"),
+        (_branch(disk / "b", line, branch_data), None, "the branch"),
     ]:  # fmt: skip
         assert main(command) == 2, command
         err = capsys.readouterr().err

@@ -26,7 +26,7 @@ REOPENED_TEXT = "reopened: shards to rebuild from its manifest"
 
 def run_status(args: argparse.Namespace) -> int:
     from datalines import open_data_line
-    from datalines.status import RUNNING_STATES, preparer_running, read_status, stopped_for_good
+    from datalines.status import RUNNING_STATES, preparer_running, read_status, status_stopped_for_good
 
     line = open_data_line(data_line_path(args, args.work))
     validation = sorted(int(path.name[1:]) for path in (line.path / "val").glob("T*") if path.is_dir())
@@ -51,7 +51,7 @@ def run_status(args: argparse.Namespace) -> int:
         "preparer_running": preparer_running(line.path),
     }
     preparer = report["preparer"]
-    stopped = stopped_for_good(line.path) is not None
+    stopped = status_stopped_for_good(preparer, lambda: report["preparer_running"])
     status = EXIT_DAMAGED if report["problems"] else EXIT_PREPARER_STOPPED if stopped else 0
     if args.json:
         print(json.dumps(report))
