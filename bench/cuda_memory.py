@@ -41,6 +41,7 @@ def measure(preset: str, seq_len: int, rows_list: list[int], recomputes: list[st
         model = build_model(preset)
     optimizer = FlatAdamW(model, BENCH_ADAMW, device)
     config, family = checked_config(preset), family_of(preset)
+    parameters = model.num_parameters()
     generator = torch.Generator().manual_seed(0)
     found = []
     for recompute in recomputes if hasattr(model, "recompute") else ["none"]:
@@ -63,7 +64,7 @@ def measure(preset: str, seq_len: int, rows_list: list[int], recomputes: list[st
             except torch.cuda.OutOfMemoryError:
                 row["error"] = "out of memory"
             else:
-                estimate = activation_bytes(family, config, rows, seq_len, "cuda", recompute)
+                estimate = activation_bytes(family, config, rows, seq_len, "cuda", recompute, parameters)
                 row.update(
                     state_gib=before / GIB,
                     measured_gib=measured / GIB,
