@@ -15,6 +15,7 @@ Every key is optional. The default file missing means defaults; a file named by
 from __future__ import annotations
 
 import os
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,8 +66,30 @@ class HostSettings:
             raise ConfigError(f"{source}: cannot be read ({error})") from None
         document: Any = parse_json_text(text, source)
         settings: HostSettings = parse_value(document, HostSettings, "", source)
+        settings.validate(source)
         settings.source = source
         return settings
+
+    def validate(self, source: str) -> None:
+        """ConfigError `<source>: <key> ...` at the first value no command could use: found here,
+        not as a traceback from every command (`env`) or when a line fails and nobody is told
+        (`notify`)."""
+        for name, value in self.env.items():
+            # What os.environ refuses (OSError, ValueError) when `apply_environment` sets it.
+            if not name or "=" in name or "\0" in name:
+                raise ConfigError(f"{source}: env key {name!r} is not a variable name (empty, or holds = or NUL)")
+            if "\0" in value:
+                raise ConfigError(f"{source}: env.{name} holds a NUL character")
+        for key in ("work_root", "tokenizer", "calibration_from"):
+            if getattr(self, key) == "":
+                raise ConfigError(f"{source}: {key} must not be empty (leave it out or null for none)")
+        if self.notify is not None:
+            try:
+                words = shlex.split(self.notify)
+            except ValueError as error:  # an unclosed quote
+                raise ConfigError(f"{source}: notify {self.notify!r} is not a command line ({error})") from None
+            if not words:
+                raise ConfigError(f"{source}: notify must name a command, got {self.notify!r}")
 
     def apply_environment(self) -> None:
         """Set the `env` variables in this process (children inherit them)."""

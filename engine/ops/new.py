@@ -84,6 +84,8 @@ def _refuse_taken(data: Path, line: Path) -> None:
 
 def default_tokens_per_update(seq_len: int) -> int:
     """About DEFAULT_TOKENS_PER_UPDATE tokens, as a whole number of rows of `seq_len`."""
+    if seq_len < 1:  # no rows to count; validate() then refuses the seq_len by name
+        return DEFAULT_TOKENS_PER_UPDATE
     return max(1, round(DEFAULT_TOKENS_PER_UPDATE / seq_len)) * seq_len
 
 
@@ -97,7 +99,8 @@ def new_line(root: Path | str, options: NewLineOptions) -> RunConfig:
     _check_preset_name(options.preset)
     data = inspect_data_line(options.data.absolute())
     _refuse_taken(data.path, layout.root)
-    seq_len = options.seq_len or DEFAULT_SEQ_LEN
+    # `is None`, not `or`: a --seq-len 0 is refused by validate(), not silently made 4096.
+    seq_len = DEFAULT_SEQ_LEN if options.seq_len is None else options.seq_len
     config = RunConfig(
         model=ModelConfig(options.preset, dict(options.overrides)),
         data=DataConfig(str(data.path)),

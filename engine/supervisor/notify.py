@@ -25,6 +25,8 @@ from typing import Any
 from engine.protocol.facts import NOTIFIED_EVENTS
 
 DEFAULT_TIMEOUT_S = 30.0
+STDERR_TAIL_CHARS = 300
+"""How much of a failed command's stderr its failure keeps (the end: where the reason usually is)."""
 
 
 @dataclass(frozen=True)
@@ -91,9 +93,18 @@ def _run_notify(command: str | Sequence[str] | None, event: dict[str, Any], time
             return NotifyResult(True, "")
         return NotifyResult(False, f"{argv[0]}: {error}")
     if process.returncode != 0:
-        tail = stderr.decode(errors="replace").strip()[-300:]
-        return NotifyResult(False, f"{argv[0]} exited with status {process.returncode}: {tail}")
+        tail = _stderr_tail(stderr)
+        detail = f"{argv[0]} exited with status {process.returncode}"
+        return NotifyResult(False, f"{detail}: {tail}" if tail else detail)
     return NotifyResult(True, "")
+
+
+def _stderr_tail(stderr: bytes, limit: int = STDERR_TAIL_CHARS) -> str:
+    """The end of a failed command's stderr on one line: the detail becomes a run.log line (and
+    `nsconsole resume`'s one line on stderr), and a traceback's own lines would read there as lines
+    of their own, without the time stamp and `supervisor:` that say whose they are."""
+    lines = [line.strip() for line in stderr.decode(errors="replace").splitlines()]
+    return " | ".join(line for line in lines if line)[-limit:]
 
 
 def notify_in_background(

@@ -131,7 +131,8 @@ def _finished(line: LostLine, ended: str, notify_command: str | None, dry_run: b
         return
     print(f"{line.path}: recorded as finished ({words}); nothing to resume")
     if notify_command and result is not None and not result.delivered:
-        print(f"nsconsole: notify failed: {result.detail}", file=sys.stderr)
+        # Named as the supervisor names it in run.log: one resume may tell of several lines.
+        print(f"nsconsole: {line.path}: notify finished failed: {result.detail}", file=sys.stderr)
 
 
 def _resume(line: LostLine) -> None:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import math
 
-from nsconsole.commands.parser import add_command
+from nsconsole.commands.parser import add_command, positive_int
 
 HELP = (
     "LINE [--shared] [--budget-gb X]: the fastest micro-batch shape of every length that fits, into run.json"
@@ -33,16 +34,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--shared", action="store_true", help="measure the shapes used beside other GPU processes"
     )
-    parser.add_argument("--budget-gb", type=float, default=None, metavar="X", help="the memory budget in GiB")
+    parser.add_argument("--budget-gb", type=budget_gib, default=None, metavar="X", help="the memory budget in GiB")
     parser.add_argument(
         "--max-rows",
-        type=int,
+        type=positive_int,
         default=None,
         metavar="N",
         help="the largest of rows 1, 2, 4, ... tried (default: the update's rows; 8 on a CPU); the "
         "line's current rows are tried as well",
     )
     parser.set_defaults(func=run)
+
+
+def budget_gib(text: str) -> float:
+    """An argparse type: a budget in GiB, finite and above 0 (`nan` and `inf` parse as floats, and
+    reached the bytes conversion as a traceback; 0 or less left nothing to measure in)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a number of GiB above 0, got {text}")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:

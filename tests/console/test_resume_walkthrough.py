@@ -77,6 +77,17 @@ def test_a_line_finished_before_its_supervisor_was_lost_is_recorded_as_finished(
     assert capsys.readouterr().out == "no line's supervisor was lost (1 line(s) looked at)\n"
     assert len(events.read_text().splitlines()) == 1
 
+    # A notifier that fails is one line on stderr naming the line and the event, as run.log's would.
+    (tmp_path / "failing.py").write_text("import sys\nsys.stdin.read()\nsys.exit('Traceback:\\nOSError: pager down')\n")
+    host = json.loads(private_host.read_text())
+    private_host.write_text(json.dumps({**host, "notify": f"{sys.executable} {tmp_path / 'failing.py'}"}))
+    lose_its_supervisor(line, lost)
+    assert main(["resume"]) == 0
+    told = capsys.readouterr()
+    assert told.out == f"{line}: recorded as finished ({ended}); nothing to resume\n"
+    assert told.err == (f"nsconsole: {line}: notify finished failed: {sys.executable} exited with status 1: "
+                        "Traceback: | OSError: pager down\n")
+
 
 @pytest.mark.slow
 def test_a_line_lost_with_a_stop_pending_is_left_alone_and_run_starts_it(

@@ -60,6 +60,13 @@ class TransformerConfig:
             )
         if (self.width // self.heads) % 2:
             raise ConfigError(f"model.overrides: head width {self.width // self.heads} must be even")
+        # base ** (-2i/d) of a base <= 0 is infinite or NaN: every position (sinusoidal or RoPE)
+        # would be NaN and so would every loss, a line of skipped updates.
+        if not self.rope_base > 0:
+            raise ConfigError(f"model.overrides: rope_base must be positive, got {self.rope_base}")
+        # torch's normal initialisation refuses a negative std with a traceback, at build time.
+        if not self.init_std > 0:
+            raise ConfigError(f"model.overrides: init_std must be positive, got {self.init_std}")
 
 
 _LLAMA_STYLE: dict[str, Any] = dict(

@@ -57,6 +57,15 @@ def test_named_file_must_exist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
         ('{"env": {"A": 1}}', "env.A must be a string, got 1"),
         ('{"work_root": 3}', "work_root must be a string or null, got 3"),
         ("[]", "the top level must be an object, got []"),
+        # Values os.environ refuses: each was a traceback out of every command.
+        ('{"env": {"": "1"}}', "env key '' is not a variable name (empty, or holds = or NUL)"),
+        ('{"env": {"A=B": "1"}}', "env key 'A=B' is not a variable name (empty, or holds = or NUL)"),
+        ('{"env": {"A": "x\\u0000y"}}', "env.A holds a NUL character"),
+        # Found when a line fails and its notification cannot run: said at once instead.
+        ('{"notify": "notify-me \'unclosed"}',
+         "notify \"notify-me 'unclosed\" is not a command line (No closing quotation)"),
+        ('{"notify": "  "}', "notify must name a command, got '  '"),
+        ('{"work_root": ""}', "work_root must not be empty (leave it out or null for none)"),
     ],
 )
 def test_malformed_file_is_one_line_naming_it(tmp_path: Path, text: str, message: str) -> None:
@@ -109,6 +118,17 @@ def test_cli_applies_the_environment_first(tmp_path: Path, monkeypatch: pytest.M
     # `status` of a missing line fails, but only after the host settings were applied.
     assert main(["status", str(tmp_path / "no-line")]) == 2
     assert os.environ["NSCONSOLE_TEST_HOST_VARIABLE"] == "applied"
+
+
+def test_cli_reports_an_unusable_env_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    host = tmp_path / "host.json"
+    host.write_text(json.dumps({"env": {"A=B": "1"}}))
+    monkeypatch.setenv("NSCONSOLE_HOST", str(host))
+    assert main(["status", str(tmp_path)]) == 2
+    expected = f"nsconsole: {host}: env key 'A=B' is not a variable name (empty, or holds = or NUL)\n"
+    assert capsys.readouterr().err == expected
 
 
 def test_cli_reports_a_broken_host_file(

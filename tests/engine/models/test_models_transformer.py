@@ -137,6 +137,21 @@ def test_bad_shapes_are_refused_with_the_field() -> None:
         TransformerLM(TransformerConfig(compile_layers="yes"))  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("rope", [False, True])
+@pytest.mark.parametrize("base", [0.0, -1.0])
+def test_a_base_at_or_below_zero_is_refused_not_trained_as_nan(rope: bool, base: float) -> None:
+    # base ** (-2i/d) is infinite or NaN there: every position, hence every loss, would be NaN.
+    with pytest.raises(ConfigError, match=f"rope_base must be positive, got {base}"):
+        TransformerConfig(rope=rope, rope_base=base).validate()
+
+
+@pytest.mark.parametrize("std", [0.0, -0.02])
+def test_an_init_std_at_or_below_zero_is_refused_before_torch_sees_it(std: float) -> None:
+    # A negative std was torch's RuntimeError traceback out of `nsconsole check`, `new` and `run`.
+    with pytest.raises(ConfigError, match=f"init_std must be positive, got {std}"):
+        TransformerConfig(init_std=std).validate()
+
+
 @pytest.mark.cuda
 def test_cuda_matches_cpu_and_trains_under_bf16_autocast() -> None:
     for name in ("transformer-tiny", "transformer-1.5m"):

@@ -156,6 +156,7 @@ def test_new_default_batch_is_whole_rows(tmp_path: Path, data_line: Path) -> Non
         (["--tokens-per-update", "1000"],
          "tokens_per_update 1000 is not a multiple of plan[0] (trunk)'s seq_len 64"),
         (["--peak-lr", "-1"], "lr.peak must be positive, got -1.0"),
+        (["--seq-len", "0"], "lengths[0].seq_len must be at least 2, got 0"),  # not the default 4096
         (["--override", "depth=3"], "model.overrides: unknown key 'depth' for preset 'tiny-test'"),
     ],
 )

@@ -55,7 +55,18 @@ def test_failures_are_reported_never_raised(tmp_path: Path) -> None:
             "print(notify('false', make_event('failed', '/l', 'x')).detail)")  # fmt: skip
     alone = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})  # fmt: skip
-    assert (alone.stdout, alone.stderr) == ("false exited with status 1: \n", "")
+    assert (alone.stdout, alone.stderr) == ("false exited with status 1\n", "")
+
+
+def test_a_failure_s_stderr_is_told_on_one_line(tmp_path: Path) -> None:
+    # The detail is a run.log line: a notifier's traceback made lines of its own there, with no
+    # time stamp or `supervisor:` to say whose they were.
+    body = "import sys; sys.stdin.read(); sys.exit('Traceback (most recent call last):\\n  File x\\n\\nOSError: pager down')"
+    result = notify(script(tmp_path, body), make_event("failed", "/l", "x"))
+    assert "\n" not in result.detail
+    assert result.detail.endswith("exited with status 1: Traceback (most recent call last): | File x | OSError: pager down")
+    long = "import sys; sys.stdin.read(); sys.exit('x' * 1000 + '\\nthe reason')"
+    assert notify(script(tmp_path, long), make_event("failed", "/l", "x")).detail.endswith("x | the reason")
 
 
 def test_a_hanging_command_is_killed_with_its_children(tmp_path: Path) -> None:
