@@ -11,6 +11,9 @@ line), `clock`, the selected line (`Navigation`), `check_action` (`KeySwitches`)
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from textual import work
 
 from engine.errors import LineError
@@ -91,8 +94,13 @@ class Steering:
         line = self.selected_line()
         if line is None or not self.check_action("tune", ()):
             return
-        options = tune_choices(line.on_cpu)
-        choice = await self.push_screen_wait(PickerScreen(f"Tune {line.name}'s micro-batch shape for:", options))
+        reserve = share_reserve_set(Path(line.path) / "run.json")
+        options = tune_choices(line.on_cpu, reserve)
+        # Without a reserve the supervisor refuses --shared: shown, with why, but not offered.
+        unavailable = frozenset({"shared"}) if reserve is False else frozenset()
+        choice = await self.push_screen_wait(
+            PickerScreen(f"Tune {line.name}'s micro-batch shape for:", options, unavailable=unavailable)
+        )
         if choice is None:
             return
         question = f"Tune {line.path} ({dict(options)[choice]})?"
@@ -132,14 +140,32 @@ class Steering:
         self.refresh_bindings()
 
 
-def tune_choices(on_cpu: bool | None) -> list[tuple[str, str]]:
-    """The tune picker's options, in the words of the line's device (`LineView.on_cpu`; None: not known)."""
+def tune_choices(on_cpu: bool | None, reserve: bool | None = None) -> list[tuple[str, str]]:
+    """The tune picker's options, in the words of the line's device (`LineView.on_cpu`; None: not
+    known); `reserve` False (run.json sets no guards.share_reserve_gb) says why --shared cannot run."""
     if on_cpu:
         # A CPU tune's budget is a share of the free memory (`engine.ops.tune`); --shared leaves the reserve.
-        return [("alone", "alone on the CPU: up to half the free memory"),
-                ("shared", "beside other processes: less guards.share_reserve_gb (--shared)")]
-    device = "the GPU" if on_cpu is False else "its device"
-    return [("alone", f"{device} to itself"), ("shared", "beside other processes (--shared)")]
+        options = [("alone", "alone on the CPU: up to half the free memory"),
+                   ("shared", "beside other processes: less guards.share_reserve_gb (--shared)")]
+    else:
+        device = "the GPU" if on_cpu is False else "its device"
+        options = [("alone", f"{device} to itself"), ("shared", "beside other processes (--shared)")]
+    if reserve is False:
+        options[1] = ("shared", "beside other processes (--shared): needs guards.share_reserve_gb in run.json")
+    return options
+
+
+def share_reserve_set(run_json: Path) -> bool | None:
+    """Whether run.json sets `guards.share_reserve_gb` (what `tune --shared` needs); None when the
+    file cannot be read as JSON (then the supervisor's own refusal says what is wrong)."""
+    try:
+        document = json.loads(run_json.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    guards = document.get("guards") if isinstance(document, dict) else None
+    if not isinstance(guards, dict):
+        return False
+    return guards.get("share_reserve_gb") is not None
 
 
 def rollback_consequences(line: LineView, target: CheckpointInfo) -> str:

@@ -15,18 +15,28 @@ class PickerScreen(ModalScreen[str | None]):
 
     BINDINGS = [Binding("escape", "cancel", "Cancel", id="picker.cancel")]
 
-    def __init__(self, question: str, options: list[tuple[str, str]], empty: str = "nothing to choose") -> None:
-        """`options` are (id, label) pairs, shown in order."""
+    def __init__(
+        self,
+        question: str,
+        options: list[tuple[str, str]],
+        empty: str = "nothing to choose",
+        unavailable: frozenset[str] = frozenset(),
+    ) -> None:
+        """`options` are (id, label) pairs, shown in order; those in `unavailable` are shown (their
+        labels say why) but cannot be chosen."""
         super().__init__()
         self.question = question
         self.options = options
         self.empty = empty
+        self.unavailable = unavailable  # (not `disabled`: a screen's own reactive, which would disable it)
 
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Static(self.question, classes="question")
             if self.options:
-                yield OptionList(*(Option(label, id=option_id) for option_id, label in self.options))
+                yield OptionList(
+                    *(Option(label, id=option_id, disabled=option_id in self.unavailable) for option_id, label in self.options)
+                )
             else:
                 yield Static(self.empty)
 

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from helpers.console import NOW, book_of, console, frozen_book, settle
-from textual.widgets import Input, TabbedContent
+from textual.widgets import Input, OptionList, TabbedContent
 from textual.widgets._footer import FooterKey
 from textual.widgets._toast import Toast, ToastRack
 
@@ -319,6 +319,35 @@ def test_tune_offers_the_cpu_its_own_words() -> None:
         assert labels[0] == "alone on the CPU: up to half the free memory" and not any("GPU" in x for x in labels)
 
     run(app, scenario)
+
+
+def test_tune_shows_shared_but_does_not_offer_it_without_a_reserve(tmp_path: Path) -> None:
+    """The supervisor refuses `tune --shared` on a line without guards.share_reserve_gb: the picker
+    says so and its cursor passes over the option (it used to be offered, then refused after the
+    confirmation). With a reserve, or a run.json the console cannot read, it is offered."""
+    for name, guards, off in (("none", {}, True), ("set", {"share_reserve_gb": 2.0}, False), ("broken", None, False)):
+        path = tmp_path / name
+        path.mkdir()
+        text = "{not json" if guards is None else json.dumps({"model": {"preset": "ns-tiny"}, "guards": guards})
+        (path / "run.json").write_text(text)
+        app = console(book=book_of(a_line(str(path), device="cpu", gpu_candidates=None)))
+
+        async def scenario(pilot, app: ConsoleApp = app, off: bool = off) -> None:
+            app.live = Live()  # type: ignore[assignment]
+            await pilot.press("t")
+            await pilot.pause()
+            picker = app.screen
+            assert isinstance(picker, PickerScreen)
+            shared = picker.query_one(OptionList).get_option("shared")
+            assert shared.disabled is off
+            assert ("needs guards.share_reserve_gb in run.json" in str(shared.prompt)) is off
+            await pilot.press("down", "enter")
+            await pilot.pause(0.3)
+            assert isinstance(app.screen, ConfirmScreen)
+            chosen = "alone on the CPU" if off else "beside other processes"
+            assert f"({chosen}" in app.screen.question
+
+        run(app, scenario)
 
 
 # ---- 13: 80 columns ------------------------------------------------------------------------------
