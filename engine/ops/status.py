@@ -34,6 +34,7 @@ from engine.errors import LineError
 from engine.gpu.placement import gpus_label
 from engine.layout import LineLayout
 from engine.ops.branch_records import live_branches
+from engine.ops.line_end import line_end
 from engine.ops.lines import load_accepted, open_line, resolve_data_path
 from engine.ops.stop import StopRequest, read_stop
 from engine.protocol.facts import FAULT_LINE_STATES, FINAL_LINE_STATES, LineState, Stage
@@ -120,6 +121,10 @@ class LineStatus:
     lone_trainer_pid: int | None = None
     """The pid of a trainer that trains the line with no supervisor running (`run --no-supervisor`,
     or one whose supervisor died, checkpointing before it goes); None otherwise."""
+    ended_without_supervisor: str | None = None
+    """Why the line has finished (`line_end`: its plan complete, its data line trained through) where
+    supervisor.json does not say so and nothing runs it: a `run --no-supervisor` trainer trained it
+    to its end after its supervisor stopped (or none ever ran it). None otherwise."""
     preparer_stopped: str | None = None
     """Why its data line's preparer stopped for good and what to do (the data line's preparer.json:
     state `failed`, and no preparer runs now); None otherwise. Said among `problems` too."""
@@ -151,7 +156,7 @@ class LineStatus:
         state supervisor.json holds: the report says it trains."""
         if self.waits_for_data_that_will_not_come:
             return True
-        if self.lone_trainer_pid is not None:
+        if self.lone_trainer_pid is not None or self.ended_without_supervisor is not None:
             return False
         return self.state in FAULT_LINE_STATES or self.lost or self.damaged_record is not None
 
@@ -187,6 +192,7 @@ def line_status(root: Path | str, rows: int = 5, now: float | None = None) -> Li
     supervisor = read_supervisor_json(layout, status)
     status.gpu = gpu_summary(supervisor)
     _read_supervisor_state(supervisor, status)
+    _read_unrecorded_end(layout, status)
     _read_data_preparer(layout, status)
     _read_branches(layout, supervisor, status)
     # One walk of the line: its checkpoints', then the rest's.
@@ -245,6 +251,20 @@ def _read_supervisor_state(supervisor: dict[str, Any], status: LineStatus) -> No
     status.failures_in_a_row = failures if isinstance(failures, int) and not isinstance(failures, bool) else 0
     event = supervisor.get("last_event")
     status.last_event = event if isinstance(event, dict) else None
+
+
+def _read_unrecorded_end(layout: LineLayout, status: LineStatus) -> None:
+    """`ended_without_supervisor`: a line at rest whose supervisor.json ends in another state (or is
+    missing) but whose latest checkpoint stands at the line's end. A lost supervisor's line is left
+    to `lost` (`nsconsole resume` records its end and sends the notification it owed)."""
+    nothing_runs = status.supervisor_pid is None and status.lone_trainer_pid is None
+    at_rest = status.state is None or status.state in FINAL_LINE_STATES
+    if not nothing_runs or not at_rest or status.state == LineState.FINISHED or status.config is None:
+        return
+    if status.damaged_record is not None or not status.checkpoints:
+        return
+    with contextlib.suppress(LineError, DataLineError, OSError, ValueError):
+        status.ended_without_supervisor = line_end(layout.root)
 
 
 def _read_data_preparer(layout: LineLayout, status: LineStatus) -> None:

@@ -180,6 +180,10 @@ def state_line(status: LineStatus) -> str:
     if status.lone_trainer_pid is not None:
         stage = (status.heartbeat or {}).get("stage", "training")
         return f"state: {stage} with no supervisor (trainer pid {status.lone_trainer_pid})"
+    if status.ended_without_supervisor is not None:
+        recorded = "no supervisor.json" if state is None else f"supervisor.json says {state}"
+        return (f"state: finished ({status.ended_without_supervisor}; by a trainer without a supervisor, "
+                f"{recorded})")
     if state is None:
         return "state: no supervisor has run this line (no supervisor.json)"
     if status.supervisor_pid is not None:

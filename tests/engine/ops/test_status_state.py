@@ -11,11 +11,13 @@ from typing import Any
 
 import psutil
 import pytest
+from helpers.lines import make_data_line, make_line, one_torch_thread
 
 from engine.checkpoints.format import BRANCH_START_KEPT
 from engine.ops.status import line_status
 from engine.process_start import started_since_boot
 from engine.protocol.facts import StatusExitCode
+from engine.training.trainer import Trainer
 from nsconsole.cli import main
 from nsconsole.commands.status import format_status
 
@@ -144,3 +146,27 @@ def test_a_damaged_supervisor_json_leaves_the_state_unknown_and_is_named(
     assert len(problems) == 1 and problems[0].startswith(f"problem: {line}/supervisor.json: {words}")
     assert problems[0].endswith("; the line's state is unknown")
     assert (line / "supervisor.json").read_text() == text
+
+
+def test_a_line_a_trainer_finished_without_a_supervisor_says_finished(tmp_path: Path) -> None:
+    """A line stopped under its supervisor, then trained to its plan's end by `run --no-supervisor`:
+    supervisor.json still says stopped (no supervisor saw the end), so status said `stopped`. Its
+    latest checkpoint stands at the end: finished, with why and what supervisor.json holds, and
+    nothing for the operator (exit 0). A failed record is history the same way."""
+    plan = [{"name": "trunk", "seq_len": 32, "tokens": 4 * 512}]
+    line = make_line(tmp_path, make_data_line(tmp_path / "making", prepare=1), plan=plan)
+    assert printed(line)[1] == "state: no supervisor has run this line (no supervisor.json)"
+    with one_torch_thread():
+        assert Trainer(line, echo=None).run() == 0  # four updates: the plan's end
+    assert printed(line)[1] == (
+        "state: finished (the plan is complete; by a trainer without a supervisor, no supervisor.json)"
+    )
+    for state in ("stopped", "failed"):
+        write_supervisor(line, state=state, pid=dead_pid(), failures_in_a_row=2)
+        assert printed(line)[1] == (
+            f"state: finished (the plan is complete; by a trainer without a supervisor, supervisor.json says {state})"
+        )
+        assert main(["status", str(line)]) == StatusExitCode.OK
+    # A lost supervisor's line stays lost: `nsconsole resume` records its end and sends its notification.
+    write_supervisor(line, state="training", pid=dead_pid())
+    assert printed(line)[1] == "state: supervisor lost (it was training; its process runs no more)"
