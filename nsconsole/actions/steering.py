@@ -56,6 +56,8 @@ class Steering:
         form = BranchForm(line.name, line.path, line.cycle, self._branch_drafts.get(line.key))
         request: BranchRequest | None = await self.push_screen_wait(form)
         if request is None:
+            if form.typed is not None:  # cancelled with fields typed: the next `b` reopens them
+                self._branch_drafts[line.key] = form.typed
             return
         # Kept until the supervisor takes it: a refusal, or a No, reopens the form as it was typed.
         self._branch_drafts[line.key] = request

@@ -103,6 +103,10 @@ class BranchForm(ModalScreen[BranchRequest | None]):
         self.draft = draft
         self._offered_cycle = draft.at_cycle if draft is not None else self.current_cycle
         """The cycle whose `NAME-cN` the path field was last given (`on_input_changed`)."""
+        self.typed: BranchRequest | None = None
+        """After Cancel or Escape: the fields as typed, where they differ from what the form opened
+        with (the next `b` reopens them: a refusal shown in the form, then Escape, lost them all)."""
+        self._opened_with: dict[str, str] = {}
 
     def _suggested_path(self, cycle: int) -> str:
         """The new line's directory the form offers for a fork at `cycle`: beside the trunk, `NAME-cN`."""
@@ -125,6 +129,8 @@ class BranchForm(ModalScreen[BranchRequest | None]):
             with Horizontal(classes="field"):
                 yield Label("data line (its own directory)")
                 yield Input(draft.data, id="data")
+            self._opened_with = {"path": draft.path, "at_cycle": str(draft.at_cycle), "plan": draft.plan,
+                                 "data": draft.data}  # fmt: skip
             yield Static("", id="error", markup=False)  # a refusal names paths, which may hold brackets
             with Horizontal(classes="buttons"):
                 yield Button("Branch", id="submit", variant="warning")
@@ -135,7 +141,7 @@ class BranchForm(ModalScreen[BranchRequest | None]):
         if event.button.id == "submit":
             self._submit()
         else:
-            self.dismiss(None)
+            self.action_cancel()
 
     def on_input_changed(self, event: Input.Changed) -> None:
         """The offered directory follows the cycle typed (a fork at cycle 5 is not `NAME-c1`), as long
@@ -156,8 +162,11 @@ class BranchForm(ModalScreen[BranchRequest | None]):
         event.stop()
         self._submit()
 
+    def _values(self) -> dict[str, str]:
+        return {name: self.query_one(f"#{name}", Input).value for name in ("path", "at_cycle", "plan", "data")}
+
     def _submit(self) -> None:
-        values = {name: self.query_one(f"#{name}", Input).value for name in ("path", "at_cycle", "plan", "data")}
+        values = self._values()
         try:
             request = parse_branch(**values)
             request = dataclasses.replace(request, stages=preview_stages(self.line_path, request))
@@ -167,4 +176,11 @@ class BranchForm(ModalScreen[BranchRequest | None]):
         self.dismiss(request)
 
     def action_cancel(self) -> None:
+        values = self._values()
+        if values != self._opened_with:
+            try:
+                cycle = int(values["at_cycle"].strip())
+            except ValueError:  # half typed: the cycle the path was offered for
+                cycle = self._offered_cycle
+            self.typed = BranchRequest(values["path"], cycle, values["plan"], values["data"])
         self.dismiss(None)

@@ -144,6 +144,40 @@ def test_the_branch_confirmation_shows_plan_and_data_and_a_refused_branch_reopen
     run(app, scenario)
 
 
+def test_escape_in_the_branch_form_keeps_what_was_typed_for_the_next_b() -> None:
+    """A refusal shown in the form (here a half-typed plan), then Escape: the next `b` reopens the
+    fields as typed (they were lost); Escape with nothing typed leaves the next form fresh."""
+    app = console(book=book_of(a_line("/srv/runs/a")))
+
+    def fields() -> dict[str, str]:
+        return {name: app.screen.query_one(f"#{name}", Input).value for name in ("path", "at_cycle", "plan", "data")}
+
+    async def scenario(pilot) -> None:
+        app.live = Live()  # type: ignore[assignment]
+        await pilot.press("b")
+        fresh = fields()
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not app._branch_drafts  # nothing typed: nothing kept (the next form follows the line's cycle)
+        await pilot.press("b")
+        await pilot.press(*"/srv/runs/b", "tab", "tab", "tab", *"/data/b", "enter")
+        assert isinstance(app.screen, BranchForm)  # refused in the form: no plan
+        assert "plan" in str(app.screen.query_one("#error").render())
+        await pilot.press("escape")
+        await pilot.pause()
+        await pilot.press("b")
+        assert isinstance(app.screen, BranchForm)
+        assert fields() == {**fresh, "path": "/srv/runs/b", "data": "/data/b"}
+        for typed in ("plan", "data", "path"):  # emptied by hand: the form as it opened for the line
+            app.screen.query_one(f"#{typed}", Input).value = fresh[typed]
+        await pilot.press("escape")
+        await pilot.pause()
+        await pilot.press("b")
+        assert fields() == fresh
+
+    run(app, scenario)
+
+
 # ---- 12: events and toasts -----------------------------------------------------------------------
 
 
