@@ -197,10 +197,49 @@ def adamw_step(
             CLIP=max_norm > 0, BLOCK=_BLOCK, num_warps=8,
         )
         return
-    adamw_step_reference(
+    update = adamw_step_in_place if param.device.type == "cpu" else adamw_step_reference
+    update(
         param, grad, exp_avg, exp_avg_sq, step=step, lr=lr, weight_decay=weight_decay,
         grad_norm=grad_norm, max_norm=max_norm, beta1=beta1, beta2=beta2, eps=eps,
     )
+
+
+def adamw_step_in_place(
+    param: torch.Tensor,
+    grad: torch.Tensor,
+    exp_avg: torch.Tensor,
+    exp_avg_sq: torch.Tensor,
+    *,
+    step: torch.Tensor,
+    lr: torch.Tensor,
+    weight_decay: torch.Tensor,
+    grad_norm: torch.Tensor,
+    max_norm: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+) -> None:
+    """`adamw_step_reference`'s update with its bits, for the CPU: the skip read on the host (no
+    CUDA graph to keep it on the device; a sync costs nothing here) and every operation in place
+    on two work buffers, in the reference's order and roundings (no fused multiply-adds: `add_`
+    with `alpha` would round once where the reference rounds twice). The reference's twenty
+    full-size temporaries and three `where`s took 20 ms an update at 1.5M parameters on 2 cores."""
+    _check_buffers(param, grad, exp_avg, exp_avg_sq)
+    _check_scalars(param, {"step": step, "lr": lr, "weight_decay": weight_decay, "grad_norm": grad_norm})
+    if not bool(torch.isfinite(grad_norm)):
+        return  # skipped: param and moments keep their bits
+    g = grad * clip_scale(grad_norm, max_norm)
+    work = torch.mul(g, 1 - beta1)
+    exp_avg.mul_(beta1).add_(work)  # beta1 m + (1 - beta1) g
+    torch.mul(g, 1 - beta2, out=work)
+    work.mul_(g)
+    exp_avg_sq.mul_(beta2).add_(work)  # beta2 v + ((1 - beta2) g) g
+    t = step + 1
+    denominator = torch.div(exp_avg_sq, bias_correction(beta2, t), out=g)  # g is spent
+    denominator.sqrt_().add_(eps)
+    torch.div(exp_avg, bias_correction(beta1, t), out=work)
+    work.mul_(lr).div_(denominator)  # lr (m / bc1) / denominator
+    param.mul_(1 - lr * weight_decay).sub_(work)
 
 
 @torch.no_grad()

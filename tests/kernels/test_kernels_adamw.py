@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from kernels import adamw
 from kernels.adamw import adamw_step, adamw_step_reference, advance_step_
 from kernels.grad_norms import segment_sq_sums
 
@@ -179,3 +180,34 @@ def test_scalars_of_the_wrong_dtype_are_refused() -> None:
     for use_triton in (True, False):
         with pytest.raises(ValueError, match="step must be a 0-d torch.int64 tensor"):
             adamw_step(*[t.clone() for t in buffers], **scalars, **HYPER, use_triton=use_triton)
+
+
+@pytest.mark.parametrize(
+    ("max_norm", "step", "norm", "weight_decay"),
+    [(1.0, 0, 0.3, 0.1), (1.0, 5, 7.5, 0.0), (0.0, 123_456, 2.0, 0.01), (0.5, 2**25, 1e300, 0.1),
+     (1.0, 3, math.nan, 0.1), (1.0, 3, math.inf, 0.1)],
+)
+def test_the_cpu_s_in_place_step_has_the_reference_s_bits(
+    max_norm: float, step: int, norm: float, weight_decay: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CPU trainer's step (`adamw_step` off CUDA) is the reference's arithmetic in place: every
+    bit of param, grad and moments equal, clipped or not, skipped or not (a CPU line's rows and
+    checkpoints do not change with it)."""
+    generator = torch.Generator().manual_seed(step)
+    buffers = [tensor.cpu() for tensor in _group(100_003, generator)]
+    scalars = {
+        "step": torch.tensor(step, dtype=torch.int64), "lr": torch.tensor(3e-3, dtype=torch.float32),
+        "weight_decay": torch.tensor(weight_decay, dtype=torch.float32),
+        "grad_norm": torch.tensor(norm, dtype=torch.float64),
+    }
+    hyper = {**HYPER, "max_norm": max_norm}
+    reference = [tensor.clone() for tensor in buffers]
+    adamw_step_reference(*reference, **scalars, **hyper)
+
+    def not_on_the_cpu(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("the CPU took the reference's temporaries")
+
+    monkeypatch.setattr(adamw, "adamw_step_reference", not_on_the_cpu)
+    adamw.adamw_step(*buffers, **scalars, **hyper, use_triton=False)
+    for got, expected in zip(buffers, reference, strict=True):
+        assert torch.equal(got.view(torch.int32), expected.view(torch.int32))
