@@ -46,12 +46,22 @@ def _object(pairs: list[tuple[str, Any]]) -> JSONObject:
     return document
 
 
+def malformed_json(error: json.JSONDecodeError) -> str:
+    """`malformed JSON at line L column C: <what>`: the one wording of a JSON syntax error.
+
+    Some of the decoder's messages end in "at" (`Invalid control character at`, `Unterminated string
+    starting at`), since Python appends the place to them itself; set after our own "at line L
+    column C" they read as cut off, so that dangling tail is dropped."""
+    what = error.msg.removesuffix(" at").removesuffix(" starting")
+    return f"malformed JSON at line {error.lineno} column {error.colno}: {what}"
+
+
 def parse_json_text(text: str, source: str) -> Any:
     """`json.loads(text)`, every failure one `ConfigError` naming `source` and where it is."""
     try:
         return json.loads(text, object_pairs_hook=_object)
     except json.JSONDecodeError as error:
-        raise ConfigError(f"{source}: malformed JSON at line {error.lineno} column {error.colno}: {error.msg}") from None
+        raise ConfigError(f"{source}: {malformed_json(error)}") from None
     except ValueError as error:  # e.g. an integer past Python's 4,300-digit conversion limit
         raise ConfigError(f"{source}: cannot be parsed ({str(error).split(';')[0]})") from None
     except RecursionError:  # the decoder recurses once per level: `[[[[...` thousands deep

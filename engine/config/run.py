@@ -549,6 +549,37 @@ def check_changes(accepted: RunConfig, current: RunConfig, trained: TrainedSoFar
     return messages
 
 
+def stage_length_change(
+    current: RunConfig, accepted: RunConfig | None, stage: int, stage_tokens: int, sample: int, read_at: int | None
+) -> str | None:
+    """Why `current` may not train the stage the line stands in (`stage`, by its checkpoint's position)
+    at its `seq_len`, or None. A stage the line has begun keeps its length: the checkpoint counts the
+    cycle's samples (`sample`) at the length they were read at (`read_at`, its `data.seq_len`), and
+    the trainer would go on at that count in another length's sample order, training some of the
+    cycle's targets twice and others never, and nothing would say so. Past a cycle's end (nothing
+    read yet) the stage would still change its length in the middle, against the plan it was accepted
+    with. A stage not begun (`stage_tokens` and `sample` 0) is one of the plan's later stages: free.
+    Not listable in allow_changes: the accepted start would mis-train all the same."""
+    if stage >= len(current.plan):
+        return None  # the plan is done: nothing more is trained
+    new = current.plan[stage].seq_len
+    if sample > 0 and read_at is not None:
+        old = read_at  # the checkpoint's own record: whatever accepted_run.json says
+    elif (stage_tokens > 0 or sample > 0) and accepted is not None and stage < len(accepted.plan):
+        old = accepted.plan[stage].seq_len
+    else:
+        return None
+    if old == new:
+        return None
+    name = current.plan[stage].name
+    return (
+        f"plan[{stage}].seq_len changed from {old} to {new}, but the line stands in stage {name}, begun at "
+        f"{old} (its checkpoint counts the cycle's samples at that length; a begun stage keeps its length): "
+        f"set it back to {old}; to train at {new}, end stage {name} (plan[{stage}].tokens) and add a stage at "
+        f"{new} after it, or branch the line (`nsconsole branch`)"
+    )
+
+
 def _growth_problem(
     before: list[dict[str, Any]], after: list[dict[str, Any]], end_key: str, clock: tuple[str, float] | None
 ) -> str | None:

@@ -203,6 +203,10 @@ def device_finding(
     if device.startswith("cuda:"):
         named = "; ".join(f"{gpu.label()}, {gpu.name}" for gpu in gpus)
         return True, f"device {device}: {named}"
+    if len(gpus) == degree:
+        # No choice to make: "the first of GPUs 1" read as if there were several to pick from.
+        leases = "its lease is" if degree == 1 else "their leases are"
+        return True, f"device {device}: {gpus_label([gpu.index for gpu in gpus])}, when {leases} free"
     indices = ", ".join(str(gpu.index) for gpu in gpus)
     first = "the first" if degree == 1 else f"the first {degree}"
     return True, f"device {device}: {first} of GPUs {indices} whose lease is free"

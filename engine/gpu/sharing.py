@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -177,10 +178,13 @@ def cuda_uuid(device: torch.device) -> str:
     return uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
 
 
-def unshareable_lengths_problem(config: RunConfig, source: str = "run.json") -> str | None:
+def unshareable_lengths_problem(config: RunConfig, source: str = "run.json", line: str | None = None) -> str | None:
     """What is wrong when a reserve is set but a plan length has no `shared` shape (the line could not
     share); None when it can. The one statement of that check: the trainer refuses to start on it
-    (`refuse_unshareable_lengths`), `nsconsole check` reports it (`engine.ops.check`)."""
+    (`refuse_unshareable_lengths`), `nsconsole check` reports it (`engine.ops.check`).
+
+    `line`: the line's directory, named in the tune command the message gives; by default the
+    directory of `source` when that is a run.json path (the trainer passes the line's)."""
     if config.guards.share_reserve_gb is None:
         return None
     plan_lengths = {stage.seq_len for stage in config.plan}
@@ -188,10 +192,18 @@ def unshareable_lengths_problem(config: RunConfig, source: str = "run.json") -> 
     if not unmeasured:
         return None
     lengths = ", ".join(str(seq_len) for seq_len in unmeasured)
+    which = f"lengths {lengths} have" if len(unmeasured) > 1 else f"length {lengths} has"
+    # A command the user can paste: the literal word LINE left them to work out which line it meant.
     return (
-        f"{source}: guards.share_reserve_gb is set but lengths {lengths} have no shared shape "
-        "(run `nsconsole tune LINE --shared`)"
+        f"{source}: guards.share_reserve_gb is set but {which} no shared shape "
+        f"(run `nsconsole tune {line if line is not None else _line_of(source)} --shared`)"
     )
+
+
+def _line_of(source: str) -> str:
+    """The line directory of a run.json path (`LINE` where `source` is a bare file name)."""
+    path = Path(source)
+    return str(path.parent) if path.name == "run.json" and path.parent != Path() else "LINE"
 
 
 def refuse_unshareable_lengths(config: RunConfig, source: str = "run.json") -> None:

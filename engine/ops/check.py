@@ -24,7 +24,7 @@ from engine.checkpoints.format import (
     resume_candidate,
     verify_line_checkpoints,
 )
-from engine.config.run import LRPiece, RunConfig
+from engine.config.run import LRPiece, RunConfig, stage_length_change
 from engine.errors import ConfigError, LineError
 from engine.gpu.devices import gpu_snapshot
 from engine.gpu.placement import PlacementError, device_finding, gpu_candidates
@@ -38,6 +38,7 @@ from engine.models.pssa.config import STATE_SHAPING, changed_state_setting
 from engine.ops.cycle_check import current_cycle_finding
 from engine.ops.lines import (
     inspect_data_line,
+    load_accepted,
     model_vocab_size,
     open_line,
     resolve_data_path,
@@ -78,12 +79,13 @@ def check_line(root: Path | str, *, verify_checkpoints: bool = True) -> tuple[Ru
     results.append(CheckResult(cycle.passed, cycle.message, warning=cycle.warning))
     model = _meta_model(config)
     results.append(_check_heldout_rows(layout, config, model))
+    results += _check_long_probe(config, model)
     results += _check_lifelong(layout, config)
     results.append(_check_model_against_checkpoint(layout, config, model))
     results.append(_check_metrics(config))
     results.append(CheckResult(*device_finding(config.device, gpu_snapshot(), degree=config.parallel.degree)))
     results += _check_parallel(config)
-    results += _check_sharing(config)
+    results += _check_sharing(layout, config)
     results.append(_check_memory(config, model))
     results += disk_results(layout, config, model)
     results += warmup_results(layout, config)
@@ -216,14 +218,57 @@ def _check_heldout_rows(layout: LineLayout, config: RunConfig, model: torch.nn.M
     return CheckResult(True, f"held-out rows: built for lengths {', '.join(map(str, lengths))}")
 
 
+def _check_long_probe(config: RunConfig, model: torch.nn.Module) -> list[CheckResult]:
+    """A warning when `validation.long_seq_len` is set but exceeds no stage's length: the long-row
+    probe runs only at a stage it exceeds (`engine.training.validation.long_seq_len`), so the line
+    would train with no long probe and nothing would say so. A warning, not a refusal: a branch
+    inherits its trunk's long length, and one whose stages all train at it has no longer rows to probe."""
+    long = config.validation.long_seq_len
+    lengths = sorted({stage.seq_len for stage in config.plan})
+    if long is None or long > lengths[0]:
+        return []
+    if len(lengths) == 1:
+        trained, above = f"the training length {lengths[0]}", f"above {lengths[0]}"
+    else:
+        trained = f"any stage's length ({', '.join(map(str, lengths))})"
+        above = f"above {lengths[0]} (above {lengths[-1]} to probe every stage)"
+    # null reads the model's longest context: offered only where that would probe.
+    context = int(getattr(model, "longest_context", 0))
+    null = f", or to null for the model's longest context ({context})" if context > lengths[0] else ""
+    return [CheckResult(True, f"validation.long_seq_len: {long} is not above {trained}, so the long-row "
+                              f"probe never runs; set it {above}{null}", warning=True)]  # fmt: skip
+
+
+def stage_length_refusal(layout: LineLayout, config: RunConfig) -> str | None:
+    """One line when run.json changes the `seq_len` of the stage the line's checkpoint stands in
+    (`engine.config.run.stage_length_change`), else None: `check` reports it and every start of the
+    trainer refuses on it, as on a lifelong key. A checkpoint or accepted_run.json that cannot be
+    read says nothing here: their own checks report them."""
+    resumed = resume_candidate(layout.checkpoints)
+    state = None if resumed is None else read_checkpoint_state(resumed)
+    if state is None:
+        return None
+    try:
+        position, data = state["position"], state.get("data") or {}
+        stage, stage_tokens, sample = int(position["stage"]), int(position["stage_tokens"]), int(position["sample"])
+        read_at = None if data.get("seq_len") is None else int(data["seq_len"])
+        accepted = load_accepted(layout)
+    except (TypeError, KeyError, ValueError, LineError):
+        return None
+    problem = stage_length_change(config, accepted, stage, stage_tokens, sample, read_at)
+    return None if problem is None else f"{layout.run_json.name}: {problem}"
+
+
 def _check_lifelong(layout: LineLayout, config: RunConfig) -> list[CheckResult]:
+    refusals = unaccepted_changes(layout, config) if layout.accepted_run_json.exists() else []
+    stage_change = stage_length_refusal(layout, config)
+    refusals += [stage_change] if stage_change is not None else []
+    if refusals:
+        return [CheckResult(False, refusal) for refusal in refusals]
     if not layout.accepted_run_json.exists():
         note = "no accepted_run.json yet (the first start accepts run.json)"
         return [CheckResult(True, f"lifelong keys: {note}")]
-    changes = unaccepted_changes(layout, config)
-    if not changes:
-        return [CheckResult(True, "lifelong keys: unchanged since accepted_run.json (or allowed)")]
-    return [CheckResult(False, change) for change in changes]
+    return [CheckResult(True, "lifelong keys: unchanged since accepted_run.json (or allowed)")]
 
 
 def _check_model_against_checkpoint(layout: LineLayout, config: RunConfig, model: torch.nn.Module) -> CheckResult:
@@ -277,14 +322,19 @@ def _check_parallel(config: RunConfig) -> list[CheckResult]:
             if batches < degree:
                 idle = degree - batches
                 return [CheckResult(True, (
-                    f"parallel: degree {degree}: at T{seq_len} an update of {update_rows} rows "
+                    f"parallel: degree {degree}: at T{seq_len} an update of {_rows(update_rows)} "
                     f"({piece.tokens:,} tokens) makes {batches} micro-batch{'es' if batches > 1 else ''} of "
-                    f"{rows} rows, so {idle} of the {degree} ranks {'trains' if idle == 1 else 'train'} nothing; "
+                    f"{_rows(rows)}, so {idle} of the {degree} ranks {'trains' if idle == 1 else 'train'} nothing; "
                     f"set lengths[].micro_batch_rows at T{seq_len} to {-(-update_rows // degree)} or fewer "
                     "(`nsconsole tune` measures them)"
                 ), warning=True)]  # fmt: skip
     return [CheckResult(True, f"parallel: degree {degree}, shard {config.parallel.shard}: every update's "
                               "micro-batches reach every rank")]  # fmt: skip
+
+
+def _rows(count: int) -> str:
+    """`1 row`, `8 rows`: a micro-batch of one row is a common tuning result, so its line must read right."""
+    return f"{count} row" if count == 1 else f"{count} rows"
 
 
 def _check_memory(config: RunConfig, model: torch.nn.Module) -> CheckResult:
@@ -309,10 +359,10 @@ def _check_memory(config: RunConfig, model: torch.nn.Module) -> CheckResult:
     return CheckResult(True, f"memory: training needs {estimate.describe()}; {name} has {available / GIB:.3g} GiB")
 
 
-def _check_sharing(config: RunConfig) -> list[CheckResult]:
+def _check_sharing(layout: LineLayout, config: RunConfig) -> list[CheckResult]:
     if config.guards.share_reserve_gb is None:
         return []
-    problem = unshareable_lengths_problem(config, "run.json")  # the trainer refuses to start on the same
+    problem = unshareable_lengths_problem(config, "run.json", str(layout.root))  # the trainer refuses the same
     if problem is not None:
         return [CheckResult(False, problem)]
     return [CheckResult(True, "GPU sharing: every stage's length has a shared shape")]

@@ -71,6 +71,7 @@ from engine.layout import LineLayout
 from engine.metrics import METRICS_VERSION, metrics_mismatch
 from engine.models.build import build_model, refuse_unfit_memory
 from engine.ops import lines as ops
+from engine.ops.check import stage_length_refusal
 from engine.ops.rollback import rows_remedy
 from engine.protocol.facts import SIGNAL_EXIT_BASE, Engine, Stage, StopReason, TrainerExitCode
 from engine.rows import Heartbeat, RowsFile, RunLog
@@ -172,6 +173,9 @@ class Trainer(StopRequests, DataCycles, OneUpdate, Checkpointing, GpuGuard):
             raise ConfigError(metrics_mismatch(str(layout.run_json), config.metrics))
         refuse_unshareable_lengths(config, str(layout.run_json))
         problems = ops.unaccepted_changes(layout, config)  # lifelong keys changed without allow_changes
+        # The begun stage's length: resumed at another, it would read its cycle in another order.
+        stage_change = stage_length_refusal(layout, config)
+        problems += [stage_change] if stage_change is not None else []
         if problems:
             raise ConfigError("; ".join(problems))
         self.run_json_bytes = layout.run_json.read_bytes()

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.atomic import write_text_atomic
+from engine.config.json_fields import malformed_json
 from engine.errors import LineError
 
 STATE_VERSION = 1
@@ -179,9 +180,7 @@ class WandbRunState:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as error:
-            raise WandbStateError(
-                f"{path.name}: malformed JSON at line {error.lineno} column {error.colno}: {error.msg}"
-            ) from error
+            raise WandbStateError(f"{path.name}: {malformed_json(error)}") from error
         except ValueError as error:  # an integer past Python's 4,300-digit conversion limit
             raise WandbStateError(f"{path.name}: cannot be parsed ({str(error).split(';')[0]})") from error
         return cls.from_dict(data, source=path.name)

@@ -163,6 +163,11 @@ def test_missing_file_and_malformed_json(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         RunConfig.load(path)
     assert str(info.value) == f"{path}: malformed JSON at line 3 column 11: Expecting value"
+    # A raw tab inside a string: the decoder's "Invalid control character at" read as cut off.
+    path.write_text('{"model": {"preset": "tiny\t"}}')
+    with pytest.raises(ConfigError) as info:
+        RunConfig.load(path)
+    assert str(info.value) == f"{path}: malformed JSON at line 1 column 27: Invalid control character"
     path.write_text('{"print_every": ' + "9" * 5000 + "}")
     with pytest.raises(ConfigError) as info:
         RunConfig.load(path)

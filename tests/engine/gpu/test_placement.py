@@ -107,6 +107,17 @@ def test_the_finding_says_which_gpu(host: FakeNvmlHost) -> None:
     assert device_finding("cpu", snapshot, environ={}) == (True, "device cpu: the CPU")
 
 
+def test_the_finding_names_the_one_gpu_there_is_to_take(host: FakeNvmlHost) -> None:
+    # A README walk read "the first of GPUs 1 whose lease is free" with one GPU visible.
+    snapshot = gpu_snapshot()
+    assert device_finding("auto", snapshot, environ={"CUDA_VISIBLE_DEVICES": "1"}) == (
+        True, "device auto: GPU 1, when its lease is free"
+    )
+    assert device_finding("cuda", snapshot, environ={"CUDA_VISIBLE_DEVICES": "3,1"}, degree=2) == (
+        True, "device cuda: GPUs 3, 1, when their leases are free"
+    )
+
+
 def test_a_placed_process_sees_its_gpu_alone_by_uuid_as_cuda_0(host: FakeNvmlHost) -> None:
     gpu = gpu_candidates("cuda:1", gpu_snapshot(), {"CUDA_VISIBLE_DEVICES": "2,3"})
     assert gpu is not None

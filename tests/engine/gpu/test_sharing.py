@@ -265,8 +265,11 @@ def test_a_reserve_with_a_length_without_a_shared_shape_is_refused_before_anythi
     tmp_path: Path, data_template: Path
 ) -> None:
     line = sharing_line(tmp_path, data_template, shared=False)
-    with pytest.raises(ConfigError, match="share_reserve_gb is set but lengths 32 have no shared shape"):
+    with pytest.raises(ConfigError) as refused:
         Trainer(line, echo=None).run()
+    # The tune command names this line, not a placeholder (a README walk found "tune LINE --shared").
+    assert str(refused.value) == (f"{line / 'run.json'}: guards.share_reserve_gb is set but length 32 has no "
+                                  f"shared shape (run `nsconsole tune {line} --shared`)")  # fmt: skip
     # Only the trainer's (empty) lock file is new: it is taken before anything is read.
     expected = ["accepted_run.json", "checkpoints", "run.json", "trainer.lock"]
     assert sorted(path.name for path in line.iterdir()) == expected
@@ -288,8 +291,9 @@ def test_the_unshareable_lengths_check_is_one_statement_for_the_trainer_and_chec
     problem = unshareable_lengths_problem(config, "x/run.json")
     assert problem == (
         "x/run.json: guards.share_reserve_gb is set but lengths 64, 256 have no shared shape "
-        "(run `nsconsole tune LINE --shared`)"
+        "(run `nsconsole tune x --shared`)"
     )
+    assert unshareable_lengths_problem(config, "run.json", "/lines/a").endswith("(run `nsconsole tune /lines/a --shared`)")
     with pytest.raises(ConfigError) as refused:
         refuse_unshareable_lengths(config, "x/run.json")
     assert str(refused.value) == problem  # the trainer's refusal is `nsconsole check`'s finding

@@ -46,3 +46,14 @@ def test_a_ramp_piece_too_small_for_the_ranks_is_warned(tmp_path: Path, data_lin
     line = make_line(tmp_path, data_line, **{"parallel.degree": 2, "tokens_per_update": ramp})
     [(ok, warning, message)] = parallel_findings(line)
     assert ok and warning and "an update of 8 rows (256 tokens) makes 1 micro-batch of 8 rows" in message
+
+
+def test_a_micro_batch_of_one_row_reads_in_the_singular(tmp_path: Path, data_line: Path) -> None:
+    # Found in a README walk: `check` said "a micro-batch of 1 rows". One row a micro-batch is what
+    # `nsconsole tune` often writes for a long length, so the line must read right.
+    line = make_line(tmp_path, data_line, **{"parallel.degree": 4, "tokens_per_update": 2 * SEQ_LEN,
+                                             "lengths": [{"seq_len": SEQ_LEN, "micro_batch_rows": 1}]})  # fmt: skip
+    [(ok, warning, message)] = parallel_findings(line)
+    assert ok and warning
+    assert f"at T{SEQ_LEN} an update of 2 rows ({2 * SEQ_LEN} tokens) makes 2 micro-batches of 1 row, " in message
+    assert "1 rows" not in message

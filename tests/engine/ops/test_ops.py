@@ -283,7 +283,9 @@ def test_check_vocab_metrics_sharing_and_data(line: Path, capsys: pytest.Capture
     assert status == 1 and any(f"metrics is version 99 but this code computes version {METRICS_VERSION}" in t for t in lines)
     edit_run_json(line, lambda d: (d.update(metrics=METRICS_VERSION), d["guards"].update(share_reserve_gb=24)))
     status, lines = check_output(line, capsys)
-    assert status == 1 and any("lengths 64 have no shared shape" in t for t in lines)
+    assert status == 1 and any("length 64 has no shared shape" in t for t in lines)
+    # The command to run names the line (a README walk found the literal `tune LINE --shared`).
+    assert any(t.endswith(f"(run `nsconsole tune {line} --shared`)") for t in lines)
     edit_run_json(line, lambda d: d["lengths"][0].update(shared={"micro_batch_rows": 1}))
     assert check_output(line, capsys)[0] == 0
     edit_run_json(line, lambda d: d["data"].update(line=str(line / "missing")))

@@ -214,6 +214,21 @@ def test_status_of_a_line_with_nothing_to_recover_says_nothing_of_it(tmp_path: P
     assert status.problems == ["wandb_run.json: malformed JSON at line 1 column 26: Expecting value"]
 
 
+def test_status_names_a_damaged_file_s_json_error_whole(tmp_path: Path) -> None:
+    # A README walk read "...: Invalid control character at; the next start ...": the decoder's own
+    # message ends in "at" (Python appends the place), which after our "at line L column C" read cut.
+    line = status_line(tmp_path)
+    checkpoint(line, 0, record(None, None))
+    (line / "wandb_run.json").write_text('{"version": 1, "run_id": "ab\tc"}\n')
+    assert line_status(line).problems == [
+        "wandb_run.json: malformed JSON at line 1 column 29: Invalid control character"
+    ]
+    (line / "wandb_run.json").write_text('{"version": 1, "run_id": "abc')
+    assert line_status(line).problems == [
+        "wandb_run.json: malformed JSON at line 1 column 26: Unterminated string"
+    ]
+
+
 def test_status_of_a_disabled_line_recovers_nothing(tmp_path: Path) -> None:
     # The next start does not mirror at all, so it recovers nothing either.
     line = status_line(tmp_path, mode="disabled")
