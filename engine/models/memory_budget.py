@@ -224,7 +224,7 @@ class MemoryEstimate:
             f"({self.parameters:,} parameters x {self.bytes_per_parameter} bytes"
             f"{f' over {self.shards} ranks' if self.shards > 1 else ''}) "
             f"{f'+ model buffers {self.buffer_bytes / GIB:.3g} GiB ' if self.buffer_bytes else ''}"
-            f"+ activations {size / GIB:.3g} GiB (a micro-batch of {rows} rows at T{seq_len})"
+            f"+ activations {size / GIB:.3g} GiB (a micro-batch of {rows} row{'s' if rows != 1 else ''} at T{seq_len})"
         )
         if len(self.activations) > 1:
             each = ", ".join(f"T{length} {b / GIB:.3g}" for length, (_, b) in sorted(self.activations.items()))

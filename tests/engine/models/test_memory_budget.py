@@ -31,7 +31,7 @@ from engine.models.memory_budget import (
     floats_per_token,
     memory_problem,
 )
-from engine.models.presets import family_of
+from engine.models.presets import family_of, preset_config
 from engine.models.validation import MAX_LOOPS
 from engine.ops.check import check_line
 from engine.training.step import autocast_for
@@ -345,3 +345,10 @@ def test_the_ranks_of_a_cpu_line_share_the_host_s_memory(
     assert "cannot fit" in group.message
     with pytest.raises(ConfigError, match=r"^run\.json: training needs .* a rank's 1/2 of the CPU's available memory"):
         refuse_unfit_memory(config, torch.device("cpu"), "run.json")
+
+
+def test_the_description_counts_its_rows_in_words() -> None:
+    """`check`'s memory line (found in a README walk: "a micro-batch of 1 rows")."""
+    config = preset_config("pssa-1.5m")
+    assert "(a micro-batch of 1 row at T64)" in estimate_memory("pssa", config, 1_544_704, {64: 1}).describe()
+    assert "(a micro-batch of 8 rows at T64)" in estimate_memory("pssa", config, 1_544_704, {64: 8}).describe()
