@@ -45,7 +45,8 @@ KINDS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("dendritic scan", re.compile(r"chunk|segment|state_pass|decay|ssd", re.I)),
     ("selective scan", re.compile(r"selective_scan", re.I)),
     ("PLIF", re.compile(r"plif", re.I)),
-    ("pool read", re.compile(r"read_|key_side|query_side|distance|slot_terms", re.I)),
+    # kernels/pool_attention.py's (its forward and delta kernels carry no family name) and flex's.
+    ("pool read", re.compile(r"^_forward_kernel$|^_delta_kernel$|read_|key_side|query_side|distance|slot_terms")),
     ("optimizer", re.compile(r"adamw|multi_tensor|foreach", re.I)),
     ("cast or copy", re.compile(r"copy|cast|memcpy|memset|fill", re.I)),
     ("reduction", re.compile(r"reduce|sum|norm|softmax|cross_entropy|nll", re.I)),
