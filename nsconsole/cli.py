@@ -20,7 +20,7 @@ import io
 import os
 import sys
 from collections.abc import Sequence
-from typing import IO
+from typing import IO, NoReturn
 
 from engine.config.host import load_and_apply
 from engine.errors import LineError
@@ -45,6 +45,13 @@ class CommandParser(argparse.ArgumentParser):
 
     def print_help(self, file: IO[str] | None = None) -> None:
         (file or sys.stdout).write(self.format_help())
+
+    def error(self, message: str) -> NoReturn:
+        """A bad or missing option as one line on stderr and exit status 2, as every other refusal:
+        argparse put its whole usage block (five lines for `new`) before the line that says what is
+        wrong. `--help` shows the usage."""
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        sys.exit(2)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -136,3 +136,23 @@ def test_a_stdout_that_cannot_be_written_is_said_in_one_line(
                  **({"PYTHONUNBUFFERED": "1"} if unbuffered else {})},
         )  # fmt: skip
     assert (completed.returncode, completed.stderr) == (1, "nsconsole: stdout: No space left on device\n")
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["new", "runs/x", "--model", "ns-tiny", "--data", "d", "--peak-lr", "x"],
+         "nsconsole new: error: argument --peak-lr: invalid float value: 'x'"),
+        (["new"], "nsconsole new: error: the following arguments are required: LINE, --model, --data"),
+        (["status", "--rows", "0"], "nsconsole status: error: argument --rows: must be at least 1, got 0"),
+    ],
+)
+def test_a_bad_option_is_one_line_without_the_usage_block(
+    argv: list[str], line: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As every other refusal (found in a README walk: `new --peak-lr x` printed five usage lines
+    before the one that says what is wrong); `--help` shows the usage."""
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == line + "\n"
