@@ -70,9 +70,10 @@ for stage in "$@"; do
       ;;
     peers-4k)
       # Issue 22's headline row: ns-2b at 4K beside the plain compiled GPT, at each recomputation in
-      # $RECOMPUTES (none of session 15's dendritic:K rows has run on an H200 yet); the GPT once.
+      # $RECOMPUTES (none first: 28,119 tok/s, MFU 0.541 at 8 x 1 on the H200 in session 28, not yet
+      # beside the GPT; no dendritic:K row has run on an H200 yet); the GPT once.
       models=plain-gpt,ns-2b
-      for recompute in ${RECOMPUTES:-dendritic:18 dendritic none}; do
+      for recompute in ${RECOMPUTES:-none dendritic:18 dendritic}; do
         python3 bench/gpu_peers.py --seq-lens 4096 --models $models --recompute $recompute --updates 5 --warmup 2 \
           --out "$out/peers.jsonl" 2>&1 | grep -v '^{'
         models=ns-2b
@@ -101,11 +102,13 @@ for stage in "$@"; do
         | tee "$out/tests_multi.log"
       ;;
     profile-2b)
-      # Issue 22: where ns-2b's update at 4K goes (0.48 of the plain GPT in session 11).
-      # SEQ_LEN=32768 ROWS=1 profiles a long-context update; RECOMPUTE picks the recomputation.
-      timeout ${PROFILE_TIMEOUT:-300} python3 -m nsconsole bench --model ns-2b --seq-len ${SEQ_LEN:-4096} --rows ${ROWS:-8} \
-        --accum 1 --recompute ${RECOMPUTE:-dendritic} --engine eager --updates 2 --profile 2>&1 | grep -E '^\{|Error' \
-        | tee "$out/profile_ns2b_${SEQ_LEN:-4096}.log"
+      # Issue 22: where ns-2b's update at 4K goes, by kernel and kind, under the graph engine (session
+      # 28 on the H200: 638 ms at 4 x 4K, matrix products 45 %). SEQ_LEN=32768 ROWS=1 profiles a
+      # long-context update; RECOMPUTE picks the recomputation; ENGINE=eager OPS=40 names the
+      # operators that launched the kernels.
+      timeout ${PROFILE_TIMEOUT:-300} python3 bench/profile_update.py --model ns-2b --seq-len ${SEQ_LEN:-4096} \
+        --rows ${ROWS:-4} --recompute ${RECOMPUTE:-dendritic} --engine ${ENGINE:-graph} --ops ${OPS:-0} \
+        --out "$out/profile_ns2b_${SEQ_LEN:-4096}.jsonl" 2>&1 | grep -E '"(kind|summary|operator)"|Error'
       ;;
     ncu)
       # Issue 5: the scans' hardware counters (Nsight Compute; works on the Firecracker H200).
