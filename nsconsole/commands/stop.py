@@ -10,8 +10,9 @@ HELP = "LINE [--at-cycle-end N]: stop a line with a checkpoint at the next updat
 DESCRIPTION = """\
 Write the line's STOP file (atomically). The trainer stops with a checkpoint at its next update,
 or exactly at the end of data cycle N with --at-cycle-end N, and removes the file. A second
-request replaces the first. Refused, writing nothing, when neither the line's supervisor nor a
-trainer of its own runs (a STOP left in a stopped line would stop its next start at once).
+request replaces the first, and says so. Refused, writing nothing, when neither the line's
+supervisor nor a trainer of its own runs (a STOP left in a stopped line would stop its next start
+at once).
 """
 EXAMPLES = """\
 examples:
@@ -30,9 +31,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.ops.stop import stop_line
+    from engine.errors import LineError
+    from engine.layout import LineLayout
+    from engine.ops.stop import read_stop, stop_line
 
     line = args.host_settings.resolve_line(args.line)
+    try:
+        pending = read_stop(LineLayout(line))
+    except LineError:  # a malformed STOP: the new request replaces it whole
+        pending = None
     request = stop_line(line, args.at_cycle_end)
-    print(f"stop requested for {line} {request.when()} ({request.requested})")
+    # Said, not silent: the line no longer stops where the earlier request asked.
+    replaced = "" if pending is None else f"; it replaces the stop {pending.when()} requested {pending.requested}"
+    print(f"stop requested for {line} {request.when()} ({request.requested}){replaced}")
     return 0

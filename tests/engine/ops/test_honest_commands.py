@@ -86,6 +86,26 @@ def test_stop_reaches_a_line_whose_supervisor_or_trainer_runs(
     (line / "heartbeat").write_text(json.dumps(beat))
     assert main(["stop", str(line)]) == 0
     assert json.loads((line / "STOP").read_text())["at_cycle_end"] is None
+    assert "replaces" not in capsys.readouterr().out  # nothing was pending
+
+
+def test_a_second_stop_says_which_pending_stop_it_replaces(
+    line: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A request replaces a pending one (found in a README walk: a stop at the end of cycle 0
+    became one at the end of cycle 5 without a word)."""
+    entry = registry.register(line, tmp_path / "supervisor.sock")
+    try:
+        assert main(["stop", str(line), "--at-cycle-end", "5"]) == 0
+        first = json.loads((line / "STOP").read_text())["requested"]
+        capsys.readouterr()
+        assert main(["stop", str(line)]) == 0
+    finally:
+        registry.unregister(entry)
+    said = capsys.readouterr().out
+    assert said.startswith(f"stop requested for {line} at the next update (")
+    assert said.endswith(f"; it replaces the stop at the end of cycle 5 requested {first}\n")
+    assert json.loads((line / "STOP").read_text())["at_cycle_end"] is None
 
 
 # -- run ------------------------------------------------------------------------------------------
