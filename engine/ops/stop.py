@@ -47,6 +47,7 @@ def stop_line(root: Path | str, at_cycle_end: int | None = None) -> StopRequest:
     _check_cycle_index(at_cycle_end)
     if find_supervisor(layout.root) is None and running_trainer(layout) is None:
         raise LineError(f"{layout.root}: not running (no supervisor or trainer); nothing to stop, no STOP written")
+    _refuse_a_cycle_past_the_data(layout, at_cycle_end)
     return request_stop(layout.root, at_cycle_end)
 
 
@@ -89,6 +90,29 @@ def _refuse_a_cycle_behind(layout: LineLayout, at_cycle_end: int | None) -> None
         f"{layout.root}: cycle {at_cycle_end} has ended (the line trains cycle {cycle}); no STOP written: "
         f"`--at-cycle-end {cycle}` stops at the end of the cycle it trains, no --at-cycle-end at the next update"
     )
+
+
+def _refuse_a_cycle_past_the_data(layout: LineLayout, at_cycle_end: int | None) -> None:
+    """A stop at the end of a cycle past its data line's last is refused: the line finishes at the end
+    of its data first, and the request would wait in STOP for a cycle that never comes. A data line
+    without a last cycle (an open-ended recipe), or one that cannot be read, says nothing here."""
+    if at_cycle_end is None:
+        return
+    from datalines import open_data_line
+    from datalines.errors import DataLineError
+    from engine.config.run import RunConfig
+    from engine.ops.lines import resolve_data_path
+
+    try:
+        config = RunConfig.load(layout.run_json)
+        last = open_data_line(resolve_data_path(layout, config.data.line)).last_cycle()
+    except (LineError, DataLineError, OSError):
+        return
+    if last is not None and at_cycle_end > last:
+        raise LineError(
+            f"{layout.root}: its data line's last cycle is {last}, where the line finishes; cycle {at_cycle_end} "
+            f"never comes, no STOP written: `--at-cycle-end {last}` or earlier, or let it finish"
+        )
 
 
 def _check_cycle_index(at_cycle_end: int | None) -> None:

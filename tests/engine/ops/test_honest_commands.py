@@ -89,6 +89,27 @@ def test_stop_reaches_a_line_whose_supervisor_or_trainer_runs(
     assert "replaces" not in capsys.readouterr().out  # nothing was pending
 
 
+def test_a_stop_past_the_data_line_s_last_cycle_is_refused(
+    line: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The line finishes at its data's end: a stop at the end of a later cycle would wait in STOP for
+    a cycle that never comes (found in a README walk: accepted without a word)."""
+    from datalines import open_data_line
+
+    last = open_data_line(Path(json.loads((line / "run.json").read_text())["data"]["line"])).last_cycle()
+    assert last is not None
+    entry = registry.register(line, tmp_path / "supervisor.sock")
+    try:
+        assert main(["stop", str(line), "--at-cycle-end", str(last + 1)]) == 2
+        error = capsys.readouterr().err
+        assert error.count("\n") == 1 and f"its data line's last cycle is {last}, where the line finishes" in error
+        assert not (line / "STOP").exists()
+        assert main(["stop", str(line), "--at-cycle-end", str(last)]) == 0
+    finally:
+        registry.unregister(entry)
+    assert json.loads((line / "STOP").read_text())["at_cycle_end"] == last
+
+
 def test_a_second_stop_says_which_pending_stop_it_replaces(
     line: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -96,7 +117,7 @@ def test_a_second_stop_says_which_pending_stop_it_replaces(
     became one at the end of cycle 5 without a word)."""
     entry = registry.register(line, tmp_path / "supervisor.sock")
     try:
-        assert main(["stop", str(line), "--at-cycle-end", "5"]) == 0
+        assert main(["stop", str(line), "--at-cycle-end", "0"]) == 0
         first = json.loads((line / "STOP").read_text())["requested"]
         capsys.readouterr()
         assert main(["stop", str(line)]) == 0
@@ -104,7 +125,7 @@ def test_a_second_stop_says_which_pending_stop_it_replaces(
         registry.unregister(entry)
     said = capsys.readouterr().out
     assert said.startswith(f"stop requested for {line} at the next update (")
-    assert said.endswith(f"; it replaces the stop at the end of cycle 5 requested {first}\n")
+    assert said.endswith(f"; it replaces the stop at the end of cycle 0 requested {first}\n")
     assert json.loads((line / "STOP").read_text())["at_cycle_end"] is None
 
 
