@@ -26,17 +26,18 @@ matrix products, and whether the GPU ever waits.
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
 import re
 import sys
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import IO, Any
 
 # The repository root first: run as a script, bench/ would lead sys.path and its kernels.py
 # would shadow the kernels package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gpu_peers import emit  # noqa: E402  (bench/, this script's own directory)
 
 KINDS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("matmul", re.compile(r"nvjet|gemm|cutlass|xmma|cublas|sm90_|sm80_", re.I)),
@@ -71,14 +72,6 @@ def union_ms(intervals: list[tuple[float, float]]) -> float:
         covered += end - max(start, reach)
         reach = end
     return covered / 1e3
-
-
-def emit(row: dict[str, Any], out: IO[str] | None) -> None:
-    line = json.dumps(row)
-    print(line, flush=True)
-    if out is not None:
-        out.write(line + "\n")
-        out.flush()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     kernel_ms = sum(ms for ms, _ in per_name.values()) / args.updates
     busy_ms = union_ms(intervals) / args.updates
 
-    with args.out.open("a") if args.out else open("/dev/null", "w") as out:  # noqa: SIM115
+    with args.out.open("a") if args.out else contextlib.nullcontext() as out:
         ranked = sorted(per_name.items(), key=lambda item: item[1][0], reverse=True)
         for name, (ms, calls) in ranked[: args.top]:
             emit({"row": "kernel", "kind": kind_of(name), "ms": round(ms / args.updates, 3),

@@ -19,18 +19,24 @@ def line_end(root: Path | str) -> str | None:
     """Why the line at `root` has nothing left to train, from the position its `latest` checkpoint
     saved: its plan is complete, or it trained every cycle of its data line. None while it has more
     to train (a new line, a stopped one, one rolled back)."""
-    from datalines import open_data_line
-
     layout = LineLayout(root)
     config = RunConfig.load(layout.run_json)
     position = latest_position(layout)
     stage, cycle = position.get("stage", 0), position.get("cycle", 0)
     if isinstance(stage, int) and stage >= len(config.plan):
         return str(StopReason.PLAN_END)
-    last = open_data_line(resolve_data_path(layout, config.data.line)).last_cycle()
+    last = data_last_cycle(layout, config)
     if last is not None and isinstance(cycle, int) and cycle > last:
         return f"it trained every cycle of its data line, 0 to {last}"
     return None
+
+
+def data_last_cycle(layout: LineLayout, config: RunConfig) -> int | None:
+    """The last cycle of the line's data line, where the line finishes; None while its planning has
+    not reached the corpus end (an open-ended recipe)."""
+    from datalines import open_data_line
+
+    return open_data_line(resolve_data_path(layout, config.data.line)).last_cycle()
 
 
 def refuse_a_finished_line(

@@ -98,14 +98,12 @@ def _refuse_a_cycle_past_the_data(layout: LineLayout, at_cycle_end: int | None) 
     without a last cycle (an open-ended recipe), or one that cannot be read, says nothing here."""
     if at_cycle_end is None:
         return
-    from datalines import open_data_line
     from datalines.errors import DataLineError
     from engine.config.run import RunConfig
-    from engine.ops.lines import resolve_data_path
+    from engine.ops.line_end import data_last_cycle
 
     try:
-        config = RunConfig.load(layout.run_json)
-        last = open_data_line(resolve_data_path(layout, config.data.line)).last_cycle()
+        last = data_last_cycle(layout, RunConfig.load(layout.run_json))
     except (LineError, DataLineError, OSError):
         return
     if last is not None and at_cycle_end > last:

@@ -11,11 +11,11 @@ line), `clock`, the selected line (`Navigation`), `check_action` (`KeySwitches`)
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from textual import work
 
+from engine.config.run import RunConfig
 from engine.errors import LineError
 from engine.layout import LineLayout
 from engine.ops.branch_records import branches_forked_after
@@ -159,15 +159,11 @@ def tune_choices(on_cpu: bool | None, reserve: bool | None = None) -> list[tuple
 
 def share_reserve_set(run_json: Path) -> bool | None:
     """Whether run.json sets `guards.share_reserve_gb` (what `tune --shared` needs); None when the
-    file cannot be read as JSON (then the supervisor's own refusal says what is wrong)."""
+    file cannot be read (then the supervisor's own refusal says what is wrong)."""
     try:
-        document = json.loads(run_json.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return RunConfig.load(run_json).guards.share_reserve_gb is not None
+    except LineError:
         return None
-    guards = document.get("guards") if isinstance(document, dict) else None
-    if not isinstance(guards, dict):
-        return False
-    return guards.get("share_reserve_gb") is not None
 
 
 def rollback_consequences(line: LineView, target: CheckpointInfo) -> str:

@@ -362,7 +362,7 @@ def test_tune_shows_shared_but_does_not_offer_it_without_a_reserve(tmp_path: Pat
     for name, guards, off in (("none", {}, True), ("set", {"share_reserve_gb": 2.0}, False), ("broken", None, False)):
         path = tmp_path / name
         path.mkdir()
-        text = "{not json" if guards is None else json.dumps({"model": {"preset": "ns-tiny"}, "guards": guards})
+        text = "{not json" if guards is None else json.dumps({"model": {"preset": "ns-tiny"}, "data": {"line": "d"}, "guards": guards})
         (path / "run.json").write_text(text)
         app = console(book=book_of(a_line(str(path), device="cpu", gpu_candidates=None)))
 
