@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kernels.adamw import adamw_step, adamw_step_reference  # noqa: E402
 from kernels.grad_norms import segment_sq_sums, segment_sq_sums_reference  # noqa: E402
-from kernels.plif import plif_scan, plif_scan_reference, spike_with_surrogate  # noqa: E402
+from kernels.plif import plif_membrane, plif_scan, plif_scan_reference, spike_with_surrogate  # noqa: E402
 from kernels.poincare import poincare_read, poincare_read_reference  # noqa: E402
 from kernels.selective_scan import selective_scan, selective_scan_reference  # noqa: E402
 
@@ -241,6 +241,9 @@ def bench_plif(batch: int, steps: int, channels: int, copy_gbs: float, reference
 
     with torch.no_grad():
         emit("plif_fwd", size, "triton", time_ms(lambda: plif_scan(x, beta, threshold)), io, copy_gbs)
+        # The NS layers' training call: membranes only, no spike stored (read x; write v_pre).
+        emit("plif_fwd", size, "triton_membrane_only", time_ms(lambda: plif_membrane(x, beta, threshold)),
+             io * 2 // 3, copy_gbs)
     emit("plif_fwd_bwd", size, "triton", time_ms(_plif_training_call(plif_scan, leaves, grads)), io_backward, copy_gbs)
     if references:
         with torch.no_grad():

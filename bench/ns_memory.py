@@ -71,6 +71,18 @@ def plif_gpu_saves(
     return _PlifGpuSaves.apply(x, beta, v_th, v0, alpha)
 
 
+def plif_membrane_gpu_saves(
+    x: torch.Tensor,
+    beta: torch.Tensor,
+    v_th: torch.Tensor,
+    v0: torch.Tensor | None = None,
+    alpha: float = 4.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`kernels.plif.plif_membrane`'s signature and values, with the GPU path's saves."""
+    _, v_pre, v_last = _PlifGpuSaves.apply(x, beta, v_th, v0, alpha)
+    return v_pre, v_last
+
+
 class _FlexGpuSaves(torch.autograd.Function):
     """The explicit read's values with what flex_attention saves (forward only)."""
 
@@ -101,6 +113,7 @@ def gpu_kernel_saves() -> Iterator[None]:
     """The PLIF scan and the pool read saving what their GPU paths save (see the docstring)."""
     with (
         mock.patch("engine.models.ns.neurons.plif_scan", plif_gpu_saves),
+        mock.patch("engine.models.ns.neurons.plif_membrane", plif_membrane_gpu_saves),
         mock.patch("engine.models.ns.hippocampal.pool_read", pool_read_gpu_saves),
     ):
         yield

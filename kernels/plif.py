@@ -83,14 +83,18 @@ def plif_scan_reference(
 @triton.jit
 def _plif_forward_kernel(
     x_ptr, beta_ptr, threshold_ptr, v0_ptr, spikes_ptr, v_pre_ptr, v_pre_f32_ptr, v_last_ptr,
-    seq_len, channels_arg, row_stride,
-    HAS_V0: tl.constexpr, SAVE_F32: tl.constexpr, BLOCK_D: tl.constexpr, UNROLL: tl.constexpr,
-    STAGES: tl.constexpr, EVEN: tl.constexpr, CHANNELS: tl.constexpr,
+    seq_len, channels_arg, row_stride, x_row_stride, x_step_stride,
+    HAS_V0: tl.constexpr, SAVE_F32: tl.constexpr, WRITE_SPIKES: tl.constexpr, BLOCK_D: tl.constexpr,
+    UNROLL: tl.constexpr, STAGES: tl.constexpr, EVEN: tl.constexpr, CHANNELS: tl.constexpr,
 ):
     """The row width is a compile-time constant when CHANNELS > 0 (two channels a thread or more,
     `_channels_per_program`): a width that is not a multiple of 16 (an ns-2b layer's 20 write-gate
     neurons) then still tells Triton that each thread's pair of channels is aligned, so that a
-    2-byte input is loaded 4 bytes at a time, which the pipeliner needs (see _PlifScan.forward)."""
+    2-byte input is loaded 4 bytes at a time, which the pipeliner needs (see _PlifScan.forward).
+
+    x may be a slice of a wider tensor (an FFN's gate half of one product): x_row_stride and
+    x_step_stride are its strides between rows and steps (its channels contiguous); the outputs
+    are contiguous, row_stride apart."""
     batch = tl.program_id(0)
     channel, channels = channel_block(channels_arg, CHANNELS, BLOCK_D)  # (BLOCK_D,): one or more a thread
     channel_ok = channel < channels
@@ -103,17 +107,20 @@ def _plif_forward_kernel(
     # row_stride: elements between batch rows (the whole buffer's T x D; a launch may walk a slice
     # of T starting at the pointers given).
     base = batch.to(tl.int64) * row_stride + channel  # (BLOCK_D,) int64
+    x_base = batch.to(tl.int64) * x_row_stride + channel  # (BLOCK_D,) int64
     # UNROLL steps an iteration; the loads do not depend on v, so the pipeliner keeps STAGES
     # iterations' loads in flight ahead of the chain (see _forward_unroll_and_stages).
     for t0 in tl.range(0, seq_len, UNROLL, num_stages=STAGES):
         for i in tl.static_range(UNROLL):
             t = t0 + i
             offsets = base + t * channels
+            x_offsets = x_base + t * x_step_stride
             if EVEN:  # whole iterations and channel blocks: no masks (half the loop's instructions)
-                x_t = tl.load(x_ptr + offsets).to(tl.float32)
+                x_t = tl.load(x_ptr + x_offsets).to(tl.float32)
                 v_pre = beta * v + (1.0 - beta) * x_t
                 spike = (v_pre - threshold > 0).to(tl.float32)
-                tl.store(spikes_ptr + offsets, spike.to(spikes_ptr.dtype.element_ty))
+                if WRITE_SPIKES:
+                    tl.store(spikes_ptr + offsets, spike.to(spikes_ptr.dtype.element_ty))
                 tl.store(v_pre_ptr + offsets, v_pre.to(v_pre_ptr.dtype.element_ty))
                 if SAVE_F32:
                     tl.store(v_pre_f32_ptr + offsets, v_pre)
@@ -122,10 +129,11 @@ def _plif_forward_kernel(
                 # The last iteration of a ragged T runs past the end: those steps load and store
                 # nothing and leave v as it is.
                 live = channel < tl.where(t < seq_len, channels, 0)  # (BLOCK_D,)
-                x_t = tl.load(x_ptr + offsets, mask=live, other=0.0).to(tl.float32)
+                x_t = tl.load(x_ptr + x_offsets, mask=live, other=0.0).to(tl.float32)
                 v_pre = beta * v + (1.0 - beta) * x_t
                 spike = (v_pre - threshold > 0).to(tl.float32)
-                tl.store(spikes_ptr + offsets, spike.to(spikes_ptr.dtype.element_ty), mask=live)
+                if WRITE_SPIKES:
+                    tl.store(spikes_ptr + offsets, spike.to(spikes_ptr.dtype.element_ty), mask=live)
                 tl.store(v_pre_ptr + offsets, v_pre.to(v_pre_ptr.dtype.element_ty), mask=live)
                 if SAVE_F32:
                     tl.store(v_pre_f32_ptr + offsets, v_pre, mask=live)
@@ -138,11 +146,14 @@ class _PlifScan(torch.autograd.Function):
     one pass, or for few rows two over time segments and a short one between)."""
 
     @staticmethod
-    def forward(ctx, x, beta, v_th, v0, alpha):
+    def forward(ctx, x, beta, v_th, v0, alpha, with_spikes):
         batch, seq_len, channels = x.shape
-        x = x.contiguous()
-        spikes = new_buffer(x.shape, x.dtype, x.device)
+        # A slice of a wider tensor is read where it lies (the FFN's gate and up halves of one
+        # product: a copy of each cost a read and a write of the half).
+        x = x if x.stride(-1) == 1 else x.contiguous()
         v_pre = new_buffer(x.shape, x.dtype, x.device)
+        # Without with_spikes no spike is stored (a third of an fp32 forward's traffic).
+        spikes = new_buffer(x.shape, x.dtype, x.device) if with_spikes else v_pre
         # The backward rebuilds the membrane from v_pre, so it keeps an fp32 copy for bf16 inputs.
         save_f32 = x.dtype != torch.float32
         v_pre_f32 = new_buffer(x.shape, torch.float32, x.device) if save_f32 else v_pre
@@ -161,8 +172,9 @@ class _PlifScan(torch.autograd.Function):
             _plif_forward_kernel[grid](
                 x[:, start:], beta_arg, v_th_arg, v0_arg if start == 0 else v_last,
                 spikes[:, start:], v_pre[:, start:], v_pre_f32[:, start:], v_last,
-                steps, channels, seq_len * channels,
-                HAS_V0=start > 0 or v0 is not None, SAVE_F32=save_f32, BLOCK_D=block, UNROLL=unroll, STAGES=stages,
+                steps, channels, seq_len * channels, x.stride(0), x.stride(1),
+                HAS_V0=start > 0 or v0 is not None, SAVE_F32=save_f32, WRITE_SPIKES=with_spikes, BLOCK_D=block,
+                UNROLL=unroll, STAGES=stages,
                 EVEN=steps % unroll == 0 and channels % block == 0, CHANNELS=channels if block >= 64 else 0,
                 num_warps=1,
                 # beta v + (1 - beta) x rounded as the reference rounds it (two products, then the
@@ -176,7 +188,7 @@ class _PlifScan(torch.autograd.Function):
         ctx.x_dtype = x.dtype
         ctx.alpha = alpha
         ctx.set_materialize_grads(False)
-        return spikes, v_pre, v_last
+        return (spikes if with_spikes else None), v_pre, v_last
 
     @staticmethod
     def backward(ctx, grad_spikes, grad_v_pre, grad_v_last):
@@ -188,6 +200,7 @@ class _PlifScan(torch.autograd.Function):
             grad_beta.to(beta.dtype),
             grad_threshold.to(v_th.dtype),
             grad_v0.to(v0.dtype) if v0 is not None else None,
+            None,
             None,
         )
 
@@ -203,7 +216,7 @@ class _PlifScanTorch(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, beta, v_th, v0, alpha):
+    def forward(ctx, x, beta, v_th, v0, alpha, with_spikes):
         batch, seq_len, channels = x.shape
         dtype = compute_dtype(x, beta, v_th, v0)
         betaf, thresholdf = beta.to(dtype), v_th.to(dtype)
@@ -214,7 +227,7 @@ class _PlifScanTorch(torch.autograd.Function):
             step = betaf * v + drive[:, t]  # (Bt, D)
             v_pre[:, t] = step
             v = step - thresholdf * (step - thresholdf > 0).to(dtype)
-        spikes = (v_pre - thresholdf > 0).to(x.dtype)
+        spikes = (v_pre - thresholdf > 0).to(x.dtype) if with_spikes else None
         ctx.save_for_backward(x, beta, v_th, v0, v_pre)
         ctx.alpha = alpha
         ctx.set_materialize_grads(False)
@@ -253,6 +266,7 @@ class _PlifScanTorch(torch.autograd.Function):
             grad_threshold.to(v_th.dtype),
             grad_v.to(v0.dtype) if v0 is not None else None,
             None,
+            None,
         )
 
 
@@ -272,5 +286,24 @@ def plif_scan(
     TRITON_INTERPRET=1); False forces the plain-PyTorch path.
     """
     if wants_triton(x, use_triton):
-        return _PlifScan.apply(x, beta, v_th, v0, alpha)
-    return _PlifScanTorch.apply(x, beta, v_th, v0, alpha)
+        return _PlifScan.apply(x, beta, v_th, v0, alpha, True)
+    return _PlifScanTorch.apply(x, beta, v_th, v0, alpha, True)
+
+
+def plif_membrane(
+    x: torch.Tensor,
+    beta: torch.Tensor,
+    v_th: torch.Tensor,
+    v0: torch.Tensor | None = None,
+    alpha: float = 4.0,
+    *,
+    use_triton: bool | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`plif_scan` without the spikes: v_pre (Bt, T, D) and v_last (Bt, D), the same values and
+    gradients. For callers that read only the membrane (the NS layers in training): an fp32 scan's
+    forward then writes 8 bytes a step and channel instead of 12."""
+    if wants_triton(x, use_triton):
+        _, v_pre, v_last = _PlifScan.apply(x, beta, v_th, v0, alpha, False)
+    else:
+        _, v_pre, v_last = _PlifScanTorch.apply(x, beta, v_th, v0, alpha, False)
+    return v_pre, v_last

@@ -9,7 +9,7 @@ import torch
 
 from kernels import plif, plif_backward
 from kernels._dispatch import poison
-from kernels.plif import plif_scan, plif_scan_reference, spike_with_surrogate
+from kernels.plif import plif_membrane, plif_scan, plif_scan_reference, spike_with_surrogate
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 ALPHA = 4.0
@@ -317,6 +317,62 @@ def test_the_cpu_path_keeps_the_reference_forward_and_its_gradients(batch, steps
     tolerance = 1e-12 if dtype == torch.float64 else 1e-5
     for got, want in zip(got_grads, want_grads, strict=True):
         assert _relative_error(got, want) < tolerance
+
+
+@pytest.mark.parametrize("use_triton", [True, False])
+@pytest.mark.parametrize(("steps", "channels", "with_v0"), [(37, 64, True), (16, 37, False)])
+def test_membrane_only_scan_is_the_scan_without_its_spikes(
+    record_launches, use_triton: bool, steps: int, channels: int, with_v0: bool
+) -> None:
+    """plif_membrane: plif_scan's membranes and last state bit for bit, and its gradients where the
+    spikes get none, with no spike stored by the kernel (the NS layers in training read only the
+    membrane: a third of an fp32 forward's traffic)."""
+    launches = record_launches(plif, "_plif_forward_kernel")
+    x, beta, th, v0 = _inputs(2, steps, channels, seed=steps)
+    v0 = v0 if with_v0 else None
+    generator = torch.Generator().manual_seed(5)
+    grad_v_pre = torch.randn(2, steps, channels, generator=generator).to(DEVICE)
+    grad_v_last = torch.randn(2, channels, generator=generator).to(DEVICE)
+
+    def run(scan, *, spikes_first: bool):
+        leaves = [t.clone().requires_grad_() if t is not None else None for t in (x, beta, th, v0)]
+        outputs = scan(*leaves, alpha=ALPHA, use_triton=use_triton)
+        v_pre, v_last = outputs[1:] if spikes_first else outputs
+        ((v_pre * grad_v_pre).sum() + (v_last * grad_v_last).sum()).backward()
+        return [v_pre.detach(), v_last.detach()] + [leaf.grad for leaf in leaves if leaf is not None]
+
+    with_spikes = run(plif_scan, spikes_first=True)
+    without = run(plif_membrane, spikes_first=False)
+    for got, want in zip(without, with_spikes, strict=True):
+        assert torch.equal(got, want)
+    if use_triton:
+        stored = [launch["WRITE_SPIKES"] for launch in launches]
+        assert stored[: len(stored) // 2] == [True] * (len(stored) // 2)
+        assert stored[len(stored) // 2 :] == [False] * (len(stored) // 2)
+
+
+@pytest.mark.parametrize(("steps", "channels"), [(37, 64), (16, 37)])
+def test_kernel_reads_a_slice_of_a_wider_input_where_it_lies(record_launches, steps: int, channels: int) -> None:
+    """The FFN's gate and up halves of one product (a (Bt, T, 2F) tensor's slices): read in place,
+    not copied first, with the values and gradients of the same input made contiguous."""
+    launches = record_launches(plif, "_plif_forward_kernel")
+    x, beta, th, v0 = _inputs(2, steps, 2 * channels, seed=steps)
+    beta, th, v0 = beta[channels:], th[channels:], v0[:, channels:]
+    wide = x.clone().requires_grad_()
+    halves = wide.chunk(2, dim=-1)
+    assert not halves[1].is_contiguous()
+    sliced = plif_scan(halves[1], beta, th, v0, use_triton=True)
+    assert launches[0]["args"][0].data_ptr() == halves[1].data_ptr()
+    whole = x[..., channels:].contiguous().requires_grad_()
+    contiguous = plif_scan(whole, beta, th, v0, use_triton=True)
+    for got, want in zip(sliced, contiguous, strict=True):
+        assert torch.equal(got, want)
+    generator = torch.Generator().manual_seed(1)
+    grads = [torch.randn(t.shape, generator=generator).to(DEVICE) for t in contiguous]
+    torch.autograd.backward(sliced, grads)
+    torch.autograd.backward(contiguous, grads)
+    assert torch.equal(wide.grad[..., channels:], whole.grad)
+    assert not wide.grad[..., :channels].any()
 
 
 def test_ragged_forward_runs_its_whole_iterations_unmasked(monkeypatch: pytest.MonkeyPatch, record_launches) -> None:

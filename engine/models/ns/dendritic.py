@@ -141,11 +141,11 @@ class DendriticLayer(nn.Module):
         parts = projected.split([width, width, self.bc_width, self.bc_width, heads], dim=-1)
         compartments0, soma0 = (None, None) if state is None else (state["compartments"], state["soma"])
         gated, compartments, soma, dt, spikes = recomputed_in_backward(
-            self.gated_soma, *parts, compartments0, soma0, fuse, enabled=self.recompute_parts
+            self.gated_soma, *parts, compartments0, soma0, fuse, capture, enabled=self.recompute_parts
         )
         update = self.out_proj(gated)  # (Bt, T, D)
         new_state = {"compartments": compartments, "soma": soma}
-        trace = DendriticTrace(dt=dt, A=self.decay(), soma_spikes=spikes) if capture else None
+        trace = DendriticTrace(dt=dt, A=self.decay(), soma_spikes=spikes) if spikes is not None else None
         return fused(with_update, fuse)(x, update), new_state, trace
 
     def gated_soma(
@@ -158,10 +158,12 @@ class DendriticLayer(nn.Module):
         compartments0: torch.Tensor | None,
         soma0: torch.Tensor | None,
         fuse: bool,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        with_spikes: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """in_proj's parts (Bt, T, .) and the carried state -> soma membrane * silu(z) (Bt, T, E) in
         the dtype out_proj runs in, the compartments (Bt, H, N, P), the soma membranes (Bt, E), dt
-        (Bt, T, H) and the spikes. fuse: the stages between the kernels compiled (`fuses_glue`)."""
+        (Bt, T, H) and the spikes (None without `with_spikes`: only the probes read them). fuse:
+        the stages between the kernels compiled (`fuses_glue`)."""
         config = self.config
         batch, length, _ = u.shape
         heads, head_dim = config.dendritic_heads, config.dendritic_head_dim
@@ -184,7 +186,9 @@ class DendriticLayer(nn.Module):
             compartments0,
         )  # (Bt, T, H, P), (Bt, H, N, P)
         drive, beta, threshold = fused(soma_drive, fuse)(y, u, self)
-        spikes, membrane, soma = self.soma.scan(drive, soma0, beta, threshold)  # (Bt, T, E) x 2, (Bt, E)
+        spikes, membrane, soma = self.soma.scan(
+            drive, soma0, beta, threshold, with_spikes=with_spikes
+        )  # (Bt, T, E) x 2, (Bt, E)
         gated = fused(gated_membrane, fuse)(membrane, z, compute_dtype(z))
         return gated, compartments, soma, dt, spikes
 

@@ -207,7 +207,7 @@ class HippocampalLayer(nn.Module):
 
         clock_raw = self.clock_proj(h.read())  # (Bt, T, Ha)
         gate_spikes, gate_membrane, gate_last = self.write_gate(
-            self.write_proj(h.read()), None if state is None else state["write_gate"]
+            self.write_proj(h.read()), None if state is None else state["write_gate"], with_spikes=capture
         )  # (Bt, T, Ha) x 2, (Bt, Ha)
         clock_step_bh, log_tag_bh, rate = fused(pool_terms, fuse)(clock_raw, is_eos, gate_membrane, self)
         clock_bh = clock_step_bh.cumsum(dim=-1)  # relative to the window's start
@@ -228,7 +228,7 @@ class HippocampalLayer(nn.Module):
         gate_in, up_in = self.ffn_in(f.read()).chunk(2, dim=-1)  # (Bt, T, F) each
         gate_v0, up_v0 = (None, None) if state is None else (state["ffn_gate"], state["ffn_up"])
         hidden, ffn_gate_spikes, ffn_up_spikes, ffn_gate_last, ffn_up_last = recomputed_in_backward(
-            self.ffn_hidden, gate_in, up_in, gate_v0, up_v0, enabled=self.recompute_parts
+            self.ffn_hidden, gate_in, up_in, gate_v0, up_v0, capture, enabled=self.recompute_parts
         )
         x = fused(with_updates, fuse)(x, self.ffn_down(hidden), self.ffn_skip(f.read()))
 
@@ -259,12 +259,13 @@ class HippocampalLayer(nn.Module):
         up_in: torch.Tensor,
         gate_v0: torch.Tensor | None,
         up_v0: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        with_spikes: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor, torch.Tensor]:
         """The FFN's inputs (Bt, T, F) and carried membranes (Bt, F) -> V_gate * V_up (Bt, T, F) in
-        the inputs' dtype (ffn_down's: bf16 under autocast), the gate and up spikes (Bt, T, F) and
-        the last membranes (Bt, F)."""
-        gate_spikes, gate_v, gate_last = self.ffn_gate(gate_in, gate_v0)
-        up_spikes, up_v, up_last = self.ffn_up(up_in, up_v0)
+        the inputs' dtype (ffn_down's: bf16 under autocast), the gate and up spikes (Bt, T, F; None
+        without `with_spikes`: only the probes read them) and the last membranes (Bt, F)."""
+        gate_spikes, gate_v, gate_last = self.ffn_gate(gate_in, gate_v0, with_spikes=with_spikes)
+        up_spikes, up_v, up_last = self.ffn_up(up_in, up_v0, with_spikes=with_spikes)
         return gate_v * up_v, gate_spikes, up_spikes, gate_last, up_last
 
 

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from kernels.plif import plif_scan
+from kernels.plif import plif_membrane, plif_scan
 
 
 def at_least_fp32(tensor: torch.Tensor) -> torch.Tensor:
@@ -72,21 +72,31 @@ class PLIFNeurons(nn.Module):
         return F.softplus(at_least_fp32(self.threshold_raw))
 
     def forward(
-        self, x: torch.Tensor, v0: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        self, x: torch.Tensor, v0: torch.Tensor | None, *, with_spikes: bool = True
+    ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
         """x (B, T, C), v0 (B, C) float32 or None -> spikes, membrane (B, T, C), v_last (B, C) float32.
 
         The membrane returned is the potential before the reset (what the layers read, so the
-        gradient reaches beta and x without passing the surrogate).
+        gradient reaches beta and x without passing the surrogate). Without `with_spikes` the
+        spikes are None and never made: the layers read them only for their probes.
         """
-        return self.scan(x, v0, self.beta(), self.threshold())
+        return self.scan(x, v0, self.beta(), self.threshold(), with_spikes=with_spikes)
 
     def scan(
-        self, x: torch.Tensor, v0: torch.Tensor | None, beta: torch.Tensor, threshold: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        self,
+        x: torch.Tensor,
+        v0: torch.Tensor | None,
+        beta: torch.Tensor,
+        threshold: torch.Tensor,
+        *,
+        with_spikes: bool = True,
+    ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
         """`forward` with this population's `beta()` and `threshold()` computed by the caller: in a
         compiled stage (`engine.models.ns.glue`), fused with the elementwise work that feeds x."""
-        return plif_scan(x, beta, threshold, v0, self.alpha)
+        if with_spikes:
+            return plif_scan(x, beta, threshold, v0, self.alpha)
+        membrane, v_last = plif_membrane(x, beta, threshold, v0, self.alpha)
+        return None, membrane, v_last
 
     def extra_repr(self) -> str:
         return f"channels={self.beta_logit.numel()}, beta_max={self.beta_max}, alpha={self.alpha}"

@@ -220,6 +220,37 @@ def test_a_layer_recomputed_whole_runs_its_scans_twice_not_three_times(
     assert len(neurons) == 2 * dendritic + 2 * 2 * hippocampal + hippocampal + write_gate_again
 
 
+def test_training_makes_no_spikes_and_a_captured_forward_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The layers read only the membranes in training, so their PLIF scans store no spikes there
+    (a third of an fp32 soma's forward traffic); the probes' captured forward gets every spike train."""
+    asked: list[bool] = []
+    scan = ns_dendritic.PLIFNeurons.scan
+
+    def recorded(*args, **kwargs):
+        asked.append(kwargs["with_spikes"])
+        return scan(*args, **kwargs)
+
+    monkeypatch.setattr(ns_dendritic.PLIFNeurons, "scan", recorded)
+    torch.manual_seed(0)
+    model = NSLM(SMALL)
+    tokens = torch.randint(0, SMALL.vocab_size, (ROWS, LENGTH + 1))
+    losses, _ = model(tokens[:, :-1], tokens[:, 1:])
+    losses.mean().backward()
+    assert asked and not any(asked)
+    asked.clear()
+    x, is_eos = model.embed(tokens[:, :-1]), tokens[:, :-1] == SMALL.eos_id
+    with torch.no_grad():
+        for layer in model.layers:
+            x, _, trace = layer(x, is_eos, None, capture=True)
+            spikes = (
+                [trace.soma_spikes]
+                if isinstance(layer, DendriticLayer)
+                else [trace.gate_spikes, trace.ffn_gate_spikes, trace.ffn_up_spikes]
+            )
+            assert all(train.shape[:2] == (ROWS, LENGTH) for train in spikes)
+    assert asked and all(asked)
+
+
 def model_saved_bytes(model: NSLM) -> int:
     """Bytes of the storages (each once) that a bf16-autocast training forward of `model` saves for
     the backward, its parameters and their bf16 casts (the only 2-d bf16 tensors) left out."""
