@@ -1,12 +1,18 @@
-"""Layers shared by the model families: RMSNorm, rotary and sinusoidal positions, SwiGLU.
+"""Layers shared by the model families: RMSNorm, rotary and sinusoidal positions, SwiGLU, maps of
+one input stacked into one product.
 
 Everything here is plain PyTorch and runs on CPU and GPU alike; no family-specific logic.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import nn
+from torch.nn import functional as F
+
+from engine.models.base import compute_dtype
 
 
 class RMSNorm(nn.Module):
@@ -104,6 +110,25 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin
+
+
+def stacked_linear(x: torch.Tensor, maps: Sequence[nn.Linear]) -> tuple[torch.Tensor, ...]:
+    """x (..., D) through several linear maps of it as one matrix product -> each map's output (a
+    slice of one (..., sum of their widths) tensor), in the maps' order.
+
+    One product reads x once and gives it one gradient, the maps' parts summed in the product's
+    fp32 accumulator. Separate maps under bf16 autocast give x a bf16 gradient each, which must be
+    cast to fp32 and added (a pass over x's size each) to keep the sum in fp32. A map without a bias
+    adds zeros in the stacked bias. The weights are stacked in the product's dtype (bf16 under
+    autocast: each cast once, then half the bytes to copy)."""
+    weight = torch.cat([linear.weight.to(compute_dtype(x)) for linear in maps])
+    bias = None
+    if any(linear.bias is not None for linear in maps):
+        bias = torch.cat([
+            linear.bias if linear.bias is not None else linear.weight.new_zeros(linear.out_features)
+            for linear in maps
+        ])  # fmt: skip
+    return F.linear(x, weight, bias).split([linear.out_features for linear in maps], dim=-1)
 
 
 class SwiGLU(nn.Module):

@@ -24,9 +24,10 @@ now): the FFN's two neuron populations and their product, and the two RMSNorms, 
 non-reentrant `torch.utils.checkpoint` (`recomputed_in_backward`). The backward keeps ffn_in's
 bf16 output and the stream, and recomputes the PLIF scans and the norms (cheap, elementwise)
 instead of keeping the neurons' inputs and membranes (bf16, plus the fp32 copies the PLIF kernel
-keeps for bf16 inputs) and the normalised streams (fp32); the recomputation gives the same
-values. Each normalised stream is cast to autocast's dtype once for the maps that read it, which
-would each make and keep a copy of their own (`SharedAutocastCast`).
+keeps for bf16 inputs) and the normalised streams; the recomputation gives the same values.
+Each normalised stream comes out of its norm in the maps' dtype (bf16 under autocast) and goes
+through the maps that read it as one product (`stacked_linear`: q, k, v, the clock and the write
+gate; the FFN's gate, up and skip), so it is kept once and gets one gradient.
 
 Speed on CUDA: the elementwise work between the matrix products and the kernels runs as compiled
 stages (`engine.models.ns.glue`, config `compile_glue`): the norms, RoPE on q and k (`rotated`), the
@@ -43,7 +44,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from engine.models.common import RMSNorm, RotaryEmbedding, apply_rotary
+from engine.models.base import compute_dtype
+from engine.models.common import RMSNorm, RotaryEmbedding, apply_rotary, stacked_linear
 from engine.models.ns.config import NSConfig
 from engine.models.ns.dendritic import recomputed_in_backward
 from engine.models.ns.glue import fused, fuses_glue, normalised, with_update, with_updates
@@ -73,43 +75,6 @@ class HippocampalTrace:
     """(Bt, T, F) spikes of the FFN's gate neurons."""
     ffn_up_spikes: torch.Tensor
     """(Bt, T, F) spikes of the FFN's up neurons."""
-
-
-class _ReadCopy(torch.autograd.Function):
-    """`copy` (a cast of `tensor`) read with a gradient path of its own back to `tensor`, the
-    gradient cast to tensor's dtype there: what autocast's own cast at a linear map does."""
-
-    @staticmethod
-    def forward(ctx, tensor: torch.Tensor, copy: torch.Tensor) -> torch.Tensor:
-        ctx.dtype = tensor.dtype
-        return copy.view_as(copy)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return grad.to(ctx.dtype), None
-
-
-class SharedAutocastCast:
-    """One copy of an fp32 tensor in autocast's dtype for all the linear maps that read it.
-
-    Autocast casts a linear map's input at each map, and each map keeps its own copy for the
-    backward. Here the maps read one copy (`read()`); each read has its own gradient path back
-    to the tensor, so the maps' gradients add up in fp32, as they do behind autocast's casts
-    (one bf16 copy read directly would add them in bf16). Without autocast, reads are the tensor.
-    """
-
-    def __init__(self, tensor: torch.Tensor) -> None:
-        self.tensor = tensor
-        self.copy: torch.Tensor | None = None
-        device = tensor.device.type
-        if torch.is_autocast_enabled(device) and tensor.dtype == torch.float32:
-            with torch.no_grad():
-                self.copy = tensor.to(torch.get_autocast_dtype(device))
-
-    def read(self) -> torch.Tensor:
-        if self.copy is None:
-            return self.tensor
-        return _ReadCopy.apply(self.tensor, self.copy)
 
 
 class HippocampalLayer(nn.Module):
@@ -197,17 +162,16 @@ class HippocampalLayer(nn.Module):
         heads, head_dim = config.attn_heads, config.attn_head_dim
         position = 0 if pool is None else pool.length
         fuse = fuses_glue(config, x)
-        h = SharedAutocastCast(
-            recomputed_in_backward(fused(normalised, fuse), x, self.attn_norm, x.dtype, enabled=self.recompute_parts)
+        h = recomputed_in_backward(
+            fused(normalised, fuse), x, self.attn_norm, compute_dtype(x), enabled=self.recompute_parts
         )
-        qkv = self.qkv(h.read()).view(batch, length, 3, heads, head_dim)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # (Bt, Ha, T, d)
+        qkv, clock_raw, write_in = stacked_linear(h, (self.qkv, self.clock_proj, self.write_proj))
+        q, k, v = qkv.view(batch, length, 3, heads, head_dim).permute(2, 0, 3, 1, 4)  # (Bt, Ha, T, d)
         cos, sin = self.rotary.tables(length, position, q.device, q.dtype)
         q, k = fused(rotated, fuse)(q, k, cos, sin)
 
-        clock_raw = self.clock_proj(h.read())  # (Bt, T, Ha)
         gate_spikes, gate_membrane, gate_last = self.write_gate(
-            self.write_proj(h.read()), None if state is None else state["write_gate"], with_spikes=capture
+            write_in, None if state is None else state["write_gate"], with_spikes=capture
         )  # (Bt, T, Ha) x 2, (Bt, Ha)
         clock_step_bh, log_tag_bh, rate = fused(pool_terms, fuse)(clock_raw, is_eos, gate_membrane, self)
         clock_bh = clock_step_bh.cumsum(dim=-1)  # relative to the window's start
@@ -222,15 +186,16 @@ class HippocampalLayer(nn.Module):
         read = read.transpose(1, 2).reshape(batch, length, heads * head_dim)
         x = fused(with_update, fuse)(x, self.out_proj(read))
 
-        f = SharedAutocastCast(
-            recomputed_in_backward(fused(normalised, fuse), x, self.ffn_norm, x.dtype, enabled=self.recompute_parts)
+        f = recomputed_in_backward(
+            fused(normalised, fuse), x, self.ffn_norm, compute_dtype(x), enabled=self.recompute_parts
         )
-        gate_in, up_in = self.ffn_in(f.read()).chunk(2, dim=-1)  # (Bt, T, F) each
+        ffn_in, skip = stacked_linear(f, (self.ffn_in, self.ffn_skip))
+        gate_in, up_in = ffn_in.chunk(2, dim=-1)  # (Bt, T, F) each
         gate_v0, up_v0 = (None, None) if state is None else (state["ffn_gate"], state["ffn_up"])
         hidden, ffn_gate_spikes, ffn_up_spikes, ffn_gate_last, ffn_up_last = recomputed_in_backward(
             self.ffn_hidden, gate_in, up_in, gate_v0, up_v0, capture, enabled=self.recompute_parts
         )
-        x = fused(with_updates, fuse)(x, self.ffn_down(hidden), self.ffn_skip(f.read()))
+        x = fused(with_updates, fuse)(x, self.ffn_down(hidden), skip)
 
         new_state = {
             "clock": clock_offset + clock_bh[..., -1],

@@ -46,7 +46,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from engine.models.base import IGNORE_INDEX, LanguageModel, ParamGroup, token_losses
-from engine.models.common import RMSNorm
+from engine.models.common import RMSNorm, stacked_linear
 from engine.models.pssa.config import PSSAConfig, changed_state_setting
 from engine.models.pssa.dream import DreamCache, DreamReport, dream
 from engine.models.pssa.memory import EpisodicBank, PendingDreams, WriteRule, to_poincare_ball, write_banks
@@ -96,7 +96,6 @@ class PSSABlock(nn.Module):
         self.ssm_scale = 1.0 / math.sqrt(n)
         # The projections of the normed input, in the order of `forward`'s split.
         self._input_projections = (self.W_delta, self.W_B, self.W_C, self.W_qx, self.W_gate, self.adapter_down)
-        self._input_widths = [linear.out_features for linear in self._input_projections]
         # (weakref to A_raw, its version, its values, A, dA/dA_raw) of the last transform.
         self._rate_cache: tuple[Any, int, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self._initialise()
@@ -164,8 +163,7 @@ class PSSABlock(nn.Module):
         batch, length, width = u.shape
         x = self.norm(u)  # (B, L, d)
         # Every projection of x in one matrix product (one pass over x, one weight gradient).
-        inputs = F.linear(x, torch.cat([linear.weight for linear in self._input_projections]))
-        delta_raw, B_t, C_t, query_x, gate, down = inputs.split(self._input_widths, dim=-1)
+        delta_raw, B_t, C_t, query_x, gate, down = stacked_linear(x, self._input_projections)
         delta = F.softplus(delta_raw)  # (B, L, d)
         # B_t, C_t (B, L, N): one group shared by every channel.
         y, h_last = pssa_scan(x, delta, self.rates(), B_t, C_t, h0)  # (B, L, d), (B, d, N)
