@@ -225,8 +225,9 @@ def results_table(results: dict[str, Any]) -> str:
     return table
 
 
-def check_output(path: Path) -> None:
-    """LineError (one line) when the results could not be written to `path`: said before the
+def check_output(path: Path, force: bool = False) -> None:
+    """LineError (one line) when the results could not be written to `path`, or (without `force`)
+    would replace a file there, such as an earlier evaluation's results: said before the
     evaluation runs (it may take hours), not after it with its results lost. Directories that do
     not exist yet are made when the results are written; the nearest one that exists must take a
     new file (a probe is made and removed: access bits do not tell for root or for /proc)."""
@@ -234,6 +235,8 @@ def check_output(path: Path) -> None:
         raise LineError(f"{path}: --output is a directory; name the file to write the results to")
     if os.path.lexists(path) and not path.is_file():
         raise LineError(f"{path}: --output is not a regular file")
+    if path.is_file() and not force:
+        raise LineError(f"{path}: --output already exists; name another file, or give --force to replace it")
     if path.is_file() and not os.access(path, os.W_OK):
         raise LineError(f"{path}: --output is not writable")
     directory = _nearest_existing(path.parent)

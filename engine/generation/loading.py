@@ -124,6 +124,10 @@ def checkpoint_directory(path: Path) -> Path:
         if not path.is_dir():
             raise LineError(no_such_checkpoint(path))
         return path
+    if (path / STATE_NAME).is_file() or (path / MODEL_FILE).is_file():
+        # A checkpoint's files under another name (a copy, a `.partial` one) without the meta.json
+        # written last: not a line with no checkpoint yet, which `nsconsole run` would start.
+        return path
     layout = LineLayout(path)
     if not layout.checkpoints.is_dir():
         if not path.exists():

@@ -7,7 +7,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from engine.errors import NonFiniteLogits
-from nsconsole.commands.generating import add_generation_arguments, open_model
+from nsconsole.commands.generating import add_generation_arguments, open_model, read_utf8
 from nsconsole.commands.parser import add_command
 from nsconsole.commands.sample import INTERRUPTED
 
@@ -75,7 +75,8 @@ def converse(
         if interactive:
             sys.stdout.write("> ")
             sys.stdout.flush()
-        line = sys.stdin.readline()
+        # No line number: a strict decoder (stdin in a UTF-8 locale) fails on the chunk it read ahead.
+        line = read_utf8(sys.stdin.readline, "stdin: a turn")
         text = line.rstrip("\n")
         if not text:
             if interactive and not line:

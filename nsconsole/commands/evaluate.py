@@ -23,8 +23,8 @@ the Hugging Face hub; --include-path adds directories of your task YAMLs (a loca
 cannot be read (the hub unreachable, a local file missing) is refused in one line before the
 checkpoint loads.
 Prints the harness's results table; --output writes the full results as JSON, whole or not at
-all (a FILE that cannot be written there is refused before anything runs). Needs lm-eval
-(`pip install 'nsconsole[eval]'`).
+all (a FILE that cannot be written there, or that exists without --force, is refused before
+anything runs). Needs lm-eval (`pip install 'nsconsole[eval]'`).
 """
 EXAMPLES = """\
 examples:
@@ -71,7 +71,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="use the parameters' moving average the checkpoint keeps (run.json `ema`)")
     parser.add_argument("--device", default="auto", help="auto (the GPU when there is one), cpu or cuda[:N]")
     parser.add_argument("--output", type=Path, default=None, metavar="FILE",
-                        help="write the harness's full results as JSON to FILE")
+                        help="write the harness's full results as JSON to FILE (an existing FILE is "
+                        "refused unless --force)")
+    parser.add_argument("--force", action="store_true", help="replace --output when it exists")
     parser.set_defaults(func=run)
 
 
@@ -95,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
         raise LineError("eval needs lm-eval, which is not installed: pip install 'nsconsole[eval]'") from None
 
     if args.output is not None:
-        check_output(args.output)
+        check_output(args.output, args.force)
     tasks = [task.strip() for task in args.tasks.split(",") if task.strip()]
     settings = EvaluationSettings(tasks, args.include_path, args.limit, args.num_fewshot, args.seed)
     source = args.host_settings.resolve_line(args.source)

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from engine.errors import LineError
 from engine.generation.settings import SamplingSettings
 from nsconsole.commands.parser import SEED_RANGE, positive_int, seed
 
@@ -36,6 +37,28 @@ def _setting(name: str) -> Callable[[str], float]:
         return value
 
     return parse
+
+
+def utf8_text(text: str, what: str) -> str:
+    """`text`, or LineError naming `what` when it holds bytes that are not UTF-8: Python reads the
+    command line (and stdin in a C or POSIX locale) with such bytes kept as lone surrogates, which
+    the tokenizer meets with a traceback."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        byte = ord(text[error.start]) & 0xFF  # a surrogate U+DCxx stands for the byte 0xxx
+        raise LineError(f"{what} is not UTF-8 text (byte 0x{byte:02x} at character {error.start})") from None
+    return text
+
+
+def read_utf8(read: Callable[[], str], what: str) -> str:
+    """What `read` (of stdin) returns, checked by `utf8_text`; a strict decoder's error (stdin in a
+    UTF-8 locale) is the same one line."""
+    try:
+        text = read()
+    except UnicodeDecodeError as error:
+        raise LineError(f"{what} is not UTF-8 text ({error.reason})") from None
+    return utf8_text(text, what)
 
 
 def add_generation_arguments(parser: argparse.ArgumentParser, tokens_help: str, tokens_default: int) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.errors import LineError, NonFiniteLogits
-from nsconsole.commands.generating import add_generation_arguments, open_model
+from nsconsole.commands.generating import add_generation_arguments, open_model, read_utf8, utf8_text
 from nsconsole.commands.parser import add_command
 
 if TYPE_CHECKING:
@@ -58,9 +58,9 @@ def prompt_text(args: argparse.Namespace) -> str:
     """--prompt, or the text of --prompt-file read whole (before the checkpoint loads, so a file
     that cannot be read costs no wait)."""
     if args.prompt_file is None:
-        return str(args.prompt)
+        return utf8_text(str(args.prompt), "--prompt")
     if str(args.prompt_file) == "-":
-        return sys.stdin.read()
+        return read_utf8(sys.stdin.read, "stdin (--prompt-file -)")
     try:
         return args.prompt_file.read_text(encoding="utf-8")
     except UnicodeDecodeError as error:

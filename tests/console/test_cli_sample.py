@@ -312,6 +312,43 @@ def test_a_prompt_file_that_cannot_be_read_is_refused_before_the_checkpoint_load
         assert (status, out, err) == (2, "", f"nsconsole: {path}: {refusal}\n")
 
 
+@pytest.mark.parametrize("errors", ["surrogateescape", "strict"])  # stdin in a C locale, in a UTF-8 one
+def test_a_prompt_with_bytes_that_are_not_utf8_is_refused_in_one_line(
+    line: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, errors: str
+) -> None:
+    # Found in a README walk: the tokenizer met them with a traceback (`TextEncodeInput must be ...`).
+    assert sample(capsys, str(line), "--prompt", "ab\udcff") == (
+        2, "", "nsconsole: --prompt is not UTF-8 text (byte 0xff at character 2)\n")  # fmt: skip
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"\xff\xfe a\n"), "utf-8", errors))
+    status, out, err = sample(capsys, str(line), "--prompt-file", "-")
+    problem = "byte 0xff at character 0" if errors == "surrogateescape" else "invalid start byte"
+    assert (status, out, err) == (2, "", f"nsconsole: stdin (--prompt-file -) is not UTF-8 text ({problem})\n")
+
+
+def test_a_chat_turn_with_bytes_that_are_not_utf8_is_refused_in_one_line(
+    line: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Found in a README walk: a traceback (exit status 1) after the turns before it were answered.
+    stdin = io.TextIOWrapper(io.BytesIO(b"the model\n\xff bad\n"), "utf-8", "surrogateescape")
+    monkeypatch.setattr(sys, "stdin", stdin)
+    assert main(["chat", str(line), "--seed", "3", "--tokens", "5"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out.count("\n") == 1  # the first turn's reply
+    assert captured.err.splitlines()[1:] == ["nsconsole: stdin: a turn is not UTF-8 text (byte 0xff at character 0)"]
+
+
+def test_a_copied_checkpoint_without_its_meta_json_is_called_incomplete(
+    line: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # Found in a README walk: a checkpoint's files under another name (a copy, a `.partial` one)
+    # without meta.json were "no checkpoint yet", with `nsconsole run` on the checkpoint suggested.
+    copy = tmp_path / "best"
+    shutil.copytree(line / "checkpoints" / "u00000006", copy)
+    (copy / "meta.json").unlink()
+    status, out, err = sample(capsys, str(copy), "--tokens", "5")
+    assert (status, out, err) == (2, "", f"nsconsole: {copy / 'meta.json'}: missing (an incomplete checkpoint)\n")
+
+
 @pytest.mark.parametrize(
     ("option", "value", "problem"),
     [("--tokens", "abc", "not a whole number: 'abc'"), ("--tokens", "1e3", "not a whole number: '1e3'"),

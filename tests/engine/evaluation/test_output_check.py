@@ -49,8 +49,23 @@ def test_a_writable_output_passes_and_its_missing_directories_are_made(tmp_path:
     assert sorted(root.iterdir()) == []  # the probe is gone, and nothing is made before the run
     write_results({"results": {"task": {"acc,none": 0.5}}}, output)
     assert '"acc,none": 0.5' in output.read_text()
-    check_output(output)  # an existing file is replaced
+    check_output(output, force=True)  # an existing file is replaced with --force
     assert [path.name for path in output.parent.iterdir()] == ["results.json"]
+
+
+def test_an_existing_output_is_refused_without_force_before_the_checkpoint_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # An earlier evaluation's results were replaced without a word (found in a README walk): a
+    # typo in --output cost them, as `data tokenizer --out` refuses to without --force.
+    output = tmp_path / "trunk.json"
+    output.write_text('{"results": "an earlier evaluation"}')
+    monkeypatch.setattr(harness, "open_checkpoint", unloadable)
+    assert main(["eval", str(tmp_path / "line"), "--tasks", "nsc_choice", "--output", str(output)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == (f"nsconsole: {output}: --output already exists; name another file, or give --force "
+                            "to replace it\n")  # fmt: skip
+    assert output.read_text() == '{"results": "an earlier evaluation"}'
 
 
 def test_a_file_that_is_not_a_regular_file_is_refused(tmp_path: Path) -> None:
