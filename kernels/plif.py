@@ -141,6 +141,17 @@ def _plif_forward_kernel(
     tl.store(v_last_ptr + batch * channels + channel, v, mask=channel_ok)
 
 
+def _reads_in_place(x: torch.Tensor) -> bool:
+    """Whether the forward reads x where it lies: contiguous, or a slice of a wider tensor (the FFN's
+    gate and up halves of one product: a copy of each cost a read and a write of the half) whose
+    rows and steps start 16-element aligned. A misaligned slice is copied first: its loads could
+    not be vectorised and pipelined, and each step would wait out the memory's latency."""
+    if x.is_contiguous():
+        return True
+    aligned = x.stride(0) % 16 == 0 and x.stride(1) % 16 == 0 and x.data_ptr() % 16 == 0
+    return x.stride(-1) == 1 and aligned
+
+
 class _PlifScan(torch.autograd.Function):
     """The Triton forward (one pass over the sequence) and surrogate backward (kernels/plif_backward.py:
     one pass, or for few rows two over time segments and a short one between)."""
@@ -148,9 +159,7 @@ class _PlifScan(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, beta, v_th, v0, alpha, with_spikes):
         batch, seq_len, channels = x.shape
-        # A slice of a wider tensor is read where it lies (the FFN's gate and up halves of one
-        # product: a copy of each cost a read and a write of the half).
-        x = x if x.stride(-1) == 1 else x.contiguous()
+        x = x if _reads_in_place(x) else x.contiguous()
         v_pre = new_buffer(x.shape, x.dtype, x.device)
         # Without with_spikes no spike is stored (a third of an fp32 forward's traffic).
         spikes = new_buffer(x.shape, x.dtype, x.device) if with_spikes else v_pre

@@ -351,10 +351,11 @@ def test_membrane_only_scan_is_the_scan_without_its_spikes(
         assert stored[len(stored) // 2 :] == [False] * (len(stored) // 2)
 
 
-@pytest.mark.parametrize(("steps", "channels"), [(37, 64), (16, 37)])
+@pytest.mark.parametrize(("steps", "channels"), [(37, 64), (16, 48)])
 def test_kernel_reads_a_slice_of_a_wider_input_where_it_lies(record_launches, steps: int, channels: int) -> None:
-    """The FFN's gate and up halves of one product (a (Bt, T, 2F) tensor's slices): read in place,
-    not copied first, with the values and gradients of the same input made contiguous."""
+    """The FFN's gate and up halves of one product (a (Bt, T, 2F) tensor's slices, 16-element
+    aligned): read in place, not copied first, with the values and gradients of the same input made
+    contiguous."""
     launches = record_launches(plif, "_plif_forward_kernel")
     x, beta, th, v0 = _inputs(2, steps, 2 * channels, seed=steps)
     beta, th, v0 = beta[channels:], th[channels:], v0[:, channels:]
@@ -373,6 +374,19 @@ def test_kernel_reads_a_slice_of_a_wider_input_where_it_lies(record_launches, st
     torch.autograd.backward(contiguous, grads)
     assert torch.equal(wide.grad[..., channels:], whole.grad)
     assert not wide.grad[..., :channels].any()
+
+
+def test_a_misaligned_slice_is_copied_before_the_scan(record_launches) -> None:
+    """A slice whose rows do not start 16-element aligned (20 channels of a 44-wide tensor) would be
+    loaded step by step without vectorised, pipelined loads: it is copied first, same values."""
+    launches = record_launches(plif, "_plif_forward_kernel")
+    x, beta, th, v0 = _inputs(2, 19, 44, seed=3)
+    beta, th, v0 = beta[24:], th[24:], v0[:, 24:]
+    sliced = x[..., 24:]
+    got = plif_scan(sliced, beta, th, v0, use_triton=True)
+    assert launches[0]["args"][0].data_ptr() != sliced.data_ptr()
+    for mine, theirs in zip(got, plif_scan(sliced.contiguous(), beta, th, v0, use_triton=True), strict=True):
+        assert torch.equal(mine, theirs)
 
 
 def test_ragged_forward_runs_its_whole_iterations_unmasked(monkeypatch: pytest.MonkeyPatch, record_launches) -> None:

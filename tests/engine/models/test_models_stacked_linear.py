@@ -51,3 +51,12 @@ def test_under_autocast_the_input_gets_one_gradient_from_one_product() -> None:
     torch.autograd.backward(outputs, [g.bfloat16() for g in grads])
     exact = sum(g.double() @ linear.weight.double() for g, linear in zip(grads, maps, strict=True))
     assert (x.grad.double() - exact).norm() / exact.norm() < 2**-7
+
+
+def test_each_output_starts_aligned_for_the_kernels_that_read_slices() -> None:
+    """q, k, v (7,680 wide at ns-2b) then the clock's and the write gate's 20 columns: each starts at a
+    multiple of 16 columns and the rows are a multiple of 16 wide, zero rows filling the gaps."""
+    maps = (nn.Linear(16, 40, bias=False), nn.Linear(16, 5), nn.Linear(16, 5))
+    outputs = stacked_linear(torch.randn(3, 4, 16), maps)
+    assert [output.storage_offset() for output in outputs] == [0, 48, 64]
+    assert {output.stride(1) for output in outputs} == {80}
