@@ -14,6 +14,7 @@ records which sources took it from where.
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,9 +27,14 @@ from datalines.dataline import CONFIG_FORMAT, CONFIG_NAME, TOKENIZER_NAME, DataL
 from datalines.errors import DataLineError
 from datalines.files import read_json, write_bytes_atomic, write_json_atomic
 from datalines.planning import ensure_plan
-from datalines.recipe import Recipe, check_schedule_on_cycles, parse_recipe, with_paths_from
+from datalines.recipe import (
+    Recipe,
+    check_recipe_keys,
+    check_schedule_on_cycles,
+    parse_recipe,
+    with_paths_from,
+)
 from datalines.sources import Source, open_source
-from datalines.sources.hub import DOWNLOADS_DIRECTORY
 from datalines.tokenizer import EMBEDDED_EOS_TOKEN, PlainTextTokenizer, load_tokenizer, train_byte_level_bpe
 
 EMBEDDED_VOCAB = 8192
@@ -44,30 +50,46 @@ EMBEDDED_RECIPE: dict[str, Any] = {
 }
 
 
-def _check_init_arguments(work: Path, cycle_tokens: int) -> None:
-    """Refuse, before anything is read or trained, a line that exists or a cycle size that cannot be."""
+def check_new_work(work: Path) -> None:
+    """Refuse a --work where no new data line can be made: one is there already, or it (or the
+    closest of its parents that exists) is a file, which making the directory would fail on."""
     if (work / CONFIG_NAME).exists():
         raise DataLineError(f"{work / CONFIG_NAME}: a data line already exists here; choose another --work")
+    existing = next(path for path in (work, *work.parents) if path.exists())
+    if not existing.is_dir():
+        raise DataLineError(f"{existing}: not a directory, so --work {work} cannot be made; choose another --work")
+
+
+def _check_init_arguments(work: Path, cycle_tokens: int) -> None:
+    """Refuse, before anything is read or trained, a line that exists or a cycle size that cannot be."""
+    check_new_work(work)
     if cycle_tokens < 1:
         raise DataLineError(f"--cycle-tokens must be >= 1, got {cycle_tokens}")
 
 
 @contextmanager
-def _nothing_left_on_failure(work: Path) -> Iterator[None]:
+def nothing_left_on_failure(work: Path) -> Iterator[None]:
     """A failed init takes away what it made: pinning and calibrating a hub source download files
     (each stratum's first ones: gigabytes on a real dataset) into `work`, and a refusal after that
-    left them in a directory no line owns. A directory the user made stays, with what was in it."""
-    made = not work.exists()
-    downloads = work / DOWNLOADS_DIRECTORY
-    downloads_made = not downloads.exists()
+    left them in a directory no line owns; `--like` writes dataline.json before it plans, and one
+    left behind refuses the retry. A directory the user made stays, with what was in it."""
+    before = set(os.listdir(work)) if work.is_dir() else None
     try:
         yield
     except BaseException:
-        if made:
+        if before is None:
             shutil.rmtree(work, ignore_errors=True)
-        elif downloads_made:
-            shutil.rmtree(downloads, ignore_errors=True)
+        else:
+            for name in set(os.listdir(work)) - before:
+                _remove(work / name)
         raise
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def _write_line(
@@ -198,6 +220,7 @@ def init_data_line(
     _check_init_arguments(work, cycle_tokens)
     raw = read_json(recipe_file)
     recipe = with_paths_from(parse_recipe(raw, str(recipe_file)), recipe_file.parent)
+    check_recipe_keys(raw, str(recipe_file))
     if tokenizer_file is None:
         named = raw.get("tokenizer")
         if isinstance(named, str):
@@ -209,7 +232,7 @@ def init_data_line(
                 f"{recipe_file}: recipe.tokenizer is not set, no --tokenizer was given and host.json names none"
             )
     tokenizer = load_tokenizer(tokenizer_file)
-    with _nothing_left_on_failure(work):
+    with nothing_left_on_failure(work):
         return _write_line(work, recipe, tokenizer, eos_id, cycle_tokens, calibration_from=calibration_from)
 
 

@@ -68,7 +68,7 @@ class DataLine:
                          f"pinned in {CONFIG_NAME})")  # fmt: skip
         try:
             self.tokenizer_json: str = tokenizer_path.read_text(encoding="utf-8")
-        except OSError as error:
+        except (OSError, UnicodeDecodeError) as error:  # not UTF-8: damaged, as the sha256 would say
             raise InputChanged(f"{tokenizer_path}: cannot be read ({error})", tokenizer_fix) from None
         self.tokenizer_sha256 = sha256_bytes(self.tokenizer_json.encode("utf-8"))
         if self.tokenizer_sha256 != self._tokenizer_pin_sha256:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from datalines.creation import check_new_work, nothing_left_on_failure
 from datalines.dataline import CONFIG_NAME, TOKENIZER_NAME, DataLine, open_data_line
 from datalines.errors import DataLineError
 from datalines.files import write_bytes_atomic, write_json_atomic
@@ -24,9 +25,15 @@ _COPIED_KEYS = ("format", "eos_id", "cycle_tokens", "tokenizer", "recipe", "pins
 
 def init_like_line(work: Path, like: Path) -> DataLine:
     """Create at `work` a data line identical to the one at `like` (see the module docstring)."""
-    if (work / CONFIG_NAME).exists():
-        raise DataLineError(f"{work / CONFIG_NAME}: a data line already exists here; choose another --work")
+    check_new_work(work)
     other = open_data_line(like)
+    # A refusal below (DATA's sources changed since it was made) leaves no half-made line at
+    # `work`: its dataline.json would refuse the retry with "a data line already exists here".
+    with nothing_left_on_failure(work):
+        return _copy_line(work, other)
+
+
+def _copy_line(work: Path, other: DataLine) -> DataLine:
     config = {key: other.config[key] for key in _COPIED_KEYS if key in other.config}
     work.mkdir(parents=True, exist_ok=True)
     write_bytes_atomic(work / TOKENIZER_NAME, other.tokenizer_json.encode("utf-8"))
@@ -39,7 +46,7 @@ def init_like_line(work: Path, like: Path) -> DataLine:
         if ours != theirs:
             raise DataLineError(
                 f"{other.path / 'plans' / f'c{index:04d}.json'}: cycle {index} plans differently from its "
-                f"sources now (they changed since {other.path} was made); {work} is not identical to it"
+                f"sources now (they changed since {other.path} was made); {work} would not be identical to it"
             )
     return line
 

@@ -23,6 +23,7 @@ starts at or after it, until the next piece.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -224,6 +225,30 @@ def parse_recipe(data: Any, where: str) -> Recipe:
     )
 
 
+RECIPE_FILE_KEYS = ("tokenizer", "seed", "segments_per_cycle", "at_corpus_end", "validation_tokens", "sources",
+                    "schedule")
+SOURCE_KEYS = ("name", "kind", "include", "text_field", "strata", "heldout_fraction", "control_markers")
+SOURCE_KIND_KEYS = {"hub": ("repo", "revision", "data_dir"), "local": ("path",), "embedded": ()}
+PIECE_KEYS = ("from_tokens", "shares")
+
+
+def check_recipe_keys(data: dict[str, Any], where: str) -> None:
+    """Refuse a key of a recipe file that nothing reads (a parsed recipe: `parse_recipe` first): a
+    misspelt `heldout_fracton` would otherwise leave the default in force without a word."""
+    _check_keys(data, RECIPE_FILE_KEYS, where, "recipe", "the recipe's")
+    for index, source in enumerate(data["sources"]):
+        kind = source["kind"]
+        _check_keys(source, SOURCE_KEYS + SOURCE_KIND_KEYS[kind], where, f"sources[{index}]", f"a {kind} source's")
+    for index, piece in enumerate(data["schedule"]):
+        _check_keys(piece, PIECE_KEYS, where, f"schedule[{index}]", "a schedule piece's")
+
+
+def _check_keys(data: dict[str, Any], known: tuple[str, ...], where: str, label: str, owner: str) -> None:
+    unknown = [key for key in data if key not in known]
+    if unknown:
+        raise DataLineError(f"{where}: unknown key {label}.{unknown[0]} ({owner} keys: {', '.join(known)})")
+
+
 def _parse_source(raw: Any, where: str, index: int) -> SourceSpec:
     fields = JsonFields(raw, where, f"sources[{index}]")
     name = fields.string("name")
@@ -261,7 +286,7 @@ def _parse_schedule(raw: Any, where: str, names: list[str]) -> tuple[SharePiece,
     for index, item in enumerate(raw):
         fields = JsonFields(item, where, f"schedule[{index}]")
         start = item.get("from_tokens")
-        if isinstance(start, bool) or not isinstance(start, (int, float)) or start < 0 or start != int(start):
+        if not _is_finite_number(start) or start < 0 or start != int(start):
             raise fields.fail(".from_tokens", f"must be a whole number of tokens >= 0, got {start!r}")
         start = int(start)
         if index == 0 and start != 0:
@@ -277,14 +302,26 @@ def _parse_schedule(raw: Any, where: str, names: list[str]) -> tuple[SharePiece,
         for name, share in shares.items():
             if name not in names:
                 raise fields.fail(f".shares.{name}", f"names no source (sources: {', '.join(names)})")
-            if isinstance(share, bool) or not isinstance(share, (int, float)) or share < 0:
-                raise fields.fail(f".shares.{name}", f"must be a number >= 0, got {share!r}")
+            if not _is_finite_number(share) or share < 0:
+                raise fields.fail(f".shares.{name}", f"must be a finite number >= 0, got {share!r}")
             if share > 0:
                 weights[name] = round(float(share) * SHARE_RESOLUTION)
         if not weights or min(weights.values()) == 0:
             raise fields.fail(".shares", "must give at least one source a share of 1e-6 or more")
         pieces.append(SharePiece(from_tokens=start, weights=weights))
     return tuple(pieces)
+
+
+def _is_finite_number(value: Any) -> bool:
+    """A JSON number that is a finite float: Python's json reads `NaN`, `Infinity` and `1e400` as
+    floats and `1` with 400 zeros as an int, which no share or token count can be (and int() or
+    float() of them raises)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
 
 
 def with_paths_from(recipe: Recipe, directory: Path) -> Recipe:

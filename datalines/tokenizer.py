@@ -91,6 +91,8 @@ def load_tokenizer(path: Path) -> PlainTextTokenizer:
         text = path.read_text(encoding="utf-8")
     except OSError as error:
         raise DataLineError(f"{path}: tokenizer cannot be read ({error})") from None
+    except UnicodeDecodeError as error:
+        raise DataLineError(f"{path}: tokenizer is not UTF-8 text ({error})") from None
     return PlainTextTokenizer(text, str(path))
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from datalines.corpus import file_documents
 from datalines.errors import DataLineError
 from datalines.files import read_json, write_bytes_atomic
-from datalines.recipe import SourceSpec, parse_recipe, with_paths_from
+from datalines.recipe import SourceSpec, check_recipe_keys, parse_recipe, with_paths_from
 from datalines.sources import Source, open_source
 from datalines.tokenizer import PlainTextTokenizer, train_byte_level_bpe
 
@@ -54,7 +54,9 @@ def train_tokenizer_from_recipe(
     """Train on a recipe's (local and embedded) sources, each read as `data init` reads it, without
     its held-out documents; the sources' control markers join the special tokens (`data init`
     needs them in the vocabulary). Returns the vocab size and the special tokens."""
-    recipe = with_paths_from(parse_recipe(read_json(recipe_file), str(recipe_file)), recipe_file.parent)
+    raw = read_json(recipe_file)
+    recipe = with_paths_from(parse_recipe(raw, str(recipe_file)), recipe_file.parent)
+    check_recipe_keys(raw, str(recipe_file))
     hub = [spec.name for spec in recipe.sources if spec.kind == "hub"]
     if hub:
         raise DataLineError(
@@ -69,6 +71,7 @@ def train_tokenizer_from_recipe(
 def _train(
     specs: list[SourceSpec], vocab_size: int, out: Path, special_tokens: Sequence[str], overwrite: bool
 ) -> int:
+    _check_special_tokens(special_tokens)
     _refuse_existing(out, overwrite)  # before the training, which takes long
     sources = [open_source(spec, out.parent, None) for spec in specs]
     tokenizer_json = train_byte_level_bpe(_training_texts(sources), vocab_size, special_tokens)
@@ -79,6 +82,22 @@ def _train(
 
 def _refuse_existing(out: Path, overwrite: bool) -> None:
     """DataLineError (one line) when `out` exists and may not be overwritten: a tokenizer is the pin of
-    every data line made with it, and one written over by mistake is gone."""
+    every data line made with it, and one written over by mistake is gone. Also when it cannot be
+    written at all (a directory, or under a file), which the write would find only after the training."""
+    if out.is_dir():
+        raise DataLineError(f"{out}: is a directory; --out names the tokenizer JSON file to write")
     if not overwrite and os.path.lexists(out):
         raise DataLineError(f"{out}: already exists; give another --out, or --force to overwrite it")
+    existing = next(path for path in out.parents if path.exists())
+    if not existing.is_dir():
+        raise DataLineError(f"{existing}: not a directory, so --out {out} cannot be written")
+
+
+def _check_special_tokens(special_tokens: Sequence[str]) -> None:
+    """The special tokens take ids 0, 1, ... in order: an empty one is no token and a repeated one
+    takes a single id, so every token after it would get another id than the one asked for."""
+    if "" in special_tokens:
+        raise DataLineError("--special: a special token cannot be empty")
+    repeated = sorted({token for token in special_tokens if list(special_tokens).count(token) > 1})
+    if repeated:
+        raise DataLineError(f"--special: {', '.join(map(repr, repeated))} given more than once (a token has one id)")

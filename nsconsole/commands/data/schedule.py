@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 
 from nsconsole.commands.data.paths import data_line_path
 
@@ -17,7 +18,7 @@ def run_schedule(args: argparse.Namespace) -> int:
         shares = json.loads(args.shares)
     except json.JSONDecodeError as error:
         raise DataLineError(f"--shares: not valid JSON ({error})") from None
-    if args.from_tokens != int(args.from_tokens):
+    if not math.isfinite(args.from_tokens) or args.from_tokens != int(args.from_tokens):
         raise DataLineError(f"--from-tokens must be a whole number, got {args.from_tokens}")
     line = open_data_line(data_line_path(args, args.work))
     append_schedule_piece(line, int(args.from_tokens), shares)

@@ -20,6 +20,8 @@ def run_val(args: argparse.Namespace) -> int:
         lengths = line_lengths(args.host_settings.resolve_line(args.for_line))
     else:
         seq_len = DEFAULT_SEQ_LEN if args.seq_len is None else args.seq_len
+        if args.long_seq_len is not None and args.long_seq_len < 0:  # else taken as 0 without a word
+            raise DataLineError(f"--long-seq-len must be >= 0 (0: none), got {args.long_seq_len}")
         long_seq_len = default_long_seq_len() if args.long_seq_len is None else args.long_seq_len
         lengths = [seq_len] + ([long_seq_len] if long_seq_len > 0 and long_seq_len != seq_len else [])
     built = build_validation(open_data_line(data_line_path(args, args.work)), lengths)
