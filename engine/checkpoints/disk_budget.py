@@ -19,7 +19,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.checkpoints.format import CHECKPOINT_DISK_MARGIN, list_checkpoints, resume_candidate
+from engine.checkpoints.format import CHECKPOINT_DISK_MARGIN, list_checkpoints
 from engine.config.run import RunConfig
 from engine.errors import DiskFull
 from engine.models import presets
@@ -53,11 +53,10 @@ def gib_text(nbytes: float) -> str:
 
 
 def next_checkpoint_size(
-    checkpoints_dir: Path, config: RunConfig, parameters: int, tokenizer_bytes: int
+    newest: Path | None, config: RunConfig, parameters: int, tokenizer_bytes: int
 ) -> CheckpointSize:
-    """The size of the checkpoint the line resumes from (`latest`, or the one a start falls back to)
-    when it has one, else the estimate from the parameters."""
-    newest = resume_candidate(checkpoints_dir)
+    """The size of `newest`, the checkpoint the line resumes from (`latest`, or the one a start falls
+    back to), when it has one, else the estimate from the parameters."""
     if newest is not None:
         measured = sum(path.stat().st_size for path in newest.iterdir() if path.is_file())
         return CheckpointSize(measured, f"measured on {newest.name}")

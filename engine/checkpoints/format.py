@@ -31,7 +31,7 @@ import threading
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from engine.atomic import write_text_atomic
 from engine.errors import CheckpointError
@@ -259,19 +259,88 @@ def no_such_checkpoint(directory: Path) -> str:
     return f"{directory}: no such checkpoint (the line has {', '.join(available) or 'none'})"
 
 
-def resume_candidate(checkpoints_dir: Path) -> Path | None:
-    """The checkpoint a start resumes from, as far as its files say without hashing them: the one
-    `latest` names, or where that is gone the newest before it with a readable state.json (the
-    trainer's `find_resume_point` falls back the same way, and verifies); None when there is none.
-    What `nsconsole check` and `status` read the line's position from."""
-    latest = read_latest(checkpoints_dir)
+_Accepted = TypeVar("_Accepted")
+
+
+class NoGoodCheckpoint(CheckpointError):
+    """Checkpoints exist, and a start would take none of them (`search_resume_point`)."""
+
+    def __init__(self, checkpoints_dir: Path, problems: list[str]):
+        super().__init__(f"{checkpoints_dir}: no good checkpoint: " + "; ".join(problems))
+        self.problems = problems
+        """What is wrong with `latest` and with each checkpoint, newest first, one line each."""
+
+
+def search_resume_point(
+    checkpoints_dir: Path, accept: Callable[[Path], _Accepted]
+) -> tuple[_Accepted | None, list[str]]:
+    """How a start picks the checkpoint it resumes from (`engine.checkpoints.tensors.find_resume_point`
+    with `accept` loading it): the one `latest` names, or, where that is missing or `accept` raises
+    `CheckpointError` on it, the newest before it that `accept` takes. Returns what `accept` gave
+    (None: no checkpoint yet) and one line per thing skipped on the way, newest first: `latest`
+    naming a missing checkpoint or none, each damaged checkpoint's file and problem. Raises
+    `CheckpointError` when checkpoints exist but `accept` takes none of them. Checkers pass a
+    cheaper `accept` (the hashes, or only the sizes, `verify_checkpoint`), never a loop of their own."""
     candidates = list_checkpoints(checkpoints_dir)
+    latest = read_latest(checkpoints_dir)
+    problems: list[str] = []
     if latest is not None:
-        candidates = [path for path in candidates if (update_of(path) or 0) <= int(latest[1:])]
+        latest_update = int(latest[1:])
+        if not (checkpoints_dir / latest).is_dir():
+            problems.append(f"{checkpoints_dir / LATEST_NAME}: names {latest}, which is missing")
+        # Checkpoints after `latest` belong to no continuation latest vouches for.
+        candidates = [path for path in candidates if (update_of(path) or 0) <= latest_update]
+    elif (checkpoints_dir / LATEST_NAME).exists():
+        problems.append(latest_name_problem(checkpoints_dir))
     for directory in reversed(candidates):
-        if read_checkpoint_state(directory) is not None:
-            return directory
-    return None
+        try:
+            return accept(directory), problems
+        except CheckpointError as error:
+            problems.append(str(error))
+    if candidates:
+        raise NoGoodCheckpoint(checkpoints_dir, problems)
+    return None, problems
+
+
+def _with_state(directory: Path) -> Path:
+    """`directory`, when its state.json reads (what the line's position is read from)."""
+    if read_checkpoint_state(directory) is None:
+        raise CheckpointError(f"{directory / STATE_NAME}: missing or unreadable (a damaged checkpoint)")
+    return directory
+
+
+def resume_candidate(checkpoints_dir: Path) -> Path | None:
+    """The checkpoint a start resumes from, as far as its state.json says (a start's choice,
+    `search_resume_point`, taking every checkpoint whose state.json reads; None when there is none).
+    What the commands read the line's position from; `sized_resume_point` and
+    `verified_resume_point` look further."""
+    try:
+        return search_resume_point(checkpoints_dir, _with_state)[0]
+    except CheckpointError:
+        return None
+
+
+def _sized(directory: Path) -> Path:
+    verify_checkpoint(_with_state(directory), hashes=False)
+    return directory
+
+
+def sized_resume_point(checkpoints_dir: Path) -> tuple[Path | None, list[str]]:
+    """A start's choice (`search_resume_point`) taking a checkpoint whose state.json reads and whose
+    meta.json lists every file at its size (a truncated or missing file, an unreadable meta.json
+    are skipped), without hashing them: what `nsconsole status` can afford. A checkpoint corrupted
+    at its size is seen by `verify_line_checkpoints` alone. Returns the checkpoint (None: none is
+    left) and what was skipped, one line each."""
+    try:
+        return search_resume_point(checkpoints_dir, _sized)
+    except NoGoodCheckpoint as error:
+        return None, error.problems
+
+
+def resume_clause(resumed: Path, latest: str | None) -> str:
+    """What a start does where `latest`'s checkpoint is missing or damaged: the checkpoint it
+    resumes from instead (`search_resume_point`)."""
+    return f"a start resumes from {resumed.name}, the newest" + (" before it" if latest is not None else "")
 
 
 def no_checkpoint_left_problem(layout: LineLayout) -> str | None:
@@ -495,8 +564,10 @@ def read_checkpoint_state(directory: Path) -> dict[str, Any] | None:
     return state if isinstance(state, dict) else None
 
 
-def verify_checkpoint(directory: Path) -> None:
-    """Check every file against meta.json (present, size, blake2b); raise `CheckpointError` naming it."""
+def verify_checkpoint(directory: Path, *, hashes: bool = True) -> None:
+    """Check every file against meta.json (present, size, blake2b); raise `CheckpointError` naming it.
+    `hashes=False`: present and of its size only, without reading the files (a truncated or missing
+    one, not one corrupted at its size)."""
     meta_path = directory / META_NAME
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
@@ -522,12 +593,19 @@ def verify_checkpoint(directory: Path) -> None:
         if size != expected.get("bytes"):
             expected_size = expected.get("bytes")
             raise CheckpointError(f"{path}: {size} bytes, meta.json says {expected_size} (truncated?)")
-        if blake2b_of(path) != expected.get("blake2b"):
+        if hashes and blake2b_of(path) != expected.get("blake2b"):
             raise CheckpointError(f"{path}: blake2b mismatch (corrupted)")
 
 
 def verify_line_checkpoints(line_dir: Path) -> list[str]:
     """Every problem with a line's checkpoints, one line each (empty list: all good)."""
+    return checked_line_checkpoints(line_dir)[0]
+
+
+def checked_line_checkpoints(line_dir: Path) -> tuple[list[str], Path | None]:
+    """Every problem with a line's checkpoints, one line each, and the checkpoint a start resumes
+    from (None: none), the start's own choice (`search_resume_point`) over these hashes. Where that
+    is not the one `latest` names, the last thing the start skips says which it resumes from."""
     checkpoints_dir = Path(line_dir) / "checkpoints"
     problems: list[str] = []
     directories = list_checkpoints(checkpoints_dir)
@@ -538,19 +616,32 @@ def verify_line_checkpoints(line_dir: Path) -> list[str]:
     elif directories and latest is None:
         problems.append(latest_name_problem(checkpoints_dir))
     elif latest is not None and not (checkpoints_dir / latest).is_dir():
-        resumed = resume_candidate(checkpoints_dir)
-        fallback = f"a start resumes from {resumed.name}, the newest before it" if resumed is not None else (
-            "no checkpoint before it is left")
-        problems.append(f"{checkpoints_dir / LATEST_NAME}: names {latest}, which is missing; {fallback}")
+        problems.append(f"{checkpoints_dir / LATEST_NAME}: names {latest}, which is missing")
+    damaged: dict[Path, str] = {}
     for directory in directories:
         try:
             verify_checkpoint(directory)
         except CheckpointError as error:
-            problems.append(str(error))
+            damaged[directory] = str(error)
+    problems += damaged.values()
+
+    def verified(directory: Path) -> Path:
+        if directory in damaged:
+            raise CheckpointError(damaged[directory])  # hashed once above: a checkpoint can be GiBs
+        return directory
+
+    try:
+        resumed, skipped = search_resume_point(checkpoints_dir, verified)
+    except NoGoodCheckpoint as error:
+        resumed, skipped = None, error.problems
+    if skipped and skipped[-1] in problems:
+        instead = "no good checkpoint before it is left (a start is refused)" if resumed is None else (
+            resume_clause(resumed, latest))
+        problems[problems.index(skipped[-1])] += f"; {instead}"
     if checkpoints_dir.is_dir():
         problems += [
             f"{path}: an interrupted write (discarded at the next start)"
             for path in sorted(checkpoints_dir.iterdir())
             if path.name.endswith(PARTIAL_SUFFIX)
         ]
-    return problems
+    return problems, resumed

@@ -30,7 +30,6 @@ from engine.checkpoints.disk_budget import gib_text
 from engine.checkpoints.format import (
     EXTRA_FILE,
     FORMAT_VERSION,
-    LATEST_NAME,
     META_NAME,
     MODEL_FILE,
     OPTIMIZER_FILE,
@@ -45,10 +44,8 @@ from engine.checkpoints.format import (
     fsync_file,
     json_bytes,
     latest_file_problem,
-    latest_name_problem,
-    list_checkpoints,
     read_latest,
-    update_of,
+    search_resume_point,
     verify_checkpoint,
     write_bytes_durably,
     write_latest,
@@ -307,32 +304,15 @@ class ResumePoint:
 
 
 def find_resume_point(checkpoints_dir: Path) -> ResumePoint:
-    """Load the checkpoint `latest` names; when it is bad, the newest good one before it.
+    """Load the checkpoint `latest` names; when it is bad, the newest good one before it
+    (`search_resume_point`, which `nsconsole check` and `status` read the same choice from).
 
-    Raises `CheckpointError` when checkpoints exist but none of them is good (training from
-    scratch over a line's history would silently lose it).
+    Raises `CheckpointError` when `latest` is not a regular file (the next checkpoint could not
+    replace it) and when checkpoints exist but none of them is good (training from scratch over a
+    line's history would silently lose it).
     """
     latest_problem = latest_file_problem(checkpoints_dir)
     if latest_problem is not None:
         raise CheckpointError(latest_problem)
-    candidates = list_checkpoints(checkpoints_dir)
-    latest = read_latest(checkpoints_dir)
-    problems: list[str] = []
-    if latest is not None:
-        latest_update = int(latest[1:])
-        if not (checkpoints_dir / latest).is_dir():
-            problems.append(f"{checkpoints_dir / LATEST_NAME}: names {latest}, which is missing")
-        # Checkpoints after `latest` belong to no continuation latest vouches for.
-        candidates = [path for path in candidates if (update_of(path) or 0) <= latest_update]
-    elif (checkpoints_dir / LATEST_NAME).exists():
-        problems.append(latest_name_problem(checkpoints_dir))
-    for directory in reversed(candidates):
-        try:
-            return ResumePoint(load_checkpoint(directory), problems)
-        except CheckpointError as error:
-            problems.append(str(error))
-    if candidates:
-        raise CheckpointError(f"{checkpoints_dir}: no good checkpoint: " + "; ".join(problems))
-    return ResumePoint(None, problems)
-
-
+    checkpoint, problems = search_resume_point(checkpoints_dir, load_checkpoint)
+    return ResumePoint(checkpoint, problems)

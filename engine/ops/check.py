@@ -19,10 +19,10 @@ from datalines.errors import DataLineError
 from engine.checkpoints.disk_budget import checkpoints_bytes, gib_text, next_checkpoint_size, retention_need
 from engine.checkpoints.format import (
     CHECKPOINT_DISK_MARGIN,
+    checked_line_checkpoints,
     no_checkpoint_left_problem,
     read_checkpoint_state,
-    resume_candidate,
-    verify_line_checkpoints,
+    sized_resume_point,
 )
 from engine.config.run import LRPiece, RunConfig, stage_length_change
 from engine.errors import ConfigError, LineError
@@ -67,35 +67,43 @@ def check_line(root: Path | str, *, verify_checkpoints: bool = True) -> tuple[Ru
 
     `verify_checkpoints=False` (`nsconsole run`, before it starts a line) leaves out hashing every
     checkpoint: the trainer's start skips a bad one and discards an interrupted write itself.
+
+    The checks that read the line's position read it from the checkpoint a start resumes from, as
+    the start chooses it: over the hashes (the start's own check) when they are verified, else over
+    the files' sizes.
     """
     layout = open_line(root)
     config = RunConfig.load(layout.run_json)
+    if verify_checkpoints:
+        checkpoint_problems, resumed = checked_line_checkpoints(layout.root)
+    else:
+        resumed = sized_resume_point(layout.checkpoints)[0]
     stages = ", ".join(f"{stage.name}@{stage.seq_len}" for stage in config.plan)
     results = [CheckResult(True, f"run.json: valid ({config.model.preset}; plan {stages})")]
-    results += _check_data(layout, config)
-    results += _check_consumption(layout, config)
+    results += _check_data(layout, config, resumed)
+    results += _check_consumption(layout, config, resumed)
     # The checks of the default start, `nsconsole run`: under the supervisor, whose preparer rebuilds shards.
-    cycle = current_cycle_finding(layout, config, preparer_rebuilds=True)
+    cycle = current_cycle_finding(layout, config, resumed, preparer_rebuilds=True)
     results.append(CheckResult(cycle.passed, cycle.message, warning=cycle.warning))
     model = _meta_model(config)
     results.append(_check_heldout_rows(layout, config, model))
     results += _check_long_probe(config, model)
-    results += _check_lifelong(layout, config)
-    results.append(_check_model_against_checkpoint(layout, config, model))
+    results += _check_lifelong(layout, config, resumed)
+    results.append(_check_model_against_checkpoint(resumed, config, model))
     results.append(_check_metrics(config))
     results.append(CheckResult(*device_finding(config.device, gpu_snapshot(), degree=config.parallel.degree)))
     results += _check_parallel(config)
     results += _check_sharing(layout, config)
     results.append(_check_memory(config, model))
-    results += disk_results(layout, config, model)
+    results += disk_results(layout, config, model, resumed)
     results += warmup_results(layout, config)
     if verify_checkpoints:
-        results += _check_checkpoints(layout)
-    results.append(_check_rows(layout))
+        results += _check_checkpoints(layout, checkpoint_problems)
+    results.append(_check_rows(layout, resumed))
     return config, results
 
 
-def _check_data(layout: LineLayout, config: RunConfig) -> list[CheckResult]:
+def _check_data(layout: LineLayout, config: RunConfig, resumed: Path | None) -> list[CheckResult]:
     results: list[CheckResult] = []
     lines = [("data line", config.data.line)]
     if config.data.heldout is not None:
@@ -124,11 +132,11 @@ def _check_data(layout: LineLayout, config: RunConfig) -> list[CheckResult]:
                 CheckResult(True, f"{label}: {path} (vocab {facts.vocab_size} = model's, eos {facts.eos_id})")
             )
         if label == "data line":
-            results += _check_pinned_files(layout, path)
+            results += _check_pinned_files(path, resumed)
     return results
 
 
-def _check_pinned_files(layout: LineLayout, path: Path) -> list[CheckResult]:
+def _check_pinned_files(path: Path, resumed: Path | None) -> list[CheckResult]:
     """The data line's source files read in place as init pinned them (a stat each; one is hashed
     only when its modification time moved): per changed file, a failure when the cycle the line
     trains next still has to be prepared from it (the line would wait for it for good), else a
@@ -140,7 +148,7 @@ def _check_pinned_files(layout: LineLayout, path: Path) -> list[CheckResult]:
     except (LineError, DataLineError):
         return []  # the data line's own check says what is wrong with it
     try:
-        findings = pinned_file_findings(line, _next_cycle(layout))
+        findings = pinned_file_findings(line, _next_cycle(resumed))
     except DataLineError as error:
         return [CheckResult(False, f"data files: {error}")]
     if findings:
@@ -153,21 +161,21 @@ def _check_pinned_files(layout: LineLayout, path: Path) -> list[CheckResult]:
     return [CheckResult(True, f"data files: {files} as init pinned them")]
 
 
-def _next_cycle(layout: LineLayout) -> int:
-    """The data cycle the line trains next: its newest checkpoint's (cycle 0 before any)."""
-    resumed = resume_candidate(layout.checkpoints)
+def _next_cycle(resumed: Path | None) -> int:
+    """The data cycle the line trains next: that of `resumed`, the checkpoint it resumes from (cycle
+    0 before any)."""
     state = None if resumed is None else read_checkpoint_state(resumed)
     position = state.get("position") if state is not None else None
     return int(position.get("cycle", 0)) if isinstance(position, dict) else 0
 
 
-def _check_consumption(layout: LineLayout, config: RunConfig) -> list[CheckResult]:
+def _check_consumption(layout: LineLayout, config: RunConfig, resumed: Path | None) -> list[CheckResult]:
     """No other line trains on the data line, and the cycle the line reads next was not consumed by
     another line (the trainer refuses either)."""
     from datalines.consumption import consumed_refusal, consumer_of
 
     data = resolve_data_path(layout, config.data.line)
-    cycle = _next_cycle(layout)
+    cycle = _next_cycle(resumed)
     consumer = consumer_of(data, cycle)
     root = str(layout.root.absolute())
     if consumer is None or (consumer.line is not None and Path(consumer.line) == layout.root.absolute()):
@@ -239,12 +247,12 @@ def _check_long_probe(config: RunConfig, model: torch.nn.Module) -> list[CheckRe
                               f"probe never runs; set it {above}{null}", warning=True)]  # fmt: skip
 
 
-def stage_length_refusal(layout: LineLayout, config: RunConfig) -> str | None:
+def stage_length_refusal(layout: LineLayout, config: RunConfig, resumed: Path | None) -> str | None:
     """One line when run.json changes the `seq_len` of the stage the line's checkpoint stands in
     (`engine.config.run.stage_length_change`), else None: `check` reports it and every start of the
     trainer refuses on it, as on a lifelong key. A checkpoint or accepted_run.json that cannot be
-    read says nothing here: their own checks report them."""
-    resumed = resume_candidate(layout.checkpoints)
+    read says nothing here: their own checks report them. `resumed`: the checkpoint the line resumes
+    from."""
     state = None if resumed is None else read_checkpoint_state(resumed)
     if state is None:
         return None
@@ -259,9 +267,9 @@ def stage_length_refusal(layout: LineLayout, config: RunConfig) -> str | None:
     return None if problem is None else f"{layout.run_json.name}: {problem}"
 
 
-def _check_lifelong(layout: LineLayout, config: RunConfig) -> list[CheckResult]:
+def _check_lifelong(layout: LineLayout, config: RunConfig, resumed: Path | None) -> list[CheckResult]:
     refusals = unaccepted_changes(layout, config) if layout.accepted_run_json.exists() else []
-    stage_change = stage_length_refusal(layout, config)
+    stage_change = stage_length_refusal(layout, config, resumed)
     refusals += [stage_change] if stage_change is not None else []
     if refusals:
         return [CheckResult(False, refusal) for refusal in refusals]
@@ -271,11 +279,10 @@ def _check_lifelong(layout: LineLayout, config: RunConfig) -> list[CheckResult]:
     return [CheckResult(True, "lifelong keys: unchanged since accepted_run.json (or allowed)")]
 
 
-def _check_model_against_checkpoint(layout: LineLayout, config: RunConfig, model: torch.nn.Module) -> CheckResult:
+def _check_model_against_checkpoint(resumed: Path | None, config: RunConfig, model: torch.nn.Module) -> CheckResult:
     """The model run.json builds can load the latest checkpoint, as the trainer's resume asks: the
     same parameter layout, and for PSSA the same settings that shape its banks and dreaming cache
     (the model is not a lifelong key: run.json may be edited, and the trainer refuses at resume)."""
-    resumed = resume_candidate(layout.checkpoints)
     state = None if resumed is None else read_checkpoint_state(resumed)
     if resumed is None or state is None:
         return CheckResult(True, "model: no checkpoint to resume yet")
@@ -368,10 +375,13 @@ def _check_sharing(layout: LineLayout, config: RunConfig) -> list[CheckResult]:
     return [CheckResult(True, "GPU sharing: every stage's length has a shared shape")]
 
 
-def disk_results(layout: LineLayout, config: RunConfig, model: torch.nn.Module | None = None) -> list[CheckResult]:
+def disk_results(
+    layout: LineLayout, config: RunConfig, model: torch.nn.Module | None = None, resumed: Path | None = None
+) -> list[CheckResult]:
     """Free disk above the guard and room for the next checkpoint (the trainer stops without),
     then what the checkpoints retention keeps take over the line's life (a warning when the disk
-    cannot hold them). `model`: the line's model, else built on the meta device."""
+    cannot hold them). `model`: the line's model, else built on the meta device; `resumed`: the
+    checkpoint the line resumes from (None: a new line's), measured for the next one's size."""
     model = model if model is not None else _meta_model(config)
     parameters = sum(parameter.numel() for parameter in model.parameters())
     try:
@@ -379,7 +389,7 @@ def disk_results(layout: LineLayout, config: RunConfig, model: torch.nn.Module |
     except (LineError, DataLineError) as error:
         return [CheckResult(False, f"disk: {error}")]
     size = next_checkpoint_size(
-        layout.checkpoints, config, parameters, len(data_line.tokenizer_json.encode("utf-8"))
+        resumed, config, parameters, len(data_line.tokenizer_json.encode("utf-8"))
     )
     free = shutil.disk_usage(layout.root).free
     minimum = config.guards.min_free_disk_gb
@@ -456,10 +466,9 @@ def _line_ends(layout: LineLayout, config: RunConfig) -> list[tuple[float, str]]
     return ends
 
 
-def _check_rows(layout: LineLayout) -> CheckResult:
+def _check_rows(layout: LineLayout, resumed: Path | None) -> CheckResult:
     """rows.jsonl holds the rows the checkpoint the line resumes from counts (the trainer refuses it
     otherwise); without one, a line that has trained is refused (a fresh start would erase its rows)."""
-    resumed = resume_candidate(layout.checkpoints)
     state = None if resumed is None else read_checkpoint_state(resumed)
     if resumed is None or state is None:
         lost = no_checkpoint_left_problem(layout)
@@ -474,8 +483,7 @@ def _check_rows(layout: LineLayout) -> CheckResult:
     return CheckResult(True, f"rows.jsonl: holds the {rows} rows {latest} counts")
 
 
-def _check_checkpoints(layout: LineLayout) -> list[CheckResult]:
-    problems = verify_line_checkpoints(layout.root)
+def _check_checkpoints(layout: LineLayout, problems: list[str]) -> list[CheckResult]:
     if problems:
         return [CheckResult(False, f"checkpoints: {problem}") for problem in problems]
     present = sorted(

@@ -37,16 +37,18 @@ class Finding:
     """Passed, with something the operator must do first (the preparer that makes the cycle stopped for good)."""
 
 
-def current_cycle_finding(layout: LineLayout, config: RunConfig, *, preparer_rebuilds: bool) -> Finding:
+def current_cycle_finding(
+    layout: LineLayout, config: RunConfig, resumed: Path | None, *, preparer_rebuilds: bool
+) -> Finding:
     """The cycle at the newest checkpoint's position (cycle 0 before any): manifest and shards.
     `preparer_rebuilds`: a data preparer will serve the line's start (its supervisor's, or one
-    running already), so missing shards are a wait, not a failure."""
+    running already), so missing shards are a wait, not a failure. `resumed`: the checkpoint the
+    line resumes from (`latest`, or the one a start falls back to)."""
     try:
         data = open_data_line(resolve_data_path(layout, config.data.line))
     except (LineError, DataLineError) as error:
         # The data line's own check fails on this already: one failure, said once.
         return Finding(True, f"current data cycle: not checked, the data line does not open ({error})")
-    resumed = resume_candidate(layout.checkpoints)  # `latest`, or the one a start falls back to
     latest = None if resumed is None else resumed.name
     state = (None if resumed is None else read_checkpoint_state(resumed)) or {}
     position: dict[str, Any] = state.get("position") if isinstance(state.get("position"), dict) else {}
@@ -114,7 +116,7 @@ def start_without_preparer(root: Path | str) -> str | None:
     data = resolve_data_path(layout, config.data.line)
     if preparer_running(data):
         return None
-    finding = current_cycle_finding(layout, config, preparer_rebuilds=False)
+    finding = current_cycle_finding(layout, config, resume_candidate(layout.checkpoints), preparer_rebuilds=False)
     if not finding.passed:
         raise LineError(
             f"{layout.root}: not started (no supervisor, and no data preparer runs on {data}): {finding.message}"

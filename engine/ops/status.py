@@ -20,14 +20,14 @@ from datalines.errors import DataLineError
 from datalines.status import preparer_running
 from datalines.status import read_status as read_preparer_status
 from engine.checkpoints.format import (
-    STATE_NAME,
     branched_from,
     latest_file_problem,
     latest_name_problem,
     list_checkpoints,
     no_checkpoint_left_problem,
     read_latest,
-    resume_candidate,
+    resume_clause,
+    sized_resume_point,
 )
 from engine.config.run import RunConfig
 from engine.errors import LineError
@@ -75,8 +75,9 @@ class LineStatus:
     latest: str | None = None
     """The checkpoint `checkpoints/latest` names (None: none, or `latest` is unreadable: a problem says so)."""
     resumes_from: str | None = None
-    """The checkpoint a start resumes from where it is not `latest` (the one `latest` names is gone, or
-    `latest` names none): the newest before it; None otherwise, or when none is left."""
+    """The checkpoint a start resumes from where it is not `latest` (the one `latest` names is gone or
+    damaged, or `latest` names none): the newest before it whose files are there at their sizes (not
+    hashed); None otherwise, or when none is left."""
     stop: StopRequest | None = None
     """A pending stop request."""
     problems: list[str] = field(default_factory=list)
@@ -438,9 +439,12 @@ def _read_heartbeat(layout: LineLayout, status: LineStatus, now: float) -> None:
 
 def _read_checkpoints(layout: LineLayout, status: LineStatus) -> None:
     """The checkpoints, the one `latest` names and, where a start does not resume from that one, the
-    one it resumes from instead; whatever makes them differ is a problem, one line: `latest`
-    missing, unreadable or naming a missing checkpoint, the named checkpoint's state.json missing or
-    unreadable, or no checkpoint left of a line that has trained (a start refuses that)."""
+    one it resumes from instead, chosen as a start chooses (`sized_resume_point`: its files there at
+    their sizes; hashing them is `nsconsole check`'s, so that one is said to be not verified). Each
+    thing the start skips is a problem, one line: `latest` missing, unreadable or naming a missing
+    checkpoint, a checkpoint's state.json or meta.json unreadable or a file of it missing or
+    truncated; the last says which checkpoint the start resumes from, or that none is left. With
+    nothing skipped and no checkpoint, a line that has trained is a problem too (a start refuses it)."""
     if layout.checkpoints.is_dir():
         status.checkpoints = [directory.name for directory in list_checkpoints(layout.checkpoints)]
         refused = latest_file_problem(layout.checkpoints)  # a directory, a link: a start refuses it (it says why)
@@ -448,14 +452,11 @@ def _read_checkpoints(layout: LineLayout, status: LineStatus) -> None:
             status.problems.append(refused)
             return
         status.latest = read_latest(layout.checkpoints)
-    resumed = resume_candidate(layout.checkpoints)
-    if status.latest is None and (os.path.lexists(layout.latest) or status.checkpoints):
-        problem = latest_name_problem(layout.checkpoints)
-    elif status.latest is not None and status.latest not in status.checkpoints:
-        problem = f"{layout.latest}: names {status.latest}, which is missing"
-    elif status.latest is not None and resumed is not None and resumed.name != status.latest:
-        problem = f"{layout.checkpoints / status.latest / STATE_NAME}: missing or unreadable (a damaged checkpoint)"
-    else:
+    resumed, skipped = sized_resume_point(layout.checkpoints)
+    if status.latest is None and status.checkpoints and not os.path.lexists(layout.latest):
+        # A start takes the newest without a word; the user who removed `latest` should know.
+        skipped.insert(0, latest_name_problem(layout.checkpoints))
+    if not skipped:
         # `latest` reads; with no checkpoint to resume from, a line that has trained is refused a start.
         lost = no_checkpoint_left_problem(layout) if resumed is None else None
         if lost is not None:
@@ -463,11 +464,15 @@ def _read_checkpoints(layout: LineLayout, status: LineStatus) -> None:
         return
     status.resumes_from = None if resumed is None else resumed.name
     if resumed is not None:
-        before = ", the newest before it" if status.latest is not None else ", the newest"
-        problem += f"; a start resumes from {resumed.name}{before}"
-    elif status.checkpoints or status.latest is not None:
-        problem += "; no checkpoint to resume from is left (a start is refused: `nsconsole check` says why)"
-    status.problems.append(problem)
+        skipped[-1] += f"; {resume_clause(resumed, status.latest)} ({NOT_VERIFIED})"
+    else:
+        skipped[-1] += "; no checkpoint to resume from is left (a start is refused: `nsconsole check` says why)"
+    status.problems += skipped
+
+
+NOT_VERIFIED = "not verified: `nsconsole check` hashes its files"
+"""What `status` says of the checkpoint a start resumes from instead of `latest`'s: it checked
+that checkpoint's files are there at their sizes, not their hashes (a checkpoint can be GiBs)."""
 
 
 def directory_bytes(root: Path, excluding: Path | None = None) -> int:

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from engine.checkpoints.disk_budget import CheckpointSize, gib_text, next_checkpoint_size
-from engine.checkpoints.format import CHECKPOINT_DISK_MARGIN
+from engine.checkpoints.format import CHECKPOINT_DISK_MARGIN, resume_candidate
 from engine.checkpoints.tensors import Checkpoint, CheckpointSnapshot
 from engine.errors import CheckpointError, DiskFull
 from engine.protocol.facts import Stage, StopReason
@@ -171,4 +171,5 @@ class Checkpointing:
 
     def _checkpoint_size(self) -> CheckpointSize:
         tokenizer_bytes = len(self.data_line.tokenizer_json.encode("utf-8"))
-        return next_checkpoint_size(self.layout.checkpoints, self.config, self.model.num_parameters(), tokenizer_bytes)
+        newest = resume_candidate(self.layout.checkpoints)
+        return next_checkpoint_size(newest, self.config, self.model.num_parameters(), tokenizer_bytes)

@@ -61,7 +61,12 @@ from datalines.consumption import claim_cycle, claim_data_line
 from datalines.cycle import Cycle
 from datalines.errors import ShardChanged
 from engine.checkpoints.disk_budget import refuse_a_start_without_room
-from engine.checkpoints.format import LINE_START_KEPT, discard_partial_writes, no_checkpoint_left_problem
+from engine.checkpoints.format import (
+    LINE_START_KEPT,
+    discard_partial_writes,
+    no_checkpoint_left_problem,
+    resume_candidate,
+)
 from engine.checkpoints.tensors import CheckpointWriter, find_resume_point
 from engine.config.run import RunConfig, WandbConfig
 from engine.errors import CheckpointError, ConfigError, LineError
@@ -174,7 +179,7 @@ class Trainer(StopRequests, DataCycles, OneUpdate, Checkpointing, GpuGuard):
         refuse_unshareable_lengths(config, str(layout.run_json))
         problems = ops.unaccepted_changes(layout, config)  # lifelong keys changed without allow_changes
         # The begun stage's length: resumed at another, it would read its cycle in another order.
-        stage_change = stage_length_refusal(layout, config)
+        stage_change = stage_length_refusal(layout, config, resume_candidate(layout.checkpoints))
         problems += [stage_change] if stage_change is not None else []
         if problems:
             raise ConfigError("; ".join(problems))

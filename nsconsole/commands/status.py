@@ -24,7 +24,8 @@ last event and how long ago (a preparer failing, a long wait for data, ...), the
 and queued on it, the line it was branched from, the configuration in brief, the newest rows of rows.jsonl, the
 trainer's heartbeat and its age (while it waits for a data cycle, why the data line's preparer
 waits too: free disk, say), the checkpoints present (and the one a start resumes from when
-`latest` names one that is gone), a pending STOP, the disk the line uses (its checkpoints' part)
+`latest` names one that is gone or damaged: the newest whose files are there at their sizes, not
+verified: `nsconsole check` hashes them), a pending STOP, the disk the line uses (its checkpoints' part)
 and what its disk has free.
 
 With no LINE, or with a directory of lines, one line each: the state, the update it stands at and
@@ -151,7 +152,7 @@ def format_status(status: LineStatus) -> list[str]:
         if status.latest is not None and status.latest not in status.checkpoints:
             latest += " (missing)"
         if status.resumes_from is not None:
-            latest += f"; a start resumes from {status.resumes_from}"
+            latest += f"; a start resumes from {status.resumes_from} (not verified)"
         lines.append(f"checkpoints: {len(status.checkpoints)} ({shown}); latest {latest}")
     else:
         lines.append("checkpoints: none yet")

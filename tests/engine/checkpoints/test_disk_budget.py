@@ -78,12 +78,12 @@ def test_keep_cycle_ends_must_be_at_least_one() -> None:
 def test_the_size_is_estimated_before_the_first_checkpoint_and_measured_after(tmp_path: Path) -> None:
     plain, averaged = config(), config()
     averaged.ema = EMAConfig(horizon_tokens=1e9)
-    size = next_checkpoint_size(tmp_path, plain, 1000, 300)
+    size = next_checkpoint_size(None, plain, 1000, 300)
     assert size.bytes == 1000 * 12 + 300
     assert size.basis == "estimated: 1,000 parameters x 12 bytes (fp32 weights, two AdamW moments) + the tokenizer"
-    assert next_checkpoint_size(tmp_path, averaged, 1000, 300).bytes == 1000 * 16 + 300
+    assert next_checkpoint_size(None, averaged, 1000, 300).bytes == 1000 * 16 + 300
     written = CheckpointWriter(tmp_path, keep_last=1).save_and_wait(make_snapshot(3))
-    measured = next_checkpoint_size(tmp_path, plain, 1000, 300)
+    measured = next_checkpoint_size(written, plain, 1000, 300)
     assert measured.basis == "measured on u00000003"
     assert measured.bytes == sum(path.stat().st_size for path in written.iterdir())
 
@@ -94,7 +94,7 @@ def test_a_pssa_line_s_first_checkpoint_counts_its_banks_and_dreaming_cache(tmp_
     document = {"model": {"preset": "pssa-1.5m", "overrides": {"mem_capacity": 10**6}}, "data": {"line": "data"}}
     line = RunConfig.from_dict(document)
     line.validate()
-    size = next_checkpoint_size(tmp_path, line, 1000, 300)
+    size = next_checkpoint_size(None, line, 1000, 300)
     banks = 10**6 * (4 * (32 + 256) + 20)  # one block: fp32 keys and values, 20 bytes of rule state
     dreams = (10**6 + 1) * 64 * 2 * 8  # the dreaming cache: int64 tokens and targets of each chunk
     assert size.bytes == 1000 * 12 + banks + dreams + 300

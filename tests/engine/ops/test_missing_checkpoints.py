@@ -4,16 +4,20 @@ yet`, `rows.jsonl: no checkpoint to hold it to yet`, the next cycle 0, the check
 estimated) while the trainer resumes from the newest one before it; `status` named the missing
 checkpoint as `latest` without a word, and a `latest` that is a directory or not text was a
 traceback. With every checkpoint gone, the start is refused (it used to start the line over and
-cut rows.jsonl to nothing): `check` fails on it in one line."""
+cut rows.jsonl to nothing): `check` fails on it in one line. With the checkpoint before `latest`'s
+damaged too, both named the damaged one as the resume point while a start skips it and resumes
+from an older one: they now choose as a start does (`search_resume_point`)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
 import pytest
 from helpers.lines import copy_data_line, data_template_fixture, make_line
 
+from engine.checkpoints.tensors import find_resume_point
 from engine.ops.status import line_status
 from engine.training.trainer import Trainer
 from nsconsole.cli import main
@@ -48,9 +52,9 @@ def test_check_and_status_read_the_checkpoint_a_start_falls_back_to(
 
     report = format_status(line_status(line))
     assert any(text.startswith("checkpoints: 3 (") and text.endswith(
-        "latest u00000012 (missing); a start resumes from u00000010") for text in report), report
+        "latest u00000012 (missing); a start resumes from u00000010 (not verified)") for text in report), report
     assert f"problem: {checkpoints / 'latest'}: names u00000012, which is missing; a start resumes from " \
-           "u00000010, the newest before it" in report
+           "u00000010, the newest before it (not verified: `nsconsole check` hashes its files)" in report
     [disk] = [text for text in report if text.startswith("disk: ")]
     assert "(checkpoints " in disk and disk.endswith(" free on its disk")
 
@@ -62,7 +66,8 @@ def test_check_and_status_read_the_checkpoint_a_start_falls_back_to(
     (checkpoints / "latest").rmdir()
     (checkpoints / "latest").write_bytes(b"\xff\xfe")
     assert f"problem: {checkpoints / 'latest'}: not text, so not a checkpoint's name (u and 8 digits); " \
-           "a start resumes from u00000010, the newest" in format_status(line_status(line))
+           "a start resumes from u00000010, the newest (not verified: `nsconsole check` hashes its files)" in (
+        format_status(line_status(line)))  # fmt: skip
 
     (checkpoints / "latest").write_text("u00000012\n")
     for directory in checkpoints.glob("u*"):
@@ -74,3 +79,43 @@ def test_check_and_status_read_the_checkpoint_a_start_falls_back_to(
            "checkpoints/ and rows.jsonl away" in out
     assert f"problem: {checkpoints / 'latest'}: names u00000012, which is missing; no checkpoint to resume " \
            "from is left (a start is refused: `nsconsole check` says why)" in format_status(line_status(line))
+
+
+def test_check_and_status_skip_a_damaged_checkpoint_before_a_missing_latest_as_a_start_does(
+    tmp_path: Path, data_template: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    line = make_line(tmp_path, copy_data_line(data_template, tmp_path))
+    assert Trainer(line, stop_at=12, echo=None).run() == 0  # u0, u5, u10 (cycle 0's end), u12
+    checkpoints = line / "checkpoints"
+    shutil.rmtree(checkpoints / "u00000012")  # `latest` names it
+    model = checkpoints / "u00000010" / "model.safetensors"
+    size = model.stat().st_size
+    os.truncate(model, 100)
+    assert find_resume_point(checkpoints).checkpoint.update == 5  # the trainer's start skips u10
+
+    out = _check(line, capsys)
+    assert f"FAIL: checkpoints: {checkpoints / 'latest'}: names u00000012, which is missing" in out
+    assert f"FAIL: checkpoints: {model}: 100 bytes, meta.json says {size} (truncated?); a start resumes from " \
+           "u00000005, the newest before it" in out
+    assert any(text.startswith("ok: model: transformer-tiny") and text.endswith(" loads u00000005") for text in out)
+    assert "ok: rows.jsonl: holds the 5 rows u00000005 counts" in out
+    assert not [text for text in out if "u00000010" in text and str(model) not in text], out
+
+    report = format_status(line_status(line))
+    assert any(text.startswith("checkpoints: 3 (") and text.endswith(
+        "latest u00000012 (missing); a start resumes from u00000005 (not verified)") for text in report), report
+    assert f"problem: {checkpoints / 'latest'}: names u00000012, which is missing" in report
+    assert f"problem: {model}: 100 bytes, meta.json says {size} (truncated?); a start resumes from u00000005, " \
+           "the newest before it (not verified: `nsconsole check` hashes its files)" in report
+
+    # Corrupted at its size, u10 is seen by its hashes alone: `check` hashes them, `status` does not
+    # (it says so), and neither names u10 as where a start resumes.
+    os.truncate(model, size)
+    out = _check(line, capsys)
+    assert f"FAIL: checkpoints: {model}: blake2b mismatch (corrupted); a start resumes from u00000005, the newest " \
+           "before it" in out
+    assert "ok: rows.jsonl: holds the 5 rows u00000005 counts" in out
+    assert find_resume_point(checkpoints).checkpoint.update == 5
+    assert f"problem: {checkpoints / 'latest'}: names u00000012, which is missing; a start resumes from " \
+           "u00000010, the newest before it (not verified: `nsconsole check` hashes its files)" in (
+        format_status(line_status(line)))  # fmt: skip
