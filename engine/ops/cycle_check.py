@@ -14,10 +14,18 @@ from pathlib import Path
 from typing import Any
 
 from datalines import open_data_line
+from datalines.consumption import consumer_of
+from datalines.dataline import DataLine
 from datalines.errors import DataLineError
 from datalines.manifest import MANIFEST_NAME, load_manifest, manifest_placed, shard_files
 from datalines.status import stopped_for_good
-from engine.checkpoints.format import read_checkpoint_state, resume_candidate
+from engine.checkpoints.format import (
+    list_checkpoints,
+    read_checkpoint_state,
+    read_latest,
+    sized_resume_point,
+    update_of,
+)
 from engine.config.run import RunConfig
 from engine.errors import LineError
 from engine.layout import LineLayout
@@ -82,10 +90,10 @@ def current_cycle_finding(
             f"current data cycle: {directory / MANIFEST_NAME} sha256 is {manifest_sha[:16]}..., the checkpoint "
             f"{latest} trained on {trained_on[:16]}... (the data line changed); the trainer refuses to resume",
         )
-    if data.is_consumed(index):
-        return Finding(True, f"current data cycle: {index} ended (its end checkpoint moves the line on)")
-    problem = data.cycle_problem(index)
     missing = [entry["name"] for entry in shard_files(manifest) if not (directory / entry["name"]).is_file()]
+    if data.is_consumed(index):
+        return _consumed_finding(layout, data, index, resumed, position, missing, preparer_rebuilds=preparer_rebuilds)
+    problem = data.cycle_problem(index)
     if problem is not None and missing and preparer_rebuilds:
         return Finding(
             True,
@@ -102,6 +110,91 @@ def current_cycle_finding(
     return Finding(True, f"current data cycle: {index}, every shard matches its manifest")
 
 
+def _consumed_by(data: DataLine, index: int, line: Path) -> bool:
+    consumer = consumer_of(data.path, index)
+    return consumer is not None and consumer.line is not None and Path(consumer.line) == line.absolute()
+
+
+def _newer_checkpoints(resumed: Path) -> list[str]:
+    """The checkpoints after `resumed` up to `latest`: those a start resuming from `resumed` skipped
+    (those after `latest` belong to an abandoned continuation, which no start reads)."""
+    latest = read_latest(resumed.parent)
+    last = update_of(resumed.parent / latest) if latest is not None else None
+    update = update_of(resumed) or 0
+    return [
+        path.name
+        for path in list_checkpoints(resumed.parent)
+        if (update_of(path) or 0) > update and (last is None or (update_of(path) or 0) <= last)
+    ]
+
+
+def consumed_resume_refusal(line: Path, data: DataLine, resumed: Path, index: int) -> str | None:
+    """One line when a start resuming from the checkpoint `resumed`, inside cycle `index` (past its
+    start), is refused: this line consumed the cycle (its shards deleted), since the checkpoint that
+    ended it is damaged or gone and the start fell back before it; the trainer reads the cycle's
+    manifest and sample order there and refuses a consumed cycle. The ways on: that checkpoint from
+    a copy, or a rollback to `resumed`, which reopens the cycle (its manifest is kept, so the
+    preparer rebuilds its shards byte for byte). None otherwise: the cycle not consumed, or consumed
+    by another line (`data consumption` refuses that). A start at a cycle's start (sample 0) reads
+    nothing of it yet and reopens it itself (`claim_cycle`): its callers leave that case out."""
+    if not data.is_consumed(index) or not _consumed_by(data, index, line):
+        return None
+    newer = _newer_checkpoints(resumed)
+    skipped = (f"{', '.join(newer)} after it {'is' if len(newer) == 1 else 'are'} damaged" if newer
+               else "the checkpoints after it are gone")  # fmt: skip
+    restore = f"restore {', '.join(newer)} from a copy if there is one" if newer else (
+        f"put back a copy of the checkpoint that ended cycle {index} if there is one")  # fmt: skip
+    return (
+        f"{resumed}: a start resumes from it ({skipped}), inside cycle {index}, and {data.cycle_dir(index)}: "
+        f"cycle {index} was consumed and its shards deleted, so the line cannot go on from there; {restore}, "
+        f"or `nsconsole rollback {line} --to {update_of(resumed)}` reopens cycle {index} (the line's data "
+        "preparer rebuilds its shards from the manifest, byte for byte)"
+    )
+
+
+def consumed_resume_problem(layout: LineLayout, config: RunConfig, resumed: Path) -> str | None:
+    """`consumed_resume_refusal` of a start resuming from `resumed` past its cycle's start, read from
+    its state.json and the line's data line, for a reader that has neither open (`nsconsole
+    status`); None where either does not read (what reads them says so)."""
+    position = (read_checkpoint_state(resumed) or {}).get("position")
+    if not isinstance(position, dict) or not (position.get("sample") or position.get("earlier")):
+        return None
+    index = position.get("cycle")
+    if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+        return None
+    try:
+        data = open_data_line(resolve_data_path(layout, config.data.line))
+    except (LineError, DataLineError):
+        return None
+    return consumed_resume_refusal(layout.root, data, resumed, index)
+
+
+def _consumed_finding(
+    layout: LineLayout, data: DataLine, index: int, resumed: Path | None, position: dict[str, Any],
+    missing: list[str], *, preparer_rebuilds: bool,
+) -> Finding:  # fmt: skip
+    """The cycle a start resumes in was consumed (`missing`: its shards gone). Judged by `resumed`,
+    the checkpoint the start takes, not by the cycle's end checkpoint on disk, which the start may
+    skip as damaged."""
+    if resumed is None or not _consumed_by(data, index, layout.root):
+        # Another line's mark: `data consumption` fails on it. No checkpoint left of a line that
+        # trained: `rows.jsonl` fails on it.
+        return Finding(True, f"current data cycle: {index} ended (its end checkpoint moves the line on)")
+    if position.get("sample") or position.get("earlier"):
+        return Finding(False, f"current data cycle: {consumed_resume_refusal(layout.root, data, resumed, index)}")
+    reopened = (f"current data cycle: {index} was consumed by this line after {resumed.name}, where a start resumes "
+                f"at the cycle's start; the start reopens it")  # fmt: skip
+    if not missing:
+        return Finding(True, f"{reopened} (its shards are still there)")
+    if preparer_rebuilds:
+        return Finding(True, f"{reopened} and the line's data preparer rebuilds its shards from the manifest")
+    return Finding(
+        False,
+        f"{reopened}, and no data preparer rebuilds its shards (`nsconsole data run-preparer --work {data.path}`, "
+        f"or run the line under its supervisor, `nsconsole run {layout.root}`)",
+    )
+
+
 def start_without_preparer(root: Path | str) -> str | None:
     """For a line started without a supervisor (`nsconsole run --no-supervisor`) while no data
     preparer runs on its data line: `LineError` (one line) when the cycle it trains next fails
@@ -116,7 +209,9 @@ def start_without_preparer(root: Path | str) -> str | None:
     data = resolve_data_path(layout, config.data.line)
     if preparer_running(data):
         return None
-    finding = current_cycle_finding(layout, config, resume_candidate(layout.checkpoints), preparer_rebuilds=False)
+    # The start's own choice over the files' sizes: a checkpoint truncated is skipped as the start skips it.
+    resumed = sized_resume_point(layout.checkpoints)[0]
+    finding = current_cycle_finding(layout, config, resumed, preparer_rebuilds=False)
     if not finding.passed:
         raise LineError(
             f"{layout.root}: not started (no supervisor, and no data preparer runs on {data}): {finding.message}"

@@ -34,6 +34,7 @@ from engine.errors import LineError
 from engine.gpu.placement import gpus_label
 from engine.layout import LineLayout
 from engine.ops.branch_records import live_branches
+from engine.ops.cycle_check import consumed_resume_problem
 from engine.ops.line_end import line_end
 from engine.ops.lines import load_accepted, open_line, resolve_data_path
 from engine.ops.stop import StopRequest, read_stop
@@ -78,6 +79,9 @@ class LineStatus:
     """The checkpoint a start resumes from where it is not `latest` (the one `latest` names is gone or
     damaged, or `latest` names none): the newest before it whose files are there at their sizes (not
     hashed); None otherwise, or when none is left."""
+    resume_refused: bool = False
+    """A start from `resumes_from` is refused: it stands inside a data cycle the line consumed (a
+    problem says why and the way on)."""
     stop: StopRequest | None = None
     """A pending stop request."""
     problems: list[str] = field(default_factory=list)
@@ -468,6 +472,12 @@ def _read_checkpoints(layout: LineLayout, status: LineStatus) -> None:
     else:
         skipped[-1] += "; no checkpoint to resume from is left (a start is refused: `nsconsole check` says why)"
     status.problems += skipped
+    # Fallen back inside a cycle the line consumed, the start is refused there: say so, and the way on.
+    refused = None if resumed is None or status.config is None else (
+        consumed_resume_problem(layout, status.config, resumed))  # fmt: skip
+    if refused is not None:
+        status.resume_refused = True
+        status.problems.append(refused)
 
 
 NOT_VERIFIED = "not verified: `nsconsole check` hashes its files"

@@ -25,6 +25,7 @@ from datalines.errors import ShardChanged
 from datalines.status import preparer_running
 from engine.checkpoints.format import cycle_end_kept, stage_end_kept
 from engine.errors import CheckpointError
+from engine.ops.cycle_check import consumed_resume_refusal
 from engine.ops.stop import read_stop
 from engine.protocol.facts import Stage, StopReason
 from engine.training.schedule import tokens_per_update
@@ -76,6 +77,10 @@ class DataCycles:
                 # The cycle-end checkpoint was durable but the consumed mark was not written.
                 self.data_line.mark_consumed(position.cycle - 1, by=self.layout.root)
             return
+        # Fallen back inside a cycle this line consumed (its end checkpoint damaged): say why, and the way on.
+        refusal = consumed_resume_refusal(self.layout.root, self.data_line, where, position.cycle)
+        if refusal is not None:
+            raise CheckpointError(refusal)
         # The manifest only: damaged shards are the preparer's to rebuild while the loop waits for them.
         cycle = self.data_line.cycle(position.cycle, verify=False)
         if cycle.manifest_sha256 != data["manifest_sha256"]:

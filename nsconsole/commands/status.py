@@ -153,6 +153,8 @@ def format_status(status: LineStatus) -> list[str]:
             latest += " (missing)"
         if status.resumes_from is not None:
             latest += f"; a start resumes from {status.resumes_from} (not verified)"
+            if status.resume_refused:
+                latest += ", and is refused there (see the problem)"
         lines.append(f"checkpoints: {len(status.checkpoints)} ({shown}); latest {latest}")
     else:
         lines.append("checkpoints: none yet")

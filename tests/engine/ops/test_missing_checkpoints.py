@@ -18,6 +18,8 @@ import pytest
 from helpers.lines import copy_data_line, data_template_fixture, make_line
 
 from engine.checkpoints.tensors import find_resume_point
+from engine.errors import CheckpointError, LineError
+from engine.ops.cycle_check import start_without_preparer
 from engine.ops.status import line_status
 from engine.training.trainer import Trainer
 from nsconsole.cli import main
@@ -99,11 +101,14 @@ def test_check_and_status_skip_a_damaged_checkpoint_before_a_missing_latest_as_a
            "u00000005, the newest before it" in out
     assert any(text.startswith("ok: model: transformer-tiny") and text.endswith(" loads u00000005") for text in out)
     assert "ok: rows.jsonl: holds the 5 rows u00000005 counts" in out
-    assert not [text for text in out if "u00000010" in text and str(model) not in text], out
+    # u10 ended cycle 0: only as damaged, never as where the start resumes (from u5, in the consumed cycle 0).
+    assert not [text for text in out if "u00000010" in text and str(model) not in text
+                and "(u00000010 after it is damaged), inside cycle 0" not in text], out  # fmt: skip
 
     report = format_status(line_status(line))
     assert any(text.startswith("checkpoints: 3 (") and text.endswith(
-        "latest u00000012 (missing); a start resumes from u00000005 (not verified)") for text in report), report
+        "latest u00000012 (missing); a start resumes from u00000005 (not verified), and is refused there (see the "
+        "problem)") for text in report), report  # u5 stands inside cycle 0, which u10 ended
     assert f"problem: {checkpoints / 'latest'}: names u00000012, which is missing" in report
     assert f"problem: {model}: 100 bytes, meta.json says {size} (truncated?); a start resumes from u00000005, " \
            "the newest before it (not verified: `nsconsole check` hashes its files)" in report
@@ -119,3 +124,48 @@ def test_check_and_status_skip_a_damaged_checkpoint_before_a_missing_latest_as_a
     assert f"problem: {checkpoints / 'latest'}: names u00000012, which is missing; a start resumes from " \
            "u00000010, the newest before it (not verified: `nsconsole check` hashes its files)" in (
         format_status(line_status(line)))  # fmt: skip
+
+
+def test_a_start_fallen_back_into_a_consumed_cycle_is_refused_by_check_status_and_the_trainer(
+    tmp_path: Path, data_template: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `check` passed it (`current data cycle: 0 ended (its end checkpoint moves the line on)`),
+    # judging by u10, the cycle-end checkpoint the start skips as damaged; the start then stopped
+    # with `.../c0000: cycle 0 was consumed and its shards deleted` and no word of why.
+    data = copy_data_line(data_template, tmp_path)
+    line = make_line(tmp_path, data)
+    assert Trainer(line, stop_at=12, echo=None).run() == 0  # u0, u5, u10 (cycle 0's end), u12
+    cycle = data / "cycles" / "c0000"
+    assert (cycle / "consumed").exists()
+    for shard in [*cycle.glob("*.tokens"), *cycle.glob("*.docs")]:
+        shard.unlink()  # as the line's preparer deletes a consumed cycle's shards
+    checkpoints = line / "checkpoints"
+    shutil.rmtree(checkpoints / "u00000012")
+    os.truncate(checkpoints / "u00000010" / "model.safetensors", 100)
+    refusal = (
+        f"{checkpoints / 'u00000005'}: a start resumes from it (u00000010 after it is damaged), inside cycle 0, "
+        f"and {cycle}: cycle 0 was consumed and its shards deleted, so the line cannot go on from there; restore "
+        f"u00000010 from a copy if there is one, or `nsconsole rollback {line} --to 5` reopens cycle 0 (the "
+        "line's data preparer rebuilds its shards from the manifest, byte for byte)"
+    )
+
+    assert f"FAIL: current data cycle: {refusal}" in _check(line, capsys)
+    report = format_status(line_status(line))
+    assert any(text.startswith("checkpoints: 3 (") and text.endswith(
+        "a start resumes from u00000005 (not verified), and is refused there (see the problem)")
+        for text in report), report  # fmt: skip
+    assert f"problem: {refusal}" in report
+    with pytest.raises(LineError) as refused:
+        start_without_preparer(line)  # `nsconsole run --no-supervisor`, before the trainer loads
+    assert str(refused.value).endswith(f": current data cycle: {refusal}")
+    with pytest.raises(CheckpointError) as refused:
+        Trainer(line, echo=None).run()  # the trainer's own refusal says why, not only what
+    assert str(refused.value) == refusal
+
+    # Fallen back to u0, at the cycle's start, the start reopens the cycle itself (`claim_cycle`)
+    # and the line's preparer rebuilds its shards: not refused.
+    os.truncate(checkpoints / "u00000005" / "model.safetensors", 100)
+    assert "ok: current data cycle: 0 was consumed by this line after u00000000, where a start resumes at the " \
+           "cycle's start; the start reopens it and the line's data preparer rebuilds its shards from the " \
+           "manifest" in _check(line, capsys)
+    assert not [text for text in format_status(line_status(line)) if "refused there" in text]
