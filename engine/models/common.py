@@ -132,7 +132,8 @@ def stacked_linear(x: torch.Tensor, maps: Sequence[nn.Linear]) -> tuple[torch.Te
     fp32 accumulator. Separate maps under bf16 autocast give x a bf16 gradient each, which must be
     cast to fp32 and added (a pass over x's size each) to keep the sum in fp32. A map without a bias
     adds zeros in the stacked bias. The weights are stacked in the product's dtype (bf16 under
-    autocast: each cast once, then half the bytes to copy)."""
+    autocast: each cast once, then half the bytes to copy): a copy of every weight a call, which
+    a caller with large maps and no gradient to gather may rather not pay (`maps_of`)."""
     dtype = compute_dtype(x)
     weights: list[torch.Tensor] = []
     biases: list[torch.Tensor] = []
@@ -154,6 +155,16 @@ def stacked_linear(x: torch.Tensor, maps: Sequence[nn.Linear]) -> tuple[torch.Te
         outputs.append(pieces[index])
         index += 2 if _padding(linear.out_features) else 1
     return tuple(outputs)
+
+
+def maps_of(x: torch.Tensor, maps: Sequence[nn.Linear]) -> tuple[torch.Tensor, ...]:
+    """Each map of x: stacked into one product under autograd (`stacked_linear`: one gradient for
+    x), one by one without it (validation, probes, decoding), where there is no gradient to gather
+    and stacking would copy every weight once a call (once a token when decoding: for an ns-2b
+    hippocampal layer's 66M parameters, more bytes than the maps themselves read)."""
+    if torch.is_grad_enabled():
+        return stacked_linear(x, maps)
+    return tuple(linear(x) for linear in maps)
 
 
 class SwiGLU(nn.Module):

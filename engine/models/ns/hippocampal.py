@@ -26,8 +26,8 @@ bf16 output and the stream, and recomputes the PLIF scans and the norms (cheap, 
 instead of keeping the neurons' inputs and membranes (bf16, plus the fp32 copies the PLIF kernel
 keeps for bf16 inputs) and the normalised streams; the recomputation gives the same values.
 Each normalised stream comes out of its norm in the maps' dtype (bf16 under autocast) and goes
-through the maps that read it as one product (`stacked_linear`: q, k, v, the clock and the write
-gate; the FFN's gate, up and skip), so it is kept once and gets one gradient.
+through the maps that read it as one product in training (`maps_of`, `stacked_linear`: q, k, v,
+the clock and the write gate; the FFN's gate, up and skip), so it is kept once and gets one gradient.
 
 Speed on CUDA: the elementwise work between the matrix products and the kernels runs as compiled
 stages (`engine.models.ns.glue`, config `compile_glue`): the norms, RoPE on q and k (`rotated`), the
@@ -45,7 +45,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from engine.models.base import compute_dtype
-from engine.models.common import RMSNorm, RotaryEmbedding, apply_rotary, stacked_linear
+from engine.models.common import RMSNorm, RotaryEmbedding, apply_rotary, maps_of
 from engine.models.ns.config import NSConfig
 from engine.models.ns.dendritic import recomputed_in_backward
 from engine.models.ns.glue import fused, fuses_glue, normalised, with_update, with_updates
@@ -165,7 +165,7 @@ class HippocampalLayer(nn.Module):
         h = recomputed_in_backward(
             fused(normalised, fuse), x, self.attn_norm, compute_dtype(x), enabled=self.recompute_parts
         )
-        qkv, clock_raw, write_in = stacked_linear(h, (self.qkv, self.clock_proj, self.write_proj))
+        qkv, clock_raw, write_in = maps_of(h, (self.qkv, self.clock_proj, self.write_proj))
         q, k, v = qkv.view(batch, length, 3, heads, head_dim).permute(2, 0, 3, 1, 4)  # (Bt, Ha, T, d)
         cos, sin = self.rotary.tables(length, position, q.device, q.dtype)
         q, k = fused(rotated, fuse)(q, k, cos, sin)
@@ -189,7 +189,7 @@ class HippocampalLayer(nn.Module):
         f = recomputed_in_backward(
             fused(normalised, fuse), x, self.ffn_norm, compute_dtype(x), enabled=self.recompute_parts
         )
-        ffn_in, skip = stacked_linear(f, (self.ffn_in, self.ffn_skip))
+        ffn_in, skip = maps_of(f, (self.ffn_in, self.ffn_skip))
         gate_in, up_in = ffn_in.chunk(2, dim=-1)  # (Bt, T, F) each
         gate_v0, up_v0 = (None, None) if state is None else (state["ffn_gate"], state["ffn_up"])
         hidden, ffn_gate_spikes, ffn_up_spikes, ffn_gate_last, ffn_up_last = recomputed_in_backward(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.models.common import stacked_linear
+from engine.models.common import maps_of, stacked_linear
 
 
 def _maps() -> tuple[nn.Linear, ...]:
@@ -60,3 +60,15 @@ def test_each_output_starts_aligned_for_the_kernels_that_read_slices() -> None:
     outputs = stacked_linear(torch.randn(3, 4, 16), maps)
     assert [output.storage_offset() for output in outputs] == [0, 48, 64]
     assert {output.stride(1) for output in outputs} == {80}
+
+
+def test_without_autograd_the_maps_run_one_by_one() -> None:
+    """Validation and decoding gather no gradient: `maps_of` copies no stacked weight a call (a token)."""
+    maps = _maps()
+    x = torch.randn(2, 1, 16)
+    with torch.no_grad():
+        outputs = maps_of(x, maps)
+    for output, linear in zip(outputs, maps, strict=True):
+        assert output.is_contiguous()
+        assert torch.equal(output, torch.nn.functional.linear(x, linear.weight, linear.bias))
+    assert maps_of(x, maps)[1].storage_offset() == 32  # under autograd: slices of one product

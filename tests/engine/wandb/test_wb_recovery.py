@@ -1,7 +1,8 @@
 """A damaged or lost wandb_run.json: the run the line's checkpoints record continues
 (engine.wandb.recovery), through the mirror with a recording backend, and `nsconsole status` says so.
 
-Checkpoints here are directories with a state.json only: all the recovery reads of them.
+Checkpoints here hold a state.json (all the recovery reads of them) and, for `status`, which skips a
+checkpoint whose files are missing or not the sizes meta.json lists, empty stand-ins of the others.
 """
 
 from __future__ import annotations
@@ -22,6 +23,17 @@ from helpers.wandb_fakes import (
     write_rows,
 )
 
+from engine.checkpoints.format import (
+    EXTRA_FILE,
+    FORMAT_VERSION,
+    META_NAME,
+    MODEL_FILE,
+    OPTIMIZER_FILE,
+    RUN_JSON_FILE,
+    STATE_NAME,
+    TOKENIZER_FILE,
+    blake2b_of,
+)
 from engine.config.run import WandbConfig
 from engine.layout import LineLayout
 from engine.ops.status import line_status
@@ -40,7 +52,13 @@ def checkpoint(line: Path, update: int, wandb: Any, latest: bool = True) -> None
     """A checkpoint directory whose state.json records `wandb`; `latest` names it when asked."""
     directory = LineLayout(line).checkpoint(update)
     directory.mkdir(parents=True)
-    (directory / "state.json").write_text(json.dumps({"update": update, "wandb": wandb}))
+    (directory / STATE_NAME).write_text(json.dumps({"update": update, "wandb": wandb}))
+    for name in (MODEL_FILE, OPTIMIZER_FILE, EXTRA_FILE, RUN_JSON_FILE, TOKENIZER_FILE):
+        (directory / name).write_bytes(b"")
+    files = {
+        path.name: {"bytes": path.stat().st_size, "blake2b": blake2b_of(path)} for path in sorted(directory.iterdir())
+    }
+    (directory / META_NAME).write_text(json.dumps({"format": FORMAT_VERSION, "files": files}))
     if latest:
         (line / "checkpoints" / "latest").write_text(directory.name + "\n")
 
