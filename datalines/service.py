@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import math
 import os
 import shutil
 import time
@@ -80,9 +81,12 @@ def env_min_free_bytes() -> int | None:
     if not override:
         return None
     try:
-        return int(float(override) * GIB)
+        gib = float(override)
     except ValueError:
         raise DataLineError(f"${MIN_FREE_ENV}: not a number of GiB, got {override!r}") from None
+    if not math.isfinite(gib) or gib < 0:
+        raise DataLineError(f"${MIN_FREE_ENV}: must be a finite number of GiB >= 0, got {override!r}")
+    return int(gib * GIB)
 
 
 @dataclass(frozen=True)

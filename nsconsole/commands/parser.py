@@ -7,6 +7,7 @@ formatter keeps their line breaks.
 from __future__ import annotations
 
 import argparse
+import math
 
 
 def add_command(
@@ -31,6 +32,17 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def gib_amount(text: str) -> float:
+    """An argparse type: a finite number of GiB, 0 or more (a disk reserve)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of GiB: {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of GiB >= 0, got {text}")
     return value
 
 

@@ -198,3 +198,29 @@ def test_a_negative_long_seq_len_is_refused(line: Path, capsys: pytest.CaptureFi
     assert main(["data", "val", "--work", str(line), "--seq-len", "32", "--long-seq-len", "-1"]) == 2
     assert one_error_line(capsys) == "nsconsole: --long-seq-len must be >= 0 (0: none), got -1"
     assert not (line / "val").exists()
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "says"),
+    [("--ahead", "0", "must be at least 1, got 0"), ("--min-free-gb", "-1", "must be a finite number of GiB >= 0"),
+     ("--min-free-gb", "nan", "must be a finite number of GiB >= 0")],
+)  # fmt: skip
+def test_a_bad_preparer_option_is_a_usage_error_not_a_preparer_stopped_for_good(
+    line: Path, capsys: pytest.CaptureFixture[str], option: str, value: str, says: str
+) -> None:
+    """Exit 2 before anything runs (it was 78, "stopped for good", with a generic fix), and no
+    preparer.json written."""
+    with pytest.raises(SystemExit) as exited:  # argparse's refusal of the option
+        main(["data", "run-preparer", "--work", str(line), option, value, "--once"])
+    assert exited.value.code == 2
+    error = one_error_line(capsys)
+    assert option in error and says in error
+    assert not (line / "preparer.json").exists()
+
+
+def test_a_negative_disk_reserve_in_the_environment_is_refused(
+    line: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NSCONSOLE_DATA_MIN_FREE_GB", "-3")
+    assert main(["data", "run-preparer", "--work", str(line), "--once"]) != 0
+    assert "$NSCONSOLE_DATA_MIN_FREE_GB: must be a finite number of GiB >= 0, got '-3'" in one_error_line(capsys)

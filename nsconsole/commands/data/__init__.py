@@ -21,7 +21,7 @@ from nsconsole.commands.data.schedule import run_schedule
 from nsconsole.commands.data.status import EXIT_DAMAGED, run_status
 from nsconsole.commands.data.tokenizer import run_tokenizer
 from nsconsole.commands.data.val import run_val
-from nsconsole.commands.parser import add_command
+from nsconsole.commands.parser import add_command, gib_amount, positive_int
 
 # Importable from here, where the data lines' tests import them (as when this was one module).
 __all__ = ["EXIT_DAMAGED", "PreparerView", "register"]
@@ -72,10 +72,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     preparer = _subcommand(commands, "run-preparer")
     preparer.add_argument("--work", type=Path, required=True)
-    preparer.add_argument("--ahead", type=int, default=2, help="cycles kept ready ahead of the trainer")
+    preparer.add_argument("--ahead", type=positive_int, default=2, help="cycles kept ready ahead of the trainer")
     preparer.add_argument(
         "--min-free-gb",
-        type=float,
+        type=gib_amount,
         help="free disk kept beside the next cycle's downloads (GiB; default about 3 cycles of shards + 1)",
     )
     preparer.add_argument("--once", action="store_true", help="exit once the wanted cycles are ready")

@@ -23,6 +23,7 @@ from datalines.dataline import CONSUMED_MARK
 from datalines.manifest import MANIFEST_NAME
 from engine.checkpoints.format import list_checkpoints
 from engine.supervisor import registry
+from engine.supervisor.reads import read_json, running_supervisor_pid
 from nsconsole.cli import main
 from nsconsole.history import read_at_rest
 from nsconsole.state import LineView
@@ -35,7 +36,9 @@ def run_to_its_end(line: Path, timeout: float = 600) -> None:
     """`nsconsole run LINE` (its supervisor in the background), then wait for the line to finish."""
     assert main(["run", str(line)]) == 0
     deadline = time.monotonic() + timeout
-    while registry.find_supervisor(line) is not None:
+    # Until the supervisor has exited, not only left the registry: its process holds the line's lock
+    # until then, and a rollback in that window is refused ("a supervisor already runs this line").
+    while registry.find_supervisor(line) is not None or running_supervisor_pid(read_json(line / "supervisor.json") or {}):
         assert time.monotonic() < deadline, f"{line} did not finish; run.log:\n{(line / 'run.log').read_text()}"
         time.sleep(0.2)
     assert json.loads((line / "supervisor.json").read_text())["state"] == "finished", (line / "run.log").read_text()
