@@ -79,7 +79,7 @@ def plif_membrane_gpu_saves(
     alpha: float = 4.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`kernels.plif.plif_membrane`'s signature and values, with the GPU path's saves."""
-    _, v_pre, v_last = _PlifGpuSaves.apply(x, beta, v_th, v0, alpha)
+    _, v_pre, v_last = plif_gpu_saves(x, beta, v_th, v0, alpha)
     return v_pre, v_last
 
 

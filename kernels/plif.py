@@ -294,9 +294,7 @@ def plif_scan(
     use_triton: None picks Triton on CUDA; True forces it (off CUDA only under
     TRITON_INTERPRET=1); False forces the plain-PyTorch path.
     """
-    if wants_triton(x, use_triton):
-        return _PlifScan.apply(x, beta, v_th, v0, alpha, True)
-    return _PlifScanTorch.apply(x, beta, v_th, v0, alpha, True)
+    return _scan_function(x, use_triton).apply(x, beta, v_th, v0, alpha, True)
 
 
 def plif_membrane(
@@ -311,8 +309,10 @@ def plif_membrane(
     """`plif_scan` without the spikes: v_pre (Bt, T, D) and v_last (Bt, D), the same values and
     gradients. For callers that read only the membrane (the NS layers in training): an fp32 scan's
     forward then writes 8 bytes a step and channel instead of 12."""
-    if wants_triton(x, use_triton):
-        _, v_pre, v_last = _PlifScan.apply(x, beta, v_th, v0, alpha, False)
-    else:
-        _, v_pre, v_last = _PlifScanTorch.apply(x, beta, v_th, v0, alpha, False)
+    _, v_pre, v_last = _scan_function(x, use_triton).apply(x, beta, v_th, v0, alpha, False)
     return v_pre, v_last
+
+
+def _scan_function(x: torch.Tensor, use_triton: bool | None) -> type[torch.autograd.Function]:
+    """The Triton scan where `wants_triton` says so, else the plain-PyTorch one."""
+    return _PlifScan if wants_triton(x, use_triton) else _PlifScanTorch

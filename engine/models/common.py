@@ -138,9 +138,11 @@ def stacked_linear(x: torch.Tensor, maps: Sequence[nn.Linear]) -> tuple[torch.Te
     weights: list[torch.Tensor] = []
     biases: list[torch.Tensor] = []
     widths: list[int] = []  # of each map's output, then of its zero rows where it has some
+    outputs: list[int] = []  # which pieces are the maps' outputs
     for linear in maps:
         weight = linear.weight.to(dtype)
         bias = linear.bias if linear.bias is not None else linear.weight.new_zeros(linear.out_features)
+        outputs.append(len(widths))
         weights.append(weight)
         biases.append(bias)
         widths.append(linear.out_features)
@@ -150,11 +152,7 @@ def stacked_linear(x: torch.Tensor, maps: Sequence[nn.Linear]) -> tuple[torch.Te
             widths.append(pad)
     has_bias = any(linear.bias is not None for linear in maps)
     pieces = F.linear(x, torch.cat(weights), torch.cat(biases) if has_bias else None).split(widths, dim=-1)
-    outputs, index = [], 0
-    for linear in maps:
-        outputs.append(pieces[index])
-        index += 2 if _padding(linear.out_features) else 1
-    return tuple(outputs)
+    return tuple(pieces[index] for index in outputs)
 
 
 def maps_of(x: torch.Tensor, maps: Sequence[nn.Linear]) -> tuple[torch.Tensor, ...]:
