@@ -472,7 +472,7 @@ def chat_in_a_terminal(line: Path, keys: list[bytes]) -> tuple[int, str]:
                 screen += os.read(main_fd, 4096)
             os.write(main_fd, key)
             screen += os.read(main_fd, 4096)
-        status = chat.wait(timeout=60)
+        status = chat.wait(timeout=180)  # a hang's bound: under CI's load 60 s was once too short
         while True:
             try:
                 piece = os.read(main_fd, 4096)

@@ -151,7 +151,9 @@ def launches(line: Path) -> list[dict[str, Any]]:
     return [json.loads(text) for text in path.read_text().splitlines()] if path.exists() else []
 
 
-def wait_until(what: str, predicate: Callable[[], Any], timeout: float = 60) -> Any:
+def wait_until(what: str, predicate: Callable[[], Any], timeout: float = 180) -> Any:
+    """`predicate`'s first true value; `timeout` bounds a hang, not a speed (under CI's load a
+    crashed two-rank launch took over 60 s to come back training)."""
     deadline = time.monotonic() + timeout
     while not (value := predicate()):
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
