@@ -32,6 +32,7 @@ from datalines.recipe import (
     check_recipe_keys,
     check_schedule_on_cycles,
     parse_recipe,
+    read_recipe_file,
     with_paths_from,
 )
 from datalines.sources import Source, open_source
@@ -218,7 +219,7 @@ def init_data_line(
     """Create a data line from a recipe JSON file (see `datalines.recipe` for the format): the
     tokenizer is `tokenizer_file`, else the recipe's, else `default_tokenizer` (the host's)."""
     _check_init_arguments(work, cycle_tokens)
-    raw = read_json(recipe_file)
+    raw = read_recipe_file(recipe_file)
     recipe = with_paths_from(parse_recipe(raw, str(recipe_file)), recipe_file.parent)
     check_recipe_keys(raw, str(recipe_file))
     if tokenizer_file is None:

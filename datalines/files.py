@@ -12,7 +12,7 @@ import fcntl
 import hashlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -83,8 +83,28 @@ def write_json_atomic(path: Path, value: Any) -> None:
     write_bytes_atomic(path, canonical_json(value))
 
 
-def read_json(path: Path) -> Any:
-    """Parse a JSON file, raising `DataLineError` naming the file when it is missing or malformed."""
+class JSONObject(dict[str, Any]):
+    """A parsed JSON object that remembers a key it held twice (`repeated`): JSON keeps only the
+    last value, so a key added by hand above an existing one (an `allow_changes` at the top of a
+    run.json that has one further down, a second `shares` in a recipe) would be silently ignored.
+    The readers of hand-edited files (run.json, host.json, a recipe) refuse it, naming the key."""
+
+    repeated: str | None = None
+
+    @classmethod
+    def from_pairs(cls, pairs: list[tuple[str, Any]]) -> JSONObject:
+        """`json.loads`'s `object_pairs_hook`."""
+        document = cls()
+        for key, value in pairs:
+            if key in document and document.repeated is None:
+                document.repeated = key
+            document[key] = value
+        return document
+
+
+def read_json(path: Path, object_pairs_hook: Callable[[list[tuple[str, Any]]], Any] | None = None) -> Any:
+    """Parse a JSON file, raising `DataLineError` naming the file when it is missing or malformed;
+    `object_pairs_hook` builds each object from its (key, value) pairs, as `json.loads`'s does."""
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -92,6 +112,6 @@ def read_json(path: Path) -> Any:
     except (OSError, UnicodeDecodeError) as error:
         raise DataLineError(f"{path}: cannot be read ({error})") from None
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=object_pairs_hook)
     except json.JSONDecodeError as error:
         raise DataLineError(f"{path}: not valid JSON ({error})") from None

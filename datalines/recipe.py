@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from datalines.errors import DataLineError
+from datalines.files import JSONObject, read_json
 from datalines.heldout import DEFAULT_HELDOUT_FRACTION
 
 SOURCE_KINDS = ("hub", "local", "embedded")
@@ -223,6 +224,31 @@ def parse_recipe(data: Any, where: str) -> Recipe:
         at_corpus_end=top.choice("at_corpus_end", "error", CORPUS_END_MODES),
         validation_tokens=top.integer("validation_tokens", 1_000_000, 1),
     )
+
+
+def read_recipe_file(path: Path) -> Any:
+    """A recipe file's JSON, refusing a key given twice in one object (one line naming the file and
+    the key): JSON keeps the last value without a word, and in a recipe two `shares`, or a source
+    with a key given twice, is an edit's mistake (a key added above the one it meant to replace)."""
+    document = read_json(path, object_pairs_hook=JSONObject.from_pairs)
+    repeated = _repeated_key(document, "")
+    if repeated is not None:
+        raise DataLineError(f"{path}: key {repeated} appears twice (JSON would keep only the last)")
+    return document
+
+
+def _repeated_key(value: Any, path: str) -> str | None:
+    """The path of the first key given twice in `value` (`schedule[0].shares`; a top-level one as
+    `recipe.seed`, as the unknown keys are named); None when there is none."""
+    if isinstance(value, JSONObject):
+        if value.repeated is not None:
+            return f"{path or 'recipe'}.{value.repeated}"
+        children = [(f"{path}.{key}" if path else key, item) for key, item in value.items()]
+    elif isinstance(value, list):
+        children = [(f"{path}[{index}]", item) for index, item in enumerate(value)]
+    else:
+        return None
+    return next((found for where, item in children if (found := _repeated_key(item, where)) is not None), None)
 
 
 RECIPE_FILE_KEYS = ("tokenizer", "seed", "segments_per_cycle", "at_corpus_end", "validation_tokens", "sources",

@@ -206,8 +206,8 @@ def _holder(line_path: Path) -> tuple[str, int | None]:
         written = json.loads((line_path / LOCK_NAME).read_text())
         return str(written["doing"]), int(written["pid"])
     except (OSError, ValueError, TypeError, KeyError):
-        status = read_status(line_path)
-        pid = status.get("pid") if isinstance(status, dict) else None
+        status, _ = read_status(line_path)
+        pid = None if status is None else status.get("pid")
         return PREPARING, pid if isinstance(pid, int) else None
 
 

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from datalines.errors import DataLineError
 from datalines.files import read_json, write_json_atomic
 
 STATUS_NAME = "preparer.json"
@@ -72,9 +73,23 @@ def write_status(line_path: Path, status: PreparerStatus) -> None:
     write_json_atomic(line_path / STATUS_NAME, status.to_json())
 
 
-def read_status(line_path: Path) -> dict[str, Any] | None:
+def read_status(line_path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """A data line's preparer.json: (its status, None); (None, None) when there is none (no preparer
+    has run); (None, one line naming the file and its damage) when it is no preparer's status: not
+    readable JSON, or JSON that is not an object with a `state`. The preparer writes it atomically,
+    so damage is no write caught halfway: a reader says it and goes on with all else it knows."""
     path = line_path / STATUS_NAME
-    return read_json(path) if path.exists() else None
+    if not path.exists():
+        return None, None
+    try:
+        status = read_json(path)
+    except DataLineError as error:
+        return None, str(error)
+    if not isinstance(status, dict):
+        return None, f"{path}: not a preparer status (not a JSON object)"
+    if not isinstance(status.get("state"), str):
+        return None, f"{path}: not a preparer status (no `state`)"
+    return status, None
 
 
 def preparer_running(line_path: Path) -> bool:
@@ -94,8 +109,9 @@ def preparer_running(line_path: Path) -> bool:
 
 def stopped_for_good(line_path: Path) -> dict[str, Any] | None:
     """The last status of the line's preparer when it stopped for good (`failed`, with a `fix`)
-    and none runs now: nothing prepares the line's next cycles until its operator acts. None else."""
-    status = read_status(line_path)
+    and none runs now: nothing prepares the line's next cycles until its operator acts. None else
+    (a damaged preparer.json says nothing: `read_status` names the damage to whoever shows it)."""
+    status, _ = read_status(line_path)
     return status if status_stopped_for_good(status, lambda: preparer_running(line_path)) else None
 
 

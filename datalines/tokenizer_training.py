@@ -15,8 +15,8 @@ from pathlib import Path
 
 from datalines.corpus import file_documents
 from datalines.errors import DataLineError
-from datalines.files import read_json, write_bytes_atomic
-from datalines.recipe import SourceSpec, check_recipe_keys, parse_recipe, with_paths_from
+from datalines.files import write_bytes_atomic
+from datalines.recipe import SourceSpec, check_recipe_keys, parse_recipe, read_recipe_file, with_paths_from
 from datalines.sources import Source, open_source
 from datalines.tokenizer import PlainTextTokenizer, train_byte_level_bpe
 
@@ -54,7 +54,7 @@ def train_tokenizer_from_recipe(
     """Train on a recipe's (local and embedded) sources, each read as `data init` reads it, without
     its held-out documents; the sources' control markers join the special tokens (`data init`
     needs them in the vocabulary). Returns the vocab size and the special tokens."""
-    raw = read_json(recipe_file)
+    raw = read_recipe_file(recipe_file)
     recipe = with_paths_from(parse_recipe(raw, str(recipe_file)), recipe_file.parent)
     check_recipe_keys(raw, str(recipe_file))
     hub = [spec.name for spec in recipe.sources if spec.kind == "hub"]

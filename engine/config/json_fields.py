@@ -16,6 +16,7 @@ import types
 import typing
 from typing import Any
 
+from datalines.files import JSONObject
 from engine.errors import ConfigError
 
 
@@ -26,24 +27,6 @@ def json_key(name: str) -> dict[str, str]:
 
 INTERNAL: dict[str, bool] = {"internal": True}
 """Field metadata for a field that is not part of the JSON form."""
-
-
-class JSONObject(dict[str, Any]):
-    """A parsed JSON object that remembers a key it held twice (`repeated`): JSON keeps only the
-    last value, so a key added by hand above an existing one (an `allow_changes` at the top of a
-    run.json that has one further down) would be silently ignored. `parse_value` refuses it, naming
-    the dotted key."""
-
-    repeated: str | None = None
-
-
-def _object(pairs: list[tuple[str, Any]]) -> JSONObject:
-    document = JSONObject()
-    for key, value in pairs:
-        if key in document and document.repeated is None:
-            document.repeated = key
-        document[key] = value
-    return document
 
 
 def malformed_json(error: json.JSONDecodeError) -> str:
@@ -59,7 +42,7 @@ def malformed_json(error: json.JSONDecodeError) -> str:
 def parse_json_text(text: str, source: str) -> Any:
     """`json.loads(text)`, every failure one `ConfigError` naming `source` and where it is."""
     try:
-        return json.loads(text, object_pairs_hook=_object)
+        return json.loads(text, object_pairs_hook=JSONObject.from_pairs)
     except json.JSONDecodeError as error:
         raise ConfigError(f"{source}: {malformed_json(error)}") from None
     except ValueError as error:  # e.g. an integer past Python's 4,300-digit conversion limit

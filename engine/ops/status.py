@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from datalines.errors import DataLineError
-from datalines.status import preparer_running
-from datalines.status import read_status as read_preparer_status
+from datalines.status import preparer_running, read_status
 from engine.checkpoints.format import (
     branched_from,
     latest_file_problem,
@@ -278,12 +277,10 @@ def _read_data_preparer(layout: LineLayout, status: LineStatus) -> None:
     if status.config is None:
         return
     data = resolve_data_path(layout, status.config.data.line)
-    try:
-        preparer = read_preparer_status(data)
-    except DataLineError as error:
-        status.problems.append(f"data preparer: {error}")
-        return
-    if not isinstance(preparer, dict):
+    preparer, damage = read_status(data)
+    if damage is not None:
+        status.problems.append(f"data preparer: {damage}")
+    if preparer is None:
         return
     if preparer.get("state") == "waiting" and _waits_for_data(status) and preparer_running(data):
         # Else the line reads as training, waiting for a cycle, with no word of why: the preparer

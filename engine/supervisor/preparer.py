@@ -82,6 +82,7 @@ class PreparerKeeper:
         self._inputs_at_stop: tuple[Any, ...] = ()  # the preparer's files as it stopped for good
         self._inputs_seen: tuple[Any, ...] = ()  # ... and at the last look since
         self._next_input_check = 0.0
+        self._told_status_problem: str | None = None  # the damage of preparer.json last said in run.log
 
     def tick(self) -> None:
         if self._process is not None:
@@ -236,20 +237,26 @@ class PreparerKeeper:
     def snapshot(self) -> dict[str, Any]:
         """For `status`: the preparer's pid (when this supervisor runs it) and its status file."""
         running = self._process is not None and self._process.poll() is None
+        status, problem = read_status(self.data_path)
         return {
             "pid": self._process.pid if running and self._process is not None else None,
             "exits_in_a_row": self._exits_in_a_row,
             "stopped_for_good": self._stopped_for_good,
-            "status": self._status() or None,
+            "status": status,
+            # One line naming preparer.json and its damage, where it is no preparer's status: else the
+            # status above reads as none, as if no preparer had run.
+            "status_problem": problem,
         }
 
     def _status(self) -> dict[str, Any]:
-        """preparer.json (written atomically by the preparer); {} when missing or unreadable."""
-        try:
-            status = read_status(self.data_path)
-        except DataLineError:
-            return {}
-        return status if isinstance(status, dict) else {}
+        """preparer.json; {} when there is none or it is damaged (this keeper then decides as with
+        none: a crash's log line stands in for its error). Damage is said in run.log, once until it
+        changes: taken for "no status", it went without a word."""
+        status, problem = read_status(self.data_path)
+        if problem is not None and problem != self._told_status_problem:
+            self.say(f"the data preparer's state is unknown: {problem}")
+        self._told_status_problem = problem
+        return status or {}
 
 
 def last_log_line(log: Path) -> str | None:

@@ -82,7 +82,7 @@ def test_val_then_preparer_then_reader(demo: Path, capsys: pytest.CaptureFixture
     for index in range(last + 1):
         line.mark_consumed(index)
     assert main(["data", "run-preparer", "--work", str(demo), "--once"]) == 0
-    assert read_status(demo)["state"] == "finished"
+    assert read_status(demo)[0]["state"] == "finished"
     for index in range(last + 1):
         assert sorted(path.name for path in line.cycle_dir(index).iterdir()) == ["consumed", "manifest.json"]
 

@@ -61,7 +61,7 @@ def test_kill_9_mid_cycle_leaves_nothing_complete_and_a_restart_gives_identical_
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        status = read_status(killed.path) if (killed.path / "preparer.json").exists() else None
+        status = read_status(killed.path)[0] if (killed.path / "preparer.json").exists() else None
         if status and status["state"] == "preparing" and status["progress"] > 0:
             break
         assert process.poll() is None, process.stderr.read().decode() if process.stderr else ""
@@ -116,7 +116,7 @@ def test_a_status_is_said_before_the_status_file_shows_it(inputs: dict[str, Path
     file_when_said: list[str | None] = []
 
     def report(status) -> None:
-        shown = read_status(line.path)  # None before the first write
+        shown = read_status(line.path)[0]  # None before the first write
         file_when_said.append(None if shown is None else shown["state"])
 
     def stop_when_waiting(status) -> bool:
@@ -135,14 +135,14 @@ def test_low_disk_makes_the_preparer_wait_and_say_so(inputs: dict[str, Path], tm
     deadline = time.monotonic() + 120
     status = None
     while time.monotonic() < deadline:
-        status = read_status(line.path)
+        status = read_status(line.path)[0]
         if status and status["state"] == "waiting":
             break
         time.sleep(0.02)
     process.terminate()
     out, _ = process.communicate(timeout=60)
     assert process.returncode == 130
-    assert read_status(line.path)["state"] == "stopped"  # a SIGTERM leaves no stale `waiting` behind
+    assert read_status(line.path)[0]["state"] == "stopped"  # a SIGTERM leaves no stale `waiting` behind
     assert status is not None and status["state"] == "waiting"
     assert status["waiting_reason"].startswith("disk: ")
     assert "1000000000.00 GiB needed" in status["waiting_reason"]  # GiB, as every *_gb setting
@@ -190,7 +190,7 @@ def test_an_exhausted_source_stops_the_preparer_with_the_error(
     line = new_line(inputs, tmp_path / "line")
     with pytest.raises(SourceExhausted, match="no untrained documents left for cycle"):
         run_preparer(line, ahead=40, once=True)
-    status = read_status(line.path)
+    status = read_status(line.path)[0]
     assert status["state"] == "failed" and "no untrained documents" in status["last_error"]
     assert "data is used up" in status["fix"]
     result = subprocess.run(

@@ -39,7 +39,7 @@ def test_a_changed_pinned_file_stops_the_preparer_for_good_until_it_is_restored(
     [message] = result.stderr.splitlines()
     assert message.startswith(f"nsconsole: {tmp_path / 'corpus'}/part") and "changed since init" in message
     assert "; restore " in message and "as `data init` pinned it" in message
-    status = read_status(data)
+    status = read_status(data)[0]
     assert status["state"] == "failed" and "changed since init" in status["last_error"]
     assert status["fix"].startswith(f"restore {tmp_path / 'corpus'}/part")
     assert main(["data", "status", "--work", str(data)]) == 3  # the operator must act
@@ -53,7 +53,7 @@ def test_a_changed_pinned_file_stops_the_preparer_for_good_until_it_is_restored(
         path.write_bytes(content)
     result = run_preparer(data)
     assert result.returncode == 0, result.stderr
-    assert read_status(data)["state"] == "ready" and open_data_line(data).cycle_ready(1)
+    assert read_status(data)[0]["state"] == "ready" and open_data_line(data).cycle_ready(1)
 
 
 def test_check_warns_of_a_cycle_that_a_preparer_stopped_for_good_does_not_make(
@@ -71,7 +71,7 @@ def test_check_warns_of_a_cycle_that_a_preparer_stopped_for_good_does_not_make(
     original = part.read_bytes()
     part.write_bytes(original.replace(b"the", b"THE", 1))
     assert run_preparer(data).returncode == PreparerExitCode.STOPPED_FOR_GOOD
-    status = read_status(data)
+    status = read_status(data)[0]
     assert main(["check", str(line)]) == 1  # the changed file fails its own check; the cycle is a warning
     assert (
         f"warn: current data cycle: 0 not prepared yet, and the data preparer stopped for good: {status['last_error']}; "
@@ -89,13 +89,13 @@ def test_a_dataline_json_that_no_longer_parses_is_recorded_and_stops_the_prepare
     assert result.returncode == 78, result.stderr
     [message] = result.stderr.splitlines()
     assert message.startswith(f"nsconsole: {config}: ") and f"; restore {config} as it was" in message
-    status = read_status(data)  # recorded although the line did not open
+    status = read_status(data)[0]  # recorded although the line did not open
     assert status["state"] == "failed" and status["last_error"].startswith(f"{config}: ")
     assert status["fix"].startswith(f"restore {config} as it was")
 
     config.write_bytes(original)
     assert run_preparer(data).returncode == 0
-    assert read_status(data)["state"] == "ready"
+    assert read_status(data)[0]["state"] == "ready"
 
 
 def test_a_directory_that_is_no_data_line_is_refused_without_a_status(tmp_path: Path) -> None:

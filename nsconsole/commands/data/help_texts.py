@@ -32,6 +32,8 @@ Build validation rows of --seq-len tokens (and of --long-seq-len, for the long-r
 the held-out documents of every source, every stratum at its share, into <work>/val/T<length>/.
 The defaults are what `nsconsole new` gives a line: 4096, and 32768, the longest context of the
 presets (--long-seq-len 0: none); --line LINE builds the lengths that training line validates at.
+A --long-seq-len must be above --seq-len; a --seq-len at or above the default long length gets no
+long rows unless a longer --long-seq-len is given.
 A trainer refuses to start without the rows of every length it validates at. Each length is
 built on its own: one that no source has a row of is left out, with a line saying by how many
 tokens each source falls short, and the exit status is 1; the others are built all the same.
@@ -72,10 +74,10 @@ Show a data line: its sources' shares, the tokens per cycle, the last cycle (onc
 is known), every cycle's state (planned, ready, empty, consumed, reopened: a consumed cycle a
 rollback reopened, its shards to rebuild from its manifest, damaged), the validation row lengths
 built, the bytes that were not UTF-8 in each prepared cycle (per file; read as U+FFFD) and the
-preparer's state (one stopped for good: why, and what to do); --json prints it as one JSON
-object. Exit status 0 when no cycle is damaged, 1 when one is (each named with its damaged
-files, as above; `data rebuild` repairs it), 2 when the data line itself cannot be read (one
-line naming the file).
+preparer's state (one stopped for good: why, and what to do; a damaged preparer.json: named, in
+one line); --json prints it as one JSON object. Exit status 0 when no cycle is damaged, 1 when
+one is (each named with its damaged files, as above; `data rebuild` repairs it), 2 when the data
+line itself cannot be read (one line naming the file).
 """,
         """\
 examples:

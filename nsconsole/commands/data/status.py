@@ -29,6 +29,7 @@ def run_status(args: argparse.Namespace) -> int:
     from datalines.status import RUNNING_STATES, preparer_running, read_status, status_stopped_for_good
 
     line = open_data_line(data_line_path(args, args.work))
+    preparer, preparer_damage = read_status(line.path)
     validation = sorted(int(path.name[1:]) for path in (line.path / "val").glob("T*") if path.is_dir())
     states = {index: line.cycle_state(index) for index in line.known_cycles()}
     report = {
@@ -46,11 +47,12 @@ def run_status(args: argparse.Namespace) -> int:
         # Bytes that were not UTF-8 (read as U+FFFD) in each prepared cycle: cycle -> source -> file -> bytes.
         "invalid_utf8": invalid_utf8_by_cycle(line, states),
         "validation_seq_lens": validation,
-        "preparer": read_status(line.path),
+        "preparer": preparer,
+        # A damaged preparer.json hides no more than the preparer's state: one line naming it.
+        "preparer_problem": preparer_damage,
         # preparer.json keeps a killed preparer's last state: whether one runs is its lock's say.
         "preparer_running": preparer_running(line.path),
     }
-    preparer = report["preparer"]
     stopped = status_stopped_for_good(preparer, lambda: report["preparer_running"])
     status = EXIT_DAMAGED if report["problems"] else EXIT_PREPARER_STOPPED if stopped else 0
     if args.json:
@@ -72,25 +74,29 @@ def run_status(args: argparse.Namespace) -> int:
         print(f"  cycle {index:4d}  {shown}" + (f": {report['problems'][index]}" if state == "damaged" else "")
               + invalid_utf8_text(report["invalid_utf8"].get(index)))  # fmt: skip
     print(f"validation rows: {', '.join(f'T{length}' for length in validation) or 'none (run data val)'}")
-    if preparer:
+    if preparer_damage is not None:
+        # One that runs writes its status again at its next step; else the file stays as it is.
+        running = "a preparer runs now" if report["preparer_running"] else "no preparer runs now"
+        print(f"preparer: state unknown: {preparer_damage}; {running}")
+    if preparer:  # a status the preparer wrote: every field there, but one edited by hand may lack some
         reopened = [str(index) for index, state in report["cycles"].items() if state != "consumed"]
         if preparer["state"] == "finished" and reopened:
             # Its message ("every cycle ... is consumed") was true when it finished, before a rollback.
             cycles = f"cycle{'s' if len(reopened) > 1 else ''} {', '.join(reopened)}"
-            print(f"preparer: finished (pid {preparer['pid']}) when every cycle was consumed; reopened since: "
+            print(f"preparer: finished (pid {preparer.get('pid')}) when every cycle was consumed; reopened since: "
                   f"{cycles}, whose shards the next preparer rebuilds (the line's supervisor runs one, or "
                   f"`nsconsole data run-preparer --work {line.path}`)")  # fmt: skip
         elif preparer["state"] in RUNNING_STATES and not report["preparer_running"] and preparer.get("exited"):
-            print(f"preparer: exited (--once, pid {preparer['pid']}): {preparer['message']}")
+            print(f"preparer: exited (--once, pid {preparer.get('pid')}): {preparer.get('message')}")
         elif preparer["state"] in RUNNING_STATES and not report["preparer_running"]:
-            print(f"preparer: not running (its last status, pid {preparer['pid']}: {preparer['state']}: "
-                  f"{preparer['message']}; it stopped without a word: killed or crashed)")  # fmt: skip
+            print(f"preparer: not running (its last status, pid {preparer.get('pid')}: {preparer['state']}: "
+                  f"{preparer.get('message')}; it stopped without a word: killed or crashed)")  # fmt: skip
         elif stopped:
-            print(f"preparer: stopped for good (pid {preparer['pid']}), not retried: {preparer['last_error']}; "
+            print(f"preparer: stopped for good (pid {preparer.get('pid')}), not retried: {preparer.get('last_error')}; "
                   f"to go on: {preparer['fix']}; then the supervisor of the line that trains on it starts it "
                   f"again within seconds (with none, `nsconsole data run-preparer --work {line.path}`)")  # fmt: skip
         else:
-            print(f"preparer: {preparer['state']} (pid {preparer['pid']}): {preparer['message']}")
+            print(f"preparer: {preparer['state']} (pid {preparer.get('pid')}): {preparer.get('message')}")
     return status
 
 

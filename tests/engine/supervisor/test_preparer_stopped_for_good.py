@@ -114,7 +114,7 @@ def test_a_preparer_that_fails_for_good_is_not_restarted_and_the_line_says_why(
     [event] = [json.loads(text) for text in rig["events"].read_text().splitlines()]
     assert event["event"] == "preparer_failing" and event["stopped_for_good"] is True
     assert "is gone since init" in event["message"]
-    status = read_status(data)
+    status = read_status(data)[0]
     assert status["state"] == "failed" and "is gone since init" in status["last_error"]
     assert status["fix"].startswith("restore ")
 
@@ -130,7 +130,7 @@ def test_a_preparer_that_fails_for_good_is_not_restarted_and_the_line_says_why(
 
     # The files back: the same supervisor sees them and starts the preparer again, which prepares.
     aside.rename(corpus)
-    wait_until(lambda: (read_status(data) or {}).get("state") == "ready", "the preparer's cycles")
+    wait_until(lambda: (read_status(data)[0] or {}).get("state") == "ready", "the preparer's cycles")
     assert open_data_line(data).cycle_ready(1)
     log = run_log.read_text()
     assert "the data line's files changed since the preparer stopped for good (" in log
