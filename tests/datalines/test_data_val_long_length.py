@@ -46,3 +46,11 @@ def test_a_row_length_at_or_above_the_default_long_length_gets_no_long_rows(
         "(give a longer --long-seq-len for them)"
     )
     assert [text.split(":")[0] for text in out[1:]] == ["val T40000"]
+
+
+@pytest.mark.parametrize("seq_len", ["0", "-4"])
+def test_a_row_length_below_one_is_a_usage_error(seq_len: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["data", "val", "--work", "nowhere", "--seq-len", seq_len])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().endswith(f"argument --seq-len: must be at least 1, got {seq_len}")

@@ -61,7 +61,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     val = _subcommand(commands, "val")
     val.add_argument("--work", type=Path, required=True)
-    val.add_argument("--seq-len", type=int, help="training row length (default 4096, as `nsconsole new`)")
+    val.add_argument("--seq-len", type=positive_int, help="training row length (default 4096, as `nsconsole new`)")
     val.add_argument(
         "--long-seq-len", type=int, help="also rows of this (longer) length (default 32768; 0: none)"
     )

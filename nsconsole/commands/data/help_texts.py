@@ -77,7 +77,8 @@ built, the bytes that were not UTF-8 in each prepared cycle (per file; read as U
 preparer's state (one stopped for good: why, and what to do; a damaged preparer.json: named, in
 one line); --json prints it as one JSON object. Exit status 0 when no cycle is damaged, 1 when
 one is (each named with its damaged files, as above; `data rebuild` repairs it), 2 when the data
-line itself cannot be read (one line naming the file).
+line itself cannot be read (one line naming the file), 3 when no cycle is damaged but its preparer
+stopped for good and none runs (a cron job's cue that the line will wait for data).
 """,
         """\
 examples:
