@@ -4,8 +4,9 @@
 The harness's own tasks fetch their datasets from the Hugging Face hub; a task YAML whose
 `dataset_path` is `json` with `dataset_kwargs: {data_files: ...}` reads a local file and needs no
 network (what the tests run). Each task is built, its data read, before any is run: a task whose
-data cannot be read (the hub unreachable or offline, a local file missing) is refused in one line
-naming it.
+data cannot be read (the hub unreachable or offline, a local file missing) or whose YAML has a
+mistake (no `dataset_path`, no `task:`, not YAML at all) is refused in one line naming it and its
+YAML file.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import datasets
+import lm_eval.tasks
 from lm_eval import evaluator as lm_evaluator
 from lm_eval import simple_evaluate
 from lm_eval.api.group import Group
@@ -34,6 +36,9 @@ from engine.errors import LineError
 from engine.evaluation.harness import CheckpointLM
 from engine.generation.loading import checkpoint_directory, refuse_absent_average
 from engine.training.trainer import resolve_device
+
+HARNESS_TASKS = Path(lm_eval.tasks.__file__).resolve().parent
+"""Where the harness's own task YAMLs are."""
 
 
 @dataclass(frozen=True)
@@ -83,14 +88,34 @@ def unreadable_task_files(include_paths: list[Path]) -> list[str]:
     problems = []
     for root in include_paths:
         for path in sorted(root.glob("**/*.yaml")):
-            try:
-                config = load_yaml(path, resolve_func=False)
-            except Exception as error:  # yaml's errors, an `include` that is missing, ...
-                problems.append(f"{path} ({one_line(error)})")
-                continue
-            if not {"task", "group", "class"} & set(config):
-                problems.append(f"{path} (no `task:` key names its task)")
+            problem = task_yaml_problem(path)
+            if problem is not None:
+                problems.append(f"{path} ({problem})")
     return problems
+
+
+def task_yaml_problem(path: Path) -> str | None:
+    """Why the harness cannot take `path` as a task YAML (None when it can): it does not parse as
+    YAML (its `include`s merged, as the harness reads it), or its keys name no task, group or task
+    class."""
+    try:
+        config = load_yaml(path, resolve_func=False)
+    except Exception as error:  # yaml's errors, an `include` that is missing, not a mapping, ...
+        return one_line(error)
+    if not {"task", "group", "class"} & set(config):
+        return "no `task:` key names its task"
+    return None
+
+
+def check_task_files(tasks: list[str]) -> None:
+    """LineError naming the first task YAML file named in `--tasks` that the harness cannot read:
+    said from that one file, before the task index (seconds: every task of the harness's) is read."""
+    for task in tasks:
+        path = Path(task)
+        if path.suffix in (".yaml", ".yml") and path.is_file():
+            problem = task_yaml_problem(path)
+            if problem is not None:
+                raise LineError(f"{path}: not a task YAML the harness can read ({problem})")
 
 
 def one_line(error: BaseException) -> str:
@@ -120,12 +145,7 @@ def load_tasks(manager: TaskManager, names: list[str]) -> list[Task | Group]:
         try:
             loaded = manager.load([name])
         except OSError as error:  # ConnectionError (the hub), FileNotFoundError (a local file), ...
-            cause = " ".join(str(error).split()) or type(error).__name__
-            raise LineError(
-                f"task {name}: its data could not be read: {cause}; the harness's own tasks download their "
-                "datasets from the Hugging Face hub (HF_ENDPOINT names a mirror), a task YAML of yours under "
-                "--include-path may read a local file offline"
-            ) from error
+            raise LineError(data_refusal(manager, name, error)) from error
         except Exception as error:  # a task YAML's mistake (a field, a template, a split, a file's format)
             raise LineError(task_refusal(manager, name, error)) from error
         # What the name stands for: a group (the groups in it are its children), else its tasks
@@ -136,14 +156,64 @@ def load_tasks(manager: TaskManager, names: list[str]) -> list[Task | Group]:
     return built
 
 
+def task_yaml(manager: TaskManager, name: str) -> Path | None:
+    """The YAML file that defines task or group `name` (a name of the index, or a YAML file named
+    in `--tasks`); None for a tag (its tasks' YAMLs are many) or a task defined in Python alone."""
+    entry = manager.task_index.get(name)
+    if entry is not None:
+        return entry.yaml_path
+    return Path(name).resolve()
+
+
+def own_task_yaml(manager: TaskManager, name: str) -> Path | None:
+    """`task_yaml` when it is a YAML of the user's (under --include-path, or a file named in
+    --tasks), not one of the harness's own tasks."""
+    path = task_yaml(manager, name)
+    return None if path is None or path.resolve().is_relative_to(HARNESS_TASKS) else path
+
+
+def data_refusal(manager: TaskManager, name: str, error: OSError) -> str:
+    """The one line for a task whose data could not be read: what `datasets` said, and where the
+    data is named: the harness's own tasks name datasets of the hub, a YAML of yours names its own."""
+    cause = " ".join(str(error).split()) or type(error).__name__
+    yaml = own_task_yaml(manager, name)
+    if yaml is None:
+        where = ("the harness's own tasks download their datasets from the Hugging Face hub (HF_ENDPOINT names a "
+                 "mirror), a task YAML of yours under --include-path may read a local file offline")  # fmt: skip
+    elif isinstance(error, ConnectionError):  # the hub unreachable, or offline with a dataset not cached
+        where = (f"{yaml} names a dataset of the Hugging Face hub (HF_ENDPOINT names a mirror); `dataset_path: json` "
+                 "with `dataset_kwargs: {data_files: ...}` reads a local file offline")  # fmt: skip
+    else:
+        # `datasets` reads a relative path from where the command runs, not beside the YAML.
+        where = f"{yaml} names it (a relative dataset_path or data_files is read from the current directory, {Path.cwd()})"
+    return f"task {name}: its data could not be read: {cause}; {where}"
+
+
 def task_refusal(manager: TaskManager, name: str, error: Exception) -> str:
     """The one line for a task the harness could not build: the task, its YAML, the error (and
     what lies under it), where the harness's own would be a traceback."""
-    entry = manager.task_index.get(name)
-    where = entry.yaml_path if entry is not None and entry.yaml_path is not None else Path(name).resolve()
+    where = task_yaml(manager, name)
+    built_from = "" if where is None else f" from {where}"
+    if where is not None and names_no_dataset(where):
+        # The harness hands `datasets` a dataset_path of None (or ""): `TypeError: expected str, bytes
+        # or os.PathLike object, not NoneType`, which says nothing of the YAML.
+        return (f"task {name}: cannot be built{built_from}: it names no `dataset_path` (a dataset of the Hugging Face "
+                "hub, or `json` with `dataset_kwargs: {data_files: ...}` for a local file)")  # fmt: skip
     root = root_cause(error)
     under = "" if root is error else f" (from {one_line(root)})"
-    return f"task {name}: cannot be built from {where}: {one_line(error)}{under}"
+    return f"task {name}: cannot be built{built_from}: {one_line(error)}{under}"
+
+
+def names_no_dataset(path: Path) -> bool:
+    """Whether the task YAML at `path` (its `include`s merged) leaves the harness no dataset to
+    read: a task of the harness's YAML class (not a group, nor a Python class of its own) with no
+    `dataset_path` and no `custom_dataset` function."""
+    try:
+        config = load_yaml(path, resolve_func=False)
+    except Exception:  # what the harness could not read is said by its own error
+        return False
+    is_yaml_task = "task" in config and not {"group", "class"} & set(config)
+    return is_yaml_task and not config.get("dataset_path") and not config.get("custom_dataset")
 
 
 @dataclass(frozen=True)
@@ -162,6 +232,7 @@ def prepare_tasks(settings: EvaluationSettings) -> PreparedTasks:
     data cannot be read."""
     if not settings.tasks:
         raise LineError("--tasks names no task")
+    check_task_files(settings.tasks)  # one file each: before the task index, which takes seconds
     # Reading a task's data draws `datasets`' progress bars ("Generating test split") on stderr,
     # before a refusal that is to be one line; the harness's own bars over the requests stay.
     datasets.disable_progress_bars()

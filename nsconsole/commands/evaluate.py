@@ -20,8 +20,9 @@ strings). A LINE stands for the checkpoint its `latest` names. Texts start a doc
 document separator, as in the training rows. The harness's own tasks fetch their datasets from
 the Hugging Face hub; --include-path adds directories of your task YAMLs (a local dataset:
 `dataset_path: json` with `dataset_kwargs: {data_files: ...}`, read offline). A task whose data
-cannot be read (the hub unreachable, a local file missing) is refused in one line before the
-checkpoint loads.
+cannot be read (the hub unreachable, a local file missing), or whose YAML has a mistake (no
+dataset_path, no `task:`, not YAML), is refused in one line naming its YAML before the checkpoint
+loads.
 Prints the harness's results table; --output writes the full results as JSON, whole or not at
 all (a FILE that cannot be written there, or that exists without --force, is refused before
 anything runs). Needs lm-eval (`pip install 'nsconsole[eval]'`).

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.checkpoints import overflowing, rewritten_checkpoint
+from helpers.harness_index import harness_index_once  # noqa: F401 (a fixture)
 from helpers.lines import data_template_fixture, make_line, one_torch_thread
 
 from engine.checkpoints.format import code_version
@@ -30,7 +31,7 @@ from engine.models.transformer.model import TransformerLM
 from engine.training.trainer import Trainer
 from nsconsole.cli import main
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = pytest.mark.usefixtures("one_thread", "harness_index_once")
 
 data_template = data_template_fixture(prepare=1)
 
