@@ -672,7 +672,9 @@ def test_a_prompt_longer_than_the_models_rows_is_fed_in_pieces(
         return real_decode(self, tokens, state)
 
     monkeypatch.setattr(NSLM, "decode", recorded)
-    text = "spikes flow through layers of state and memory " * 250
+    # Two whole pieces and a part one (about 2,700 tokens): the reference below runs the full
+    # forward over the prompt three times, at a cost that grows with the square of its length.
+    text = "spikes flow through layers of state and memory " * 100
     (tmp_path / "prompt.txt").write_text(text)
     status, out, err = sample(capsys, str(ns_line), "--prompt-file", str(tmp_path / "prompt.txt"), "--tokens", "3",
                               "--temperature", "0")  # fmt: skip
