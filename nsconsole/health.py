@@ -164,13 +164,14 @@ def skipped_updates(skipped: Sequence[bool]) -> HealthFlag | None:
     )
 
 
-def waiting_for_data(stage: str | None, cycle: Any = None, preparer_waits: str | None = None) -> HealthFlag | None:
-    """The trainer waits for the preparer to finish a data cycle; `preparer_waits`: why the preparer
-    itself waits (free disk that other lines took, say), which the user has to act on."""
+def waiting_for_data(stage: str | None, cycle: Any = None, preparer_note: str | None = None) -> HealthFlag | None:
+    """The trainer waits for the preparer to finish a data cycle; `preparer_note`: what the user has
+    to act on about the preparer itself ("the preparer waits: disk: ..." for free disk that other
+    lines took, or its preparer.json damaged)."""
     if stage != Stage.WAITING_DATA:
         return None
     which = f" cycle {cycle}" if cycle is not None else ""
-    why = f"; the preparer waits: {preparer_waits}" if preparer_waits else ""
+    why = f"; {preparer_note}" if preparer_note else ""
     return HealthFlag("data", "…", "data", f"waiting for the preparer: data{which} is not ready{why}")
 
 

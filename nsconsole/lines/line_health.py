@@ -33,7 +33,7 @@ class LineHealth:
             ),
             skipped,
             None if ended else health.waiting_for_data(heartbeat.get("stage"), heartbeat.get("cycle"),
-                                                        self._preparer_waits()),
+                                                        self._preparer_note()),
             health.full_disk(self.disk_free, self.disk_total, self.facts.min_free_disk_bytes),
         ]
         flags = [flag for flag in candidates if flag is not None]
@@ -49,15 +49,22 @@ class LineHealth:
         self.health = flags
         return new
 
-    def _preparer_waits(self) -> str | None:
-        """Why the data line's preparer waits, from its status as the supervisor's `status` relays it
-        (preparer.json's `waiting_reason`); None when it does not wait."""
+    def _preparer_note(self) -> str | None:
+        """What the data line's preparer says that the user acts on, from its status as the
+        supervisor's `status` relays it: why it waits (preparer.json's `waiting_reason`), or that
+        its preparer.json is damaged (`status_problem`: else a trainer waiting for data would show
+        no cause); None otherwise."""
         preparer = self.status.get("preparer")
-        status = preparer.get("status") if isinstance(preparer, dict) else None
+        if not isinstance(preparer, dict):
+            return None
+        problem = preparer.get("status_problem")
+        if isinstance(problem, str):
+            return f"the preparer's state is unknown: {problem}"
+        status = preparer.get("status")
         if not isinstance(status, dict) or status.get("state") != "waiting":
             return None
         reason = status.get("waiting_reason")
-        return reason if isinstance(reason, str) else None
+        return f"the preparer waits: {reason}" if isinstance(reason, str) else None
 
     def _row_health(self) -> list[HealthFlag | None]:
         """The checks of the rows (spike, slow, lr, skipped), run again only when what they read

@@ -7,7 +7,7 @@ own data line, a line finished, one failed, one never started), as the user sees
 - `nsconsole status` with no LINE (a usage error before) or with a directory of lines reports every
   line in one line each, and exits 3 when any needs the user;
 - a line whose data preparer waits for free disk (one other lines filled) says so in `status` and in
-  the console, not only in `data status`;
+  the console, not only in `data status`; so does one whose preparer.json is damaged;
 - the console's `R` refuses what `nsconsole run` refuses (a data line another line trains on).
 
 The lines are real: the trunk trains (in this process) past its first cycle's end, `nsconsole
@@ -201,6 +201,48 @@ def test_a_line_whose_preparer_waits_for_disk_says_why_it_waits(
                 assert any("the preparer waits: disk: " in event.message for event in view.events)
 
         asyncio.run(scenario())
+        stop_supervisor(line)
+    finally:
+        left_running = end_line_processes([supervisor], tmp_path)
+    assert left_running == []
+
+
+def test_a_line_waiting_for_data_names_a_damaged_preparer_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The console's data flag said only that the line waits for data: the supervisor took the
+    damaged file for no status at all. Its preparer here is a stand-in that runs and writes nothing,
+    so the damage stays as the user left it."""
+    data = make_data_line(tmp_path / "data", files=1, prepare=0)
+    line = make_line(tmp_path, data, **{"wandb.mode": "disabled"})
+    damaged = data / "preparer.json"
+    damaged.write_text('{"state": "wai')  # cut short
+    (tmp_path / "runner.py").write_text(RUNNER)
+    (tmp_path / "trainer.py").write_text(WAITING_TRAINER)
+    (tmp_path / "preparer.py").write_text("import time\ntime.sleep(600)\n")
+    settings = {"poll_seconds": 0.05, "relaunch_delay_seconds": 0.05,
+                "preparer_command": [sys.executable, str(tmp_path / "preparer.py")],
+                "trainer_command": [sys.executable, str(tmp_path / "trainer.py")]}  # fmt: skip
+    supervisor = subprocess.Popen([sys.executable, str(tmp_path / "runner.py"), str(line), json.dumps(settings)])
+    unknown = f"the preparer's state is unknown: {damaged}: not valid JSON"
+    try:
+        deadline = time.monotonic() + 60
+        while registry.find_supervisor(line) is None or "waiting-data" not in read_or_empty(line / "heartbeat"):
+            assert time.monotonic() < deadline and supervisor.poll() is None, "the line never waited for data"
+            time.sleep(0.1)
+        assert main(["status", str(line)]) == 0
+        assert f"\nproblem: data preparer: {damaged}: not valid JSON" in capsys.readouterr().out
+
+        async def scenario() -> None:
+            app = ConsoleApp(refresh_interval=0.1)
+            async with app.run_test(size=(160, 40)) as pilot:
+                view = await until(pilot, lambda: app.book.get(line_id(line)), "the line's row", 30)
+                flag = await until(pilot, lambda: next((f for f in view.health if f.kind == "data"), None),
+                                   "the data flag", 30)
+                assert unknown in flag.detail, flag.detail
+
+        asyncio.run(scenario())
+        assert f"the data preparer's state is unknown: {damaged}: not valid JSON" in (line / "run.log").read_text()
         stop_supervisor(line)
     finally:
         left_running = end_line_processes([supervisor], tmp_path)
