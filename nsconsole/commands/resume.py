@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import TYPE_CHECKING
 
@@ -79,6 +80,11 @@ def run(args: argparse.Namespace) -> int:
         try:
             _resume(line)
         except (LineError, DataLineError, OSError) as error:
+            holder = _taken_meanwhile(line, error)
+            if holder is not None:
+                print(f"{line.path}: left alone, another process started it meanwhile: {holder}", flush=True)
+                started -= 1
+                continue
             print(f"nsconsole: {error}", file=sys.stderr, flush=True)
             refused += 1
     if started:
@@ -133,6 +139,27 @@ def _finished(line: LostLine, ended: str, notify_command: str | None, dry_run: b
     if notify_command and result is not None and not result.delivered:
         # Named as the supervisor names it in run.log: one resume may tell of several lines.
         print(f"nsconsole: {line.path}: notify finished failed: {result.detail}", file=sys.stderr)
+
+
+def _taken_meanwhile(line: LostLine, error: Exception) -> str | None:
+    """Who holds the line now, where its start failed because another process took it after this
+    resume judged it lost (a second `resume` at the same boot, a `run`): that process's line, not a
+    line this resume failed to start. None when nobody holds it: the start itself failed."""
+    from engine.errors import LineError
+    from engine.layout import LineLayout
+    from engine.supervisor.start import SupervisorSilent
+    from engine.training.line_lock import hold_line, line_holder
+
+    if isinstance(error, SupervisorSilent):
+        return None  # the holder may be this resume's own supervisor, slow to answer
+    layout = LineLayout(line.path)
+    try:
+        os.close(hold_line(layout))
+    except LineError:
+        return line_holder(layout)
+    except OSError:
+        return None  # the directory is gone: the failure stands as it was said
+    return None
 
 
 def _resume(line: LostLine) -> None:

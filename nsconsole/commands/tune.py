@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 
 from nsconsole.commands.parser import add_command, positive_int
 
@@ -18,7 +19,7 @@ fits into run.json's `lengths` (atomically). The budget is the GPU's free memory
 margin (on a CPU line: half the available memory), or --budget-gb; with --shared, less
 guards.share_reserve_gb too, written as each length's `shared` shape (used while other processes
 share the GPU). A setting that ran out of memory is never chosen. Refused while the line's trainer
-runs.
+or supervisor runs (a running line is tuned from the console, t).
 """
 EXAMPLES = """\
 examples:
@@ -59,10 +60,28 @@ def budget_gib(text: str) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.ops.tune import format_table, tune_line  # torch: it measures real updates
+    from engine.errors import LineError
+    from engine.ops.lines import open_line
+    from engine.supervisor.reads import read_json, running_supervisor_pid
+    from engine.training.line_lock import hold_line
 
     line = args.host_settings.resolve_line(args.line)
-    result = tune_line(line, shared=args.shared, budget_gb=args.budget_gb, max_rows=args.max_rows)
+    layout = open_line(line)
+    # Held for the measurement (minutes on a GPU), as `nsconsole rollback` holds it: a supervisor
+    # runs a trainer beside it otherwise, one started meanwhile or one between two launches (its
+    # relaunch backoff, a wait for the GPU). A running line is tuned by its supervisor (the console).
+    try:
+        hold = hold_line(layout)
+    except LineError as error:
+        if running_supervisor_pid(read_json(layout.supervisor_json) or {}) is None:
+            raise  # a trainer run without a supervisor: no console can tune it, it is stopped first
+        raise LineError(f"{error}; tune it from the console (t), or stop the line first") from None
+    try:
+        from engine.ops.tune import format_table, tune_line  # torch: it measures real updates
+
+        result = tune_line(line, shared=args.shared, budget_gb=args.budget_gb, max_rows=args.max_rows)
+    finally:
+        os.close(hold)
     for text in format_table(result):
         print(text)
     print(f"written to {line / 'run.json'}")
