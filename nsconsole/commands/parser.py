@@ -24,6 +24,17 @@ def add_command(
     )
 
 
+def non_negative_int(text: str) -> int:
+    """An argparse type: a whole number of at least 0 (an update, a cycle)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
+    return value
+
+
 def positive_int(text: str) -> int:
     """An argparse type: a whole number of at least 1 (a count of tokens, of rows)."""
     try:

@@ -133,7 +133,8 @@ def _finished(line: LostLine, ended: str, notify_command: str | None, dry_run: b
     try:
         result = record_finished(line, ended, notify_command)
     except LineError as error:  # another process holds it now: it is that one's
-        print(f"{line.path}: left alone: {error}")
+        # The error names the line itself ("LINE: a supervisor already runs this line ..."): said once.
+        print(f"left alone: {error}")
         return
     print(f"{line.path}: recorded as finished ({words}); nothing to resume")
     if notify_command and result is not None and not result.delivered:

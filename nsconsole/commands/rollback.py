@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from nsconsole.commands.parser import add_command
+from nsconsole.commands.parser import add_command, non_negative_int
 
 HELP = "LINE --to UPDATE: continue a line from an earlier checkpoint, its W&B run rewound"
 DESCRIPTION = """\
@@ -26,7 +26,7 @@ examples:
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = add_command(subparsers, "rollback", summary=HELP, description=DESCRIPTION, examples=EXAMPLES)
     parser.add_argument("line", metavar="LINE", help="the training line directory")
-    parser.add_argument("--to", type=int, required=True, metavar="UPDATE", help="the checkpoint's update")
+    parser.add_argument("--to", type=non_negative_int, required=True, metavar="UPDATE", help="the checkpoint's update")
     parser.set_defaults(func=run)
 
 

@@ -145,6 +145,8 @@ def test_a_stdout_that_cannot_be_written_is_said_in_one_line(
          "nsconsole new: error: argument --peak-lr: invalid float value: 'x'"),
         (["new"], "nsconsole new: error: the following arguments are required: LINE, --model, --data"),
         (["status", "--rows", "0"], "nsconsole status: error: argument --rows: must be at least 1, got 0"),
+        (["rollback", "runs/x", "--to", "-5"],  # was `u-0000005: no such checkpoint`
+         "nsconsole rollback: error: argument --to: must be at least 0, got -5"),
     ],
 )
 def test_a_bad_option_is_one_line_without_the_usage_block(
