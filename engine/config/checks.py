@@ -23,6 +23,10 @@ if TYPE_CHECKING:
 LR_PIECE_KINDS = ("warmup", "constant", "decay")
 LR_SHAPES = ("linear", "cosine", "sqrt")
 WANDB_MODES = ("online", "offline", "disabled")
+WANDB_PROJECT_RESERVED = "/\\#?%:"
+WANDB_PROJECT_MAX_LENGTH = 128
+"""W&B's limits on a project name (wandb_settings.validate_project): a name past them fails every
+`wandb.init` of the line's trainer, which would train on with W&B failing the whole session."""
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 """run.json's `device`; which GPU `cuda:N` is on this host is `nsconsole check`'s (`engine/gpu/placement.py`)."""
 RECOMPUTE_PATTERN = re.compile(r"^[a-z][a-z0-9_]*(:[0-9]+)?$")
@@ -244,6 +248,18 @@ class RunConfigChecks:
             else:
                 previous_end = piece.until_tokens
 
+    def check_wandb_project(self, project: str | None) -> None:
+        if project is None:
+            return
+        if len(project) > WANDB_PROJECT_MAX_LENGTH:
+            self.fail(
+                "wandb.project",
+                f"must be at most {WANDB_PROJECT_MAX_LENGTH} characters (W&B refuses longer), got {len(project)}",
+            )
+        if any(character in WANDB_PROJECT_RESERVED for character in project):
+            reserved = " ".join(WANDB_PROJECT_RESERVED)
+            self.fail("wandb.project", f"must not hold any of {reserved} (W&B refuses them), got {show(project)}")
+
     def check_samples(self) -> None:
         samples = self.config.validation.samples
         key = "validation.samples"
@@ -277,6 +293,7 @@ class RunConfigChecks:
         self.positive("guards.watchdog_minutes", config.guards.watchdog_minutes)
         self.at_least("guards.min_free_disk_gb", config.guards.min_free_disk_gb, 0)
         self.one_of("wandb.mode", config.wandb.mode, WANDB_MODES)
+        self.check_wandb_project(config.wandb.project)
         for name in ("model", "data"):
             seed = getattr(config.seeds, name)
             if not 0 <= seed <= MAX_SEED:

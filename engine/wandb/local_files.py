@@ -41,7 +41,14 @@ def remove_finished_local_files(state: WandbRunState) -> None:
 def adopt_untracked_local_files(state: WandbRunState, wandb_dir: Path) -> None:
     """List the client's directories of this line's runs that wandb_run.json lacks: a trainer
     killed while `wandb.init` ran (seconds, at each start) left one before the mirror recorded it,
-    and a directory never listed is never removed."""
+    and a directory never listed is never removed.
+
+    A listed directory that is not one of `wandb_dir`'s is none of this line's (a wandb_run.json
+    damaged or edited by hand, or copied with its line, whose paths name the original's): it is
+    unlisted, so that `remove_finished_local_files` never deletes what the client did not write here.
+    """
+    own = wandb_dir.resolve()
+    state.local_files = [entry for entry in state.local_files if Path(entry.path).resolve().parent == own]
     run_ids = {state.run_id, *(entry.run_id for entry in state.superseded)}
     if state.pending is not None:
         run_ids.add(state.pending.new_run_id)

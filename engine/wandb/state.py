@@ -24,6 +24,10 @@ START_KINDS = ("new", "resume", "fork", "rewind")
 METHODS = ("native", "backfill")
 KEPT_REPLAY_MISMATCHES = 100
 """wandb_run.json keeps the latest this many replay mismatches (all are counted, and each is in run.log)."""
+RUN_ID_RESERVED = ":;,#?/'"
+"""Characters W&B refuses in a run id (wandb_settings.validate_run_id). A run id holding one, or
+empty, or with spaces at an end, is none of the line's runs (their ids are wandb's own); taken as
+sound, it would fail every `wandb.init` of every start, so the file is treated as damaged."""
 
 
 class WandbStateError(LineError):
@@ -241,6 +245,9 @@ class _Reader:
         # bool is an int in Python; a step of `true` is still an error.
         if value is not None and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
             raise self.fail(prefix + key, f"must be {kind.__name__} or null, got {json.dumps(value)}")
+        # Every run id of the file (run_id, parent_run_id, new_run_id, by_run_id) ends so.
+        if key.endswith("run_id") and value is not None and not _is_run_id(value):
+            raise self.fail(prefix + key, f"must be a W&B run id, got {json.dumps(value)}")
         return value
 
     def optional_choice(self, data: dict[str, Any], key: str, choices: tuple[str, ...]) -> str | None:
@@ -277,6 +284,11 @@ class _Reader:
         return [
             self.record({key: item}, key, kind, label=f"{key}[{index}]") for index, item in enumerate(values)
         ]
+
+
+def _is_run_id(value: str) -> bool:
+    """Whether W&B takes `value` as a run id (wandb_settings.validate_run_id)."""
+    return bool(value) and value == value.strip() and not any(character in RUN_ID_RESERVED for character in value)
 
 
 def synced_after_last_write(directory: Path) -> bool:
