@@ -245,6 +245,9 @@ class _Reader:
         # bool is an int in Python; a step of `true` is still an error.
         if value is not None and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
             raise self.fail(prefix + key, f"must be {kind.__name__} or null, got {json.dumps(value)}")
+        # Every whole number of the file is a step, an update or a count: below 0 is no line's.
+        if kind is int and value is not None and value < 0:
+            raise self.fail(prefix + key, f"must be 0 or more, got {value}")
         # Every run id of the file (run_id, parent_run_id, new_run_id, by_run_id) ends so.
         if key.endswith("run_id") and value is not None and not _is_run_id(value):
             raise self.fail(prefix + key, f"must be a W&B run id, got {json.dumps(value)}")

@@ -390,6 +390,10 @@ def test_a_damaged_state_file_is_set_aside_and_a_new_run_gets_every_row(tmp_path
         ('{"version": 1, "acknowledged_step": "7"}', 'wandb_run.json: acknowledged_step must be int or null'),
         ('{"version": 1, "start": "restart"}', "wandb_run.json: start must be one of new, resume, fork"),
         ('{"version": 1, "pending": {"kind": "fork"}}', "wandb_run.json: pending.at_update is missing"),
+        # Below 0 read as sound: `status` showed "rewind at update -5" and the next start made a new run.
+        ('{"version": 1, "pending": {"kind": "rewind", "at_update": -5}}',
+         "wandb_run.json: pending.at_update must be 0 or more, got -5"),
+        ('{"version": 1, "replay_mismatch_count": -1}', "wandb_run.json: replay_mismatch_count must be 0 or more"),
         ('{"version": 1, "superseded": [{"run_id": "a", "by_run_id": "b", "at_update": 1, "x": 1}]}',
          "wandb_run.json: superseded[0].x is not a known key"),
     ],
