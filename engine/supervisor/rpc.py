@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from engine.checkpoints.format import pin_checkpoint, unpin_checkpoint
+from engine.checkpoints.format import no_such_checkpoint, pin_checkpoint, unpin_checkpoint
 from engine.config.host import HostSettings
 from engine.config.run import RunConfig
 from engine.errors import LineError
@@ -200,7 +200,7 @@ def check_rollback_target(layout: LineLayout, to: int) -> None:
     checks all of it again once the trainer has stopped)."""
     target = layout.checkpoint(to)
     if not target.is_dir():
-        raise LineError(f"{target}: no such checkpoint")
+        raise LineError(no_such_checkpoint(target))  # naming those the line has, as `nsconsole rollback` does
     latest = latest_update(layout)
     if latest is None or to >= latest:
         named = "none" if latest is None else layout.checkpoint(latest).name

@@ -123,7 +123,7 @@ def test_stop_writes_the_request_and_the_other_mutations_refuse_bad_calls_before
         (lambda: handler.branch("/b", 1, 7, "decay:1e3", "/d"), "not at_update"),
         (lambda: handler.branch("/b", 1, None, None, "/d"), "give a plan"),
         (lambda: handler.branch("/b", 1, None, "decay:1e3", None), "own data line"),
-        (lambda: handler.rollback(2), "u00000002: no such checkpoint"),
+        (lambda: handler.rollback(2), r"u00000002: no such checkpoint \(the line has u00000003\)"),
         (lambda: handler.rollback(3), r"not before the line's latest checkpoint \(u00000003\)"),
         (lambda: handler.tune(False), "run.json"),  # `{}` is no run.json
     ]
