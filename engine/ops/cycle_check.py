@@ -30,6 +30,7 @@ from engine.config.run import RunConfig
 from engine.errors import LineError
 from engine.layout import LineLayout
 from engine.ops.lines import open_line, resolve_data_path
+from engine.training.position import Position
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,33 @@ def current_cycle_finding(
             f"current data cycle: {problem}; no update can train on it until it is rebuilt from its manifest "
             f"(`nsconsole data rebuild --work {data.path} --cycle {index}`; a running line's preparer does it)",
         )
+    order = _order_refusal(data, index, config, position, data_state, latest)
+    if order is not None:
+        return Finding(False, order)
     return Finding(True, f"current data cycle: {index}, every shard matches its manifest")
+
+
+def _order_refusal(
+    data: DataLine, index: int, config: RunConfig, position: dict[str, Any], data_state: dict[str, Any],
+    latest: str | None,
+) -> str | None:  # fmt: skip
+    """The trainer's other resume check (`DataCycles._check_data_position`): the sample order at the
+    checkpoint's position. `seeds.data` may change with `allow_changes`, and then the start is
+    refused here, so `check` must say so too rather than pass a line whose start fails."""
+    trained_on, seq_len = data_state.get("order_digest"), data_state.get("seq_len")
+    if not isinstance(trained_on, str) or not isinstance(seq_len, int):
+        return None  # at a cycle's start (sample 0, nothing earlier): no order read yet
+    try:
+        reads = Position(**position).reads()
+        digest = data.cycle(index, verify=False).order_digest(seq_len, config.seeds.data, reads)
+    except (TypeError, ValueError, DataLineError):
+        return None  # a position or cycle the trainer reads otherwise: its own checks say what is wrong
+    if digest == trained_on:
+        return None
+    return (
+        f"current data cycle: {index}'s sample order at seq_len {seq_len} differs from the one the checkpoint "
+        f"{latest} trained on (seeds.data or the data line changed); the trainer refuses to resume"
+    )
 
 
 def _consumed_by(data: DataLine, index: int, line: Path) -> bool:
