@@ -66,10 +66,23 @@ class LineReadings:
             if isinstance(stop, dict):
                 cycle = stop.get("at_cycle_end")
                 return facts.LineState.STOPPING if cycle is None else f"{facts.LineState.STOPPING} after cycle {cycle}"
+            if self._trainer_served_stop:
+                return facts.LineState.STOPPING
             stage = (self.heartbeat or {}).get("stage")
             if stage in SHOWN_STAGES:
                 return stage
         return state
+
+    @property
+    def _trainer_served_stop(self) -> bool:
+        """The running trainer served a stop: it removed STOP and beat `stopped` for it, and its
+        supervisor, which calls the line `training` until the trainer exits, has not seen it leave."""
+        beat = self.heartbeat or {}
+        # Its own beat, not a stopped trainer's read before a relaunched one's first (torchrun's
+        # rank 0 beats under `trainer_pid`, among its `trainer_children`).
+        trainer = [self.status.get("trainer_pid"), *(self.status.get("trainer_children") or ())]
+        return (beat.get("stage") == Stage.STOPPED and beat.get("reason") == facts.StopReason.STOP_FILE
+                and beat.get("pid") is not None and beat.get("pid") in trainer)
 
     @property
     def ended(self) -> bool:
@@ -243,3 +256,16 @@ def beat_time(heartbeat: dict[str, Any]) -> float:
     """When a heartbeat was written (Unix time; 0.0 where it does not say)."""
     beat = heartbeat.get("time")
     return float(beat) if isinstance(beat, (int, float)) and not isinstance(beat, bool) else 0.0
+
+
+def is_newer_beat(candidate: dict[str, Any], held: dict[str, Any] | None) -> bool:
+    """Whether `candidate` is a later heartbeat than the one `held` (None: none yet).
+
+    A beat of the held one's time is that same beat (a trainer writes one beat per moment): taking
+    it again would undo what the console learned since, a rollback's update over the stopped
+    trainer's last beat, which the supervisor's status keeps sending until the next trainer beats.
+    A held beat without a time is replaced by any."""
+    if held is None:
+        return True
+    held_time = beat_time(held)
+    return held_time == 0.0 or beat_time(candidate) > held_time

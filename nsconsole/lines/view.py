@@ -27,7 +27,7 @@ from nsconsole.client import missing_methods, older_supervisor_words
 from nsconsole.health import HealthFlag
 from nsconsole.lines.events import DAMAGED, EVENT_GLYPHS, MAX_EVENTS, ConsoleEvent
 from nsconsole.lines.line_health import LineHealth
-from nsconsole.lines.readings import DAMAGED_RECORD, LineReadings, beat_time
+from nsconsole.lines.readings import DAMAGED_RECORD, LineReadings, beat_time, is_newer_beat
 from nsconsole.lines.rows import FULL_ROWS, MAX_POINTS, MAX_VALIDATIONS, RECENT_ROWS, Series
 from nsconsole.lines.run_facts import LineFacts
 
@@ -108,7 +108,7 @@ class LineView(LineHealth, LineReadings):
             self._note_rollbacks(status.get("rollbacks"))
             self._trainer_launched_at(status.get("trainer_launched"))
             heartbeat = status.get("heartbeat")
-            if isinstance(heartbeat, dict) and beat_time(heartbeat) >= beat_time(self.heartbeat or {}):
+            if isinstance(heartbeat, dict) and is_newer_beat(heartbeat, self.heartbeat):
                 self.heartbeat = heartbeat
             self.version += 1
 
@@ -157,7 +157,7 @@ class LineView(LineHealth, LineReadings):
             self.add_row(data)
         elif kind == "heartbeat":
             # A replayed backlog may carry older beats than the status reply already gave.
-            if beat_time(data) >= beat_time(self.heartbeat or {}):
+            if is_newer_beat(data, self.heartbeat):
                 self.heartbeat = data
         elif kind == "event":
             event_kind = str(data.get("event", "event"))

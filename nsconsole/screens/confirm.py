@@ -44,7 +44,9 @@ class ConfirmScreen(ModalScreen[bool]):
         self.dismiss(event.button.id == "yes")
 
     def action_focus_answer(self, button: str) -> None:
-        self.query_one(f"#{button}", Button).focus()
+        # At once, not as `Widget.focus` does (after the keys already read): an Enter in the same
+        # terminal read as this ← or → must press the button it moved to, not the one before.
+        self.set_focus(self.query_one(f"#{button}", Button))
 
     def action_answer(self, yes: bool) -> None:
         self.dismiss(yes)

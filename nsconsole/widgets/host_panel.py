@@ -9,6 +9,7 @@ The panel tells the sampler which processes to watch: the trainers its lines nam
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -89,6 +90,7 @@ def host_text(reading: HostReading, book: LineBook) -> Text:
     text.append("host ", style="bold")
     text.append(f"CPU {reading.cpu_percent:.0f}% of {reading.cores} cores  ")
     text.append(f"RAM {fmt.gib(reading.memory_used)}/{fmt.gib(reading.memory_total)} GiB")
+    names = Counter(line.name for line in book)
     for line in book:
         pids = line.trainer_pids
         process = reading.processes.get(pids[0]) if pids else None
@@ -100,7 +102,10 @@ def host_text(reading: HostReading, book: LineBook) -> Text:
         cpu = "—" if None in shares else f"{sum(share or 0.0 for share in shares):.0f}%"
         rss = sum(member.rss for member in group)
         ranks = f" +{len(pids) - 1}" if len(pids) > 1 else ""
-        text.append(f"\n{line.name[:18]:<18} ", style="bold")
+        # Two lines of one name as the lines table shows them (by short path, marked): else their
+        # trainers could not be told apart.
+        label = f"⚠ {fmt.short_path(line.path, 16)}" if names[line.name] > 1 else line.name
+        text.append(f"\n{label[:18]:<18} ", style="bold")
         text.append(f"trainer {pids[0]}{ranks}  CPU {cpu:>5}  RSS {fmt.gib(rss)} GiB")
         if line.gpu_index is not None:
             text.append("  GPU" + ",".join(str(index) for index in line.gpu_indices))
