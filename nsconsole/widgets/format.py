@@ -72,6 +72,12 @@ def state_severity(state: str) -> str:
     return _looks(state)[1]
 
 
+def line_label(name: str, path: str, named_alike: bool, width: int = 32) -> str:
+    """A line as every panel of the console names it: its name, or where another line listed has that
+    name, `⚠` and its short path (else their rows, trainers and leases could not be told apart)."""
+    return f"⚠ {short_path(path, width)}" if named_alike else name
+
+
 def short_path(path: str, width: int = 32) -> str:
     """A line's path in at most about `width` cells: `~` for the home directory, then its last parts."""
     home = str(Path.home())

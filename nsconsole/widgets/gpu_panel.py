@@ -12,7 +12,7 @@ Memory segments are drawn with different characters (█ this line, ▓ other pr
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -115,6 +115,7 @@ class GpuPanel(QuietStatic):
             text.append(f"  {snapshot.reason or 'NVML reports no device'}; lines train on the CPU", style="dim")
             return text
         by_path = {line.path: line for line in book}
+        names = Counter(line.name for line in book)
         trainer_pids: dict[int, LineView] = {line.trainer_pid: line for line in book if line.trainer_pid}
         selected_pids = set(selected.trainer_pids) if selected is not None else set()  # every rank's
         for device in snapshot.devices:
@@ -132,10 +133,10 @@ class GpuPanel(QuietStatic):
                 text.append(char * cells, style=style or "")
             text.append(f" {fmt.gib(device.memory_used)}/{fmt.gib(device.memory_total)} GiB  ")
             holder = reading.leases[device.index] if device.index < len(reading.leases) else None
-            text.append(f"lease: {_holder_name(holder, by_path, trainer_pids)}")
+            text.append(f"lease: {_holder_name(holder, by_path, trainer_pids, names)}")
             if selected is not None:
                 text.append(f"  sharing: {'on' if sharing else 'off'}")
-            waiting = [line.name for line in book if line.waiting_for_gpus == [device.index]]
+            waiting = [_label(line, names) for line in book if line.waiting_for_gpus == [device.index]]
             if waiting:
                 text.append(f"  waiting: {', '.join(waiting)}", style=theme.warning or "")
             history = self.utilisation.get(device.index, deque())
@@ -146,7 +147,8 @@ class GpuPanel(QuietStatic):
             candidates = line.waiting_for_gpus
             if len(candidates) > 1:
                 gpus = ", ".join(str(index) for index in candidates)
-                text.append(f"\n{line.name} waits for a free GPU (leases of {gpus} held)", style=theme.warning or "")
+                text.append(f"\n{_label(line, names)} waits for a free GPU (leases of {gpus} held)",
+                            style=theme.warning or "")
         text.append("\n█ this line  ▓ other processes  ░ reserve  · free", style="dim")
         return text
 
@@ -155,13 +157,18 @@ def _widest(text: Text) -> int:
     return max((cell_len(line) for line in text.plain.splitlines()), default=0)
 
 
+def _label(line: LineView, names: Counter[str]) -> str:
+    """The line as the lines table names it (two of one name by their short paths)."""
+    return fmt.line_label(line.name, line.path, names[line.name] > 1, width=24)
+
+
 def _holder_name(
-    holder: LeaseHolder | None, by_path: dict[str, LineView], trainer_pids: dict[int, LineView]
+    holder: LeaseHolder | None, by_path: dict[str, LineView], trainer_pids: dict[int, LineView], names: Counter[str]
 ) -> str:
     if holder is None:
         return "free"
     line = by_path.get(holder.line) or trainer_pids.get(holder.pid)
     if line is not None:
-        return line.name
+        return _label(line, names)
     return Path(holder.line).name or f"pid {holder.pid}"
 

@@ -102,9 +102,7 @@ def host_text(reading: HostReading, book: LineBook) -> Text:
         cpu = "—" if None in shares else f"{sum(share or 0.0 for share in shares):.0f}%"
         rss = sum(member.rss for member in group)
         ranks = f" +{len(pids) - 1}" if len(pids) > 1 else ""
-        # Two lines of one name as the lines table shows them (by short path, marked): else their
-        # trainers could not be told apart.
-        label = f"⚠ {fmt.short_path(line.path, 16)}" if names[line.name] > 1 else line.name
+        label = fmt.line_label(line.name, line.path, names[line.name] > 1, width=16)
         text.append(f"\n{label[:18]:<18} ", style="bold")
         text.append(f"trainer {pids[0]}{ranks}  CPU {cpu:>5}  RSS {fmt.gib(rss)} GiB")
         if line.gpu_index is not None:

@@ -262,7 +262,7 @@ class LinesTable(DataTable):
         flags = line.health
         worst = "error" if any(flag.severity == "error" for flag in flags) else "warning" if flags else "success"
         values = {
-            "line": (f"⚠ {fmt.short_path(line.path)}", "warning") if shared_name else (line.name, ""),
+            "line": (fmt.line_label(line.name, line.path, shared_name), "warning" if shared_name else ""),
             "kind": (line.kind if line.parent is None else f"branch of {Path(line.parent).name}", ""),
             "forks": forks_cell(line),
             "state": (state_text, state_severity),

@@ -20,7 +20,7 @@ from nsconsole.widgets.lines_table import gpu_cell
 
 
 def line_on(book: LineBook, path: Path, status: dict) -> LineView:
-    line = LineView(f"{path.name}-id", path, LineFacts(preset="pssa-1.5m"))
+    line = LineView(f"{path}-id", path, LineFacts(preset="pssa-1.5m"))
     line.apply_status({"launches": 1, "crashes": 0, **status})
     book.add(line)
     return line
@@ -115,3 +115,28 @@ def test_the_host_column_sums_a_line_s_ranks() -> None:
     reading = HostReading(cpu_percent=50.0, cores=16, memory_used=20 * GIB, memory_total=128 * GIB, processes=processes)
     [row] = [row for row in host_text(reading, book).plain.splitlines() if row.startswith("wide")]
     assert "trainer 6000 +2  CPU  193%  RSS 9.0 GiB  GPU2,3" in row
+
+
+def test_lines_of_one_name_are_told_apart_in_the_leases_and_the_waits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As the lines table and the host column name them: `lease: line` beside `waiting: line` could
+    be either line."""
+    host = FakeNvmlHost(tmp_path / "nvml.json", count=2)
+    host.install(monkeypatch)
+    host.set_processes(0, [(5100, 30 * GIB)])
+    book = LineBook()
+    holder, waiter, other = tmp_path / "c" / "line", tmp_path / "d" / "line", tmp_path / "e" / "line"
+    line_on(book, holder, {"state": "training", "trainer_pid": 5100, "gpu_index": 0, "gpu_uuid": fake_uuid(0),
+                           "gpu_candidates": [0]})  # fmt: skip
+    line_on(book, waiter, {"state": "waiting-gpu", "gpu_index": None, "gpu_candidates": [0]})
+    line_on(book, other, {"state": "waiting-gpu", "gpu_index": None, "gpu_candidates": [0, 1]})
+    lease = GpuLease(0, holder, fake_uuid(0))
+    assert lease.try_acquire()
+    try:
+        text = panel_text(book, None)
+    finally:
+        lease.release()
+    [gpu0] = [row for row in text if row.startswith("GPU0")]
+    assert gpu0.endswith("lease: ⚠ …/c/line  waiting: ⚠ …/d/line"), gpu0
+    assert "⚠ …/e/line waits for a free GPU (leases of 0, 1 held)" in text
