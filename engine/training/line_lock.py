@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import fcntl
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from engine.errors import LineError
 from engine.layout import LineLayout
@@ -43,6 +45,25 @@ def hold_line(layout: LineLayout) -> int:
         os.close(fd)
         raise LineError(f"{layout.root}: {line_holder(layout)}") from None
     return fd
+
+
+@contextmanager
+def held_at_rest(layout: LineLayout, through_supervisor: str) -> Iterator[None]:
+    """The line held for a command that changes it at rest (`nsconsole rollback`, `tune`): no
+    supervisor or trainer starts on it meanwhile, not even one between two launches of a running
+    supervisor. Refused in one line while another process holds it; where that is a running
+    supervisor, the line adds `through_supervisor` (how that supervisor makes the change:
+    "roll it back from the console (r)"). A trainer run without a supervisor is stopped first."""
+    try:
+        hold = hold_line(layout)
+    except LineError as error:
+        if running_supervisor_pid(read_json(layout.supervisor_json) or {}) is None:
+            raise
+        raise LineError(f"{error}; {through_supervisor}, or stop the line first") from None
+    try:
+        yield
+    finally:
+        os.close(hold)
 
 
 def refuse_a_held_line(layout: LineLayout) -> None:

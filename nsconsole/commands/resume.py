@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import TYPE_CHECKING
 
@@ -149,13 +148,13 @@ def _taken_meanwhile(line: LostLine, error: Exception) -> str | None:
     from engine.errors import LineError
     from engine.layout import LineLayout
     from engine.supervisor.start import SupervisorSilent
-    from engine.training.line_lock import hold_line, line_holder
+    from engine.training.line_lock import line_holder, refuse_a_held_line
 
     if isinstance(error, SupervisorSilent):
         return None  # the holder may be this resume's own supervisor, slow to answer
     layout = LineLayout(line.path)
     try:
-        os.close(hold_line(layout))
+        refuse_a_held_line(layout)
     except LineError:
         return line_holder(layout)
     except OSError:

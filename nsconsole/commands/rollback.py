@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 
 from nsconsole.commands.parser import add_command, non_negative_int
 
@@ -31,27 +30,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.errors import LineError
     from engine.ops.lines import open_line
     from engine.ops.rollback import record_rollback_at_rest, rollback_line
-    from engine.supervisor.reads import read_json, running_supervisor_pid
-    from engine.training.line_lock import hold_line
+    from engine.training.line_lock import held_at_rest
 
     line = args.host_settings.resolve_line(args.line)
     layout = open_line(line)
-    # Held for the rollback: no supervisor (or trainer without one) starts on the line meanwhile,
-    # and a running one refuses it here (its rollback goes through it: the console, or the socket).
-    try:
-        hold = hold_line(layout)
-    except LineError as error:
-        if running_supervisor_pid(read_json(layout.supervisor_json) or {}) is None:
-            raise  # a trainer run without a supervisor: no console can roll it back, it is stopped first
-        raise LineError(f"{error}; roll it back from the console (r), or stop the line first") from None
-    try:
+    # A running line's rollback goes through its supervisor (the console, or the socket).
+    with held_at_rest(layout, "roll it back from the console (r)"):
         result = rollback_line(line, args.to)
         record_rollback_at_rest(layout, result)
-    finally:
-        os.close(hold)
     print(f"{line}: continues from update {result.to_update} at its next start ({result.rows_now} rows kept)")
     if result.rows_kept is not None:
         print(f"the rows set aside (those after update {result.to_update}): {result.rows_kept}")

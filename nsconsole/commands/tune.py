@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 
 from nsconsole.commands.parser import add_command, positive_int
 
@@ -60,28 +59,17 @@ def budget_gib(text: str) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.errors import LineError
     from engine.ops.lines import open_line
-    from engine.supervisor.reads import read_json, running_supervisor_pid
-    from engine.training.line_lock import hold_line
+    from engine.training.line_lock import held_at_rest
 
     line = args.host_settings.resolve_line(args.line)
     layout = open_line(line)
-    # Held for the measurement (minutes on a GPU), as `nsconsole rollback` holds it: a supervisor
-    # runs a trainer beside it otherwise, one started meanwhile or one between two launches (its
-    # relaunch backoff, a wait for the GPU). A running line is tuned by its supervisor (the console).
-    try:
-        hold = hold_line(layout)
-    except LineError as error:
-        if running_supervisor_pid(read_json(layout.supervisor_json) or {}) is None:
-            raise  # a trainer run without a supervisor: no console can tune it, it is stopped first
-        raise LineError(f"{error}; tune it from the console (t), or stop the line first") from None
-    try:
+    # Held for the measurement (minutes on a GPU): a supervisor runs a trainer beside it otherwise,
+    # one started meanwhile or one between two launches (its relaunch backoff, a wait for the GPU).
+    with held_at_rest(layout, "tune it from the console (t)"):
         from engine.ops.tune import format_table, tune_line  # torch: it measures real updates
 
         result = tune_line(line, shared=args.shared, budget_gb=args.budget_gb, max_rows=args.max_rows)
-    finally:
-        os.close(hold)
     for text in format_table(result):
         print(text)
     print(f"written to {line / 'run.json'}")

@@ -19,7 +19,7 @@ import pytest
 import torch
 from helpers.checkpoints import overflowing, rewritten_checkpoint
 from helpers.harness_index import harness_index_once  # noqa: F401 (a fixture)
-from helpers.lines import data_template_fixture, make_line, one_torch_thread
+from helpers.lines import data_template_fixture, trained_line_fixture
 
 from engine.checkpoints.format import code_version
 from engine.errors import NonFiniteLogits
@@ -28,12 +28,12 @@ from engine.evaluation.harness import HARNESS_NAME, CheckpointLM, open_checkpoin
 from engine.generation.loading import GenerationModel
 from engine.models.base import LanguageModel
 from engine.models.transformer.model import TransformerLM
-from engine.training.trainer import Trainer
 from nsconsole.cli import main
 
 pytestmark = pytest.mark.usefixtures("one_thread", "harness_index_once")
 
 data_template = data_template_fixture(prepare=1)
+line = trained_line_fixture()
 
 CHOICE_DOCUMENTS = [
     {"question": "the model trains on", "choices": ["tokens", "spikes", "memory"], "answer": 0},
@@ -48,14 +48,6 @@ PERPLEXITY_DOCUMENTS = [
 ]
 PROMPTS = ["the model trains", "a cycle then"]
 LIMIT = 3
-
-
-@pytest.fixture(scope="module")
-def line(data_template: Path) -> Path:
-    trained = make_line(data_template.parent / "lines", data_template)
-    with one_torch_thread():
-        assert Trainer(trained, stop_at=2, echo=None).run() == 0
-    return trained
 
 
 @pytest.fixture(scope="module")

@@ -18,15 +18,15 @@ from pathlib import Path
 
 import pytest
 from helpers.harness_index import harness_index_once  # noqa: F401 (a fixture)
-from helpers.lines import data_template_fixture, make_line, one_torch_thread
+from helpers.lines import data_template_fixture, trained_line_fixture
 
 from engine.evaluation import harness, run
-from engine.training.trainer import Trainer
 from nsconsole.cli import main
 
 pytestmark = pytest.mark.usefixtures("one_thread", "harness_index_once")
 
 data_template = data_template_fixture(prepare=1)
+line = trained_line_fixture()
 
 DOCUMENTS = [
     {"question": "the model trains on", "choices": ["tokens", "spikes"], "answer": 0},
@@ -35,14 +35,6 @@ DOCUMENTS = [
 
 NO_DATASET = ("it names no `dataset_path` (a dataset of the Hugging Face hub, or `json` with "
               "`dataset_kwargs: {data_files: ...}` for a local file)")  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def line(data_template: Path) -> Path:
-    trained = make_line(data_template.parent / "lines", data_template)
-    with one_torch_thread():
-        assert Trainer(trained, stop_at=2, echo=None).run() == 0
-    return trained
 
 
 @pytest.fixture

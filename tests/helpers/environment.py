@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -34,3 +36,15 @@ def wandb_environment(home: Path) -> dict[str, str]:
         # Should anything try the network anyway, it fails at once instead of reaching W&B.
         "WANDB_BASE_URL": "http://127.0.0.1:9",
     }
+
+
+def nsconsole_process(*arguments: str) -> subprocess.CompletedProcess[str]:
+    """`python -m nsconsole ARGUMENTS` as a user runs it, from the repository, on one thread; never
+    raises on its exit status."""
+    from helpers import REPOSITORY
+
+    environment = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=str(REPOSITORY))
+    return subprocess.run(
+        [sys.executable, "-m", "nsconsole", *arguments],
+        cwd=REPOSITORY, env=environment, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip

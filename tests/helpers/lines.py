@@ -134,6 +134,22 @@ def data_template_fixture(**options: Any) -> Any:
     return data_template
 
 
+def trained_line_fixture(stop_at: int = 2) -> Any:
+    """A module-scoped `line` fixture: a line on the module's `data_template`, trained once to update
+    `stop_at` (a checkpoint there) for the tests that only read it (sample, eval)."""
+
+    @pytest.fixture(scope="module")
+    def line(data_template: Path) -> Path:
+        from engine.training.trainer import Trainer
+
+        trained = make_line(data_template.parent / "lines", data_template)
+        with one_torch_thread():
+            assert Trainer(trained, stop_at=stop_at, echo=None).run() == 0
+        return trained
+
+    return line
+
+
 @contextmanager
 def one_torch_thread() -> Iterator[None]:
     """Tiny models on a shared 2-core machine run many times faster on one intra-op thread."""

@@ -7,26 +7,15 @@ the background` and never mirrored a row, though run.json alone was at fault.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from helpers import REPOSITORY
+from helpers.environment import nsconsole_process as nsconsole
 from helpers.lines import copy_data_line, data_template_fixture, make_line
 
 pytestmark = pytest.mark.usefixtures("offline_wandb")  # conftest: a temporary, offline wandb home
 
 data_template = data_template_fixture()
-
-
-def nsconsole(*arguments: str) -> subprocess.CompletedProcess[str]:
-    environment = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=str(REPOSITORY))
-    return subprocess.run(
-        [sys.executable, "-m", "nsconsole", *arguments],
-        cwd=REPOSITORY, env=environment, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -10,13 +10,10 @@ aside and the run the checkpoints record continues, as for any other damage.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from helpers import REPOSITORY
+from helpers.environment import nsconsole_process as nsconsole
 from helpers.lines import copy_data_line, data_template_fixture, make_line
 
 from engine.layout import LineLayout
@@ -26,14 +23,6 @@ from engine.wandb.txlog import TransactionLogReader, transaction_log_of
 pytestmark = pytest.mark.usefixtures("offline_wandb")  # conftest: a temporary, offline wandb home
 
 data_template = data_template_fixture()
-
-
-def nsconsole(*arguments: str) -> subprocess.CompletedProcess[str]:
-    environment = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=str(REPOSITORY))
-    return subprocess.run(
-        [sys.executable, "-m", "nsconsole", *arguments],
-        cwd=REPOSITORY, env=environment, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
 
 
 def logged_steps(line: Path) -> list[int]:
